@@ -1,0 +1,177 @@
+#!/usr/bin/env bash
+# Build the local Kubernetes control plane's binaries from Go modules, once per version set.
+#
+#   hack/build-tools.sh            build (or reuse) and print the bin dir on the last line
+#   hack/build-tools.sh --print    print the bin dir the current versions map to; build nothing
+#
+# Output: ${TG_K8S_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/trainergroup/k8s-tools}/<hash>/bin
+# holding etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok,
+# ray-operator, helm. <hash> covers hack/versions.env's values and `go version`, so a version
+# bump builds a new set and an unchanged one is reused. The set is built in a temporary
+# directory and renamed into place, so a half-finished build is never mistaken for a done one.
+#
+# Only a Go toolchain is needed (GO=/path/to/go, else `go` on PATH, else /usr/local/go/bin/go)
+# and network access to the Go module proxy (first build only).
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=versions.env
+source "$HERE/versions.env"
+
+log() { printf '%s build-tools: %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+GO="${GO:-}"
+if [[ -z "$GO" ]]; then
+  if command -v go >/dev/null 2>&1; then GO="$(command -v go)"
+  elif [[ -x /usr/local/go/bin/go ]]; then GO=/usr/local/go/bin/go
+  else die "no Go toolchain found: install Go >= 1.26 (https://go.dev/dl/) or set GO=/path/to/go"
+  fi
+fi
+
+# Module-mode builds from the proxy; never switch toolchains behind our back.
+export GOFLAGS="-mod=mod -buildvcs=false"
+export GOTOOLCHAIN=local
+export CGO_ENABLED=0
+
+GO_VERSION="$("$GO" env GOVERSION)"
+CACHE_ROOT="${TG_K8S_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/trainergroup/k8s-tools}"
+KEY_INPUT="$(grep -E '^[A-Z_]+=' "$HERE/versions.env" | sort; echo "go=$GO_VERSION"; "$GO" env GOOS GOARCH)"
+HASH="$(printf '%s\n' "$KEY_INPUT" | sha256sum | cut -c1-16)"
+DEST="$CACHE_ROOT/$HASH"
+BIN="$DEST/bin"
+TOOLS=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok ray-operator helm)
+
+if [[ "${1:-}" == "--print" ]]; then
+  echo "$BIN"
+  exit 0
+fi
+
+complete() {
+  local t
+  for t in "${TOOLS[@]}"; do [[ -x "$BIN/$t" ]] || return 1; done
+  [[ -f "$DEST/BUILD_INFO" ]]
+}
+
+if complete; then
+  log "up to date: $BIN (delete $DEST to force a rebuild)"
+  echo "$BIN"
+  exit 0
+fi
+
+mkdir -p "$CACHE_ROOT"
+# One build at a time per cache root (two pytest sessions starting together, say).
+exec 9>"$CACHE_ROOT/.lock"
+if ! flock -w 5400 9; then
+  die "timed out after 90 min waiting for another build to release $CACHE_ROOT/.lock"
+fi
+if complete; then
+  log "built by another process meanwhile: $BIN"
+  echo "$BIN"
+  exit 0
+fi
+
+TMP="$(mktemp -d "$CACHE_ROOT/.build-$HASH.XXXXXX")"
+trap 'rm -rf "$TMP"' EXIT
+mkdir -p "$TMP/bin" "$TMP/src"
+START=$(date +%s)
+log "building into $TMP (final: $DEST) with $GO_VERSION, $(nproc) CPUs"
+
+# Every binary is stripped of symbol tables and DWARF (-s -w): smaller and faster to link.
+LDSTRIP="-s -w"
+
+# ---- 1. Kubernetes + etcd: one wrapper module, one `go build` (shared compile). ------------
+# k8s.io/kubernetes replaces its staging modules (k8s.io/api, ...) with ./staging/... paths,
+# which `go install mod@version` refuses. The wrapper requires k8s.io/kubernetes and replaces
+# each staging module with its published release v0.<minor>.<patch>.
+K8S_MINOR_PATCH="${KUBERNETES_VERSION#v1.}"           # 34.4
+STAGING_VERSION="v0.${K8S_MINOR_PATCH}"               # v0.34.4
+K8S_MAJOR=1
+K8S_MINOR="${K8S_MINOR_PATCH%%.*}"                    # 34
+WRAP="$TMP/src/kubernetes"
+mkdir -p "$WRAP"
+log "fetching k8s.io/kubernetes@$KUBERNETES_VERSION go.mod"
+K8S_MOD_JSON="$(cd "$TMP" && "$GO" mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION")" \
+  || die "could not download k8s.io/kubernetes@$KUBERNETES_VERSION: check KUBERNETES_VERSION in hack/versions.env and access to the Go proxy ($("$GO" env GOPROXY))"
+K8S_GOMOD="$(printf '%s' "$K8S_MOD_JSON" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')"
+[[ -f "$K8S_GOMOD" ]] || die "no go.mod for k8s.io/kubernetes@$KUBERNETES_VERSION in the module cache"
+mapfile -t STAGING < <(sed -n 's#^[[:space:]]*\(k8s\.io/[A-Za-z0-9._-]*\) => \./staging/.*#\1#p' "$K8S_GOMOD")
+(( ${#STAGING[@]} > 10 )) || die "found only ${#STAGING[@]} staging modules in $K8S_GOMOD; has its layout changed?"
+{
+  echo "module trainergroup.local/k8stools"
+  echo
+  echo "go $(sed -n 's/^go \([0-9.]*\)$/\1/p' "$K8S_GOMOD")"
+  echo
+  echo "require ("
+  echo "	k8s.io/kubernetes $KUBERNETES_VERSION"
+  echo "	go.etcd.io/etcd/server/v3 $ETCD_VERSION"
+  echo ")"
+  echo
+  echo "replace ("
+  for m in "${STAGING[@]}"; do echo "	$m => $m $STAGING_VERSION"; done
+  echo ")"
+} > "$WRAP/go.mod"
+log "wrapper module: ${#STAGING[@]} staging modules pinned to $STAGING_VERSION"
+
+BUILD_DATE="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+K8S_COMMIT="$(printf '%s' "$K8S_MOD_JSON" | sed -n 's/^[[:space:]]*"Hash": "\([0-9a-f]\{40\}\)",*$/\1/p' | head -n1)"
+K8S_LDFLAGS="$LDSTRIP"
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+  K8S_LDFLAGS+=" -X $pkg.gitVersion=$KUBERNETES_VERSION"
+  K8S_LDFLAGS+=" -X $pkg.gitMajor=$K8S_MAJOR -X $pkg.gitMinor=$K8S_MINOR"
+  K8S_LDFLAGS+=" -X $pkg.gitCommit=${K8S_COMMIT:-unknown} -X $pkg.gitTreeState=clean"
+  K8S_LDFLAGS+=" -X $pkg.buildDate=$BUILD_DATE"
+done
+
+# No `go mod tidy`: the wrapper has no Go files, so tidy would drop every requirement.
+# `go build -mod=mod` adds what the built packages need to go.mod/go.sum itself.
+T0=$(date +%s)
+log "go build kube-apiserver kube-controller-manager kube-scheduler kubectl etcd (one invocation; the slow part)"
+(cd "$WRAP" && "$GO" build -trimpath -ldflags "$K8S_LDFLAGS" -o "$TMP/bin/" \
+  k8s.io/kubernetes/cmd/kube-apiserver \
+  k8s.io/kubernetes/cmd/kube-controller-manager \
+  k8s.io/kubernetes/cmd/kube-scheduler \
+  k8s.io/kubernetes/cmd/kubectl \
+  go.etcd.io/etcd/server/v3) \
+  || die "building Kubernetes/etcd failed (see the compiler output above); check KUBERNETES_VERSION/ETCD_VERSION in hack/versions.env and that $GO_VERSION is new enough"
+# A main package whose path ends in a major-version suffix (/server/v3) is named after the
+# element before it.
+mv "$TMP/bin/server" "$TMP/bin/etcd"
+log "kubernetes + etcd built in $(( $(date +%s) - T0 ))s"
+
+# ---- 2. kwok, KubeRay operator, Helm: plain `go install mod@version`. -----------------------
+gobin_install() {  # <binary name> <package@version> [extra ldflags]
+  local name="$1" pkg="$2" extra="${3:-}" t0
+  t0=$(date +%s)
+  log "go install $pkg"
+  GOBIN="$TMP/bin" "$GO" install -trimpath -ldflags "$LDSTRIP $extra" "$pkg" \
+    || die "go install $pkg failed (see above); check the version in hack/versions.env"
+  [[ -x "$TMP/bin/$name" ]] || die "go install $pkg did not produce $name"
+  log "$name built in $(( $(date +%s) - t0 ))s"
+}
+gobin_install kwok "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION" \
+  "-X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION"
+gobin_install ray-operator "github.com/ray-project/kuberay/ray-operator@$KUBERAY_VERSION"
+gobin_install helm "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" \
+  "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
+
+# The KubeRay CRDs come from the same module version as the operator binary.
+KUBERAY_DIR="$(cd "$TMP" && "$GO" mod download -json "github.com/ray-project/kuberay/ray-operator@$KUBERAY_VERSION" \
+  | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+[[ -d "$KUBERAY_DIR/config/crd/bases" ]] || die "KubeRay CRDs not found under $KUBERAY_DIR/config/crd/bases"
+mkdir -p "$TMP/crds/kuberay"
+cp "$KUBERAY_DIR"/config/crd/bases/*.yaml "$TMP/crds/kuberay/"
+chmod -R u+w "$TMP/crds"
+
+ELAPSED=$(( $(date +%s) - START ))
+{
+  echo "# built $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -m), $(nproc) CPUs, in ${ELAPSED}s"
+  echo "$KEY_INPUT"
+} > "$TMP/BUILD_INFO"
+
+rm -rf "$TMP/src"
+if [[ -d "$DEST" ]]; then rm -rf "$DEST"; fi   # an incomplete earlier attempt
+mv "$TMP" "$DEST"
+trap - EXIT
+log "done in ${ELAPSED}s ($(( ELAPSED / 60 )) min): $BIN"
+echo "$BIN"

@@ -1,0 +1,52 @@
+"""tgspec: the one model of the TrainerGroup resource (parse, defaults, validation, CRD).
+
+Dependency-light on purpose (standard library + PyYAML): the operator, the Ray
+runtime and ``tgctl`` all import it.
+"""
+
+from tgspec.errors import SpecError, SpecErrors
+from tgspec.model import (
+    API_GROUP,
+    API_VERSION,
+    DEFAULT_WORKER_CLASS,
+    KIND,
+    PLURAL,
+    ModelSpec,
+    OptimizerSpec,
+    ParallelismSpec,
+    RayClusterRef,
+    RayClusterSpec,
+    TrainerGroup,
+    TrainerGroupSpec,
+    TrainingSpec,
+    WorkersSpec,
+)
+from tgspec.parse import load_file, parse_resource, parse_spec, to_wire
+from tgspec.status import PHASES, Condition, TrainerGroupStatus, WorkerStatus, parse_status
+
+__all__ = [
+    "API_GROUP",
+    "API_VERSION",
+    "DEFAULT_WORKER_CLASS",
+    "KIND",
+    "PHASES",
+    "PLURAL",
+    "Condition",
+    "ModelSpec",
+    "OptimizerSpec",
+    "ParallelismSpec",
+    "RayClusterRef",
+    "RayClusterSpec",
+    "SpecError",
+    "SpecErrors",
+    "TrainerGroup",
+    "TrainerGroupSpec",
+    "TrainerGroupStatus",
+    "TrainingSpec",
+    "WorkerStatus",
+    "load_file",
+    "parse_resource",
+    "parse_spec",
+    "parse_status",
+    "to_wire",
+]

@@ -1,0 +1,222 @@
+"""Generate the TrainerGroup CustomResourceDefinition from the spec model.
+
+This is the single source of truth for the CRD: ``python -m tgspec.crd`` writes it
+to ``manifests/crd/`` and the Helm chart's ``crds/``; a test fails when a committed
+copy differs from what this module generates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tgspec.fields import default_value, field_meta, has_default
+from tgspec.model import (
+    API_GROUP,
+    API_VERSION,
+    KIND,
+    PLURAL,
+    SHORT_NAMES,
+    SINGULAR,
+    TrainerGroupSpec,
+)
+from tgspec.status import TrainerGroupStatus
+from tgspec.validation import MSG_CLUSTER_CHOICE
+
+MAX_LIST = 256
+
+# CEL rules on .spec (defaults are applied before these run). Messages match validation.py.
+SPEC_RULES: list[dict[str, str]] = [
+    {"rule": "has(self.rayCluster) != has(self.rayClusterRef)", "message": MSG_CLUSTER_CHOICE},
+    {
+        "rule": "self.workers.processesPerNode.sum() % (self.parallelism.tensor * self.parallelism.pipeline"
+        " * self.parallelism.context) == 0",
+        "message": "tensor x pipeline x context must divide the world size (sum of workers.processesPerNode)",
+    },
+    {
+        "rule": "self.model.numAttentionHeads % self.parallelism.tensor == 0",
+        "message": "model.numAttentionHeads must be divisible by parallelism.tensor",
+    },
+    {
+        "rule": "self.model.vocabSize % self.parallelism.tensor == 0",
+        "message": "model.vocabSize must be divisible by parallelism.tensor",
+    },
+    {
+        "rule": "self.model.hiddenSize % self.model.numAttentionHeads == 0",
+        "message": "model.hiddenSize must be divisible by model.numAttentionHeads",
+    },
+    {
+        "rule": "self.model.numLayers % self.parallelism.pipeline == 0",
+        "message": "model.numLayers must be divisible by parallelism.pipeline",
+    },
+    {
+        "rule": "self.training.sequenceLength <= self.model.maxSequenceLength",
+        "message": "training.sequenceLength must not exceed model.maxSequenceLength",
+    },
+]
+
+PRINTER_COLUMNS = [
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+    {
+        "name": "Ready",
+        "type": "integer",
+        "jsonPath": ".status.readyWorkers",
+        "description": "Workers alive",
+    },
+    {
+        "name": "Desired",
+        "type": "integer",
+        "jsonPath": ".status.worldSize",
+        "description": "Workers wanted",
+    },
+    {"name": "RayCluster", "type": "string", "jsonPath": ".status.rayClusterName"},
+    {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "priority": 1},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+
+def _schema_for(
+    tp: Any, field: dataclasses.Field[Any] | None, *, with_defaults: bool
+) -> dict[str, Any]:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        return _schema_for(inner[0], field, with_defaults=with_defaults)
+    meta = field_meta(field) if field is not None else None
+    if dataclasses.is_dataclass(tp):
+        return object_schema(tp, with_defaults=with_defaults)  # type: ignore[arg-type]
+    if origin is list:
+        item_tp = args[0]
+        if meta is not None and meta.free_form:
+            items: dict[str, Any] = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+        else:
+            items = _schema_for(item_tp, None, with_defaults=with_defaults)
+            if meta is not None and item_tp in (int, float) and meta.minimum is not None:
+                items["minimum"] = meta.minimum
+        return {"type": "array", "items": items, "maxItems": MAX_LIST}
+    if origin is dict:
+        return {"type": "object", "additionalProperties": {"type": "string"}}
+    schema: dict[str, Any] = {
+        bool: {"type": "boolean"},
+        int: {"type": "integer"},
+        float: {"type": "number"},
+        str: {"type": "string"},
+    }[tp].copy()
+    if meta is not None:
+        if meta.enum is not None:
+            schema["enum"] = list(meta.enum)
+        if meta.minimum is not None:
+            schema["minimum"] = meta.minimum if tp is float else int(meta.minimum)
+            if meta.exclusive_minimum:
+                schema["exclusiveMinimum"] = True
+        if meta.maximum is not None:
+            schema["maximum"] = meta.maximum
+        if meta.pattern is not None:
+            schema["pattern"] = meta.pattern
+        if meta.max_length is not None:
+            schema["maxLength"] = meta.max_length
+    return schema
+
+
+def object_schema(cls: type[Any], *, with_defaults: bool) -> dict[str, Any]:
+    """OpenAPI v3 schema of a model dataclass (camelCase properties)."""
+    hints = typing.get_type_hints(cls)
+    props: dict[str, Any] = {}
+    required: list[str] = []
+    for f in dataclasses.fields(cls):
+        meta = field_meta(f)
+        s = _schema_for(hints[f.name], f, with_defaults=with_defaults)
+        s["description"] = meta.description
+        if with_defaults and has_default(f):
+            dv = default_value(f)
+            if dataclasses.is_dataclass(dv):
+                s["default"] = {}
+            elif dv is not None:
+                s["default"] = dv
+        elif not has_default(f):
+            required.append(meta.name)
+        props[meta.name] = s
+    schema: dict[str, Any] = {"type": "object", "properties": props}
+    if required:
+        schema["required"] = required
+    return schema
+
+
+def crd_manifest() -> dict[str, Any]:
+    spec_schema = object_schema(TrainerGroupSpec, with_defaults=True)
+    spec_schema["x-kubernetes-validations"] = SPEC_RULES
+    status_schema = object_schema(TrainerGroupStatus, with_defaults=False)
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{PLURAL}.{API_GROUP}"},
+        "spec": {
+            "group": API_GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": KIND,
+                "plural": PLURAL,
+                "singular": SINGULAR,
+                "shortNames": list(SHORT_NAMES),
+                "listKind": f"{KIND}List",
+                "categories": ["all"],
+            },
+            "versions": [
+                {
+                    "name": API_VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "description": "A long-lived group of detached Megatron training workers on a Ray cluster.",
+                            "properties": {
+                                "apiVersion": {"type": "string"},
+                                "kind": {"type": "string"},
+                                "metadata": {"type": "object"},
+                                "spec": spec_schema,
+                                "status": status_schema,
+                            },
+                            "required": ["spec"],
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+HEADER = (
+    "# GENERATED by `python -m tgspec.crd` from spec/tgspec (the single source). Do not edit.\n"
+)
+TARGETS = ("manifests/crd/trainergroups.yaml", "charts/trainergroup/crds/trainergroups.yaml")
+
+
+def render() -> str:
+    return HEADER + yaml.safe_dump(crd_manifest(), sort_keys=False, width=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write the CRD to every target under the repository root (the first argument, default '.')."""
+    args = sys.argv[1:] if argv is None else argv
+    root = Path(args[0] if args else ".")
+    text = render()
+    for target in TARGETS:
+        path = root / target
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,365 @@
+"""The TrainerGroup spec as typed, frozen dataclasses.
+
+This module is the one model of the resource: the operator, the runtime's server
+and ``tgctl`` all parse YAML into these classes (see ``parse.py``), and the CRD's
+OpenAPI schema is generated from them (see ``crd.py``). It must import nothing
+heavier than the standard library.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from tgspec.fields import spec_field
+
+API_GROUP = "trainergroup.io"
+API_VERSION = "v1alpha1"
+KIND = "TrainerGroup"
+PLURAL = "trainergroups"
+SINGULAR = "trainergroup"
+SHORT_NAMES = ("tg",)
+
+DEFAULT_WORKER_CLASS = "tgruntime.trainer.worker:MegatronTrainer"
+DEFAULT_IMAGE = "ghcr.io/trainergroup/runtime:0.1.0"
+DEFAULT_RAY_VERSION = "2.60.0"
+
+_QUANTITY = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
+_DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+_NAME_PREFIX = r"^[A-Za-z0-9_.-]*$"
+_IMPORT_PATH = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EnvVar:
+    name: str = spec_field(name="name", description="Environment variable name.")
+    value: str = spec_field(name="value", description="Value.", default="")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class HeadSpec:
+    cpu: str = spec_field(
+        name="cpu", description="CPU request/limit of the head pod.", default="2", pattern=_QUANTITY
+    )
+    memory: str = spec_field(
+        name="memory",
+        description="Memory request/limit of the head pod.",
+        default="8Gi",
+        pattern=_QUANTITY,
+    )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RayWorkerNodesSpec:
+    replicas: int = spec_field(
+        name="replicas", description="Number of Ray worker pods (nodes).", default=1, minimum=1
+    )
+    gpus_per_worker: int = spec_field(
+        name="gpusPerWorker",
+        description="nvidia.com/gpu per worker pod (0 for CPU-only).",
+        default=1,
+        minimum=0,
+    )
+    cpu: str = spec_field(
+        name="cpu", description="CPU request/limit per worker pod.", default="8", pattern=_QUANTITY
+    )
+    memory: str = spec_field(
+        name="memory",
+        description="Memory request/limit per worker pod.",
+        default="32Gi",
+        pattern=_QUANTITY,
+    )
+    node_selector: dict[str, str] = spec_field(
+        name="nodeSelector", description="Node selector for worker pods.", default_factory=dict
+    )
+    tolerations: list[dict[str, Any]] = spec_field(
+        name="tolerations",
+        description="Tolerations for worker pods (core/v1 Toleration). A toleration for "
+        "nvidia.com/gpu is added automatically when gpusPerWorker > 0.",
+        default_factory=list,
+        free_form=True,
+    )
+    env: list[EnvVar] = spec_field(
+        name="env", description="Extra environment for worker pods.", default_factory=list
+    )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RayClusterSpec:
+    head: HeadSpec = spec_field(name="head", description="Head pod.", default_factory=HeadSpec)
+    workers: RayWorkerNodesSpec = spec_field(
+        name="workers", description="GPU worker pods.", default_factory=RayWorkerNodesSpec
+    )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RayClusterRef:
+    name: str = spec_field(
+        name="name",
+        description="Name of an existing RayCluster in the same namespace.",
+        pattern=_DNS_LABEL,
+        max_length=63,
+    )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WorkersSpec:
+    processes_per_node: list[int] = spec_field(
+        name="processesPerNode",
+        description="Worker processes on each Ray node, like verl's process_on_nodes; the "
+        "world size is their sum.",
+        default_factory=lambda: [1],
+        minimum=1,
+    )
+    use_gpu: bool = spec_field(
+        name="useGpu",
+        description="One GPU per worker process (false: CPU workers, gloo).",
+        default=True,
+    )
+    cpus_per_process: float = spec_field(
+        name="cpusPerProcess",
+        description="Ray CPUs reserved per worker process.",
+        default=1.0,
+        minimum=0,
+        exclusive_minimum=True,
+    )
+    placement_strategy: str = spec_field(
+        name="placementStrategy",
+        description="Ray placement group strategy.",
+        default="PACK",
+        enum=("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"),
+    )
+    name_prefix: str = spec_field(
+        name="namePrefix",
+        description="Worker name prefix; default: the resource name. Names are "
+        "{prefix}{ClassName}_{pg_index}:{local_rank}.",
+        default="",
+        pattern=_NAME_PREFIX,
+        max_length=63,
+    )
+    ray_namespace: str = spec_field(
+        name="rayNamespace",
+        description="Ray namespace of the group; default: tg-{namespace}-{name}.",
+        default="",
+        pattern=_NAME_PREFIX,
+        max_length=128,
+    )
+    worker_class: str = spec_field(
+        name="workerClass",
+        description="module:Class import path of the worker; default: the built-in Megatron trainer.",
+        default=DEFAULT_WORKER_CLASS,
+        pattern=_IMPORT_PATH,
+    )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ParallelismSpec:
+    tensor: int = spec_field(
+        name="tensor", description="Tensor-parallel size.", default=1, minimum=1
+    )
+    pipeline: int = spec_field(
+        name="pipeline", description="Pipeline-parallel size.", default=1, minimum=1
+    )
+    context: int = spec_field(
+        name="context", description="Context-parallel size.", default=1, minimum=1
+    )
+    expert: int = spec_field(
+        name="expert", description="Expert-parallel size (MoE models only).", default=1, minimum=1
+    )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    vocab_size: int = spec_field(
+        name="vocabSize", description="Vocabulary size.", default=256, minimum=2
+    )
+    hidden_size: int = spec_field(
+        name="hiddenSize", description="Hidden size.", default=2048, minimum=1
+    )
+    num_layers: int = spec_field(
+        name="numLayers", description="Transformer layers.", default=24, minimum=1
+    )
+    num_attention_heads: int = spec_field(
+        name="numAttentionHeads", description="Attention heads.", default=16, minimum=1
+    )
+    num_query_groups: int = spec_field(
+        name="numQueryGroups",
+        description="Key/value heads for GQA; 0 means equal to heads.",
+        default=0,
+        minimum=0,
+    )
+    ffn_hidden_size: int = spec_field(
+        name="ffnHiddenSize", description="Feed-forward hidden size.", default=5504, minimum=1
+    )
+    max_sequence_length: int = spec_field(
+        name="maxSequenceLength", description="Maximum sequence length.", default=1024, minimum=1
+    )
+    dtype: str = spec_field(
+        name="dtype",
+        description="Parameter/compute dtype; float32 is used on CPU.",
+        default="bfloat16",
+        enum=("bfloat16", "float16", "float32"),
+    )
+    position_embedding: str = spec_field(
+        name="positionEmbedding",
+        description="rope (GPU) or learned absolute positions (CPU-safe); auto picks by device.",
+        default="auto",
+        enum=("auto", "rope", "learned_absolute"),
+    )
+    normalization: str = spec_field(
+        name="normalization",
+        description="Layer norm type.",
+        default="RMSNorm",
+        enum=("RMSNorm", "LayerNorm"),
+    )
+    activation: str = spec_field(
+        name="activation", description="MLP activation.", default="swiglu", enum=("swiglu", "gelu")
+    )
+    seed: int = spec_field(name="seed", description="Initialisation seed.", default=1234, minimum=0)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OptimizerSpec:
+    lr: float = spec_field(name="lr", description="Learning rate.", default=1e-6, minimum=0)
+    min_lr: float = spec_field(
+        name="minLr", description="Minimum learning rate.", default=0.0, minimum=0
+    )
+    clip_grad: float = spec_field(
+        name="clipGrad",
+        description="Gradient clipping by global norm (0 disables).",
+        default=1.0,
+        minimum=0,
+    )
+    weight_decay: float = spec_field(
+        name="weightDecay", description="AdamW weight decay.", default=0.01, minimum=0
+    )
+    adam_beta1: float = spec_field(
+        name="adamBeta1", description="Adam beta1.", default=0.9, minimum=0, maximum=1
+    )
+    adam_beta2: float = spec_field(
+        name="adamBeta2", description="Adam beta2.", default=0.95, minimum=0, maximum=1
+    )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainingSpec:
+    batch_size: int = spec_field(
+        name="batchSize",
+        description="Global batch size (sequences per step) the client sends.",
+        default=16,
+        minimum=1,
+    )
+    sequence_length: int = spec_field(
+        name="sequenceLength",
+        description="Tokens per sequence; at most maxSequenceLength.",
+        default=1024,
+        minimum=2,
+    )
+    checkpoint_dir: str = spec_field(
+        name="checkpointDir",
+        description="Directory (shared by all workers) for checkpoints; empty disables.",
+        default="",
+    )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TimeoutsSpec:
+    cluster_ready_seconds: int = spec_field(
+        name="clusterReadySeconds",
+        description="Wait this long for the RayCluster to be ready.",
+        default=900,
+        minimum=1,
+    )
+    workers_ready_seconds: int = spec_field(
+        name="workersReadySeconds",
+        description="Wait this long for placement groups and worker actors.",
+        default=600,
+        minimum=1,
+    )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainerGroupSpec:
+    image: str = spec_field(
+        name="image",
+        description="Runtime image for Ray pods (Ray + torch + megatron-core + tgruntime).",
+        default=DEFAULT_IMAGE,
+    )
+    ray_version: str = spec_field(
+        name="rayVersion", description="Ray version in the image.", default=DEFAULT_RAY_VERSION
+    )
+    ray_cluster: RayClusterSpec | None = spec_field(
+        name="rayCluster",
+        description="RayCluster to create (exclusive with rayClusterRef).",
+        default=None,
+    )
+    ray_cluster_ref: RayClusterRef | None = spec_field(
+        name="rayClusterRef",
+        description="Use an existing RayCluster (exclusive with rayCluster).",
+        default=None,
+    )
+    workers: WorkersSpec = spec_field(
+        name="workers", description="The worker group.", default_factory=WorkersSpec
+    )
+    parallelism: ParallelismSpec = spec_field(
+        name="parallelism",
+        description="Model parallelism; data parallel is derived.",
+        default_factory=ParallelismSpec,
+    )
+    model: ModelSpec = spec_field(
+        name="model", description="Model shape.", default_factory=ModelSpec
+    )
+    optimizer: OptimizerSpec = spec_field(
+        name="optimizer", description="Optimizer.", default_factory=OptimizerSpec
+    )
+    training: TrainingSpec = spec_field(
+        name="training", description="Batch shape and checkpoints.", default_factory=TrainingSpec
+    )
+    restart_policy: str = spec_field(
+        name="restartPolicy",
+        description="Re-create the group when a worker dies (OnFailure) or not.",
+        default="OnFailure",
+        enum=("Never", "OnFailure"),
+    )
+    timeouts: TimeoutsSpec = spec_field(
+        name="timeouts", description="Timeouts.", default_factory=TimeoutsSpec
+    )
+
+    # -- derived values -------------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        return sum(self.workers.processes_per_node)
+
+    @property
+    def data_parallel(self) -> int:
+        p = self.parallelism
+        return self.world_size // (p.tensor * p.pipeline * p.context)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainerGroup:
+    """A whole resource: identity plus spec (status lives in ``status.py``)."""
+
+    name: str
+    namespace: str
+    spec: TrainerGroupSpec
+    uid: str = ""
+    generation: int = 0
+    labels: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    @property
+    def ray_namespace(self) -> str:
+        return self.spec.workers.ray_namespace or f"tg-{self.namespace}-{self.name}"
+
+    @property
+    def name_prefix(self) -> str:
+        return self.spec.workers.name_prefix or self.name
+
+    @property
+    def group_name(self) -> str:
+        """The group's lookup name inside its Ray namespace."""
+        return self.name
+
+    @property
+    def worker_class_name(self) -> str:
+        return self.spec.workers.worker_class.rsplit(":", 1)[1]

@@ -1,0 +1,147 @@
+"""The TrainerGroup status: phases, conditions and the client contract.
+
+``workerNames`` + ``rayNamespace`` + ``rayAddress`` (+ ``groupName``) is what a
+client needs to attach. The operator writes this shape; clients read it with
+:func:`parse_status`. The CRD's status schema is generated from these classes, so a
+field that is not declared here would be pruned by the API server.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from tgspec.fields import field_meta, spec_field
+
+PHASES = (
+    "Pending",
+    "ClusterProvisioning",
+    "WorkersStarting",
+    "Ready",
+    "Degraded",
+    "Failed",
+    "Terminating",
+)
+CONDITION_TYPES = ("RayClusterReady", "WorkersReady", "Degraded")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Condition:
+    type: str = spec_field(name="type", description="Condition type.")
+    status: str = spec_field(
+        name="status", description="True, False or Unknown.", enum=("True", "False", "Unknown")
+    )
+    reason: str = spec_field(name="reason", description="CamelCase reason.", default="")
+    message: str = spec_field(name="message", description="Human-readable message.", default="")
+    last_transition_time: str = spec_field(
+        name="lastTransitionTime",
+        description="When the status last changed (RFC 3339).",
+        default="",
+    )
+    observed_generation: int = spec_field(
+        name="observedGeneration",
+        description="Spec generation this condition was computed for.",
+        default=0,
+    )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WorkerStatus:
+    name: str = spec_field(name="name", description="Ray actor name.")
+    rank: int = spec_field(name="rank", description="Global rank.")
+    state: str = spec_field(
+        name="state", description="Ray actor state (ALIVE, DEAD, ...).", default="UNKNOWN"
+    )
+    node: str = spec_field(name="node", description="Ray node id or IP.", default="")
+    pid: int = spec_field(name="pid", description="Worker process id.", default=0)
+    cause: str = spec_field(name="cause", description="Why the worker died, if it did.", default="")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MeshStatus:
+    tp: int = spec_field(name="tp", description="Tensor parallel size.", default=1)
+    pp: int = spec_field(name="pp", description="Pipeline parallel size.", default=1)
+    cp: int = spec_field(name="cp", description="Context parallel size.", default=1)
+    dp: int = spec_field(name="dp", description="Data parallel size.", default=1)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainerGroupStatus:
+    phase: str = spec_field(
+        name="phase", description="Lifecycle phase.", default="Pending", enum=PHASES
+    )
+    message: str = spec_field(
+        name="message", description="Last human-readable status message.", default=""
+    )
+    conditions: list[Condition] = spec_field(
+        name="conditions", description="Conditions.", default_factory=list
+    )
+    observed_generation: int = spec_field(
+        name="observedGeneration", description="Last spec generation acted on.", default=0
+    )
+    ray_cluster_name: str = spec_field(
+        name="rayClusterName", description="The RayCluster in use.", default=""
+    )
+    ray_address: str = spec_field(
+        name="rayAddress", description="GCS address host:port for Ray drivers.", default=""
+    )
+    dashboard_url: str = spec_field(
+        name="dashboardURL", description="Ray dashboard URL.", default=""
+    )
+    ray_namespace: str = spec_field(
+        name="rayNamespace", description="Ray namespace of the group.", default=""
+    )
+    group_name: str = spec_field(
+        name="groupName", description="Group lookup name in the Ray namespace.", default=""
+    )
+    worker_names: list[str] = spec_field(
+        name="workerNames", description="Worker actor names in rank order.", default_factory=list
+    )
+    workers: list[WorkerStatus] = spec_field(
+        name="workers", description="Per-worker state.", default_factory=list
+    )
+    world_size: int = spec_field(name="worldSize", description="Number of workers.", default=0)
+    ready_workers: int = spec_field(name="readyWorkers", description="Workers ALIVE.", default=0)
+    mesh: MeshStatus | None = spec_field(name="mesh", description="Parallel mesh.", default=None)
+    restarts: int = spec_field(
+        name="restarts", description="Group re-creations after failures.", default=0
+    )
+    group_generation: int = spec_field(
+        name="groupGeneration", description="Generation of the running group.", default=0
+    )
+    submission_id: str = spec_field(
+        name="submissionId", description="Ray job that created the group.", default=""
+    )
+    spec_hash: str = spec_field(
+        name="specHash", description="Hash of the spec fields the group was built from.", default=""
+    )
+
+
+def parse_status(data: Mapping[str, Any] | None) -> TrainerGroupStatus:
+    """Read a status mapping leniently (unknown keys ignored; missing keys defaulted)."""
+    status: TrainerGroupStatus = _lenient(TrainerGroupStatus, data or {})
+    return status
+
+
+def _lenient(cls: Any, data: Mapping[str, Any]) -> Any:
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        wire = field_meta(f).name
+        if wire not in data or data[wire] is None:
+            continue
+        raw = data[wire]
+        tp = hints[f.name]
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if typing.get_origin(tp) is list and args and dataclasses.is_dataclass(args[0]):
+            values[f.name] = [_lenient(args[0], item) for item in raw]
+        elif dataclasses.is_dataclass(tp):
+            values[f.name] = _lenient(tp, raw)
+        elif args and dataclasses.is_dataclass(args[0]):
+            values[f.name] = _lenient(args[0], raw)
+        else:
+            values[f.name] = raw
+    return cls(**values)

@@ -44,6 +44,7 @@ __all__ = [
     "TrainerGroupStatus",
     "TrainingSpec",
     "WorkerStatus",
+    "WorkersSpec",
     "load_file",
     "parse_resource",
     "parse_spec",

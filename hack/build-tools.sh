@@ -6,7 +6,7 @@
 #
 # Output: ${TG_K8S_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/trainergroup/k8s-tools}/<hash>/bin
 # holding etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok,
-# ray-operator, helm. <hash> covers hack/versions.env's values and `go version`, so a version
+# ray-operator, helm; <hash>/assets holds the KubeRay CRDs and kwok's stage config. <hash> covers hack/versions.env's values and `go version`, so a version
 # bump builds a new set and an unchanged one is reused. The set is built in a temporary
 # directory and renamed into place, so a half-finished build is never mistaken for a done one.
 #
@@ -53,7 +53,38 @@ complete() {
   [[ -f "$DEST/BUILD_INFO" ]]
 }
 
+
+# ---- Assets: KubeRay CRDs and kwok's stages, from the same module versions. ------------------
+# Cheap (module cache + cp); checked and refreshed on every run, independently of the binaries.
+module_dir() {  # <module@version> -> its directory in the module cache
+  (cd "${TMPDIR:-/tmp}" && "$GO" mod download -json "$1") | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p'
+}
+ensure_assets() {  # <dest dir>
+  local dest="$1" stage kuberay kwok tmp
+  [[ -f "$dest/assets/ASSETS_OK" ]] && return 0
+  kuberay="$(module_dir "github.com/ray-project/kuberay/ray-operator@$KUBERAY_VERSION")"
+  kwok="$(module_dir "sigs.k8s.io/kwok@$KWOK_VERSION")"
+  [[ -d "$kuberay/config/crd/bases" ]] || die "KubeRay CRDs not found under '$kuberay/config/crd/bases'; check KUBERAY_VERSION and Go proxy access"
+  [[ -d "$kwok/kustomize/stage" ]] || die "kwok stages not found under '$kwok/kustomize/stage'; check KWOK_VERSION and Go proxy access"
+  tmp="$(mktemp -d "$dest/.assets.XXXXXX")"
+  mkdir -p "$tmp/crds/kuberay" "$tmp/kwok"
+  cp "$kuberay"/config/crd/bases/*.yaml "$tmp/crds/kuberay/"
+  # kwok run standalone needs its Stages in its config: the "fast" set kwokctl uses
+  # (node initialize, node heartbeat with lease, pod ready/complete/delete).
+  for stage in node/fast/node-initialize node/heartbeat-with-lease/node-heartbeat-with-lease \
+               pod/fast/pod-ready pod/fast/pod-complete pod/fast/pod-delete; do
+    [[ -f "$kwok/kustomize/stage/$stage.yaml" ]] || die "kwok stage $stage.yaml missing in $kwok; has its layout changed?"
+    { echo "---"; cat "$kwok/kustomize/stage/$stage.yaml"; } >> "$tmp/kwok/stages.yaml"
+  done
+  chmod -R u+w "$tmp"
+  touch "$tmp/ASSETS_OK"
+  rm -rf "$dest/assets"
+  mv "$tmp" "$dest/assets"
+  log "assets ready: $dest/assets (KubeRay CRDs, kwok stages)"
+}
+
 if complete; then
+  ensure_assets "$DEST"
   log "up to date: $BIN (delete $DEST to force a rebuild)"
   echo "$BIN"
   exit 0
@@ -66,6 +97,7 @@ if ! flock -w 5400 9; then
   die "timed out after 90 min waiting for another build to release $CACHE_ROOT/.lock"
 fi
 if complete; then
+  ensure_assets "$DEST"
   log "built by another process meanwhile: $BIN"
   echo "$BIN"
   exit 0
@@ -155,14 +187,6 @@ gobin_install ray-operator "github.com/ray-project/kuberay/ray-operator@$KUBERAY
 gobin_install helm "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" \
   "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
 
-# The KubeRay CRDs come from the same module version as the operator binary.
-KUBERAY_DIR="$(cd "$TMP" && "$GO" mod download -json "github.com/ray-project/kuberay/ray-operator@$KUBERAY_VERSION" \
-  | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
-[[ -d "$KUBERAY_DIR/config/crd/bases" ]] || die "KubeRay CRDs not found under $KUBERAY_DIR/config/crd/bases"
-mkdir -p "$TMP/crds/kuberay"
-cp "$KUBERAY_DIR"/config/crd/bases/*.yaml "$TMP/crds/kuberay/"
-chmod -R u+w "$TMP/crds"
-
 ELAPSED=$(( $(date +%s) - START ))
 {
   echo "# built $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -m), $(nproc) CPUs, in ${ELAPSED}s"
@@ -173,5 +197,6 @@ rm -rf "$TMP/src"
 if [[ -d "$DEST" ]]; then rm -rf "$DEST"; fi   # an incomplete earlier attempt
 mv "$TMP" "$DEST"
 trap - EXIT
+ensure_assets "$DEST"
 log "done in ${ELAPSED}s ($(( ELAPSED / 60 )) min): $BIN"
 echo "$BIN"

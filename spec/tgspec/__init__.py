@@ -22,13 +22,21 @@ from tgspec.model import (
     WorkersSpec,
 )
 from tgspec.parse import load_file, parse_resource, parse_spec, to_wire
-from tgspec.status import PHASES, Condition, TrainerGroupStatus, WorkerStatus, parse_status
+from tgspec.status import (
+    PHASES,
+    Condition,
+    MeshStatus,
+    TrainerGroupStatus,
+    WorkerStatus,
+    parse_status,
+)
 
 __all__ = [
     "API_GROUP",
     "API_VERSION",
     "DEFAULT_WORKER_CLASS",
     "KIND",
+    "MeshStatus",
     "PHASES",
     "PLURAL",
     "Condition",

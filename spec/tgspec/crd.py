@@ -206,10 +206,17 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Write the CRD to every target under the repository root (the first argument, default '.')."""
+    """Write the CRD to every target under the repository root (default '.'); ``--check`` only compares."""
     args = sys.argv[1:] if argv is None else argv
+    check = "--check" in args
+    args = [a for a in args if a != "--check"]
     root = Path(args[0] if args else ".")
     text = render()
+    if check:
+        stale = [t for t in TARGETS if not (root / t).exists() or (root / t).read_text() != text]
+        for t in stale:
+            print(f"{t} is stale: run `python -m tgspec.crd .` and commit the result", file=sys.stderr)
+        return 1 if stale else 0
     for target in TARGETS:
         path = root / target
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -116,6 +116,16 @@ class TrainerGroupStatus:
     spec_hash: str = spec_field(
         name="specHash", description="Hash of the spec fields the group was built from.", default=""
     )
+    cluster_hash: str = spec_field(
+        name="clusterHash",
+        description="Hash of the spec fields the RayCluster was built from.",
+        default="",
+    )
+    phase_since: str = spec_field(
+        name="phaseSince",
+        description="When the phase last changed (RFC 3339); timeouts count from here.",
+        default="",
+    )
 
 
 def parse_status(data: Mapping[str, Any] | None) -> TrainerGroupStatus:

@@ -1,0 +1,108 @@
+{{/* Chart name, truncated to the 63 characters of a DNS label. */}}
+{{- define "trainergroup.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Full name: the release name, plus the chart name unless the release name already holds it.
+Truncated so that "<fullname>-operator-metrics" still fits in a DNS label.
+*/}}
+{{- define "trainergroup.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 45 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 45 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 45 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "trainergroup.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels on every object. */}}
+{{- define "trainergroup.labels" -}}
+helm.sh/chart: {{ include "trainergroup.chart" . }}
+{{ include "trainergroup.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: trainergroup
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/* Labels that select the operator's pod (stable across upgrades: never add to them). */}}
+{{- define "trainergroup.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "trainergroup.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{/* Labels for client objects (no component: operator, so they never match the selector). */}}
+{{- define "trainergroup.clientLabels" -}}
+helm.sh/chart: {{ include "trainergroup.chart" . }}
+app.kubernetes.io/name: {{ include "trainergroup.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: client
+app.kubernetes.io/part-of: trainergroup
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/* The operator's ServiceAccount name. */}}
+{{- define "trainergroup.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (printf "%s-operator" (include "trainergroup.fullname" .)) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The operator image reference. */}}
+{{- define "trainergroup.image" -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
+{{- end }}
+
+{{/*
+What the operator may do in a namespace it watches: the rules of its Role (one per watched
+namespace) or of its ClusterRole (all namespaces). Least privilege: no Secrets, no
+ConfigMaps, no create/delete of TrainerGroups, read-only Pods. Tested against a real API
+server in tests/deploy/test_chart_k8s.py; change both together.
+*/}}
+{{- define "trainergroup.operatorRules" -}}
+# The TrainerGroups: watch them, add/remove the finalizer and kopf's annotations.
+- apiGroups: ["trainergroup.io"]
+  resources: ["trainergroups"]
+  verbs: ["get", "list", "watch", "patch", "update"]
+- apiGroups: ["trainergroup.io"]
+  resources: ["trainergroups/status"]
+  verbs: ["get", "patch", "update"]
+# Owner references with blockOwnerDeletion on the RayCluster need this where the
+# OwnerReferencesPermissionEnforcement admission plugin is on.
+- apiGroups: ["trainergroup.io"]
+  resources: ["trainergroups/finalizers"]
+  verbs: ["update"]
+# The RayCluster the operator creates (same name as the TrainerGroup) and owns.
+- apiGroups: ["ray.io"]
+  resources: ["rayclusters"]
+  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
+# Ray pods: read-only, to explain why a cluster is not ready.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch"]
+# kopf posts Events about the handling of each TrainerGroup.
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+- apiGroups: ["events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- end }}
+
+{{/* kopf's resource discovery: read-only, cluster-scoped. */}}
+{{- define "trainergroup.crdDiscoveryRules" -}}
+- apiGroups: ["apiextensions.k8s.io"]
+  resources: ["customresourcedefinitions"]
+  verbs: ["get", "list", "watch"]
+{{- end }}

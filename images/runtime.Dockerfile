@@ -1,0 +1,38 @@
+# syntax=docker/dockerfile:1.7
+# The runtime image: Ray (base image) + torch + megatron-core + tensordict + tgruntime.
+# Used by the RayCluster pods the operator creates (TrainerGroup spec.image) and by the
+# client Job (manifests/examples/client-job.yaml): same Ray and Python on both sides.
+#
+#   docker build -f images/runtime.Dockerfile -t ghcr.io/trainergroup/runtime:0.1.0 .
+#   (or `make images`; the build context is the repository root)
+#
+# Ray 2.60.0 on Python 3.12 with CUDA, as KubeRay expects (ray CLI, wget for its probes).
+# torch 2.15.0 from PyPI ships CUDA 13 libraries: the nodes need an NVIDIA driver >= 580.
+FROM rayproject/ray:2.60.0-py312-gpu
+LABEL org.opencontainers.image.title="trainergroup-runtime" \
+      org.opencontainers.image.description="Ray + torch + megatron-core runtime for TrainerGroup workers and clients" \
+      org.opencontainers.image.version="0.1.0" \
+      org.opencontainers.image.licenses="Apache-2.0"
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+# The base image runs as `ray` (uid 1000, gid 100) and its Python lives in ray's home.
+USER 1000:100
+COPY --chown=1000:100 images/requirements-runtime.txt /tmp/requirements-runtime.txt
+RUN pip install --no-cache-dir --require-hashes -r /tmp/requirements-runtime.txt \
+ && rm /tmp/requirements-runtime.txt
+# Created by uid 1000 (WORKDIR alone would create it root-owned, and the build writes into it).
+RUN mkdir -p /tmp/trainergroup-src
+WORKDIR /tmp/trainergroup-src
+COPY --chown=1000:100 pyproject.toml ./
+COPY --chown=1000:100 spec/ spec/
+COPY --chown=1000:100 operator/ operator/
+COPY --chown=1000:100 runtime/ runtime/
+# --no-deps: every dependency is in the lock above; the versions are checked right after.
+RUN pip install --no-cache-dir --no-deps --no-build-isolation . \
+ && python -c "import ray, torch, tensordict, megatron.core, tgruntime, tgspec; \
+assert ray.__version__ == '2.60.0', ray.__version__; \
+assert torch.__version__.startswith('2.15.0'), torch.__version__; \
+assert megatron.core.__version__ == '0.16.1', megatron.core.__version__" \
+ && rm -rf /tmp/trainergroup-src
+WORKDIR /home/ray
+ENV PYTHONUNBUFFERED=1

@@ -1,0 +1,141 @@
+"""The finalizer: clean the Ray side before the TrainerGroup (and its RayCluster) go.
+
+On deletion the group's server job is stopped if it still runs and the teardown
+entrypoint kills its actors and placement groups; the State API must then show no
+live worker before the finalizer is released. When Ray cannot be reached the
+handler retries with a growing delay and says why in the status and in an event.
+The annotation ``trainergroup.io/force-delete: "true"`` lets an admin remove the
+object without the cleanup. An owned RayCluster that is already gone (or going)
+took its Ray processes with it, so there is nothing left to clean.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+from tgspec import SpecErrors, TrainerGroup, TrainerGroupStatus, parse_resource, parse_status
+
+from tg_operator import events, names, reconcile, teardown
+from tg_operator import status as status_mod
+from tg_operator.context import Context
+from tg_operator.dashboard import DashboardError
+from tg_operator.events import EventSink
+
+log = logging.getLogger(__name__)
+
+MAX_BACKOFF_S = 30.0
+
+
+def backoff(retry: int) -> float:
+    return float(min(MAX_BACKOFF_S, 2.0 ** min(retry, 10)))
+
+
+def force_requested(body: Mapping[str, Any]) -> bool:
+    annotations = body.get("metadata", {}).get("annotations") or {}
+    return str(annotations.get(names.FORCE_DELETE_ANNOTATION, "")).lower() == "true"
+
+
+async def finalize(ctx: Context, *, body: Mapping[str, Any], sink: EventSink, retry: int) -> str:
+    """Clean up for a deleted TrainerGroup; returns what was done, raises to retry."""
+    meta = body.get("metadata", {})
+    namespace, name, uid = str(meta.get("namespace")), str(meta.get("name")), str(meta.get("uid"))
+    async with ctx.lock(namespace=namespace, name=name):
+        try:
+            result = await _finalize(ctx, body=body, sink=sink, retry=retry)
+        except kopf.TemporaryError:
+            raise
+        ctx.forget(namespace=namespace, name=name, uid=uid)
+        return result
+
+
+async def _finalize(ctx: Context, *, body: Mapping[str, Any], sink: EventSink, retry: int) -> str:
+    meta = body.get("metadata", {})
+    namespace, name, uid = str(meta.get("namespace")), str(meta.get("name")), str(meta.get("uid"))
+    previous = parse_status(body.get("status"))
+    st = status_mod.terminating(previous, message="cleaning up", now=reconcile.utcnow())
+
+    async def report(message: str) -> None:
+        nonlocal st
+        new = dataclasses.replace(st, message=message[:1000])
+        await reconcile.write_status(
+            ctx, namespace=namespace, name=name, uid=uid, old=st, new=new, sink=sink
+        )
+        st = new
+
+    await reconcile.write_status(
+        ctx, namespace=namespace, name=name, uid=uid, old=previous, new=st, sink=sink
+    )
+    if force_requested(body):
+        msg = (
+            f"{names.FORCE_DELETE_ANNOTATION}=true: removed without cleaning Ray; "
+            f"actors in Ray namespace {previous.ray_namespace or '?'} may remain"
+        )
+        events.warn(sink, reason="ForceDeleted", message=msg)
+        return msg
+    try:
+        tg = parse_resource(body)
+    except SpecErrors:
+        return "the spec was invalid, so nothing was created"
+    if previous.group_generation == 0 and not previous.submission_id:
+        return "no worker group was ever started"
+    if names.owns_cluster(tg):
+        rc = await ctx.kube.get_raycluster(namespace=namespace, name=names.cluster_name(tg))
+        if rc is None or rc.get("metadata", {}).get("deletionTimestamp"):
+            msg = f"RayCluster {names.cluster_name(tg)} is gone; its Ray processes went with it"
+            events.info(sink, reason="NothingToClean", message=msg)
+            return msg
+    url = previous.dashboard_url or ctx.config.dashboard_url(
+        cluster=names.cluster_name(tg), namespace=namespace
+    )
+    try:
+        msg = await _clean_ray(ctx, tg=tg, status=previous, url=url)
+    except DashboardError as exc:
+        delay = backoff(retry)
+        why = (
+            f"cannot reach Ray to remove the workers ({exc}); retrying in {delay:g}s. "
+            f"To remove the object without cleaning Ray, annotate it "
+            f'{names.FORCE_DELETE_ANNOTATION}="true"'
+        )
+        await report(why)
+        events.warn(sink, reason="CleanupRetrying", message=why)
+        raise kopf.TemporaryError(why, delay=delay) from exc
+    except _NotYet as exc:
+        await report(str(exc))
+        raise kopf.TemporaryError(str(exc), delay=exc.delay) from exc
+    events.info(sink, reason="CleanedUp", message=msg)
+    if names.owns_cluster(tg):
+        await ctx.kube.delete_raycluster(namespace=namespace, name=names.cluster_name(tg))
+    return msg
+
+
+class _NotYet(Exception):
+    def __init__(self, message: str, *, delay: float) -> None:
+        super().__init__(message)
+        self.delay = delay
+
+
+async def _clean_ray(
+    ctx: Context, *, tg: TrainerGroup, status: TrainerGroupStatus, url: str
+) -> str:
+    dash = ctx.dashboard(url)
+    ray_ns = status.ray_namespace or tg.ray_namespace
+    gen = status.group_generation or 1
+    result = await teardown.teardown_group(
+        dash, tg, python=ctx.config.python, ray_namespace=ray_ns, generation=gen
+    )
+    if not result.done:
+        raise _NotYet(f"tearing down the workers: {result.message}", delay=2.0)
+    actors = await dash.list_actors(ray_namespace=ray_ns)
+    ours = set(status.worker_names)
+    alive = [a.name for a in actors if a.state != "DEAD" and a.name in ours]
+    if alive:
+        raise _NotYet(
+            f"teardown finished but workers are still alive: {', '.join(sorted(alive)[:5])}",
+            delay=2.0,
+        )
+    removed = await teardown.forget_jobs(dash, tg, generations=gen)
+    return f"{result.message}; no live workers left in Ray namespace {ray_ns}; {removed} job records removed"

@@ -1,0 +1,45 @@
+"""Failures of a TrainerGroup, as kopf errors.
+
+A :class:`GroupFailed` subclass is permanent: the phase is Failed and kopf stops
+retrying until the spec changes. Each carries the condition ``reason`` the status
+shows. Waiting is not an error here: the reconcile flow returns a wait, and the
+handlers turn it into :class:`kopf.TemporaryError`.
+"""
+
+from __future__ import annotations
+
+import kopf
+
+
+class GroupFailed(kopf.PermanentError):
+    """The group cannot reach Ready without a change to its spec or its cluster."""
+
+    reason = "Failed"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidSpec(GroupFailed):
+    reason = "InvalidSpec"
+
+
+class ClusterConflict(GroupFailed):
+    reason = "ClusterConflict"
+
+
+class ClusterTimeout(GroupFailed):
+    reason = "ClusterTimeout"
+
+
+class WorkersTimeout(GroupFailed):
+    reason = "WorkersTimeout"
+
+
+class ServerFailed(GroupFailed):
+    reason = "ServerFailed"
+
+
+class WorkerDied(GroupFailed):
+    reason = "WorkerDied"

@@ -1,0 +1,173 @@
+"""The few Kubernetes API calls the operator makes, as async methods.
+
+The ``kubernetes`` client is synchronous, so each call runs in a worker thread
+(``asyncio.to_thread``) and the event loop that kopf drives never blocks. Objects
+come back as plain wire-format dicts (camelCase), the same shape kopf hands to the
+handlers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from typing import Any, cast
+
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+
+from tg_operator import names
+
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def api_client(*, kubeconfig: str | None = None, context: str | None = None) -> k8s.ApiClient:
+    """An API client from ``kubeconfig``, else in-cluster credentials, else ``$KUBECONFIG``."""
+    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        configuration = k8s.Configuration()
+        k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        return k8s.ApiClient(configuration)
+    made = k8s_config.new_client_from_config(  # type: ignore[no-untyped-call]
+        config_file=kubeconfig, context=context
+    )
+    return cast(k8s.ApiClient, made)
+
+
+def default_namespace(*, kubeconfig: str | None = None) -> str:
+    """The service account's namespace in a pod, else the kubeconfig context's, else default."""
+    if kubeconfig is None and os.path.exists(SERVICE_ACCOUNT_NAMESPACE):
+        with open(SERVICE_ACCOUNT_NAMESPACE) as f:
+            return f.read().strip() or "default"
+    try:
+        _, active = k8s_config.list_kube_config_contexts(  # type: ignore[no-untyped-call]
+            config_file=kubeconfig
+        )
+    except Exception:
+        return "default"
+    ns = (active or {}).get("context", {}).get("namespace")
+    return str(ns) if ns else "default"
+
+
+class KubeApi:
+    """TrainerGroups, RayClusters and pods, through one API client."""
+
+    def __init__(self, client: k8s.ApiClient, *, request_timeout_s: float = 30.0) -> None:
+        self._client = client
+        self._custom = k8s.CustomObjectsApi(client)
+        self._core = k8s.CoreV1Api(client)
+        self._timeout = request_timeout_s
+
+    def close(self) -> None:
+        self._client.close()  # type: ignore[no-untyped-call]
+
+    # -- TrainerGroups --------------------------------------------------------------
+    def get_trainergroup_sync(self, *, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._get_custom(names.GROUP, names.VERSION, names.TG_PLURAL, namespace, name)
+
+    async def get_trainergroup(self, *, namespace: str, name: str) -> dict[str, Any] | None:
+        return await asyncio.to_thread(self.get_trainergroup_sync, namespace=namespace, name=name)
+
+    async def patch_trainergroup_status(
+        self, *, namespace: str, name: str, status: dict[str, Any]
+    ) -> bool:
+        """Merge-patch the status subresource; False if the object is gone."""
+
+        def call() -> bool:
+            try:
+                self._custom.patch_namespaced_custom_object_status(
+                    names.GROUP,
+                    names.VERSION,
+                    namespace,
+                    names.TG_PLURAL,
+                    name,
+                    {"status": status},
+                    _request_timeout=self._timeout,
+                )
+            except ApiException as exc:
+                if exc.status == 404:
+                    return False
+                raise
+            return True
+
+        return await asyncio.to_thread(call)
+
+    # -- RayClusters ----------------------------------------------------------------
+    async def get_raycluster(self, *, namespace: str, name: str) -> dict[str, Any] | None:
+        return await asyncio.to_thread(
+            self._get_custom, names.RAY_GROUP, names.RAY_VERSION, names.RAY_PLURAL, namespace, name
+        )
+
+    async def create_raycluster(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """Create a RayCluster; None if one with that name already exists."""
+        namespace = body["metadata"]["namespace"]
+
+        def call() -> dict[str, Any] | None:
+            try:
+                created = self._custom.create_namespaced_custom_object(
+                    names.RAY_GROUP,
+                    names.RAY_VERSION,
+                    namespace,
+                    names.RAY_PLURAL,
+                    body,
+                    _request_timeout=self._timeout,
+                )
+            except ApiException as exc:
+                if exc.status == 409:
+                    return None
+                raise
+            return cast(dict[str, Any], created)
+
+        return await asyncio.to_thread(call)
+
+    async def delete_raycluster(self, *, namespace: str, name: str) -> bool:
+        """Delete a RayCluster (background propagation); False if it was not there."""
+
+        def call() -> bool:
+            try:
+                self._custom.delete_namespaced_custom_object(
+                    names.RAY_GROUP,
+                    names.RAY_VERSION,
+                    namespace,
+                    names.RAY_PLURAL,
+                    name,
+                    propagation_policy="Background",
+                    _request_timeout=self._timeout,
+                )
+            except ApiException as exc:
+                if exc.status == 404:
+                    return False
+                raise
+            return True
+
+        return await asyncio.to_thread(call)
+
+    # -- pods -----------------------------------------------------------------------
+    async def list_cluster_pods(self, *, namespace: str, cluster: str) -> list[dict[str, Any]]:
+        """The pods KubeRay made for a RayCluster (label ``ray.io/cluster``)."""
+
+        def call() -> list[dict[str, Any]]:
+            resp: Any = self._core.list_namespaced_pod(
+                namespace,
+                label_selector=f"{names.RAY_CLUSTER_LABEL}={cluster}",
+                _preload_content=False,
+                _request_timeout=self._timeout,
+            )
+            data = json.loads(resp.data)
+            return list(data.get("items") or [])
+
+        return await asyncio.to_thread(call)
+
+    # -- plumbing -------------------------------------------------------------------
+    def _get_custom(
+        self, group: str, version: str, plural: str, namespace: str, name: str
+    ) -> dict[str, Any] | None:
+        try:
+            obj = self._custom.get_namespaced_custom_object(
+                group, version, namespace, plural, name, _request_timeout=self._timeout
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return cast(dict[str, Any], obj)

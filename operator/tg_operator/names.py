@@ -1,0 +1,67 @@
+"""Names, labels and annotations the operator owns (see docs/contracts.md).
+
+Everything the operator creates is named deterministically from the TrainerGroup, so
+a restarted operator finds what it created before instead of creating it twice.
+"""
+
+from __future__ import annotations
+
+from tgspec import API_GROUP, API_VERSION, KIND, PLURAL, TrainerGroup
+
+GROUP = API_GROUP
+VERSION = API_VERSION
+TG_KIND = KIND
+TG_PLURAL = PLURAL
+TG_API_VERSION = f"{API_GROUP}/{API_VERSION}"
+
+FINALIZER = "trainergroup.io/finalizer"
+STORAGE_PREFIX = "kopf.trainergroup.io"
+FORCE_DELETE_ANNOTATION = "trainergroup.io/force-delete"
+CLUSTER_HASH_ANNOTATION = "trainergroup.io/cluster-hash"
+
+NAME_LABEL = "trainergroup.io/name"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "trainergroup-operator"
+
+RAY_GROUP = "ray.io"
+RAY_VERSION = "v1"
+RAY_PLURAL = "rayclusters"
+RAY_KIND = "RayCluster"
+RAY_CLUSTER_LABEL = "ray.io/cluster"
+RAY_NODE_TYPE_LABEL = "ray.io/node-type"
+
+# Ray job metadata keys: who submitted a job, so a job is never mistaken for another's.
+JOB_META_UID = "trainergroup.io/uid"
+JOB_META_NAME = "trainergroup.io/name"
+JOB_META_NAMESPACE = "trainergroup.io/namespace"
+JOB_META_GENERATION = "trainergroup.io/group-generation"
+
+SERVER_MODULE = "tgruntime.server"
+TEARDOWN_MODULE = "tgruntime.teardown"
+
+
+def uid_tag(tg: TrainerGroup) -> str:
+    """Eight characters of the object's uid: a re-created object never reuses a job id."""
+    return (tg.uid.replace("-", "") or "nouid")[:8]
+
+
+def server_submission_id(tg: TrainerGroup, *, generation: int) -> str:
+    return f"tg-{tg.namespace}-{tg.name}-{uid_tag(tg)}-g{generation}"
+
+
+def teardown_submission_id(tg: TrainerGroup, *, generation: int, attempt: int) -> str:
+    return f"tg-{tg.namespace}-{tg.name}-{uid_tag(tg)}-teardown-g{generation}-{attempt}"
+
+
+def cluster_name(tg: TrainerGroup) -> str:
+    """The RayCluster the group runs on: the referenced one, or one named like the group."""
+    ref = tg.spec.ray_cluster_ref
+    return str(ref.name) if ref is not None else tg.name
+
+
+def owns_cluster(tg: TrainerGroup) -> bool:
+    return tg.spec.ray_cluster_ref is None
+
+
+def labels(tg: TrainerGroup) -> dict[str, str]:
+    return {NAME_LABEL: tg.name, MANAGED_BY_LABEL: MANAGED_BY}

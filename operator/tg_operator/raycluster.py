@@ -1,0 +1,143 @@
+"""Build the KubeRay ``RayCluster`` (ray.io/v1) a TrainerGroup runs on.
+
+The head gets no GPUs and ``num-cpus: "0"`` so Ray never places a worker on it (it
+still runs the job drivers: the server and teardown entrypoints). The one worker
+group gets ``nvidia.com/gpu`` in both limits and requests, and a toleration for the
+``nvidia.com/gpu`` taint is added automatically. The cluster is owned by the
+TrainerGroup (garbage-collected with it) and labelled with its name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tgspec import TrainerGroup
+
+from tg_operator import names
+
+GPU_RESOURCE = "nvidia.com/gpu"
+WORKER_GROUP = "workers"
+HEAD_CONTAINER = "ray-head"
+WORKER_CONTAINER = "ray-worker"
+
+
+def build_raycluster(tg: TrainerGroup, *, cluster_hash: str) -> dict[str, Any]:
+    """The RayCluster manifest for ``tg`` (which must not use ``rayClusterRef``)."""
+    rc = tg.spec.ray_cluster
+    if rc is None:
+        raise ValueError(f"TrainerGroup {tg.namespace}/{tg.name} uses rayClusterRef")
+    labels = names.labels(tg)
+    head_resources = {"cpu": rc.head.cpu, "memory": rc.head.memory}
+    worker_resources: dict[str, str] = {"cpu": rc.workers.cpu, "memory": rc.workers.memory}
+    if rc.workers.gpus_per_worker > 0:
+        worker_resources[GPU_RESOURCE] = str(rc.workers.gpus_per_worker)
+    env = [{"name": e.name, "value": e.value} for e in rc.workers.env]
+    worker_pod: dict[str, Any] = {
+        "containers": [
+            {
+                "name": WORKER_CONTAINER,
+                "image": tg.spec.image,
+                "resources": {"limits": dict(worker_resources), "requests": dict(worker_resources)},
+                "env": env,
+                "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+            }
+        ],
+        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+        "tolerations": worker_tolerations(tg),
+    }
+    if rc.workers.node_selector:
+        worker_pod["nodeSelector"] = dict(rc.workers.node_selector)
+    return {
+        "apiVersion": f"{names.RAY_GROUP}/{names.RAY_VERSION}",
+        "kind": names.RAY_KIND,
+        "metadata": {
+            "name": names.cluster_name(tg),
+            "namespace": tg.namespace,
+            "labels": dict(labels),
+            "annotations": {names.CLUSTER_HASH_ANNOTATION: cluster_hash},
+            "ownerReferences": [owner_reference(tg)],
+        },
+        "spec": {
+            "rayVersion": tg.spec.ray_version,
+            "enableInTreeAutoscaling": False,
+            "headGroupSpec": {
+                "serviceType": "ClusterIP",
+                "rayStartParams": {
+                    "dashboard-host": "0.0.0.0",
+                    "num-cpus": "0",
+                    "num-gpus": "0",
+                },
+                "template": {
+                    "metadata": {"labels": dict(labels)},
+                    "spec": {
+                        "containers": [
+                            {
+                                "name": HEAD_CONTAINER,
+                                "image": tg.spec.image,
+                                "resources": {
+                                    "limits": dict(head_resources),
+                                    "requests": dict(head_resources),
+                                },
+                                "ports": [
+                                    {"containerPort": 6379, "name": "gcs-server"},
+                                    {"containerPort": 8265, "name": "dashboard"},
+                                    {"containerPort": 10001, "name": "client"},
+                                ],
+                            }
+                        ]
+                    },
+                },
+            },
+            "workerGroupSpecs": [
+                {
+                    "groupName": WORKER_GROUP,
+                    "replicas": rc.workers.replicas,
+                    "minReplicas": rc.workers.replicas,
+                    "maxReplicas": rc.workers.replicas,
+                    "rayStartParams": {},
+                    "template": {"metadata": {"labels": dict(labels)}, "spec": worker_pod},
+                }
+            ],
+        },
+    }
+
+
+def worker_tolerations(tg: TrainerGroup) -> list[dict[str, Any]]:
+    """The user's tolerations, plus one for the GPU taint when worker pods ask for GPUs."""
+    rc = tg.spec.ray_cluster
+    if rc is None:
+        return []
+    tolerations = [dict(t) for t in rc.workers.tolerations]
+    if rc.workers.gpus_per_worker > 0 and not any(
+        t.get("key") == GPU_RESOURCE for t in tolerations
+    ):
+        tolerations.append({"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
+    return tolerations
+
+
+def owner_reference(tg: TrainerGroup) -> dict[str, Any]:
+    return {
+        "apiVersion": names.TG_API_VERSION,
+        "kind": names.TG_KIND,
+        "name": tg.name,
+        "uid": tg.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def is_owned_by(raycluster: dict[str, Any], tg: TrainerGroup) -> bool:
+    refs = raycluster.get("metadata", {}).get("ownerReferences") or []
+    return any(r.get("uid") == tg.uid for r in refs)
+
+
+def desired_worker_replicas(raycluster: dict[str, Any]) -> int:
+    """Worker pods a RayCluster asks for (the sum over its worker groups)."""
+    groups = raycluster.get("spec", {}).get("workerGroupSpecs") or []
+    total = 0
+    for g in groups:
+        if g.get("suspend"):
+            continue
+        replicas = g.get("replicas")
+        total += int(replicas if replicas is not None else g.get("minReplicas", 0) or 0)
+    return total

@@ -1,0 +1,76 @@
+"""The Kubernetes permissions the operator and the client need (least privilege).
+
+This is the list the Helm chart's ClusterRole/Role is written from, and the
+integration tests run the operator with exactly these rules through a service
+account token. ``python -m tg_operator.rbac`` prints them as YAML.
+
+Cluster-wide operator (``TG_NAMESPACES`` empty): one ClusterRole with
+:data:`OPERATOR_RULES`. Namespaced operator: a Role with the same rules in each
+watched namespace. The client (``tgruntime.client --trainergroup``) needs
+:data:`CLIENT_RULES` in the TrainerGroup's namespace.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import yaml
+
+from tg_operator import names
+
+OPERATOR_RULES: list[dict[str, Any]] = [
+    # kopf watches TrainerGroups and patches their metadata (finalizer, progress annotations).
+    {
+        "apiGroups": [names.GROUP],
+        "resources": [names.TG_PLURAL],
+        "verbs": ["get", "list", "watch", "patch"],
+    },
+    # The operator writes the status subresource.
+    {
+        "apiGroups": [names.GROUP],
+        "resources": [f"{names.TG_PLURAL}/status"],
+        "verbs": ["get", "patch"],
+    },
+    # Owner references with blockOwnerDeletion on the RayCluster need update on finalizers.
+    {
+        "apiGroups": [names.GROUP],
+        "resources": [f"{names.TG_PLURAL}/finalizers"],
+        "verbs": ["update"],
+    },
+    {
+        "apiGroups": [names.RAY_GROUP],
+        "resources": [names.RAY_PLURAL],
+        "verbs": ["get", "create", "delete"],
+    },
+    # Readiness: each pod's Ready and PodScheduled (Unschedulable) conditions.
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+    # kopf.event(): phase changes and failures.
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+]
+
+CLIENT_RULES: list[dict[str, Any]] = [
+    {"apiGroups": [names.GROUP], "resources": [names.TG_PLURAL], "verbs": ["get"]},
+]
+
+
+def cluster_role(name: str, rules: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": name},
+        "rules": rules,
+    }
+
+
+def main() -> int:
+    docs = [
+        cluster_role("trainergroup-operator", OPERATOR_RULES),
+        cluster_role("trainergroup-client", CLIENT_RULES),
+    ]
+    sys.stdout.write(yaml.safe_dump_all(docs, sort_keys=False))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

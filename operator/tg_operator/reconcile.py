@@ -1,0 +1,538 @@
+"""The one reconcile flow: TrainerGroup → RayCluster → server job → workers → status.
+
+:func:`advance` is level-triggered and idempotent. It re-reads the object, looks at
+the world (RayCluster, pods, the Ray dashboard) and moves the group one stretch
+forward, writing the status as it goes:
+
+1. validate the spec with tgspec (bad spec: Failed, nothing created);
+2. re-create the group if the spec fields it was built from changed;
+3. ensure the RayCluster (create it, owned, or find the referenced one) and wait
+   for honest readiness (KubeRay conditions, every pod Ready, Unschedulable
+   messages, the dashboard answering), bounded by ``timeouts.clusterReadySeconds``;
+4. submit the server entrypoint under a deterministic submission id (GET before
+   POST; an existing job is adopted), wait for it, bounded by
+   ``timeouts.workersReadySeconds``, and read ``TG_GROUP_READY`` from its logs;
+5. read the workers from the State API; a dead one makes the group Degraded and,
+   with ``restartPolicy: OnFailure``, re-creates it under the next group
+   generation (``Never``: Failed).
+
+The create/update/resume handlers and the health timer all call :func:`drive`,
+which repeats :func:`advance` while it asks for short waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime
+import logging
+import time
+
+from kubernetes.client.exceptions import ApiException
+from tgspec import (
+    SpecErrors,
+    TrainerGroup,
+    TrainerGroupStatus,
+    parse_resource,
+    parse_status,
+    to_wire,
+)
+
+from tg_operator import entrypoints, errors, events, metrics, names, raycluster, spec_change
+from tg_operator import status as status_mod
+from tg_operator.context import Context, Step
+from tg_operator.dashboard import ActorInfo, DashboardClient, DashboardError, JobInfo
+from tg_operator.entrypoints import GroupRecord
+from tg_operator.events import EventSink
+from tg_operator.teardown import teardown_group
+
+log = logging.getLogger(__name__)
+
+WORKERS_GRACE_S = 60.0
+"""Extra time the server job gets beyond ``workersReadySeconds`` (it has its own timeout)."""
+CLUSTER_POLL_S = 2.0
+JOB_POLL_S = 0.5
+RAY_RETRY_S = 5.0
+
+
+def utcnow() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+def format_spec_errors(exc: SpecErrors) -> str:
+    return "invalid spec: " + "; ".join(
+        f"{e.field}: {e.problem} (fix: {e.fix})" for e in exc.errors
+    )
+
+
+async def write_status(
+    ctx: Context,
+    *,
+    namespace: str,
+    name: str,
+    uid: str,
+    old: TrainerGroupStatus,
+    new: TrainerGroupStatus,
+    sink: EventSink,
+) -> None:
+    """Patch the status subresource if it changed; post an event on a phase change."""
+    if new == old:
+        return
+    wire = to_wire(new)
+    if new.mesh is None:
+        wire["mesh"] = None
+    await ctx.kube.patch_trainergroup_status(namespace=namespace, name=name, status=wire)
+    if new.phase != old.phase:
+        events.phase_changed(sink, old=old.phase, new=new.phase, message=new.message)
+        log.info("%s/%s: %s -> %s: %s", namespace, name, old.phase, new.phase, new.message)
+    ctx.phases.set(uid, new.phase)
+
+
+class _Pass:
+    """One call of :func:`advance` for one object (holds what was written so far)."""
+
+    def __init__(
+        self, ctx: Context, *, tg: TrainerGroup, status: TrainerGroupStatus, sink: EventSink
+    ) -> None:
+        self.ctx = ctx
+        self.tg = tg
+        self.written = status
+        self.sink = sink
+        self.now = utcnow()
+        self.cluster = names.cluster_name(tg)
+        self.dashboard_url = ctx.config.dashboard_url(cluster=self.cluster, namespace=tg.namespace)
+        self.ray_address = ctx.config.gcs_address(cluster=self.cluster, namespace=tg.namespace)
+
+    async def write(self, new: TrainerGroupStatus) -> None:
+        await write_status(
+            self.ctx,
+            namespace=self.tg.namespace,
+            name=self.tg.name,
+            uid=self.tg.uid,
+            old=self.written,
+            new=new,
+            sink=self.sink,
+        )
+        self.written = new
+
+    async def fail(self, error: errors.GroupFailed) -> errors.GroupFailed:
+        st = status_mod.failed(
+            self.written,
+            reason=error.reason,
+            message=error.message,
+            now=self.now,
+            generation=self.tg.generation,
+        )
+        await self.write(st)
+        events.warn(self.sink, reason=error.reason, message=error.message)
+        metrics.RECONCILE_ERRORS.labels(reason=error.reason).inc()
+        return error
+
+    def observation(
+        self,
+        readiness: status_mod.ClusterReadiness,
+        *,
+        job: JobInfo | None = None,
+        record: GroupRecord | None = None,
+        actors: list[ActorInfo] | None = None,
+        actors_error: str = "",
+    ) -> status_mod.Observation:
+        return status_mod.Observation(
+            cluster_name=self.cluster,
+            dashboard_url=self.dashboard_url,
+            ray_address=self.ray_address,
+            readiness=readiness,
+            job=job,
+            record=record,
+            actors=actors,
+            actors_error=actors_error,
+        )
+
+    def compute(self, obs: status_mod.Observation) -> TrainerGroupStatus:
+        return status_mod.compute_status(tg=self.tg, previous=self.written, obs=obs, now=self.now)
+
+    # -- the flow ---------------------------------------------------------------------
+    async def run(self) -> Step:
+        tg, st = self.tg, self.written
+        if st.phase == "Failed" and st.group_generation > 0:
+            # A new spec generation revives a failed group: start it over.
+            step = await self.recreate(reason="the spec changed after a failure")
+            if step is not None:
+                return step
+        change = spec_change.classify(self.written, tg.spec)
+        if change is not spec_change.SpecChange.NONE:
+            step = await self.recreate(reason=f"the {change.value} spec changed")
+            if step is not None:
+                return step
+        readiness = await self.ensure_cluster()
+        if not readiness.ready:
+            new = self.compute(self.observation(readiness))
+            limit = tg.spec.timeouts.cluster_ready_seconds
+            if (
+                new.phase == "ClusterProvisioning"
+                and status_mod.seconds_in_phase(new, now=self.now) > limit
+            ):
+                await self.write(new)
+                raise await self.fail(
+                    errors.ClusterTimeout(
+                        f"the RayCluster was not ready within timeouts.clusterReadySeconds "
+                        f"({limit}s): {readiness.message}"
+                    )
+                )
+            await self.write(new)
+            return Step.wait(CLUSTER_POLL_S, readiness.message)
+        dash = self.ctx.dashboard(self.dashboard_url)
+        try:
+            return await self.run_group(dash, readiness)
+        except DashboardError as exc:
+            msg = f"Ray dashboard error: {exc}"
+            await self.write(
+                status_mod.with_phase(
+                    self.written, phase=self.written.phase, message=msg, now=self.now
+                )
+            )
+            return Step.wait(RAY_RETRY_S, msg)
+
+    async def ensure_cluster(self) -> status_mod.ClusterReadiness:
+        tg, kube = self.tg, self.ctx.kube
+        rc = await kube.get_raycluster(namespace=tg.namespace, name=self.cluster)
+        if names.owns_cluster(tg):
+            want = spec_change.cluster_hash(tg.spec)
+            if rc is None:
+                created = await kube.create_raycluster(
+                    raycluster.build_raycluster(tg, cluster_hash=want)
+                )
+                if created is not None:
+                    events.info(
+                        self.sink,
+                        reason="RayClusterCreated",
+                        message=f"created RayCluster {self.cluster}",
+                    )
+                rc = created or await kube.get_raycluster(namespace=tg.namespace, name=self.cluster)
+            elif not raycluster.is_owned_by(rc, tg):
+                raise await self.fail(
+                    errors.ClusterConflict(
+                        f"RayCluster {self.cluster} already exists and is not owned by this "
+                        f"TrainerGroup: delete it, or use spec.rayClusterRef to run on it"
+                    )
+                )
+            elif (
+                not rc.get("metadata", {}).get("deletionTimestamp")
+                and rc.get("metadata", {}).get("annotations", {}).get(names.CLUSTER_HASH_ANNOTATION)
+                != want
+            ):
+                await kube.delete_raycluster(namespace=tg.namespace, name=self.cluster)
+                events.info(
+                    self.sink,
+                    reason="RayClusterReplaced",
+                    message=f"the cluster spec changed: deleting RayCluster {self.cluster} to rebuild it",
+                )
+                return status_mod.ClusterReadiness(
+                    ready=False,
+                    reason="RayClusterReplacing",
+                    message=f"replacing RayCluster {self.cluster} (its spec changed)",
+                )
+        pods = (
+            await kube.list_cluster_pods(namespace=tg.namespace, cluster=self.cluster)
+            if rc is not None
+            else []
+        )
+        readiness = status_mod.kube_readiness(raycluster_obj=rc, pods=pods, cluster=self.cluster)
+        if rc is None and not names.owns_cluster(tg):
+            readiness = dataclasses.replace(
+                readiness,
+                message=f"the referenced RayCluster {self.cluster} does not exist in namespace "
+                f"{tg.namespace}",
+            )
+        if not readiness.ready:
+            return readiness
+        try:
+            await self.ctx.dashboard(self.dashboard_url).version()
+        except DashboardError as exc:
+            return status_mod.with_dashboard(readiness, dashboard_error=str(exc))
+        return readiness
+
+    async def run_group(
+        self, dash: DashboardClient, readiness: status_mod.ClusterReadiness
+    ) -> Step:
+        tg, st = self.tg, self.written
+        gen = st.group_generation or 1
+        sid = names.server_submission_id(tg, generation=gen)
+        job: JobInfo | None = None
+        if st.submission_id == sid and st.worker_names:
+            record = GroupRecord(
+                group_name=st.group_name or tg.group_name,
+                ray_namespace=st.ray_namespace or tg.ray_namespace,
+                generation=gen,
+                worker_names=tuple(st.worker_names),
+                world_size=st.world_size or len(st.worker_names),
+                mesh=dict(to_wire(st.mesh)) if st.mesh is not None else {},
+            )
+        else:
+            job = await dash.get_job(sid)
+            if job is None:
+                created = await dash.submit_job(
+                    submission_id=sid,
+                    entrypoint=entrypoints.server_entrypoint(
+                        tg, python=self.ctx.config.python, generation=gen
+                    ),
+                    metadata=entrypoints.job_metadata(tg, generation=gen),
+                )
+                if created:
+                    events.info(
+                        self.sink,
+                        reason="ServerSubmitted",
+                        message=f"submitted server job {sid} (group generation {gen})",
+                    )
+                job = await dash.get_job(sid)
+            st = dataclasses.replace(
+                st,
+                group_generation=gen,
+                submission_id=sid,
+                spec_hash=spec_change.group_hash(tg.spec),
+                cluster_hash=spec_change.cluster_hash(tg.spec),
+            )
+            if job is None or not job.terminal:
+                started = (job.start_time_ms / 1000.0) if job and job.start_time_ms else time.time()
+                limit = tg.spec.timeouts.workers_ready_seconds
+                if time.time() - started > limit + WORKERS_GRACE_S:
+                    await self.write(self._with_bookkeeping(st, readiness, job))
+                    await self._stop_and_clean(dash, gen)
+                    raise await self.fail(
+                        errors.WorkersTimeout(
+                            f"server job {sid} did not finish within timeouts.workersReadySeconds "
+                            f"({limit}s) + {WORKERS_GRACE_S:g}s; it was stopped and the group torn down"
+                        )
+                    )
+                await self.write(self._with_bookkeeping(st, readiness, job))
+                return Step.wait(
+                    JOB_POLL_S, f"server job {sid} is {job.status if job else 'PENDING'}"
+                )
+            logs = await dash.job_logs(sid)
+            if job.status == "SUCCEEDED":
+                maybe = entrypoints.parse_group_ready(logs)
+                if maybe is None:
+                    await self.write(self._with_bookkeeping(st, readiness, job))
+                    raise await self.fail(
+                        errors.ServerFailed(
+                            f"server job {sid} succeeded but printed no {entrypoints.READY_MARKER} "
+                            f"line; last output: {entrypoints.tail(logs)}"
+                        )
+                    )
+                record = maybe
+            else:
+                why = entrypoints.parse_group_failed(logs) or (
+                    f"{job.message} last output: {entrypoints.tail(logs)}"
+                )
+                await self.write(self._with_bookkeeping(st, readiness, job))
+                raise await self.fail(errors.ServerFailed(f"server job {sid} {job.status}: {why}"))
+        return await self.check_workers(dash, readiness, st=st, job=job, record=record)
+
+    def _booked(self, st: TrainerGroupStatus) -> TrainerGroupStatus:
+        """The written status plus the group bookkeeping decided in this pass."""
+        return dataclasses.replace(
+            self.written,
+            group_generation=st.group_generation,
+            submission_id=st.submission_id,
+            spec_hash=st.spec_hash,
+            cluster_hash=st.cluster_hash,
+        )
+
+    def _with_bookkeeping(
+        self,
+        st: TrainerGroupStatus,
+        readiness: status_mod.ClusterReadiness,
+        job: JobInfo | None,
+    ) -> TrainerGroupStatus:
+        return status_mod.compute_status(
+            tg=self.tg,
+            previous=self._booked(st),
+            obs=self.observation(readiness, job=job),
+            now=self.now,
+        )
+
+    async def check_workers(
+        self,
+        dash: DashboardClient,
+        readiness: status_mod.ClusterReadiness,
+        *,
+        st: TrainerGroupStatus,
+        job: JobInfo | None,
+        record: GroupRecord,
+    ) -> Step:
+        tg = self.tg
+        base = self._booked(st)
+        try:
+            actors = await dash.list_actors(ray_namespace=record.ray_namespace or tg.ray_namespace)
+            obs = self.observation(readiness, job=job, record=record, actors=actors)
+        except DashboardError as exc:
+            obs = self.observation(readiness, job=job, record=record, actors_error=str(exc))
+        new = status_mod.compute_status(tg=tg, previous=base, obs=obs, now=self.now)
+        dead = status_mod.dead_workers(new.workers)
+        if not dead:
+            # Ready, or Degraded with nobody dead (restarting, state unreadable): the
+            # health timer keeps watching.
+            await self.write(new)
+            return Step.settled(new.message)
+        already = {w.name for w in status_mod.dead_workers(self.written.workers)}
+        metrics.DEAD_WORKERS.inc(len([w for w in dead if w.name not in already]))
+        await self.write(new)
+        what = status_mod.describe_dead(dead)
+        if tg.spec.restart_policy == "Never":
+            raise await self.fail(errors.WorkerDied(f"{what} (restartPolicy: Never)"))
+        step = await self.recreate(reason=what, restart=True)
+        return step or Step.wait(JOB_POLL_S, "re-creating the group")
+
+    async def _stop_and_clean(self, dash: DashboardClient, gen: int) -> None:
+        try:
+            await teardown_group(
+                dash,
+                self.tg,
+                python=self.ctx.config.python,
+                ray_namespace=self.written.ray_namespace or self.tg.ray_namespace,
+                generation=gen,
+                budget_s=30.0,
+            )
+        except DashboardError as exc:
+            log.warning(
+                "%s/%s: cleanup after timeout failed: %s", self.tg.namespace, self.tg.name, exc
+            )
+
+    async def recreate(self, *, reason: str, restart: bool = False) -> Step | None:
+        """Tear the current group down and move to the next group generation.
+
+        Returns None when the group is gone and the flow may go on, or a wait.
+        """
+        tg, st = self.tg, self.written
+        gen = st.group_generation
+        if gen == 0:
+            return None
+        url = st.dashboard_url or self.dashboard_url
+        dash = self.ctx.dashboard(url)
+        cluster_going = (
+            names.owns_cluster(tg)
+            and bool(st.cluster_hash)
+            and st.cluster_hash != spec_change.cluster_hash(tg.spec)
+        )
+        if restart:
+            events.warn(
+                self.sink,
+                reason="Restarting",
+                message=f"{reason}; re-creating the group as generation {gen + 1}",
+            )
+        try:
+            result = await teardown_group(
+                dash,
+                tg,
+                python=self.ctx.config.python,
+                ray_namespace=st.ray_namespace or tg.ray_namespace,
+                generation=gen,
+            )
+        except DashboardError as exc:
+            if not cluster_going:
+                msg = f"cannot tear down group generation {gen} ({reason}): {exc}"
+                await self.write(
+                    status_mod.with_phase(st, phase=st.phase, message=msg, now=self.now)
+                )
+                return Step.wait(RAY_RETRY_S, msg)
+            result = None
+            events.warn(
+                self.sink,
+                reason="TeardownSkipped",
+                message=f"Ray at {url} is unreachable and its RayCluster is being rebuilt: {exc}",
+            )
+        if result is not None and not result.done:
+            msg = f"tearing down group generation {gen}: {result.message}"
+            await self.write(status_mod.with_phase(st, phase=st.phase, message=msg, now=self.now))
+            return Step.wait(JOB_POLL_S, msg)
+        if result is not None:
+            events.info(self.sink, reason="GroupTornDown", message=result.message)
+        new = dataclasses.replace(
+            st,
+            group_generation=gen + 1,
+            restarts=st.restarts + (1 if restart else 0),
+            submission_id="",
+            spec_hash="",
+            cluster_hash="",
+            worker_names=[],
+            workers=[],
+            ready_workers=0,
+            mesh=None,
+        )
+        new = status_mod.with_phase(
+            new,
+            phase="Degraded" if restart else new.phase,
+            message=f"re-creating the group as generation {gen + 1}: {reason}",
+            now=self.now,
+        )
+        if restart:
+            metrics.WORKER_RESTARTS.inc()
+        await self.write(new)
+        return None
+
+
+async def advance(ctx: Context, *, namespace: str, name: str, sink: EventSink) -> Step:
+    """One reconcile pass for one TrainerGroup (see the module docstring)."""
+    async with ctx.lock(namespace=namespace, name=name):
+        obj = await ctx.kube.get_trainergroup(namespace=namespace, name=name)
+        if obj is None:
+            return Step.settled("the object is gone")
+        if obj.get("metadata", {}).get("deletionTimestamp"):
+            return Step.settled("the object is being deleted")
+        previous = parse_status(obj.get("status"))
+        meta = obj.get("metadata", {})
+        try:
+            tg = parse_resource(obj)
+        except SpecErrors as exc:
+            message = format_spec_errors(exc)
+            generation = int(meta.get("generation") or 0)
+            new = status_mod.failed(
+                previous, reason="InvalidSpec", message=message, now=utcnow(), generation=generation
+            )
+            await write_status(
+                ctx,
+                namespace=namespace,
+                name=name,
+                uid=str(meta.get("uid", "")),
+                old=previous,
+                new=new,
+                sink=sink,
+            )
+            if new != previous:
+                events.warn(sink, reason="InvalidSpec", message=message)
+            metrics.RECONCILE_ERRORS.labels(reason="InvalidSpec").inc()
+            raise errors.InvalidSpec(message) from exc
+        if previous.phase == "Failed" and previous.observed_generation == tg.generation:
+            ctx.phases.set(tg.uid, previous.phase)
+            return Step.settled(f"Failed: {previous.message}")
+        return await _Pass(ctx, tg=tg, status=previous, sink=sink).run()
+
+
+async def drive(
+    ctx: Context,
+    *,
+    namespace: str,
+    name: str,
+    sink: EventSink,
+    trigger: str,
+    budget_s: float,
+) -> Step:
+    """Repeat :func:`advance` while it asks for short waits, for up to ``budget_s``."""
+    deadline = time.monotonic() + budget_s
+    while True:
+        started = time.monotonic()
+        try:
+            step = await advance(ctx, namespace=namespace, name=name, sink=sink)
+        except errors.GroupFailed:
+            metrics.RECONCILES.labels(trigger=trigger, result="failed").inc()
+            raise
+        except ApiException as exc:
+            metrics.RECONCILES.labels(trigger=trigger, result="error").inc()
+            metrics.RECONCILE_ERRORS.labels(reason=f"KubernetesAPI{exc.status}").inc()
+            raise
+        finally:
+            metrics.RECONCILE_SECONDS.labels(trigger=trigger).observe(time.monotonic() - started)
+        metrics.RECONCILES.labels(trigger=trigger, result="done" if step.done else "wait").inc()
+        if step.done or time.monotonic() + step.delay > deadline:
+            return step
+        await asyncio.sleep(step.delay)

@@ -1,0 +1,92 @@
+"""The operator's process settings, read once from the environment.
+
+The variables and their defaults are the contract in ``docs/contracts.md``
+("Operator process settings"); the Helm chart sets them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+
+DEFAULT_DASHBOARD_URL_TEMPLATE = "http://{cluster}-head-svc.{namespace}.svc:8265"
+DEFAULT_GCS_ADDRESS_TEMPLATE = "{cluster}-head-svc.{namespace}.svc:6379"
+
+
+class SettingsError(ValueError):
+    """An environment variable holds a value the operator cannot use."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OperatorConfig:
+    """Everything the operator reads from its environment."""
+
+    namespaces: tuple[str, ...] = ()
+    """Namespaces to watch; empty means all namespaces (cluster-wide)."""
+    dashboard_url_template: str = DEFAULT_DASHBOARD_URL_TEMPLATE
+    gcs_address_template: str = DEFAULT_GCS_ADDRESS_TEMPLATE
+    health_interval_s: float = 10.0
+    metrics_port: int = 9090
+    liveness_port: int = 8080
+    watch_timeout_s: int = 300
+    python: str = "python"
+    """Interpreter used in the Ray job entrypoints."""
+    dashboard_timeout_s: float = 10.0
+    """Per-request timeout towards a Ray dashboard."""
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> OperatorConfig:
+        env = os.environ if environ is None else environ
+        namespaces = tuple(
+            ns.strip() for ns in env.get("TG_NAMESPACES", "").split(",") if ns.strip()
+        )
+        config = cls(
+            namespaces=namespaces,
+            dashboard_url_template=env.get(
+                "TG_DASHBOARD_URL_TEMPLATE", DEFAULT_DASHBOARD_URL_TEMPLATE
+            ),
+            gcs_address_template=env.get("TG_GCS_ADDRESS_TEMPLATE", DEFAULT_GCS_ADDRESS_TEMPLATE),
+            health_interval_s=_number(env, "TG_HEALTH_INTERVAL_SECONDS", 10.0, minimum=0.5),
+            metrics_port=int(_number(env, "TG_METRICS_PORT", 9090, minimum=0)),
+            liveness_port=int(_number(env, "TG_LIVENESS_PORT", 8080, minimum=0)),
+            watch_timeout_s=int(_number(env, "TG_WATCH_TIMEOUT_SECONDS", 300, minimum=1)),
+            python=env.get("TG_PYTHON", "python") or "python",
+            dashboard_timeout_s=_number(env, "TG_DASHBOARD_TIMEOUT_SECONDS", 10.0, minimum=0.1),
+        )
+        config.dashboard_url(cluster="c", namespace="n")  # fail fast on a bad template
+        config.gcs_address(cluster="c", namespace="n")
+        return config
+
+    def dashboard_url(self, *, cluster: str, namespace: str) -> str:
+        """The Ray dashboard of a RayCluster (no trailing slash)."""
+        return _render(
+            self.dashboard_url_template, "TG_DASHBOARD_URL_TEMPLATE", cluster, namespace
+        ).rstrip("/")
+
+    def gcs_address(self, *, cluster: str, namespace: str) -> str:
+        """The GCS address published as ``status.rayAddress``."""
+        return _render(self.gcs_address_template, "TG_GCS_ADDRESS_TEMPLATE", cluster, namespace)
+
+
+def _number(env: Mapping[str, str], name: str, default: float, *, minimum: float) -> float:
+    raw = env.get(name, "")
+    if not raw.strip():
+        return default
+    try:
+        value = float(raw)
+    except ValueError as exc:
+        raise SettingsError(f"{name}={raw!r} is not a number") from exc
+    if value < minimum:
+        raise SettingsError(f"{name}={raw!r} must be >= {minimum:g}")
+    return value
+
+
+def _render(template: str, variable: str, cluster: str, namespace: str) -> str:
+    try:
+        return template.format(cluster=cluster, namespace=namespace)
+    except (KeyError, IndexError, ValueError) as exc:
+        raise SettingsError(
+            f"{variable}={template!r} is not a valid template: use only {{cluster}} and "
+            "{namespace} placeholders"
+        ) from exc

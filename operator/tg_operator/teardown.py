@@ -1,0 +1,120 @@
+"""Tear a worker group down through the Ray Jobs API (the teardown entrypoint).
+
+Used before a group is re-created (restart, spec change) and by the finalizer.
+It first stops the generation's server job if it still runs, then runs
+``tgruntime.teardown`` under deterministic submission ids
+``...-teardown-g{generation}-{attempt}``: a failed attempt moves on to the next
+id, a restarted operator finds the attempt it already submitted. Dashboard errors
+propagate to the caller, which decides whether to retry or to report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from typing import Any
+
+from tgspec import TrainerGroup
+
+from tg_operator import entrypoints, names
+from tg_operator.dashboard import DashboardClient, JobInfo
+
+MAX_ATTEMPTS = 20
+POLL_S = 0.5
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TeardownResult:
+    done: bool
+    message: str
+    report: dict[str, Any] = dataclasses.field(default_factory=dict)
+    submission_id: str = ""
+
+
+async def await_terminal(
+    dash: DashboardClient, submission_id: str, *, timeout_s: float
+) -> JobInfo | None:
+    """Poll a job until it is terminal or ``timeout_s`` passed; its last info."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        job = await dash.get_job(submission_id)
+        if job is None or job.terminal or time.monotonic() >= deadline:
+            return job
+        await asyncio.sleep(POLL_S)
+
+
+async def teardown_group(
+    dash: DashboardClient,
+    tg: TrainerGroup,
+    *,
+    python: str,
+    ray_namespace: str,
+    generation: int,
+    budget_s: float = 60.0,
+) -> TeardownResult:
+    """Kill the group's actors and placement groups; idempotent."""
+    deadline = time.monotonic() + budget_s
+    server_id = names.server_submission_id(tg, generation=generation)
+    server = await dash.get_job(server_id)
+    if server is not None and not server.terminal:
+        await dash.stop_job(server_id)
+        server = await await_terminal(
+            dash, server_id, timeout_s=max(1.0, deadline - time.monotonic())
+        )
+        if server is not None and not server.terminal:
+            return TeardownResult(
+                done=False, message=f"waiting for server job {server_id} to stop ({server.status})"
+            )
+    last_error = ""
+    for attempt in range(MAX_ATTEMPTS):
+        tid = names.teardown_submission_id(tg, generation=generation, attempt=attempt)
+        job = await dash.get_job(tid)
+        if job is None:
+            await dash.submit_job(
+                submission_id=tid,
+                entrypoint=entrypoints.teardown_entrypoint(
+                    tg, python=python, ray_namespace=ray_namespace
+                ),
+                metadata=entrypoints.job_metadata(tg, generation=generation),
+            )
+        if job is None or not job.terminal:
+            job = await await_terminal(dash, tid, timeout_s=max(1.0, deadline - time.monotonic()))
+        if job is None or not job.terminal:
+            state = job.status if job is not None else "PENDING"
+            return TeardownResult(
+                done=False, message=f"teardown job {tid} is {state}", submission_id=tid
+            )
+        if job.status == "SUCCEEDED":
+            logs = await dash.job_logs(tid)
+            report = entrypoints.parse_teardown(logs) or {}
+            return TeardownResult(
+                done=True,
+                message=f"teardown {tid}: {report or 'done'}",
+                report=report,
+                submission_id=tid,
+            )
+        logs = await dash.job_logs(tid)
+        last_error = f"teardown job {tid} {job.status}: {entrypoints.tail(logs) or job.message}"
+    return TeardownResult(
+        done=False, message=f"teardown failed {MAX_ATTEMPTS} times; last: {last_error}"
+    )
+
+
+async def forget_jobs(dash: DashboardClient, tg: TrainerGroup, *, generations: int) -> int:
+    """Delete the finished job records of every generation (best effort); how many went."""
+    removed = 0
+    for gen in range(1, generations + 1):
+        ids = [names.server_submission_id(tg, generation=gen)]
+        ids += [
+            names.teardown_submission_id(tg, generation=gen, attempt=a) for a in range(MAX_ATTEMPTS)
+        ]
+        for sid in ids:
+            job = await dash.get_job(sid)
+            if job is None:
+                if "-teardown-" in sid:
+                    break  # attempts are consecutive
+                continue
+            if job.terminal and await dash.delete_job(sid):
+                removed += 1
+    return removed

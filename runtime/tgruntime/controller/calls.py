@@ -1,0 +1,121 @@
+"""Waiting for worker results and turning Ray's errors into the group's errors.
+
+``resolve`` is the one place a group call blocks. It returns as soon as any worker's
+result is an error (Ray's ``get`` aborts early on an error object), so a dead worker is
+reported at once instead of after its peers finish (or hang in a collective).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
+
+from tgruntime.controller.errors import CallTimeoutError, WorkerDiedError, WorkerMethodError
+
+
+@dataclass(frozen=True)
+class CallContext:
+    """Who a list of result references came from: enough to name the failing worker."""
+
+    group_name: str
+    method: str
+    ranks: tuple[int, ...]
+    worker_names: tuple[str, ...]
+    actor_ids: tuple[str, ...]
+
+
+def resolve(refs: Sequence[Any], ctx: CallContext, *, timeout_s: float | None = None) -> list[Any]:
+    """``ray.get`` the references, raising WorkerDiedError / WorkerMethodError / CallTimeoutError."""
+    refs = list(refs)
+    try:
+        return list(ray.get(refs, timeout=timeout_s))
+    except GetTimeoutError:
+        _, pending = ray.wait(refs, num_returns=len(refs), timeout=0)
+        pending_set = set(pending)
+        names = [
+            f"rank {r} ({n})"
+            for ref, r, n in zip(refs, ctx.ranks, ctx.worker_names, strict=True)
+            if ref in pending_set
+        ]
+        raise CallTimeoutError(
+            group_name=ctx.group_name, method=ctx.method, timeout_s=float(timeout_s or 0), pending=names
+        ) from None
+    except RayError as exc:
+        raise translate(exc, refs, ctx) from exc
+
+
+def translate(exc: BaseException, refs: Sequence[Any], ctx: CallContext) -> BaseException:
+    """The group error for a Ray error raised while getting ``refs`` (or ``exc`` itself)."""
+    index = _failed_index(exc, refs, ctx)
+    rank = ctx.ranks[index] if index is not None else -1
+    name = ctx.worker_names[index] if index is not None else "?"
+    if isinstance(exc, RayActorError):
+        return WorkerDiedError(
+            group_name=ctx.group_name, rank=rank, worker_name=name, cause=actor_error_cause(exc),
+            method=ctx.method,
+        )
+    if isinstance(exc, RayTaskError):
+        cause = exc.cause
+        if isinstance(cause, RayActorError):
+            return WorkerDiedError(
+                group_name=ctx.group_name, rank=rank, worker_name=name,
+                cause=actor_error_cause(cause), method=ctx.method,
+            )
+        error_type = type(cause).__name__ if cause is not None else "Exception"
+        summary = str(cause) if cause is not None else str(exc)
+        return WorkerMethodError(
+            group_name=ctx.group_name,
+            rank=rank,
+            worker_name=name,
+            method=ctx.method,
+            error_type=error_type,
+            summary=summary.strip().splitlines()[0] if summary.strip() else error_type,
+            remote_traceback=_short_traceback(exc.traceback_str or ""),
+        )
+    return exc
+
+
+def actor_error_cause(exc: RayActorError) -> str:
+    """One or two readable lines out of Ray's multi-line actor-death message."""
+    text = str(exc.error_msg if getattr(exc, "error_msg", None) else exc)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    keep = [
+        ln for ln in lines
+        if not ln.startswith(("class_name:", "actor_id:", "namespace:", "ip:", "name:"))
+        and ln != RayActorError.BASE_ERROR_MSG
+    ]
+    return " ".join(keep[:3]) or (lines[0] if lines else "actor died")
+
+
+def _failed_index(exc: BaseException, refs: Sequence[Any], ctx: CallContext) -> int | None:
+    actor_id = getattr(exc, "actor_id", None) or getattr(getattr(exc, "cause", None), "actor_id", None)
+    if actor_id is None and isinstance(exc, RayTaskError):
+        actor_id = getattr(exc, "_actor_id", None)
+    if isinstance(actor_id, str) and actor_id in ctx.actor_ids:
+        return ctx.actor_ids.index(actor_id)
+    try:
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0)
+    except Exception:
+        return None
+    ready_set = set(ready)
+    for i, ref in enumerate(refs):
+        if ref not in ready_set:
+            continue
+        try:
+            ray.get(ref, timeout=0)
+        except RayError:
+            return i
+        except Exception:
+            return i
+    return None
+
+
+def _short_traceback(text: str, max_lines: int = 30) -> str:
+    lines = text.rstrip().splitlines()
+    if len(lines) <= max_lines:
+        return "\n".join(lines)
+    return "\n".join(["...", *lines[-max_lines:]])

@@ -1,0 +1,440 @@
+"""DataProto: the batch container that travels between the controller and the workers.
+
+A ``DataProto`` holds three things, as in verl:
+
+- ``batch``: a ``tensordict.TensorDict`` whose first batch dimension is the sample axis;
+- ``non_tensor_batch``: a dict of numpy arrays (often dtype=object) with the same first axis;
+- ``meta_info``: a plain dict travelling with the batch (not split, not concatenated).
+
+It is serialised as numpy arrays (see ``tensor_codec``) so Ray's object store moves the
+bytes out of band instead of pickling torch tensors.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+from tgruntime.controller import tensor_codec
+
+_STATE_VERSION = 1
+
+Key = str | tuple[str, ...]
+
+
+@dataclass
+class DataProtoItem:
+    """One sample of a DataProto (what ``data[i]`` returns, as in verl)."""
+
+    batch: TensorDict | None = None
+    non_tensor_batch: dict[str, Any] = field(default_factory=dict)
+    meta_info: dict[str, Any] = field(default_factory=dict)
+
+
+class DataProto:
+    """A batch: tensors (TensorDict), non-tensor numpy arrays and meta info."""
+
+    __slots__ = ("batch", "meta_info", "non_tensor_batch")
+
+    def __init__(
+        self,
+        batch: TensorDict | None = None,
+        non_tensor_batch: Mapping[str, Any] | None = None,
+        meta_info: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.batch: TensorDict | None = batch
+        self.non_tensor_batch: dict[str, np.ndarray] = {
+            k: _as_array(v) for k, v in (non_tensor_batch or {}).items()
+        }
+        self.meta_info: dict[str, Any] = dict(meta_info or {})
+        self.check_consistency()
+
+    # ---------------------------------------------------------------- building
+    @classmethod
+    def from_dict(
+        cls,
+        tensors: Mapping[str, torch.Tensor] | None = None,
+        non_tensors: Mapping[str, Any] | None = None,
+        meta_info: Mapping[str, Any] | None = None,
+        num_batch_dims: int = 1,
+    ) -> DataProto:
+        """Build from plain dicts; the batch size is the tensors' leading dimension(s)."""
+        tensors = dict(tensors or {})
+        batch = None
+        if tensors:
+            first = next(iter(tensors.values()))
+            batch_size = list(first.shape[:num_batch_dims])
+            for key, value in tensors.items():
+                if list(value.shape[:num_batch_dims]) != batch_size:
+                    raise ValueError(
+                        f"tensor {key!r} has leading shape {list(value.shape[:num_batch_dims])}, "
+                        f"expected {batch_size}"
+                    )
+            batch = TensorDict(tensors, batch_size=batch_size)
+        return cls(batch=batch, non_tensor_batch=non_tensors, meta_info=meta_info)
+
+    @classmethod
+    def from_single_dict(
+        cls, data: Mapping[str, Any], meta_info: Mapping[str, Any] | None = None
+    ) -> DataProto:
+        """Split one dict into tensors and non-tensors by value type."""
+        tensors = {k: v for k, v in data.items() if isinstance(v, torch.Tensor)}
+        others = {k: v for k, v in data.items() if not isinstance(v, torch.Tensor)}
+        return cls.from_dict(tensors=tensors, non_tensors=others, meta_info=meta_info)
+
+    # ---------------------------------------------------------------- basics
+    def __len__(self) -> int:
+        if self.batch is not None and len(self.batch.batch_size) > 0:
+            return int(self.batch.batch_size[0])
+        for value in self.non_tensor_batch.values():
+            return int(value.shape[0])
+        return 0
+
+    def check_consistency(self) -> None:
+        """Every non-tensor array must have the batch's first dimension."""
+        if self.batch is not None and len(self.batch.batch_size) == 0:
+            raise ValueError("DataProto.batch needs at least one batch dimension")
+        lengths = {k: int(v.shape[0]) if v.ndim else -1 for k, v in self.non_tensor_batch.items()}
+        expected = len(self) if self.batch is not None else None
+        for key, n in lengths.items():
+            if expected is None:
+                expected = n
+            if n != expected:
+                raise ValueError(
+                    f"non_tensor_batch[{key!r}] has {n} rows, expected {expected} (the batch size)"
+                )
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by tensors and numeric non-tensor arrays."""
+        total = 0
+        if self.batch is not None:
+            for _, t in _leaves(self.batch):
+                total += t.numel() * t.element_size()
+        for arr in self.non_tensor_batch.values():
+            if arr.dtype != object:
+                total += arr.nbytes
+        return total
+
+    def keys(self) -> list[Key]:
+        return [] if self.batch is None else [k for k, _ in _leaves(self.batch)]
+
+    def __repr__(self) -> str:
+        keys = self.keys()
+        return (
+            f"DataProto(len={len(self)}, batch_keys={keys}, "
+            f"non_tensor_keys={list(self.non_tensor_batch)}, meta_info_keys={list(self.meta_info)})"
+        )
+
+    def __iter__(self) -> Iterator[DataProtoItem]:
+        for i in range(len(self)):
+            yield self[i]
+
+    def __getitem__(self, item: Any) -> Any:
+        if isinstance(item, slice):
+            return self.slice(item.start, item.stop, item.step)
+        if isinstance(item, int | np.integer):
+            i = int(item)
+            return DataProtoItem(
+                batch=None if self.batch is None else self.batch[i],
+                non_tensor_batch={k: v[i] for k, v in self.non_tensor_batch.items()},
+                meta_info=self.meta_info,
+            )
+        if isinstance(item, list | np.ndarray | torch.Tensor):
+            return self.select_idxs(item)
+        raise TypeError(f"DataProto indices must be int, slice or index arrays, not {type(item)}")
+
+    # ---------------------------------------------------------------- selection
+    def slice(self, start: int | None = None, end: int | None = None, step: int | None = None) -> DataProto:
+        """Rows ``start:end:step``; tensors are views (no copy)."""
+        sl = slice(start, end, step)
+        return DataProto(
+            batch=None if self.batch is None else self.batch[sl],
+            non_tensor_batch={k: v[sl] for k, v in self.non_tensor_batch.items()},
+            meta_info=self.meta_info,
+        )
+
+    def select_idxs(self, idxs: Sequence[int] | np.ndarray | torch.Tensor) -> DataProto:
+        """Rows by index list or boolean mask (copies the selected rows)."""
+        index = torch.as_tensor(np.asarray(idxs) if not isinstance(idxs, torch.Tensor) else idxs)
+        if index.dtype == torch.bool:
+            if index.numel() != len(self):
+                raise ValueError(f"boolean mask has {index.numel()} entries for {len(self)} rows")
+            index = index.nonzero().flatten()
+        index = index.long()
+        np_index = index.numpy()
+        return DataProto(
+            batch=None if self.batch is None else self.batch[index],
+            non_tensor_batch={k: v[np_index] for k, v in self.non_tensor_batch.items()},
+            meta_info=self.meta_info,
+        )
+
+    def select(
+        self,
+        batch_keys: Sequence[Key] | None = None,
+        non_tensor_batch_keys: Sequence[str] | None = None,
+        meta_info_keys: Sequence[str] | None = None,
+        deepcopy: bool = False,
+    ) -> DataProto:
+        """A DataProto with only the named keys (None = all of that kind)."""
+        batch = self.batch
+        if batch is not None and batch_keys is not None:
+            batch = batch.select(*batch_keys)
+        non_tensor = dict(self.non_tensor_batch)
+        if non_tensor_batch_keys is not None:
+            _require(non_tensor, non_tensor_batch_keys, "non_tensor_batch")
+            non_tensor = {k: non_tensor[k] for k in non_tensor_batch_keys}
+        meta = dict(self.meta_info)
+        if meta_info_keys is not None:
+            _require(meta, meta_info_keys, "meta_info")
+            meta = {k: meta[k] for k in meta_info_keys}
+        if deepcopy:
+            non_tensor = copy.deepcopy(non_tensor)
+            meta = copy.deepcopy(meta)
+            batch = None if batch is None else batch.clone()
+        return DataProto(batch=batch, non_tensor_batch=non_tensor, meta_info=meta)
+
+    def pop(
+        self,
+        batch_keys: Sequence[Key] | None = None,
+        non_tensor_batch_keys: Sequence[str] | None = None,
+        meta_info_keys: Sequence[str] | None = None,
+    ) -> DataProto:
+        """Remove the named keys from this DataProto and return them as a new one."""
+        batch_keys = list(batch_keys or [])
+        non_tensor_batch_keys = list(non_tensor_batch_keys or [])
+        meta_info_keys = list(meta_info_keys or [])
+        _require(self.non_tensor_batch, non_tensor_batch_keys, "non_tensor_batch")
+        _require(self.meta_info, meta_info_keys, "meta_info")
+        popped_tensors: dict[Key, torch.Tensor] = {}
+        if batch_keys:
+            if self.batch is None:
+                raise KeyError(f"batch keys {batch_keys} not found: DataProto has no batch")
+            for key in batch_keys:
+                popped_tensors[key] = self.batch.pop(key)
+        batch = None
+        if popped_tensors:
+            assert self.batch is not None
+            batch = TensorDict({}, batch_size=self.batch.batch_size)
+            for key, value in popped_tensors.items():
+                batch.set(key, value)
+        return DataProto(
+            batch=batch,
+            non_tensor_batch={k: self.non_tensor_batch.pop(k) for k in non_tensor_batch_keys},
+            meta_info={k: self.meta_info.pop(k) for k in meta_info_keys},
+        )
+
+    def rename(self, old_keys: Sequence[str], new_keys: Sequence[str]) -> DataProto:
+        """Rename batch keys in place."""
+        if len(old_keys) != len(new_keys):
+            raise ValueError("old_keys and new_keys must have the same length")
+        if self.batch is not None:
+            for old, new in zip(old_keys, new_keys, strict=True):
+                self.batch.rename_key_(old, new)
+        return self
+
+    def union(self, other: DataProto) -> DataProto:
+        """Merge ``other`` into this DataProto (same length; equal values for shared keys)."""
+        if len(self) and len(other) and len(self) != len(other):
+            raise ValueError(f"cannot union DataProtos of lengths {len(self)} and {len(other)}")
+        if other.batch is not None:
+            if self.batch is None:
+                self.batch = other.batch
+            else:
+                for key, value in _leaves(other.batch):
+                    if key in self.batch.keys(include_nested=True, leaves_only=True):
+                        if not torch.equal(self.batch.get(key), value):
+                            raise ValueError(f"union: batch key {key!r} differs between the two")
+                    else:
+                        self.batch.set(key, value)
+        for key, value in other.non_tensor_batch.items():
+            if key in self.non_tensor_batch and not _arrays_equal(self.non_tensor_batch[key], value):
+                raise ValueError(f"union: non_tensor_batch key {key!r} differs between the two")
+            self.non_tensor_batch[key] = value
+        for key, value in other.meta_info.items():
+            if key in self.meta_info and not _values_equal(self.meta_info[key], value):
+                raise ValueError(f"union: meta_info key {key!r} differs between the two")
+            self.meta_info[key] = value
+        self.check_consistency()
+        return self
+
+    # ---------------------------------------------------------------- splitting
+    def chunk(self, chunks: int) -> list[DataProto]:
+        """``chunks`` equal parts (views). The length must divide evenly (see pad_to_divisor)."""
+        if chunks < 1:
+            raise ValueError(f"chunks must be >= 1, got {chunks}")
+        n = len(self)
+        if n % chunks != 0:
+            raise ValueError(
+                f"cannot chunk {n} rows into {chunks} equal parts; use pad_to_divisor({chunks}) "
+                "first, or split()"
+            )
+        size = n // chunks
+        return [self.slice(i * size, (i + 1) * size) for i in range(chunks)]
+
+    def split(self, split_size: int) -> list[DataProto]:
+        """Parts of ``split_size`` rows (the last may be shorter); views."""
+        if split_size < 1:
+            raise ValueError(f"split_size must be >= 1, got {split_size}")
+        n = len(self)
+        return [self.slice(i, min(i + split_size, n)) for i in range(0, n, split_size)] or [self.slice(0, 0)]
+
+    @classmethod
+    def concat(cls, data: Sequence[DataProto]) -> DataProto:
+        """Concatenate along the sample axis; meta_info is the first part's."""
+        parts = list(data)
+        if not parts:
+            raise ValueError("DataProto.concat needs at least one DataProto")
+        batches = [p.batch for p in parts]
+        if all(b is None for b in batches):
+            batch = None
+        elif any(b is None for b in batches):
+            raise ValueError("DataProto.concat: some parts have a batch and some do not")
+        elif len(batches) == 1:
+            batch = batches[0]
+        else:
+            batch = torch.cat(batches, dim=0)  # type: ignore[arg-type]
+        non_tensor: dict[str, np.ndarray] = {}
+        for key in parts[0].non_tensor_batch:
+            non_tensor[key] = np.concatenate([p.non_tensor_batch[key] for p in parts], axis=0)
+        return cls(batch=batch, non_tensor_batch=non_tensor, meta_info=parts[0].meta_info)
+
+    def pad_to_divisor(self, divisor: int) -> tuple[DataProto, int]:
+        """Return (padded copy, pad size) so that the length divides by ``divisor``.
+
+        Padding rows repeat rows from the start of the batch, so they are valid samples.
+        """
+        if divisor < 1:
+            raise ValueError(f"divisor must be >= 1, got {divisor}")
+        n = len(self)
+        pad = (-n) % divisor if n else 0
+        if pad == 0:
+            return self, 0
+        index = np.arange(pad) % n
+        padding = self.select_idxs(index)
+        return DataProto.concat([self, padding]), pad
+
+    def unpad(self, pad_size: int) -> DataProto:
+        """Drop the last ``pad_size`` rows (the inverse of pad_to_divisor)."""
+        if pad_size <= 0:
+            return self
+        return self.slice(0, len(self) - pad_size)
+
+    def repeat(self, repeat_times: int = 2, interleave: bool = True) -> DataProto:
+        """Repeat every row ``repeat_times`` times (interleaved: aabb; else abab)."""
+        n = len(self)
+        base = np.arange(n)
+        index = np.repeat(base, repeat_times) if interleave else np.tile(base, repeat_times)
+        return self.select_idxs(index)
+
+    def reorder(self, indices: torch.Tensor | Sequence[int]) -> None:
+        """Permute rows in place."""
+        reordered = self.select_idxs(indices if isinstance(indices, torch.Tensor) else list(indices))
+        self.batch = reordered.batch
+        self.non_tensor_batch = reordered.non_tensor_batch
+
+    # ---------------------------------------------------------------- devices / copies
+    def to(self, device: str | torch.device) -> DataProto:
+        """Move the tensors to ``device`` (in place, returns self as verl does)."""
+        if self.batch is not None:
+            self.batch = self.batch.to(device)
+        return self
+
+    def clone(self) -> DataProto:
+        """A deep copy whose tensors own their memory (safe to modify in place)."""
+        return DataProto(
+            batch=None if self.batch is None else self.batch.clone(),
+            non_tensor_batch={k: v.copy() for k, v in self.non_tensor_batch.items()},
+            meta_info=copy.deepcopy(self.meta_info),
+        )
+
+    # ---------------------------------------------------------------- serialisation
+    def __getstate__(self) -> dict[str, Any]:
+        keys: list[Key] = []
+        tensors: list[tensor_codec.EncodedTensor] = []
+        batch_size: list[int] | None = None
+        if self.batch is not None:
+            batch_size = [int(s) for s in self.batch.batch_size]
+            for key, value in _leaves(self.batch):
+                keys.append(key)
+                tensors.append(tensor_codec.encode(value))
+        return {
+            "v": _STATE_VERSION,
+            "batch_size": batch_size,
+            "keys": keys,
+            "tensors": tensors,
+            "non_tensor_batch": self.non_tensor_batch,
+            "meta_info": self.meta_info,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if state.get("v") != _STATE_VERSION:
+            raise ValueError(f"unsupported DataProto state version {state.get('v')!r}")
+        batch = None
+        if state["batch_size"] is not None:
+            batch = TensorDict({}, batch_size=state["batch_size"])
+            for key, enc in zip(state["keys"], state["tensors"], strict=True):
+                batch.set(key, tensor_codec.decode(enc))
+        self.batch = batch
+        self.non_tensor_batch = state["non_tensor_batch"]
+        self.meta_info = state["meta_info"]
+
+
+def _leaves(td: TensorDict) -> list[tuple[Key, torch.Tensor]]:
+    return [(k, td.get(k)) for k in td.keys(include_nested=True, leaves_only=True)]
+
+
+def _as_array(value: Any) -> np.ndarray:
+    if isinstance(value, np.ndarray):
+        return value
+    if isinstance(value, list | tuple):
+        arr = np.empty(len(value), dtype=object)
+        arr[:] = list(value)
+        return arr
+    return np.asarray(value)
+
+
+def _require(mapping: Mapping[str, Any], keys: Sequence[str], what: str) -> None:
+    missing = [k for k in keys if k not in mapping]
+    if missing:
+        raise KeyError(f"{what} has no keys {missing} (has {sorted(mapping)})")
+
+
+def _arrays_equal(a: np.ndarray, b: np.ndarray) -> bool:
+    if a.shape != b.shape:
+        return False
+    try:
+        return bool(np.array_equal(a, b))
+    except Exception:
+        return all(_values_equal(x, y) for x, y in zip(a.tolist(), b.tolist(), strict=True))
+
+
+def _values_equal(a: Any, b: Any) -> bool:
+    try:
+        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+            return bool(torch.equal(a, b))
+        if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+            return bool(np.array_equal(a, b))
+        return bool(a == b)
+    except Exception:
+        return a is b
+
+
+def chunk_lengths(total: int, parts: int) -> tuple[list[int], list[int]]:
+    """Split ``total`` rows over ``parts`` equal slots of ceil(total/parts) rows.
+
+    Returns (real rows per part, padding rows per part): the tail parts hold the padding,
+    so after trimming each part's output the concatenation is the unpadded batch in order.
+    """
+    if parts < 1:
+        raise ValueError(f"parts must be >= 1, got {parts}")
+    size = math.ceil(total / parts) if total else 0
+    real = [max(0, min(size, total - i * size)) for i in range(parts)]
+    return real, [size - r for r in real]

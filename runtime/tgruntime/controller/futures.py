@@ -1,0 +1,77 @@
+"""DataProtoFuture: the result of a non-blocking DataProto call, not yet fetched.
+
+It holds one ``ObjectRef`` per part (one per collected worker). Passed to another
+group's DP method with as many workers as parts, each part's reference goes straight to
+the matching worker: the data moves worker to worker and never through the controller.
+Otherwise ``get()`` fetches and concatenates the parts (on the controller, or inside a
+worker when the future is an argument of a registered method).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import ray
+
+if TYPE_CHECKING:
+    from tgruntime.controller.calls import CallContext
+    from tgruntime.controller.dataproto import DataProto
+
+
+def is_object_ref(value: Any) -> bool:
+    return isinstance(value, ray.ObjectRef)
+
+
+class DataProtoFuture:
+    """Lazy concatenation of DataProto parts living in Ray's object store."""
+
+    def __init__(
+        self,
+        refs: Sequence[Any],
+        *,
+        ctx: CallContext | None = None,
+        select: tuple[int, int] | None = None,
+    ) -> None:
+        self.refs: list[Any] = list(refs)
+        self.ctx = ctx
+        self.select = select  # (index, parts): this future is one of ``parts`` chunks
+
+    @property
+    def num_parts(self) -> int:
+        return len(self.refs)
+
+    @classmethod
+    def concat(cls, refs: Sequence[Any]) -> DataProtoFuture:
+        """verl's name: a future over ``refs`` whose value is their concatenation."""
+        return cls(refs)
+
+    def chunk(self, chunks: int) -> list[DataProtoFuture]:
+        """``chunks`` futures, the i-th resolving to the i-th chunk of this one's value."""
+        if self.select is not None:
+            raise ValueError("cannot chunk a future that is already a chunk")
+        return [DataProtoFuture(self.refs, ctx=self.ctx, select=(i, chunks)) for i in range(chunks)]
+
+    def get(self, timeout_s: float | None = None) -> DataProto:
+        """Fetch, concatenate (and select a chunk of) the parts."""
+        from tgruntime.controller.calls import resolve
+        from tgruntime.controller.dataproto import DataProto, chunk_lengths
+
+        if self.ctx is not None and len(self.ctx.ranks) == len(self.refs):
+            values = resolve(self.refs, self.ctx, timeout_s=timeout_s)
+        else:
+            values = list(ray.get(self.refs, timeout=timeout_s))
+        bad = [type(v).__name__ for v in values if not isinstance(v, DataProto)]
+        if bad:
+            raise TypeError(f"DataProtoFuture parts must be DataProto, got {bad}")
+        data = values[0] if len(values) == 1 else DataProto.concat(values)
+        if self.select is None:
+            return data
+        index, parts = self.select
+        real, _ = chunk_lengths(len(data), parts)
+        start = sum(real[:index])
+        return data.slice(start, start + real[index])
+
+    def __repr__(self) -> str:
+        sel = f", chunk={self.select[0]}/{self.select[1]}" if self.select else ""
+        return f"DataProtoFuture(parts={len(self.refs)}{sel})"

@@ -1,0 +1,175 @@
+"""The group record: what a client needs to attach to a group by name alone.
+
+A detached group publishes one small JSON record in Ray's internal key-value store (held
+by the GCS, so it lives as long as the cluster and costs no process): worker names in
+rank order, world size, mesh, worker class, generation, creation time, and the table of
+registered methods (so attaching needs no import of the worker's module). A lookup is
+one GCS round trip.
+
+Two more keys live beside it: ``members`` (claimed atomically before any worker starts;
+lists what teardown must remove even if creation never finished) and ``master`` (rank
+0's MASTER_ADDR:MASTER_PORT per generation).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ray.experimental import internal_kv
+
+from tgruntime.controller import naming
+
+_NS = naming.KV_NAMESPACE
+
+
+@dataclass(frozen=True)
+class GroupRecord:
+    """A published group: everything needed to attach to it and to describe it."""
+
+    group_name: str
+    namespace: str
+    worker_names: tuple[str, ...]
+    world_size: int
+    mesh: Mapping[str, Any]
+    worker_class: str
+    generation: int
+    created_at: float
+    methods: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    placement_groups: tuple[str, ...] = ()
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> GroupRecord:
+        data = json.loads(text)
+        data["worker_names"] = tuple(data["worker_names"])
+        data["placement_groups"] = tuple(data.get("placement_groups", ()))
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class Members:
+    """Names claimed by a group before its workers start (for teardown of partial groups)."""
+
+    worker_names: tuple[str, ...]
+    generation: int
+
+    def to_json(self) -> str:
+        return json.dumps({"worker_names": list(self.worker_names), "generation": self.generation})
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Members:
+        data = json.loads(text)
+        return cls(worker_names=tuple(data["worker_names"]), generation=int(data["generation"]))
+
+
+def publish_record(record: GroupRecord) -> None:
+    internal_kv._internal_kv_put(
+        naming.record_key(namespace=record.namespace, group_name=record.group_name),
+        record.to_json(),
+        overwrite=True,
+        namespace=_NS,
+    )
+
+
+def load_record(*, group_name: str, namespace: str) -> GroupRecord | None:
+    raw = internal_kv._internal_kv_get(
+        naming.record_key(namespace=namespace, group_name=group_name), namespace=_NS
+    )
+    return None if raw is None else GroupRecord.from_json(raw)
+
+
+def delete_record(*, group_name: str, namespace: str) -> bool:
+    deleted = internal_kv._internal_kv_del(
+        naming.record_key(namespace=namespace, group_name=group_name), namespace=_NS
+    )
+    return bool(deleted)
+
+
+def list_groups(*, namespace: str | None = None) -> list[tuple[str, str]]:
+    """(namespace, group name) of every published record (optionally in one namespace)."""
+    keys = internal_kv._internal_kv_list(naming.record_prefix(namespace=namespace), namespace=_NS)
+    out = []
+    for key in keys:
+        text = key.decode() if isinstance(key, bytes) else str(key)
+        _, ns, name = text.split("/", 2)
+        out.append((ns, name))
+    return sorted(out)
+
+
+def claim_members(*, group_name: str, namespace: str, members: Members) -> bool:
+    """Write the members key unless it exists; True when this caller claimed it."""
+    existed = internal_kv._internal_kv_put(
+        naming.members_key(namespace=namespace, group_name=group_name),
+        members.to_json(),
+        overwrite=False,
+        namespace=_NS,
+    )
+    return not existed
+
+
+def load_members(*, group_name: str, namespace: str) -> Members | None:
+    raw = internal_kv._internal_kv_get(
+        naming.members_key(namespace=namespace, group_name=group_name), namespace=_NS
+    )
+    return None if raw is None else Members.from_json(raw)
+
+
+def delete_group_keys(*, group_name: str, namespace: str) -> list[str]:
+    """Delete record, members and every generation's master key; the keys that existed."""
+    keys = [
+        naming.record_key(namespace=namespace, group_name=group_name),
+        naming.members_key(namespace=namespace, group_name=group_name),
+    ]
+    for key in internal_kv._internal_kv_list(
+        naming.master_prefix(namespace=namespace, group_name=group_name), namespace=_NS
+    ):
+        keys.append(key.decode() if isinstance(key, bytes) else str(key))
+    removed = []
+    for key in keys:
+        if internal_kv._internal_kv_del(key, namespace=_NS):
+            removed.append(key)
+    return removed
+
+
+def publish_master(*, group_name: str, namespace: str, generation: int, addr: str, port: int) -> None:
+    internal_kv._internal_kv_put(
+        naming.master_key(namespace=namespace, group_name=group_name, generation=generation),
+        json.dumps({"addr": addr, "port": port}),
+        overwrite=True,
+        namespace=_NS,
+    )
+
+
+def load_master(*, group_name: str, namespace: str, generation: int) -> tuple[str, int] | None:
+    raw = internal_kv._internal_kv_get(
+        naming.master_key(namespace=namespace, group_name=group_name, generation=generation),
+        namespace=_NS,
+    )
+    if raw is None:
+        return None
+    data = json.loads(raw)
+    return str(data["addr"]), int(data["port"])
+
+
+def namespaces_with_group(group_name: str) -> list[str]:
+    """Namespaces where a record of ``group_name`` exists (for NamespaceMismatchError)."""
+    return sorted({ns for ns, name in list_groups() if name == group_name})
+
+
+def groups_in(namespace: str) -> list[str]:
+    return [name for ns, name in list_groups(namespace=namespace) if ns == namespace]
+
+
+def with_names(names: Sequence[str], namespace: str) -> GroupRecord | None:
+    """The record in ``namespace`` whose workers are exactly ``names`` (any order), if any."""
+    wanted = set(names)
+    for _, name in list_groups(namespace=namespace):
+        record = load_record(group_name=name, namespace=namespace)
+        if record is not None and set(record.worker_names) == wanted:
+            return record
+    return None

@@ -1,0 +1,175 @@
+"""ResourcePool: what a group asks of the cluster, and the placement groups that hold it.
+
+One placement group per entry of ``processes_per_node`` (verl's ``process_on_nodes``),
+one bundle per worker process. CPU amounts may be fractional, so several workers fit on
+a 2-core machine. Placement groups are named from (namespace, group, generation, index)
+and may be detached, so they outlive their creator and can be found and removed later.
+Waiting for placement is bounded; a timeout removes what was created and says what was
+asked and what the cluster has.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
+
+from tgruntime.controller import naming
+from tgruntime.controller.errors import PlacementTimeoutError
+
+
+class PlacementStrategy(str, enum.Enum):
+    """Ray's placement strategies for the bundles of one placement group."""
+
+    PACK = "PACK"
+    SPREAD = "SPREAD"
+    STRICT_PACK = "STRICT_PACK"
+    STRICT_SPREAD = "STRICT_SPREAD"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResourcePool:
+    """Processes per node and the resources of each process."""
+
+    processes_per_node: Sequence[int]
+    use_gpu: bool = False
+    num_gpus_per_process: float = 1.0
+    num_cpus_per_process: float = 1.0
+    strategy: PlacementStrategy | str = PlacementStrategy.STRICT_PACK
+    resources_per_process: Mapping[str, float] = field(default_factory=dict)
+    # What each actor requests inside its bundle (default: the whole bundle). Smaller
+    # values let several groups share the same placement groups (verl's colocation).
+    actor_num_cpus: float | None = None
+    actor_num_gpus: float | None = None
+
+    def __post_init__(self) -> None:
+        counts = tuple(int(c) for c in self.processes_per_node)
+        if not counts or any(c < 1 for c in counts):
+            raise ValueError(f"processes_per_node must be a non-empty list of positive counts, got {list(self.processes_per_node)}")
+        object.__setattr__(self, "processes_per_node", counts)
+        object.__setattr__(self, "strategy", PlacementStrategy(self.strategy))
+        if self.num_cpus_per_process < 0 or self.num_gpus_per_process < 0:
+            raise ValueError("resource amounts must not be negative")
+        if not self.bundle():
+            raise ValueError("each process must ask for some resource (CPU, GPU or a custom one)")
+
+    @property
+    def world_size(self) -> int:
+        return sum(self.processes_per_node)
+
+    def bundle(self) -> dict[str, float]:
+        """The resources of one process's bundle."""
+        out: dict[str, float] = {}
+        if self.num_cpus_per_process > 0:
+            out["CPU"] = float(self.num_cpus_per_process)
+        if self.use_gpu and self.num_gpus_per_process > 0:
+            out["GPU"] = float(self.num_gpus_per_process)
+        out.update({k: float(v) for k, v in self.resources_per_process.items()})
+        return out
+
+    def bundles(self) -> list[list[dict[str, float]]]:
+        return [[self.bundle() for _ in range(count)] for count in self.processes_per_node]
+
+    def actor_options(self) -> dict[str, Any]:
+        """num_cpus / num_gpus / resources for each worker actor."""
+        b = self.bundle()
+        opts: dict[str, Any] = {
+            "num_cpus": b.get("CPU", 0.0) if self.actor_num_cpus is None else self.actor_num_cpus,
+            "num_gpus": b.get("GPU", 0.0) if self.actor_num_gpus is None else self.actor_num_gpus,
+        }
+        if self.resources_per_process:
+            opts["resources"] = dict(self.resources_per_process)
+        return opts
+
+
+def create_placement_groups(
+    pool: ResourcePool,
+    *,
+    group_name: str,
+    namespace: str,
+    generation: int,
+    detached: bool,
+    timeout_s: float,
+) -> list[PlacementGroup]:
+    """Create and wait for the pool's placement groups, sorted by node address.
+
+    On timeout every placement group created here is removed and PlacementTimeoutError
+    says what was asked and what the cluster has.
+    """
+    bundles = pool.bundles()
+    pgs = [
+        placement_group(
+            bundles=group,
+            strategy=str(PlacementStrategy(pool.strategy).value),
+            name=naming.placement_group_name(namespace=namespace, group_name=group_name, generation=generation, index=i),
+            lifetime="detached" if detached else None,
+        )
+        for i, group in enumerate(bundles)
+    ]
+    deadline = time.monotonic() + timeout_s
+    try:
+        for pg in pgs:
+            remaining = max(0.0, deadline - time.monotonic())
+            if not pg.wait(timeout_seconds=remaining):
+                raise PlacementTimeoutError(
+                    group_name=group_name,
+                    timeout_s=timeout_s,
+                    bundles=bundles,
+                    strategy=str(PlacementStrategy(pool.strategy).value),
+                    available=ray.available_resources(),
+                    total=ray.cluster_resources(),
+                )
+    except BaseException:
+        for pg in pgs:
+            _remove_quietly(pg)
+        raise
+    return sort_by_node(pgs)
+
+
+def sort_by_node(pgs: Sequence[PlacementGroup]) -> list[PlacementGroup]:
+    """Order placement groups by the address of their first bundle's node (stable ranks)."""
+    try:
+        addresses = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
+        keyed = []
+        for i, pg in enumerate(pgs):
+            table = placement_group_table(pg)
+            node_id = (table.get("bundles_to_node_id") or {}).get(0, "")
+            keyed.append((addresses.get(node_id, ""), i, pg))
+        return [pg for _, _, pg in sorted(keyed, key=lambda t: (t[0], t[1]))]
+    except Exception:
+        return list(pgs)
+
+
+@dataclass(frozen=True)
+class PlacementGroupInfo:
+    name: str
+    id_hex: str
+    state: str
+
+
+def find_placement_groups(*, namespace: str, group_name: str) -> list[PlacementGroupInfo]:
+    """Every not-yet-removed placement group of a group (all generations), by name."""
+    prefix = naming.placement_group_prefix(namespace=namespace, group_name=group_name)
+    out = []
+    for pg_id, info in placement_group_table().items():
+        name = info.get("name") or ""
+        state = str(info.get("state", ""))
+        if name.startswith(prefix) and state != "REMOVED":
+            out.append(PlacementGroupInfo(name=name, id_hex=str(pg_id), state=state))
+    return sorted(out, key=lambda p: p.name)
+
+
+def remove_by_id(id_hex: str) -> None:
+    remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(id_hex))))
+
+
+def _remove_quietly(pg: PlacementGroup) -> None:
+    try:
+        remove_placement_group(pg)
+    except Exception:
+        pass

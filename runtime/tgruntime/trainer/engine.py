@@ -1,0 +1,326 @@
+"""``TrainEngine``: one rank of a Megatron GPT training job, without Ray.
+
+It owns this process's share of the work: torch.distributed and megatron's model-parallel
+groups, the model stage, the optimizer, the step counter and checkpoints. Every rank of
+the job calls the same methods in the same order (they are collective). The Ray worker
+(``worker.py``) and the direct benchmark (``bench/bench_step.py``) both drive it, so the
+group path and the direct path run exactly the same step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+from tgspec import TrainerGroupSpec, to_wire
+
+from tgruntime.trainer import checkpoint as ckpt
+from tgruntime.trainer.batch import lm_batch, split_microbatches
+from tgruntime.trainer.distributed import (
+    Mesh,
+    current_mesh,
+    destroy_parallel,
+    init_model_parallel,
+    init_process_group,
+    select_device,
+)
+from tgruntime.trainer.model import (
+    build_gpt_model,
+    count_parameters,
+    seed_everything,
+    transformer_config,
+)
+from tgruntime.trainer.optim import TrainingState, apply_optimizer_spec, build_training_state
+from tgruntime.trainer.schedule import (
+    ForwardBackwardFunc,
+    lm_forward_step,
+    select_forward_backward,
+)
+from tgruntime.trainer.settings import RuntimeSettings, resolve_settings
+
+__all__ = ["StepResult", "TrainEngine"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StepResult:
+    """One optimizer step as seen by one rank (identical on every rank of a data shard)."""
+
+    step: int  # optimizer steps taken so far, this one included
+    per_sample_loss: tuple[float, ...]  # mean next-token loss of each local sample
+    loss: float  # token-weighted mean over the local batch
+    grad_norm: float  # global L2 norm before clipping
+    tokens: int  # tokens fed to the model on this data-parallel shard (B_local x S)
+    step_time_s: float  # wall time of the whole step (device synchronised)
+    lr: float
+    skipped: bool = False  # the optimizer skipped the update (fp16 overflow / non-finite grads)
+
+    def metrics(self) -> dict[str, Any]:
+        """Scalars only (what the worker puts into ``meta_info``)."""
+        out = dataclasses.asdict(self)
+        out.pop("per_sample_loss")
+        return out
+
+
+def _default_micro_batch_size(local_batch: int, pp: int) -> int:
+    """Whole batch without pipelining; with it, enough micro-batches (2 x stages) to fill it."""
+    if pp == 1:
+        return local_batch
+    target = min(local_batch, 2 * pp)
+    size = max(1, local_batch // target)
+    while local_batch % size:
+        size -= 1
+    return size
+
+
+class TrainEngine:
+    """One rank of a tensor/pipeline/data-parallel GPT training job."""
+
+    def __init__(
+        self,
+        *,
+        spec: TrainerGroupSpec,
+        settings: RuntimeSettings,
+        device: torch.device,
+        state: TrainingState,
+        forward_backward: ForwardBackwardFunc,
+        micro_batch_size: int | None,
+        owns_process_group: bool,
+    ) -> None:
+        self.spec = spec
+        self.settings = settings
+        self.device = device
+        self.state = state
+        self.step = 0
+        self._forward_backward = forward_backward
+        self._micro_batch_size = micro_batch_size
+        self._owns_process_group = owns_process_group
+        self._mesh = current_mesh()
+        self._closed = False
+
+    # -- construction ---------------------------------------------------------------
+    @classmethod
+    def create(
+        cls,
+        *,
+        spec: TrainerGroupSpec,
+        backend: str | None = None,
+        device: str | None = None,
+        micro_batch_size: int | None = None,
+    ) -> TrainEngine:
+        """Join the job (process group from the environment) and build model + optimizer.
+
+        ``backend`` overrides nccl/gloo; ``device`` forces "cuda"/"cpu" (default: GPU when
+        ``workers.useGpu`` and CUDA is present); ``micro_batch_size`` overrides the
+        micro-batch split (default: the whole local batch, or 2 x stages micro-batches
+        with pipeline parallelism).
+        """
+        p = spec.parallelism
+        if p.context != 1:
+            raise ValueError(
+                "parallelism.context > 1 needs Transformer Engine's context-parallel attention, "
+                "which the built-in trainer (SDPA core attention) does not use; set it to 1"
+            )
+        if p.expert != 1:
+            raise ValueError("parallelism.expert must be 1: the built-in trainer builds dense models")
+        settings = resolve_settings(spec, backend=backend, device=device)
+        torch_device = select_device(settings)
+        owns = init_process_group(settings)
+        try:
+            init_model_parallel(tp=p.tensor, pp=p.pipeline, cp=p.context)
+            seed_everything(spec.model.seed, settings=settings)
+            config = transformer_config(spec.model, p, settings)
+            module = build_gpt_model(spec.model, config, settings)
+            state = build_training_state(
+                module, config=config, spec=spec.optimizer, settings=settings
+            )
+        except BaseException:
+            destroy_parallel(destroy_process_group=owns)
+            raise
+        return cls(
+            spec=spec,
+            settings=settings,
+            device=torch_device,
+            state=state,
+            forward_backward=select_forward_backward(on_gpu=settings.on_gpu),
+            micro_batch_size=micro_batch_size,
+            owns_process_group=owns,
+        )
+
+    # -- introspection --------------------------------------------------------------
+    @property
+    def mesh_info(self) -> Mesh:
+        return self._mesh
+
+    def mesh(self) -> dict[str, Any]:
+        """This rank's place in the tp/pp/cp/dp grid, whether it is collected, and the setup."""
+        out = self._mesh.to_dict()
+        out.update(
+            device=str(self.device),
+            dtype=self.settings.dtype_name,
+            backend=self.settings.backend,
+            position_embedding=self.settings.position_embedding,
+            parameters=count_parameters(self.state.module),
+            step=self.step,
+        )
+        return out
+
+    # -- training -------------------------------------------------------------------
+    def _sync(self) -> None:
+        if self.settings.on_gpu:
+            torch.cuda.synchronize(self.device)
+
+    def train_step(self, input_ids: torch.Tensor) -> StepResult:
+        """Forward, next-token loss, backward and one optimizer step on ``input_ids`` [B, S]."""
+        self._check_open()
+        self._sync()
+        start = time.perf_counter()
+        batch = lm_batch(input_ids, device=self.device, vocab_size=self.spec.model.vocab_size)
+        mbs = self._micro_batch_size or _default_micro_batch_size(
+            batch.batch_size, self._mesh.pp_size
+        )
+        micro = split_microbatches(batch, mbs)
+        self.state.zero_grad()
+        store = self._forward_backward(
+            forward_step_func=lm_forward_step,
+            data_iterator=iter(micro),
+            model=[self.state.model],
+            num_microbatches=len(micro),
+            seq_length=batch.seq_length,
+            micro_batch_size=mbs,
+            forward_only=False,
+        )
+        ok, grad_norm, _ = self.state.optimizer.step()
+        if grad_norm is None:  # megatron skips the norm when clipping is off
+            grad_norm = self.state.optimizer.get_grad_norm()
+        sums, counts = self._sample_losses(store, batch.batch_size)
+        self._sync()
+        elapsed = time.perf_counter() - start
+        if ok:
+            self.step += 1
+        total = float(counts.sum())
+        per_sample = (sums / counts.clamp(min=1)).tolist()
+        return StepResult(
+            step=self.step,
+            per_sample_loss=tuple(per_sample),
+            loss=float(sums.sum()) / max(total, 1.0),
+            grad_norm=float(grad_norm),
+            tokens=batch.batch_size * batch.seq_length,
+            step_time_s=elapsed,
+            lr=float(self.state.optimizer.param_groups[0]["lr"]),
+            skipped=not ok,
+        )
+
+    def _sample_losses(
+        self, store: list[dict[str, torch.Tensor]], batch_size: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-sample loss sums and token counts, from the last stage to every stage."""
+        if parallel_state.is_pipeline_last_stage():
+            both = torch.stack(
+                [
+                    torch.cat([r["sample_loss_sum"] for r in store]),
+                    torch.cat([r["sample_tokens"] for r in store]),
+                ]
+            ).float()
+        else:
+            both = torch.zeros((2, batch_size), dtype=torch.float32, device=self.device)
+        if self._mesh.pp_size > 1:
+            dist.broadcast(
+                both,
+                src=parallel_state.get_pipeline_model_parallel_last_rank(),
+                group=parallel_state.get_pipeline_model_parallel_group(),
+            )
+        both = both.cpu()
+        return both[0], both[1]
+
+    # -- checkpoints ----------------------------------------------------------------
+    def default_checkpoint_path(self) -> Path | None:
+        root = self.spec.training.checkpoint_dir
+        return Path(root) / ckpt.step_dirname(self.step) if root else None
+
+    def save_checkpoint(self, path: str | Path | None = None) -> str:
+        """Write model + optimizer state, step and RNG of every shard into directory ``path``.
+
+        Default: ``{training.checkpointDir}/step_{step:08d}``. Collective; returns the path.
+        """
+        self._check_open()
+        target = Path(path) if path is not None else self.default_checkpoint_path()
+        if target is None:
+            raise ValueError("no checkpoint path given and training.checkpointDir is empty")
+        mesh = self._mesh
+        if mesh.dp_rank == 0 and mesh.cp_rank == 0:
+            ckpt.write_shard(
+                target,
+                mesh,
+                {
+                    "model": self.state.module.state_dict(),
+                    "optimizer": self.state.optimizer.state_dict(),
+                    "step": self.step,
+                    "rng": ckpt.capture_rng(),
+                    "mesh": mesh.to_dict(),
+                },
+            )
+        ckpt.barrier()
+        if mesh.rank == 0:
+            ckpt.write_meta(
+                target,
+                {
+                    "step": self.step,
+                    "tp": mesh.tp_size,
+                    "pp": mesh.pp_size,
+                    "dp": mesh.dp_size,
+                    "dtype": self.settings.dtype_name,
+                    "position_embedding": self.settings.position_embedding,
+                    "model": to_wire(self.spec.model),
+                },
+            )
+        ckpt.barrier()
+        return str(target)
+
+    def load_checkpoint(self, path: str | Path) -> int:
+        """Restore the state written by :meth:`save_checkpoint`; returns the restored step."""
+        self._check_open()
+        meta = ckpt.read_meta(path)
+        mesh = self._mesh
+        if (meta["tp"], meta["pp"]) != (mesh.tp_size, mesh.pp_size):
+            raise ValueError(
+                f"{path} was written with tensor={meta['tp']} pipeline={meta['pp']}; this group "
+                f"has tensor={mesh.tp_size} pipeline={mesh.pp_size}"
+            )
+        if meta.get("position_embedding") != self.settings.position_embedding:
+            raise ValueError(
+                f"{path} holds a model with {meta.get('position_embedding')} positions; this "
+                f"group uses {self.settings.position_embedding} (set model.positionEmbedding)"
+            )
+        payload = ckpt.read_shard(path, mesh, map_location=self.device)
+        self.state.module.load_state_dict(payload["model"], strict=True)
+        self.state.optimizer.load_state_dict(payload["optimizer"])
+        apply_optimizer_spec(self.state.optimizer, self.spec.optimizer)
+        ckpt.restore_rng(payload["rng"])
+        self.step = int(payload["step"])
+        ckpt.barrier()
+        return self.step
+
+    def load_latest_checkpoint(self) -> int | None:
+        """Load the newest complete checkpoint under ``training.checkpointDir``, if any."""
+        root = self.spec.training.checkpoint_dir
+        found = ckpt.latest_checkpoint(root) if root else None
+        return self.load_checkpoint(found) if found is not None else None
+
+    # -- teardown -------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this TrainEngine was shut down")
+
+    def shutdown(self) -> None:
+        """Destroy megatron's groups (and the default group when this engine created it)."""
+        if self._closed:
+            return
+        self._closed = True
+        destroy_parallel(destroy_process_group=self._owns_process_group)
+        if self.settings.on_gpu:
+            torch.cuda.empty_cache()

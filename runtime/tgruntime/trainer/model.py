@@ -1,0 +1,110 @@
+"""Build megatron-core's ``GPTModel`` (a Llama/GPT-style decoder) from the spec's ``ModelSpec``.
+
+``transformer_config`` maps the spec onto megatron's ``TransformerConfig`` (bf16/fp16 on a
+GPU, fp32 and CPU initialisation on a CPU, SwiGLU/RMSNorm per spec, no biases, no dropout,
+untied embeddings); ``build_gpt_model`` builds this pipeline stage's part of the model with
+the SDPA layer spec, on the right device and dtype. ``seed_everything`` seeds the RNGs the
+way megatron's training loop does (distinct per pipeline stage, megatron's tensor-parallel
+CUDA RNG tracker on a GPU). Model-parallel state must already be initialised.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from megatron.core import parallel_state, tensor_parallel
+from megatron.core.models.gpt import GPTModel
+from megatron.core.transformer.transformer_config import TransformerConfig
+from tgspec import ModelSpec, ParallelismSpec
+
+from tgruntime.trainer.layer_spec import gpt_layer_spec
+from tgruntime.trainer.rotary import make_rotary_cpu_safe
+from tgruntime.trainer.settings import RuntimeSettings
+
+__all__ = ["build_gpt_model", "count_parameters", "seed_everything", "transformer_config"]
+
+
+def transformer_config(
+    model: ModelSpec, parallelism: ParallelismSpec, settings: RuntimeSettings
+) -> TransformerConfig:
+    """The ``TransformerConfig`` for ``model`` under ``parallelism`` on this machine."""
+    swiglu = model.activation == "swiglu"
+    return TransformerConfig(
+        num_layers=model.num_layers,
+        hidden_size=model.hidden_size,
+        num_attention_heads=model.num_attention_heads,
+        num_query_groups=model.num_query_groups or model.num_attention_heads,
+        ffn_hidden_size=model.ffn_hidden_size,
+        tensor_model_parallel_size=parallelism.tensor,
+        pipeline_model_parallel_size=parallelism.pipeline,
+        context_parallel_size=parallelism.context,
+        sequence_parallel=False,
+        # precision
+        params_dtype=settings.dtype,
+        pipeline_dtype=settings.dtype,
+        bf16=settings.dtype == torch.bfloat16,
+        fp16=settings.dtype == torch.float16,
+        use_cpu_initialization=not settings.on_gpu,
+        perform_initialization=True,
+        # architecture (Llama-style)
+        normalization=model.normalization,
+        layernorm_epsilon=1e-5,
+        gated_linear_unit=swiglu,
+        activation_func=F.silu if swiglu else F.gelu,
+        add_bias_linear=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        init_method_std=0.02,
+        # no apex / Transformer Engine: keep every fusion that needs them off
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+        cross_entropy_loss_fusion=False,
+        persist_layer_norm=False,
+    )
+
+
+def seed_everything(seed: int, *, settings: RuntimeSettings) -> None:
+    """Seed Python, NumPy and torch like megatron's training loop (offset per pipeline stage)."""
+    stage_seed = seed + 100 * parallel_state.get_pipeline_model_parallel_rank()
+    random.seed(stage_seed)
+    np.random.seed(stage_seed)
+    torch.manual_seed(stage_seed)
+    if settings.on_gpu:
+        # Tensor-parallel-aware CUDA RNG tracker (used by GPU initialisation and dropout).
+        tensor_parallel.model_parallel_cuda_manual_seed(stage_seed)
+
+
+def build_gpt_model(
+    model: ModelSpec, config: TransformerConfig, settings: RuntimeSettings
+) -> GPTModel:
+    """This rank's stage of the GPT model, on ``settings.device`` in ``settings.dtype``."""
+    gpt = GPTModel(
+        config=config,
+        transformer_layer_spec=gpt_layer_spec(),
+        vocab_size=model.vocab_size,
+        max_sequence_length=model.max_sequence_length,
+        pre_process=parallel_state.is_pipeline_first_stage(),
+        post_process=parallel_state.is_pipeline_last_stage(),
+        parallel_output=True,
+        share_embeddings_and_output_weights=False,
+        position_embedding_type=settings.position_embedding,
+        rotary_base=10000,
+    )
+    if settings.on_gpu:
+        # Norms and position embeddings are plain torch modules created on the CPU in fp32.
+        gpt.cuda(torch.cuda.current_device())
+    else:
+        make_rotary_cpu_safe(gpt)
+    gpt.to(dtype=settings.dtype)
+    return gpt
+
+
+def count_parameters(module: torch.nn.Module) -> int:
+    """Parameters held by this rank (a tensor-parallel shard of one pipeline stage)."""
+    return sum(p.numel() for p in module.parameters())

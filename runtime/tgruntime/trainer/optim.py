@@ -1,0 +1,201 @@
+"""The optimizer (AdamW, global-norm clipping, weight decay) and the model wrapper it needs.
+
+GPU: megatron's own stack. The model is wrapped in megatron's ``DistributedDataParallel``
+(contiguous fp32 gradient buffers, data-parallel all-reduce in ``finalize_model_grads``)
+and ``get_megatron_optimizer`` builds a mixed-precision AdamW (fp32 main params for a
+bf16/fp16 model; TE/apex fused Adam when present, else ``torch.optim.AdamW``).
+
+CPU: megatron's DDP buffers, ``FP32Optimizer`` and grad-norm kernels allocate on CUDA
+unconditionally, so :class:`LocalOptimizer` implements the part of the
+``MegatronOptimizer`` interface the engine uses (``zero_grad``, ``step`` ->
+``(ok, grad_norm, num_zeros)``, ``get_loss_scale``, ``get_grad_norm``, state dicts) over
+``torch.optim.AdamW`` with the same parameter groups (no weight decay on biases and 1-D
+parameters) and the same tensor-parallel-aware global gradient norm.
+
+Both paths use a constant learning rate ``optimizer.lr`` (the spec has no schedule).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+from megatron.core.distributed import (
+    DistributedDataParallel,
+    DistributedDataParallelConfig,
+    finalize_model_grads,
+)
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+from megatron.core.transformer.module import param_is_not_shared
+from megatron.core.transformer.transformer_config import TransformerConfig
+from tgspec import OptimizerSpec
+
+from tgruntime.trainer.schedule import finalize_grads_local
+from tgruntime.trainer.settings import RuntimeSettings
+
+__all__ = [
+    "LocalOptimizer",
+    "OptimizerLike",
+    "TrainingState",
+    "apply_optimizer_spec",
+    "build_training_state",
+]
+
+
+class OptimizerLike(Protocol):
+    """The slice of megatron's ``MegatronOptimizer`` the engine relies on."""
+
+    param_groups: list[dict[str, Any]]
+
+    def zero_grad(self, set_to_none: bool = True) -> None: ...
+    def step(self) -> tuple[bool, float | None, int | None]: ...
+    def get_loss_scale(self) -> torch.Tensor: ...
+    def get_grad_norm(self) -> float: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
+
+
+def _no_weight_decay(name: str, param: torch.nn.Parameter) -> bool:
+    # megatron's standard override: biases and 1-D parameters (norm weights) get no decay.
+    return param.dim() == 1 or name.endswith(".bias")
+
+
+class LocalOptimizer:
+    """AdamW with tensor-parallel-aware global-norm clipping, for CPU training."""
+
+    def __init__(self, model: torch.nn.Module, spec: OptimizerSpec) -> None:
+        decay, no_decay = [], []
+        for name, param in model.named_parameters():
+            if param.requires_grad:
+                (no_decay if _no_weight_decay(name, param) else decay).append(param)
+        self.clip_grad = spec.clip_grad
+        self.optimizer = torch.optim.AdamW(
+            [
+                {"params": decay, "weight_decay": spec.weight_decay, "wd_mult": 1.0},
+                {"params": no_decay, "weight_decay": 0.0, "wd_mult": 0.0},
+            ],
+            lr=spec.lr,
+            betas=(spec.adam_beta1, spec.adam_beta2),
+            eps=1e-8,
+        )
+        self._scale = torch.ones(1)
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.optimizer.param_groups
+
+    def _params(self) -> list[torch.nn.Parameter]:
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def get_loss_scale(self) -> torch.Tensor:
+        return self._scale
+
+    @torch.no_grad()
+    def get_grad_norm(self) -> float:
+        """L2 norm of the whole model's gradient (all tensor/pipeline shards, no duplicates)."""
+        tp_group = parallel_state.get_tensor_model_parallel_group()
+        squares = torch.zeros(1, dtype=torch.float32)
+        for p in self._params():
+            if (
+                p.grad is not None
+                and param_is_not_shared(p)
+                and param_is_not_tensor_parallel_duplicate(p, tp_group)
+            ):
+                squares += p.grad.detach().float().pow(2).sum()
+        dist.all_reduce(squares, group=parallel_state.get_model_parallel_group())
+        return math.sqrt(float(squares))
+
+    @torch.no_grad()
+    def step(self) -> tuple[bool, float | None, int | None]:
+        grad_norm = self.get_grad_norm()
+        if not math.isfinite(grad_norm):
+            return False, grad_norm, None
+        if self.clip_grad > 0.0:
+            coeff = self.clip_grad / (grad_norm + 1.0e-6)
+            if coeff < 1.0:
+                for p in self._params():
+                    if p.grad is not None:
+                        p.grad.mul_(coeff)
+        self.optimizer.step()
+        return True, grad_norm, None
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state_dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingState:
+    """What training updates: the (possibly DDP-wrapped) model and its optimizer."""
+
+    model: torch.nn.Module  # DDP on GPU, the bare GPTModel on CPU
+    module: torch.nn.Module  # the bare GPTModel
+    optimizer: OptimizerLike
+
+    def zero_grad(self) -> None:
+        if isinstance(self.model, DistributedDataParallel):
+            self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+
+
+def apply_optimizer_spec(optimizer: OptimizerLike, spec: OptimizerSpec) -> None:
+    """Set every group's lr and weight decay from the spec and the group's multipliers.
+
+    (megatron's LR scheduler normally applies ``wd_mult``/``lr_mult``; the trainer's rate is
+    constant, so this runs once after building and again after loading a checkpoint, so the
+    current spec wins over the saved values.)
+    """
+    for group in optimizer.param_groups:
+        group["weight_decay"] = spec.weight_decay * group.get("wd_mult", 1.0)
+        group["lr"] = spec.lr * group.get("lr_mult", 1.0)
+
+
+def build_training_state(
+    module: torch.nn.Module,
+    *,
+    config: TransformerConfig,
+    spec: OptimizerSpec,
+    settings: RuntimeSettings,
+) -> TrainingState:
+    """Wrap ``module`` and build its optimizer; wires megatron's schedule hooks into ``config``."""
+    if not settings.on_gpu:
+        local = LocalOptimizer(module, spec)
+        config.finalize_model_grads_func = finalize_grads_local
+        return TrainingState(model=module, module=module, optimizer=local)
+
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True,
+        overlap_grad_reduce=False,
+        use_distributed_optimizer=False,
+    )
+    model = DistributedDataParallel(config=config, ddp_config=ddp_config, module=module)
+    opt_config = OptimizerConfig(
+        optimizer="adam",
+        lr=spec.lr,
+        min_lr=spec.min_lr,
+        weight_decay=spec.weight_decay,
+        adam_beta1=spec.adam_beta1,
+        adam_beta2=spec.adam_beta2,
+        adam_eps=1e-8,
+        clip_grad=spec.clip_grad,
+        bf16=config.bf16,
+        fp16=config.fp16,
+        params_dtype=config.params_dtype,
+        use_distributed_optimizer=False,
+    )
+    optimizer = get_megatron_optimizer(opt_config, [model])
+    apply_optimizer_spec(optimizer, spec)
+    config.no_sync_func = model.no_sync
+    config.finalize_model_grads_func = finalize_model_grads
+    config.grad_scale_func = optimizer.scale_loss
+    return TrainingState(model=model, module=module, optimizer=optimizer)

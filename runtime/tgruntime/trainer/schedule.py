@@ -1,0 +1,162 @@
+"""Forward/backward over micro-batches: megatron's pipeline schedules, or a CPU equivalent.
+
+:func:`lm_forward_step` is the forward-step function megatron's schedules call (model
+forward with ``labels`` so ``GPTModel`` returns the per-token vocab-parallel cross-entropy,
+plus a loss function that masks, sums and reports per-sample losses).
+
+On a GPU the trainer runs megatron's own ``get_forward_backward_func()`` (no pipelining,
+or 1F1B with pipeline parallelism). Those schedules allocate token counters and p2p
+shape buffers on CUDA unconditionally, so on the CPU :func:`local_forward_backward` runs
+the same contract: same arguments, same loss scaling, same ``forward_data_store`` result,
+``config.finalize_model_grads_func`` called at the end, and pipeline parallelism as an
+all-forward/all-backward (GPipe) schedule over blocking gloo send/recv.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+from megatron.core.pipeline_parallel import get_forward_backward_func
+from megatron.core.utils import get_attr_wrapped_model, get_model_config
+
+from tgruntime.trainer.batch import LMBatch
+
+__all__ = [
+    "ForwardBackwardFunc",
+    "finalize_grads_local",
+    "lm_forward_step",
+    "local_forward_backward",
+    "select_forward_backward",
+]
+
+ForwardBackwardFunc = Callable[..., list[dict[str, torch.Tensor]]]
+
+
+def _lm_loss(
+    loss_mask: torch.Tensor, output_tensor: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """Megatron loss-function contract: (loss sum, token count, values to report)."""
+    per_token = output_tensor.float() * loss_mask
+    tokens_per_sample = loss_mask.sum(dim=1)
+    loss_sum = per_token.sum()
+    num_tokens = loss_mask.sum().to(torch.int)
+    reported = {
+        "sample_loss_sum": per_token.detach().sum(dim=1),
+        "sample_tokens": tokens_per_sample.detach(),
+    }
+    return loss_sum, num_tokens, reported
+
+
+def lm_forward_step(
+    data_iterator: Iterator[LMBatch], model: torch.nn.Module
+) -> tuple[torch.Tensor, Callable[[torch.Tensor], Any]]:
+    """One micro-batch through the model; on the last stage the output is per-token loss."""
+    batch = next(data_iterator)
+    output = model(
+        input_ids=batch.tokens,
+        position_ids=batch.position_ids,
+        attention_mask=None,
+        labels=batch.labels,
+    )
+    return output, functools.partial(_lm_loss, batch.loss_mask)
+
+
+def _scaled_loss(
+    loss_func: Callable[[torch.Tensor], Any], output: torch.Tensor, num_microbatches: int
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    loss_sum, num_tokens, reported = loss_func(output)
+    # Same scaling as megatron's forward_step_calc_loss with calculate_per_token_loss=False.
+    loss = loss_sum / torch.clamp(num_tokens, min=1) / num_microbatches
+    return loss, reported
+
+
+def local_forward_backward(
+    *,
+    forward_step_func: Callable[..., Any],
+    data_iterator: Iterator[LMBatch],
+    model: torch.nn.Module | list[torch.nn.Module],
+    num_microbatches: int,
+    seq_length: int,
+    micro_batch_size: int,
+    forward_only: bool = False,
+    **_: Any,
+) -> list[dict[str, torch.Tensor]]:
+    """CPU stand-in for megatron's schedules (same signature subset and result)."""
+    if isinstance(model, list):
+        if len(model) != 1:
+            raise ValueError("virtual pipeline stages (model chunks) are not supported on CPU")
+        model = model[0]
+    config = get_model_config(model)
+    set_input_tensor = get_attr_wrapped_model(model, "set_input_tensor")
+    first = parallel_state.is_pipeline_first_stage()
+    last = parallel_state.is_pipeline_last_stage()
+    pipelined = parallel_state.get_pipeline_model_parallel_world_size() > 1
+    shape = (seq_length, micro_batch_size, config.hidden_size)
+    dtype = config.pipeline_dtype or config.params_dtype
+
+    store: list[dict[str, torch.Tensor]] = []
+    inputs: list[torch.Tensor | None] = []
+    outputs: list[torch.Tensor] = []
+    for _i in range(num_microbatches):
+        input_tensor = None
+        if pipelined and not first:
+            input_tensor = torch.empty(shape, dtype=dtype)
+            dist.recv(input_tensor, src=parallel_state.get_pipeline_model_parallel_prev_rank())
+            input_tensor.requires_grad_(not forward_only)
+        set_input_tensor([input_tensor])
+        output, loss_func = forward_step_func(data_iterator, model)
+        if last:
+            output, reported = _scaled_loss(loss_func, output, num_microbatches)
+            store.append(reported)
+        else:
+            dist.send(output.detach().contiguous(), dst=parallel_state.get_pipeline_model_parallel_next_rank())
+        if forward_only:
+            continue
+        if not pipelined:
+            output.backward()  # backward right away keeps only one micro-batch's activations
+            continue
+        inputs.append(input_tensor)
+        outputs.append(output)
+
+    for input_tensor, output in zip(inputs, outputs, strict=True):
+        if last:
+            torch.autograd.backward(output)
+        else:
+            grad = torch.empty(shape, dtype=dtype)
+            dist.recv(grad, src=parallel_state.get_pipeline_model_parallel_next_rank())
+            torch.autograd.backward(output, grad_tensors=grad)
+        if not first:
+            assert input_tensor is not None and input_tensor.grad is not None
+            dist.send(input_tensor.grad.contiguous(), dst=parallel_state.get_pipeline_model_parallel_prev_rank())
+
+    if not forward_only and config.finalize_model_grads_func is not None:
+        config.finalize_model_grads_func([model])
+    return store
+
+
+def finalize_grads_local(model: list[torch.nn.Module], *_: Any, **__: Any) -> None:
+    """CPU stand-in for megatron's ``finalize_model_grads``: average grads over data parallel.
+
+    (Untied embeddings and no sequence parallelism: nothing else needs reducing.)
+    """
+    if parallel_state.get_data_parallel_world_size() == 1:
+        return
+    group = parallel_state.get_data_parallel_group()
+    grads = [p.grad for chunk in model for p in chunk.parameters() if p.grad is not None]
+    if not grads:
+        return
+    flat = torch._utils._flatten_dense_tensors(grads)
+    dist.all_reduce(flat, group=group)
+    flat /= parallel_state.get_data_parallel_world_size()
+    for grad, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads), strict=True):
+        grad.copy_(synced)
+
+
+def select_forward_backward(*, on_gpu: bool) -> ForwardBackwardFunc:
+    """megatron's schedule on a GPU, the local one on a CPU."""
+    return get_forward_backward_func() if on_gpu else local_forward_backward

@@ -1,0 +1,65 @@
+"""Where and how a trainer process runs: device, dtype, backend, position embedding.
+
+One resolved, frozen value decides every CPU/GPU fork in the trainer, so the rest of the
+code reads ``settings.on_gpu`` instead of probing CUDA again:
+
+* GPU (``workers.useGpu`` and CUDA present): NCCL, the spec's dtype (bf16 by default),
+  RoPE for ``position_embedding: auto``, megatron's pipeline schedules, DDP and optimizer.
+* CPU: gloo, float32 whatever the spec's dtype, learned absolute positions for ``auto``
+  (``rope`` still works through the device-local rotary module), and the trainer's own
+  CPU schedule and optimizer (megatron's allocate CUDA tensors unconditionally).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from tgspec import TrainerGroupSpec
+
+__all__ = ["RuntimeSettings", "resolve_settings"]
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RuntimeSettings:
+    device: str  # "cuda" or "cpu"
+    dtype: torch.dtype
+    backend: str  # torch.distributed backend: "nccl" or "gloo"
+    position_embedding: str  # "rope" or "learned_absolute"
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device == "cuda"
+
+    @property
+    def dtype_name(self) -> str:
+        return str(self.dtype).removeprefix("torch.")
+
+
+def resolve_settings(
+    spec: TrainerGroupSpec, *, backend: str | None = None, device: str | None = None
+) -> RuntimeSettings:
+    """Resolve the spec against this machine.
+
+    ``device`` forces ``"cuda"``/``"cpu"``; by default a GPU is used when the spec asks for
+    one and CUDA is available. ``backend`` overrides the torch.distributed backend.
+    """
+    if device is None:
+        device = "cuda" if spec.workers.use_gpu and torch.cuda.is_available() else "cpu"
+    if device not in ("cuda", "cpu"):
+        raise ValueError(f"device must be 'cuda' or 'cpu', not {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device 'cuda' requested but torch sees no CUDA device")
+    on_gpu = device == "cuda"
+    dtype = _DTYPES[spec.model.dtype] if on_gpu else torch.float32
+    position = spec.model.position_embedding
+    if position == "auto":
+        position = "rope" if on_gpu else "learned_absolute"
+    return RuntimeSettings(
+        device=device,
+        dtype=dtype,
+        backend=backend or ("nccl" if on_gpu else "gloo"),
+        position_embedding=position,
+    )

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The test command: installs what is needed, then runs every check and test that can run here.
+#   ./tools/test.sh            everything (lint, types, unit, Ray, Megatron-on-CPU, Kubernetes plane)
+#   ./tools/test.sh -k spec    extra arguments go to pytest
+# Tiers that cannot run on this machine (GPU, kind+Docker) are skipped by pytest with their reason.
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+log() { printf '%s test: %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+T0=$(date +%s)
+
+./tools/install.sh || { log "install failed: see the messages above"; exit 2; }
+PY="$ROOT/.venv/bin/python"
+export PATH="$ROOT/.venv/bin:$PATH"
+
+if [ -x hack/build-tools.sh ] || [ -f hack/build-tools.sh ]; then
+  log "building the local Kubernetes control plane tools (cached by version after the first build)"
+  bash hack/build-tools.sh || { log "control-plane build failed: see the messages above"; exit 2; }
+fi
+
+status=0
+log "ruff"
+"$PY" -m ruff check . || status=1
+log "mypy --strict (spec, operator)"
+"$PY" -m mypy || status=1
+log "CRD is generated from the spec model"
+"$PY" -m tgspec.crd --check . || status=1
+
+log "pytest"
+"$PY" -m pytest "$@"
+rc=$?
+if [ $rc -eq 5 ]; then log "pytest collected no tests"; rc=1; fi
+[ $rc -ne 0 ] && status=$rc
+log "finished in $(( $(date +%s) - T0 ))s with status $status"
+exit $status

@@ -192,7 +192,9 @@ def main(argv: list[str] | None = None) -> int:
             stale.append(str(rel))
             sys.stdout.writelines(
                 difflib.unified_diff(
-                    current.splitlines(True), text.splitlines(True), f"{rel} (committed)",
+                    current.splitlines(True),
+                    text.splitlines(True),
+                    f"{rel} (committed)",
                     f"{rel} (rendered)",
                 )
             )

@@ -253,10 +253,10 @@ def make_pki(pki: Path) -> None:
     cnf = pki / "openssl.cnf"
     cnf.write_text(OPENSSL_CNF)
     ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    common = [openssl, "req", "-config", cnf, "-x509", "-days", "3650", *ec]
+    common: list[str | Path] = [openssl, "req", "-config", cnf, "-x509", "-days", "3650", *ec]
     run([*common, "-extensions", "ca", "-subj", "/CN=tg-plane-ca",
          "-keyout", pki / "ca.key", "-out", pki / "ca.crt"])
-    issued = ["-CA", pki / "ca.crt", "-CAkey", pki / "ca.key"]
+    issued: list[str | Path] = ["-CA", pki / "ca.crt", "-CAkey", pki / "ca.key"]
     run([*common, *issued, "-extensions", "serving", "-subj", "/CN=tg-plane-serving",
          "-keyout", pki / "serving.key", "-out", pki / "serving.crt"])
     for stem, subject in CLIENTS.items():
@@ -393,8 +393,7 @@ class Plane:
     def spawn(self, name: str, args: Sequence[str | Path], health: str,
               env: dict[str, str] | None = None) -> None:
         log_path = self.logs / f"{name}.log"
-        binary = self.bin_dir / (args[0] if isinstance(args[0], str) else args[0].name)
-        cmd = [str(binary), *(str(a) for a in args[1:])]
+        cmd = [str(self.bin_dir / str(args[0])), *(str(a) for a in args[1:])]
         with log_path.open("ab") as out:
             out.write(f"# {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} "
                       f"plane: starting {' '.join(cmd)}\n".encode())
@@ -428,11 +427,10 @@ class Plane:
         t0 = time.monotonic()
         pending = dict(checks)
         while pending:
-            for key, check in list(pending.items()):
-                name = key.split(":", 1)[0]
-                proc = self.procs.get(name)
-                if proc is not None and proc.poll() is not None:
+            for name, proc in self.procs.items():  # any component dying fails the start-up
+                if proc.poll() is not None:
                     self.fail(name, f"{name} exited with code {proc.returncode} while starting")
+            for key, check in list(pending.items()):
                 if check():
                     log(f"{key} ready after {time.monotonic() - t0:.1f}s")
                     del pending[key]
@@ -473,8 +471,8 @@ class Plane:
                 raise PlaneError(f"missing {needed}; run hack/build-tools.sh (make k8s-tools)")
         self.state_dir.mkdir(parents=True, exist_ok=True)
         # Fresh cluster state on every start; the PKI is kept (it is cheap but not free).
-        for sub in ("etcd", "logs", "kubeconfigs", "kwok-home"):
-            shutil.rmtree(self.state_dir / sub, ignore_errors=True)
+        for name in ("etcd", "logs", "kubeconfigs", "kwok-home"):
+            shutil.rmtree(self.state_dir / name, ignore_errors=True)
         for sub in (self.logs, self.kc_dir, self.state_dir / "kwok-home"):
             sub.mkdir(parents=True)
         make_pki(self.pki)
@@ -498,7 +496,7 @@ class Plane:
                               "client-key": str(pki / f"{stem}.key")})
         kcm_kc = self.kc_dir / "kube-controller-manager.kubeconfig"
         sched_kc = self.kc_dir / "kube-scheduler.kubeconfig"
-        serving = ["--tls-cert-file", pki / "serving.crt",
+        serving: list[str | Path] = ["--tls-cert-file", pki / "serving.crt",
                    "--tls-private-key-file", pki / "serving.key"]
 
         # 1. etcd
@@ -520,6 +518,13 @@ class Plane:
             "--bind-address", LOOPBACK, "--advertise-address", LOOPBACK,
             "--secure-port", str(api_port), *serving,
             "--client-ca-file", ca,
+            # Published in kube-system/extension-apiserver-authentication, which the
+            # controller manager and scheduler read; without it they log errors forever.
+            "--requestheader-client-ca-file", ca,
+            "--requestheader-allowed-names", "tg-plane-front-proxy",
+            "--requestheader-username-headers", "X-Remote-User",
+            "--requestheader-group-headers", "X-Remote-Group",
+            "--requestheader-extra-headers-prefix", "X-Remote-Extra-",
             "--authorization-mode", "Node,RBAC",
             "--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
             "--service-account-key-file", pki / "sa.pub",
@@ -747,9 +752,11 @@ def running_state(state_dir: Path) -> PlaneState | None:
     state = PlaneState.load(state_dir)
     if state is None or len(state.live_components()) != len(state.components):
         return None
-    if not https_ok(f"{state.server}/readyz", tls_context(state_dir / "pki")):
+    try:
+        ctx = tls_context(state_dir / "pki")
+    except (OSError, ssl.SSLError):
         return None
-    return state
+    return state if https_ok(f"{state.server}/readyz", ctx) else None
 
 
 def up(state_dir: Path, bin_dir: Path | None = None, *, owner_pid: int | None = None,
@@ -835,13 +842,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.cmd == "_watchdog":
             watchdog(args.owner_pid, args.owner_start, args.pgid)
         elif args.cmd == "up":
-            state = up(args.state_dir, args.bin_dir, owner_pid=args.owner_pid,
-                       timeout_scale=args.timeout_scale)
-            mem = memory_report(state)
-            log("memory (RSS MiB): " + ", ".join(f"{n}={m}" for n, m in mem)
-                + f", total={sum(m for _, m in mem)}")
+            started = up(args.state_dir, args.bin_dir, owner_pid=args.owner_pid,
+                         timeout_scale=args.timeout_scale)
+            report = memory_report(started)
+            log("memory (RSS MiB): " + ", ".join(f"{n}={m}" for n, m in report)
+                + f", total={sum(m for _, m in report)}")
             log("to use it:")
-            for line in env_lines(state):
+            for line in env_lines(started):
                 print(line)
         elif args.cmd == "down":
             if down(args.state_dir.resolve()):

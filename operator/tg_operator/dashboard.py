@@ -215,7 +215,8 @@ class DashboardClient:
         try:
             await self._request("POST", "/api/jobs/", json_body=body)
         except DashboardRequestFailed as exc:
-            if exc.status in (400, 409) and "already exists" in exc.body:
+            # Ray answers a duplicate id with 400, 409 or a wrapped 500 (versions differ).
+            if "already exists" in exc.body:
                 return False
             raise
         return True
@@ -283,7 +284,7 @@ def _opt_int(value: Any) -> int | None:
 
 def _first_meaningful_line(text: str) -> str:
     """The last non-empty line of a traceback, or the first line of a message."""
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    lines = [ln.strip() for ln in text.strip().splitlines() if any(c.isalnum() for c in ln)]
     if not lines:
         return "(empty body)"
     if lines[0].startswith("Traceback"):

@@ -80,17 +80,19 @@ async def _finalize(ctx: Context, *, body: Mapping[str, Any], sink: EventSink, r
         tg = parse_resource(body)
     except SpecErrors:
         return "the spec was invalid, so nothing was created"
-    if previous.group_generation == 0 and not previous.submission_id:
-        return "no worker group was ever started"
+    url = previous.dashboard_url or ctx.config.dashboard_url(
+        cluster=names.cluster_name(tg), namespace=namespace
+    )
+    if not previous.submission_id and not await _server_job_exists(
+        ctx, tg=tg, url=url, generation=previous.group_generation
+    ):
+        return "no worker group was started for the current generation"
     if names.owns_cluster(tg):
         rc = await ctx.kube.get_raycluster(namespace=namespace, name=names.cluster_name(tg))
         if rc is None or rc.get("metadata", {}).get("deletionTimestamp"):
             msg = f"RayCluster {names.cluster_name(tg)} is gone; its Ray processes went with it"
             events.info(sink, reason="NothingToClean", message=msg)
             return msg
-    url = previous.dashboard_url or ctx.config.dashboard_url(
-        cluster=names.cluster_name(tg), namespace=namespace
-    )
     try:
         msg = await _clean_ray(ctx, tg=tg, status=previous, url=url)
     except DashboardError as exc:
@@ -112,6 +114,15 @@ async def _finalize(ctx: Context, *, body: Mapping[str, Any], sink: EventSink, r
     return msg
 
 
+async def _server_job_exists(ctx: Context, *, tg: TrainerGroup, url: str, generation: int) -> bool:
+    """Whether a server job was submitted without the status recording it (a crash window)."""
+    sid = names.server_submission_id(tg, generation=generation)
+    try:
+        return await ctx.dashboard(url).get_job(sid) is not None
+    except DashboardError:
+        return False
+
+
 class _NotYet(Exception):
     def __init__(self, message: str, *, delay: float) -> None:
         super().__init__(message)
@@ -123,7 +134,7 @@ async def _clean_ray(
 ) -> str:
     dash = ctx.dashboard(url)
     ray_ns = status.ray_namespace or tg.ray_namespace
-    gen = status.group_generation or 1
+    gen = status.group_generation
     result = await teardown.teardown_group(
         dash, tg, python=ctx.config.python, ray_namespace=ray_ns, generation=gen
     )
@@ -137,5 +148,5 @@ async def _clean_ray(
             f"teardown finished but workers are still alive: {', '.join(sorted(alive)[:5])}",
             delay=2.0,
         )
-    removed = await teardown.forget_jobs(dash, tg, generations=gen)
+    removed = await teardown.forget_jobs(dash, tg, up_to_generation=gen)
     return f"{result.message}; no live workers left in Ray namespace {ray_ns}; {removed} job records removed"

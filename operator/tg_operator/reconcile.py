@@ -154,7 +154,7 @@ class _Pass:
     # -- the flow ---------------------------------------------------------------------
     async def run(self) -> Step:
         tg, st = self.tg, self.written
-        if st.phase == "Failed" and st.group_generation > 0:
+        if st.phase == "Failed" and st.submission_id:
             # A new spec generation revives a failed group: start it over.
             step = await self.recreate(reason="the spec changed after a failure")
             if step is not None:
@@ -256,7 +256,7 @@ class _Pass:
         self, dash: DashboardClient, readiness: status_mod.ClusterReadiness
     ) -> Step:
         tg, st = self.tg, self.written
-        gen = st.group_generation or 1
+        gen = st.group_generation
         sid = names.server_submission_id(tg, generation=gen)
         job: JobInfo | None = None
         if st.submission_id == sid and st.worker_names:
@@ -405,8 +405,8 @@ class _Pass:
         """
         tg, st = self.tg, self.written
         gen = st.group_generation
-        if gen == 0:
-            return None
+        if not st.submission_id:
+            return None  # nothing was started for this generation
         url = st.dashboard_url or self.dashboard_url
         dash = self.ctx.dashboard(url)
         cluster_going = (
@@ -414,12 +414,23 @@ class _Pass:
             and bool(st.cluster_hash)
             and st.cluster_hash != spec_change.cluster_hash(tg.spec)
         )
-        if restart:
+        if restart and not st.message.startswith(f"tearing down group generation {gen}"):
             events.warn(
                 self.sink,
                 reason="Restarting",
                 message=f"{reason}; re-creating the group as generation {gen + 1}",
             )
+        # A group being replaced is not Ready: Degraded after a death, else starting over.
+        phase = "Degraded" if restart else "WorkersStarting"
+        await self.write(
+            status_mod.with_phase(
+                st,
+                phase=phase,
+                message=f"tearing down group generation {gen}: {reason}",
+                now=self.now,
+            )
+        )
+        st = self.written
         try:
             result = await teardown_group(
                 dash,

@@ -60,8 +60,8 @@ def cluster_hash(spec: TrainerGroupSpec) -> str:
 
 def classify(status: TrainerGroupStatus, spec: TrainerGroupSpec) -> SpecChange:
     """What the running group (as recorded in ``status``) needs after a spec change."""
-    if status.group_generation == 0:
-        return SpecChange.NONE  # no group yet: nothing to re-create
+    if not status.submission_id:
+        return SpecChange.NONE  # nothing started for this generation: nothing to re-create
     if status.cluster_hash and status.cluster_hash != cluster_hash(spec):
         return SpecChange.CLUSTER
     if status.spec_hash and status.spec_hash != group_hash(spec):

@@ -186,12 +186,17 @@ def worker_statuses(
                 )
             )
             continue
-        cause = a.death_cause if a.state == DEAD else ""
-        if a.state == DEAD and not cause:
+        cause = found.death_cause if found.state == DEAD else ""
+        if found.state == DEAD and not cause:
             cause = "the actor died (Ray gave no cause)"
         out.append(
             WorkerStatus(
-                name=name, rank=rank, state=a.state, node=a.node_id, pid=a.pid, cause=cause
+                name=name,
+                rank=rank,
+                state=found.state,
+                node=found.node_id,
+                pid=found.pid,
+                cause=cause,
             )
         )
     return out
@@ -207,8 +212,12 @@ def dead_workers(workers: Sequence[WorkerStatus]) -> list[WorkerStatus]:
     return [w for w in workers if w.state in (DEAD, NOT_FOUND)]
 
 
-def describe_dead(workers: Sequence[WorkerStatus]) -> str:
-    parts = [f"rank {w.rank} ({w.name}) is {w.state}: {w.cause}" for w in workers]
+def describe_dead(workers: Sequence[WorkerStatus], *, cause_chars: int = 240) -> str:
+    """``rank R (NAME) is DEAD: cause`` for each dead worker (long causes shortened)."""
+    parts = []
+    for w in workers:
+        cause = w.cause if len(w.cause) <= cause_chars else w.cause[: cause_chars - 3] + "..."
+        parts.append(f"rank {w.rank} ({w.name}) is {w.state}: {cause}")
     return "; ".join(parts)
 
 

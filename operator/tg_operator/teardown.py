@@ -101,10 +101,10 @@ async def teardown_group(
     )
 
 
-async def forget_jobs(dash: DashboardClient, tg: TrainerGroup, *, generations: int) -> int:
-    """Delete the finished job records of every generation (best effort); how many went."""
+async def forget_jobs(dash: DashboardClient, tg: TrainerGroup, *, up_to_generation: int) -> int:
+    """Delete the finished job records of generations 0..N (best effort); how many went."""
     removed = 0
-    for gen in range(1, generations + 1):
+    for gen in range(up_to_generation + 1):
         ids = [names.server_submission_id(tg, generation=gen)]
         ids += [
             names.teardown_submission_id(tg, generation=gen, attempt=a) for a in range(MAX_ATTEMPTS)

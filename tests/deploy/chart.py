@@ -55,6 +55,20 @@ def _load_render_module() -> ModuleType:
 render_manifests = _load_render_module()
 
 
+def client_job_script() -> str:
+    """The shell script the example client Job runs."""
+    job = yaml.safe_load(EXAMPLE_JOB.read_text())
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["bash", "-ceu"], container["command"]
+    return str(container["args"][0])
+
+
+def client_job_wait_snippet() -> str:
+    """The Python the client Job runs first: wait for Ready, print status.rayAddress."""
+    script = client_job_script()
+    return script.split("<<'PY'\n", 1)[1].split("\nPY\n", 1)[0] + "\n"
+
+
 def find_helm() -> str:
     """The helm binary ($HELM, PATH, or the control plane's tool set); FileNotFoundError if none."""
     return render_manifests.find_helm()
@@ -83,8 +97,9 @@ HELM_ENV = {
 def run_helm(helm: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     """Run helm with no cluster (template, lint, show); HelmError on failure when check."""
     cmd = [helm, *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False,
-                          env=HELM_ENV)
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=120, check=False, env=HELM_ENV
+    )
     if check and proc.returncode != 0:
         raise HelmError(proc.returncode, cmd, proc.stdout, proc.stderr)
     return proc
@@ -109,8 +124,16 @@ def template(
     with tempfile.TemporaryDirectory() as tmp:
         vfile = values_file(values, Path(tmp))
         proc = run_helm(
-            helm, "template", release, str(CHART), "--namespace", namespace,
-            "-f", str(vfile), *extra, check=check,
+            helm,
+            "template",
+            release,
+            str(CHART),
+            "--namespace",
+            namespace,
+            "-f",
+            str(vfile),
+            *extra,
+            check=check,
         )
     if proc.returncode != 0:
         return proc
@@ -145,43 +168,74 @@ def crd() -> dict[str, Any]:
 # What the operator needs, and what it must not have (one list for every RBAC test)
 # ---------------------------------------------------------------------------------------------
 
+
+def rule_triples(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    """(apiGroup, resource[/subresource], verb) for every combination a rule list grants."""
+    return {
+        (g, r, v)
+        for rule in rules
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
+
+
+def as_check(group: str, resource: str, verb: str) -> tuple[str, str]:
+    """(verb, "resource[.group][/subresource]") as kubectl auth can-i writes it."""
+    base, _, sub = resource.partition("/")
+    name = f"{base}.{group}" if group else base
+    return verb, f"{name}/{sub}" if sub else name
+
+
+def operator_rules() -> list[dict[str, Any]]:
+    """The operator's own declaration of what it needs (tg_operator.rbac.OPERATOR_RULES)."""
+    from tg_operator import rbac
+
+    return rbac.OPERATOR_RULES
+
+
 # (verb, resource[.group][/subresource]) the operator needs in each namespace it watches.
-OPERATOR_NEEDS: list[tuple[str, str]] = [
-    *((v, "trainergroups.trainergroup.io") for v in ("get", "list", "watch", "patch", "update")),
-    *((v, "trainergroups.trainergroup.io/status") for v in ("get", "patch", "update")),
-    ("update", "trainergroups.trainergroup.io/finalizers"),
-    *((v, "rayclusters.ray.io") for v in
-      ("get", "list", "watch", "create", "patch", "update", "delete")),
-    *((v, "pods") for v in ("get", "list", "watch")),
-    ("create", "events"), ("patch", "events"),
-    ("create", "events.events.k8s.io"), ("patch", "events.events.k8s.io"),
-]
-# Cluster-scoped needs: kopf's discovery (always, rbac.crdDiscovery) and, watching all
-# namespaces, the namespaces themselves.
-OPERATOR_NEEDS_CLUSTER_CRD = [
+OPERATOR_NEEDS: list[tuple[str, str]] = sorted(as_check(*t) for t in rule_triples(operator_rules()))
+# Optional cluster-scoped read (rbac.crdDiscovery).
+CRD_DISCOVERY = [
     (v, "customresourcedefinitions.apiextensions.k8s.io") for v in ("get", "list", "watch")
 ]
-OPERATOR_NEEDS_CLUSTER_ALL_NS = [("list", "namespaces"), ("watch", "namespaces")]
 
 # Requests outside the operator's job: each must be denied.
 OPERATOR_DENIED: list[tuple[str, str]] = [
-    ("get", "secrets"), ("list", "secrets"), ("watch", "secrets"),
-    ("get", "configmaps"), ("create", "configmaps"),
-    ("create", "trainergroups.trainergroup.io"), ("delete", "trainergroups.trainergroup.io"),
+    ("get", "secrets"),
+    ("list", "secrets"),
+    ("watch", "secrets"),
+    ("get", "configmaps"),
+    ("create", "configmaps"),
+    ("create", "trainergroups.trainergroup.io"),
+    ("delete", "trainergroups.trainergroup.io"),
     ("deletecollection", "rayclusters.ray.io"),
-    ("create", "pods"), ("delete", "pods"), ("create", "pods/exec"), ("get", "pods/log"),
-    ("create", "serviceaccounts/token"), ("impersonate", "serviceaccounts"),
-    ("create", "deployments.apps"), ("patch", "deployments.apps"),
+    ("update", "rayclusters.ray.io"),
+    ("delete", "trainergroups.trainergroup.io/status"),
+    ("create", "pods"),
+    ("delete", "pods"),
+    ("create", "pods/exec"),
+    ("get", "pods/log"),
+    ("create", "serviceaccounts/token"),
+    ("impersonate", "serviceaccounts"),
+    ("create", "deployments.apps"),
+    ("patch", "deployments.apps"),
     ("create", "rolebindings.rbac.authorization.k8s.io"),
     ("escalate", "roles.rbac.authorization.k8s.io"),
     ("bind", "clusterroles.rbac.authorization.k8s.io"),
-    ("create", "services"), ("create", "rayjobs.ray.io"),
+    ("create", "services"),
+    ("create", "rayjobs.ray.io"),
 ]
 OPERATOR_DENIED_CLUSTER = [
+    ("list", "namespaces"),
+    ("get", "customresourcedefinitions.apiextensions.k8s.io"),
     ("create", "customresourcedefinitions.apiextensions.k8s.io"),
     ("update", "customresourcedefinitions.apiextensions.k8s.io"),
     ("delete", "customresourcedefinitions.apiextensions.k8s.io"),
-    ("create", "namespaces"), ("delete", "namespaces"), ("get", "nodes"),
+    ("create", "namespaces"),
+    ("delete", "namespaces"),
+    ("get", "nodes"),
     ("create", "clusterrolebindings.rbac.authorization.k8s.io"),
 ]
 
@@ -220,10 +274,13 @@ class ChartRelease:
         return f"system:serviceaccount:{self.namespace}:{self.operator_service_account}"
 
     def operator_env(self) -> dict[str, str]:
-        """The env the chart gives the operator container (values only, no valueFrom)."""
+        """The env the chart gives the operator container (values only, no valueFrom; the API
+        server drops empty values, so those read as "")."""
         deploy = self.plane.kubectl_json("get", "deployment", self.deployment, "-n", self.namespace)
         container = deploy["spec"]["template"]["spec"]["containers"][0]
-        return {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+        return {
+            e["name"]: e.get("value", "") for e in container.get("env", []) if "valueFrom" not in e
+        }
 
     def client_kubeconfig(self, name: str, namespace: str | None = None) -> Path:
         """A kubeconfig for one of the chart's client ServiceAccounts (values `clients`)."""
@@ -242,14 +299,23 @@ class ChartRelease:
 
 
 def _helm_install(
-    plane: KubePlane, verb: str, release: str, namespace: str, values: dict[str, Any],
-    *, wait: bool,
+    plane: KubePlane,
+    verb: str,
+    release: str,
+    namespace: str,
+    values: dict[str, Any],
+    *,
+    wait: bool,
 ) -> subprocess.CompletedProcess[str]:
     with tempfile.TemporaryDirectory() as tmp:
         vfile = values_file(values, Path(tmp))
         args = [verb, release, str(CHART), "-n", namespace, "-f", str(vfile)]
         if verb == "install":
             args.append("--create-namespace")
+        else:
+            # `values` is the whole set: without this, an upgrade with empty values silently
+            # keeps the previous release's values.
+            args.append("--reset-values")
         if wait:
             args += ["--wait", "--timeout", "180s"]
         return plane.helm(*args)
@@ -277,22 +343,59 @@ def install_chart(
     return partial
 
 
-def can_i(
-    plane: KubePlane, subject: str, verb: str, resource: str, *, namespace: str | None = None,
-    name: str | None = None,
-) -> bool:
-    """`kubectl auth can-i VERB RESOURCE[/NAME] --as SUBJECT` (namespace None: cluster-wide)."""
-    target = f"{resource}/{name}" if name else resource
-    args = ["auth", "can-i", verb, target, "--as", subject]
-    if subresource_split := resource.split("/", 1)[1:]:
-        base = resource.split("/", 1)[0]
-        args = ["auth", "can-i", verb, f"{base}/{name}" if name else base,
-                "--subresource", subresource_split[0], "--as", subject]
-    args += ["-n", namespace] if namespace else ["--all-namespaces"]
-    proc = plane.kubectl(*args, check=False)
-    answer = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
-    if answer not in ("yes", "no"):
-        raise AssertionError(f"kubectl {' '.join(args)}: unexpected answer {proc.stdout!r} "
-                             f"{proc.stderr!r}")
-    return answer == "yes"
+def parse_check(resource: str) -> tuple[str, str, str]:
+    """ "rayclusters.ray.io" -> (group, resource, subresource); "pods/log" -> ("", "pods", "log")."""
+    base, _, sub = resource.partition("/")
+    name, _, group = base.partition(".")
+    return group, name, sub
 
+
+def access(
+    kubeconfig: Path,
+    checks: list[tuple[str, str]],
+    *,
+    namespace: str | None,
+    name: str | None = None,
+) -> dict[tuple[str, str], bool]:
+    """What the API server's authorizer answers for the kubeconfig's own identity (a real
+    token: SelfSubjectAccessReview), for each (verb, "resource[.group][/subresource]").
+    namespace None asks cluster-wide (all namespaces)."""
+    from kubernetes import client, config
+
+    api = config.new_client_from_config(config_file=str(kubeconfig))
+    try:
+        authz = client.AuthorizationV1Api(api)
+        out = {}
+        for verb, resource in checks:
+            group, plural, sub = parse_check(resource)
+            attrs = client.V1ResourceAttributes(
+                namespace=namespace,
+                verb=verb,
+                group=group,
+                resource=plural,
+                subresource=sub or None,
+                name=name,
+            )
+            review = authz.create_self_subject_access_review(
+                client.V1SelfSubjectAccessReview(
+                    spec=client.V1SelfSubjectAccessReviewSpec(resource_attributes=attrs)
+                )
+            )
+            out[(verb, resource)] = bool(review.status.allowed)
+        return out
+    finally:
+        api.close()
+
+
+def whoami(kubeconfig: Path) -> str:
+    """The user name the API server authenticates the kubeconfig as (SelfSubjectReview)."""
+    from kubernetes import client, config
+
+    api = config.new_client_from_config(config_file=str(kubeconfig))
+    try:
+        review = client.AuthenticationV1Api(api).create_self_subject_review(
+            client.V1SelfSubjectReview()
+        )
+        return str(review.status.user_info.username)
+    finally:
+        api.close()

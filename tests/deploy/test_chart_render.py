@@ -5,6 +5,7 @@ OpenAPI schemas, the CRD's schema). No cluster needed: see test_chart_k8s.py for
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -14,9 +15,9 @@ from typing import Any
 
 import jsonschema
 import pytest
+import tgspec
 import yaml
 
-import tgspec
 from tests.deploy.chart import (
     CHART,
     CRD_FILE,
@@ -25,9 +26,14 @@ from tests.deploy.chart import (
     MANIFESTS,
     REPO,
     by_kind,
+    client_job_script,
+    client_job_wait_snippet,
     contract_env_vars,
     crd,
+    find_helm,
     one,
+    operator_rules,
+    rule_triples,
     run_helm,
     template,
 )
@@ -37,21 +43,41 @@ K8S_VERSION = "1.34.0"  # hack/versions.env KUBERNETES_VERSION's minor
 NAMESPACED = {"watchNamespaces": ["team-a", "team-b"]}
 EVERYTHING = {
     "watchNamespaces": ["team-a"],
-    "metrics": {"port": 9191, "service": {"enabled": True, "type": "ClusterIP"},
-                "serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}},
-    "clients": [{"name": "tg-client", "namespace": "team-a", "trainerGroups": ["a", "b"]},
-                {"name": "tg-client-2", "trainerGroups": ["c"]}],
+    "metrics": {
+        "port": 9191,
+        "service": {"enabled": True, "type": "ClusterIP"},
+        "serviceMonitor": {"enabled": True, "labels": {"release": "prom"}},
+    },
+    "clients": [
+        {"name": "tg-client", "namespace": "team-a", "trainerGroups": ["a", "b"]},
+        {"name": "tg-client-2", "trainerGroups": ["c"]},
+    ],
     "extraEnv": [{"name": "EXTRA", "value": "1"}],
     "nodeSelector": {"kubernetes.io/os": "linux"},
-    "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ops",
-                     "effect": "NoSchedule"}],
-    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-        "nodeSelectorTerms": [{"matchExpressions": [
-            {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}]}]}}},
+    "tolerations": [
+        {"key": "dedicated", "operator": "Equal", "value": "ops", "effect": "NoSchedule"}
+    ],
+    "affinity": {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchExpressions": [
+                            {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}
+                        ]
+                    }
+                ]
+            }
+        }
+    },
     "imagePullSecrets": [{"name": "regcred"}],
     "podAnnotations": {"a": "b"},
     "priorityClassName": "system-cluster-critical",
-    "serviceAccount": {"create": True, "name": "custom-sa", "annotations": {"example.com/role": "operator"}},
+    "serviceAccount": {
+        "create": True,
+        "name": "custom-sa",
+        "annotations": {"example.com/role": "operator"},
+    },
 }
 VARIANTS = {"defaults": {}, "namespaced": NAMESPACED, "everything": EVERYTHING}
 
@@ -74,12 +100,18 @@ def test_helm_lint_strict(helm: str, variant: str, tmp_path: Path) -> None:
         ("bogus=1", "at '': additional properties 'bogus' not allowed"),
         ("image.bogus=1", "at '/image': additional properties 'bogus' not allowed"),
         ("rbac.bogus=1", "at '/rbac': additional properties 'bogus' not allowed"),
-        ("metrics.serviceMonitor.bogus=1",
-         "at '/metrics/serviceMonitor': additional properties 'bogus' not allowed"),
-        ("securityContext.bogus=1",
-         "at '/securityContext': additional properties 'bogus' not allowed"),
-        ("clients[0].name=c,clients[0].trainerGroups[0]=x,clients[0].bogus=1",
-         "at '/clients/0': additional properties 'bogus' not allowed"),
+        (
+            "metrics.serviceMonitor.bogus=1",
+            "at '/metrics/serviceMonitor': additional properties 'bogus' not allowed",
+        ),
+        (
+            "securityContext.bogus=1",
+            "at '/securityContext': additional properties 'bogus' not allowed",
+        ),
+        (
+            "clients[0].name=c,clients[0].trainerGroups[0]=x,clients[0].bogus=1",
+            "at '/clients/0': additional properties 'bogus' not allowed",
+        ),
         # typos of real keys are the point of rejecting unknown keys
         ("watchNamespace={a}", "additional properties 'watchNamespace' not allowed"),
         ("serviceaccount.create=false", "additional properties 'serviceaccount' not allowed"),
@@ -132,7 +164,9 @@ def test_values_schema_is_closed_everywhere() -> None:
         if node.get("type") == "object" and path not in _OPAQUE:
             extra = node.get("additionalProperties")
             if "properties" in node and extra is not False:
-                problems.append(f"{path or '/'}: has properties but not additionalProperties: false")
+                problems.append(
+                    f"{path or '/'}: has properties but not additionalProperties: false"
+                )
             if "properties" not in node and not isinstance(extra, dict):
                 problems.append(f"{path or '/'}: an open object (no properties, untyped values)")
         for key, sub in node.get("properties", {}).items():
@@ -176,36 +210,33 @@ def test_rendered_objects_match_kubernetes_schemas(helm: str, variant: str) -> N
         try:
             kv.validate(doc, K8S_VERSION, strict=True)
         except kv.ValidationError as exc:
-            pytest.fail(f"{variant}: {name} is not a valid {doc['apiVersion']} {doc['kind']}: "
-                        f"{getattr(exc, 'message', str(exc).splitlines()[0])} at "
-                        f"{list(getattr(exc, 'path', []))}")
+            pytest.fail(
+                f"{variant}: {name} is not a valid {doc['apiVersion']} {doc['kind']}: "
+                f"{getattr(exc, 'message', str(exc).splitlines()[0])} at "
+                f"{list(getattr(exc, 'path', []))}"
+            )
 
 
 def _rules(role: dict[str, Any]) -> set[tuple[str, str, str]]:
     """(apiGroup, resource, verb) triples of a (Cluster)Role; resourceNames must be absent."""
-    out = set()
     for rule in role["rules"]:
         assert "resourceNames" not in rule and "nonResourceURLs" not in rule, rule
-        for g in rule["apiGroups"]:
-            for r in rule["resources"]:
-                for v in rule["verbs"]:
-                    out.add((g, r, v))
-    return out
+    return rule_triples(role["rules"])
 
 
-NAMESPACED_RULES = {
-    *(("trainergroup.io", "trainergroups", v) for v in ("get", "list", "watch", "patch", "update")),
-    *(("trainergroup.io", "trainergroups/status", v) for v in ("get", "patch", "update")),
-    ("trainergroup.io", "trainergroups/finalizers", "update"),
-    *(("ray.io", "rayclusters", v) for v in
-      ("get", "list", "watch", "create", "patch", "update", "delete")),
-    *(("", "pods", v) for v in ("get", "list", "watch")),
-    ("", "events", "create"), ("", "events", "patch"),
-    ("events.k8s.io", "events", "create"), ("events.k8s.io", "events", "patch"),
+NAMESPACED_RULES = rule_triples(operator_rules())
+CRD_RULES = {
+    ("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("get", "list", "watch")
 }
-CRD_RULES = {("apiextensions.k8s.io", "customresourcedefinitions", v)
-             for v in ("get", "list", "watch")}
-NAMESPACE_RULES = {("", "namespaces", "list"), ("", "namespaces", "watch")}
+
+
+def test_operator_rules_are_the_operators_own_list(helm: str) -> None:
+    """The chart grants what tg_operator.rbac declares, and that list stays small."""
+    assert NAMESPACED_RULES, "tg_operator.rbac.OPERATOR_RULES is empty"
+    assert not {r for _, r, _ in NAMESPACED_RULES} & {"secrets", "configmaps", "*"}
+    # The chart's RBAC template must not drift from the operator's declaration (both ways).
+    docs = template_docs({})
+    assert _rules(one(docs, "ClusterRole")) == NAMESPACED_RULES
 
 
 def test_rbac_all_namespaces_is_one_clusterrole(helm: str) -> None:
@@ -213,13 +244,24 @@ def test_rbac_all_namespaces_is_one_clusterrole(helm: str) -> None:
     assert isinstance(docs, list)
     assert not by_kind(docs, "Role") and not by_kind(docs, "RoleBinding")
     role = one(docs, "ClusterRole")
-    assert _rules(role) == NAMESPACED_RULES | CRD_RULES | NAMESPACE_RULES
+    assert _rules(role) == NAMESPACED_RULES
+    docs = template_docs({"rbac": {"create": True, "crdDiscovery": True}})
+    assert _rules(one(docs, "ClusterRole")) == NAMESPACED_RULES | CRD_RULES
+    docs = template_docs({})
     binding = one(docs, "ClusterRoleBinding")
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io",
-                                  "kind": "ClusterRole", "name": role["metadata"]["name"]}
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": role["metadata"]["name"],
+    }
     sa = one(docs, "ServiceAccount")
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
-                                    "namespace": "trainergroup-system"}]
+    assert binding["subjects"] == [
+        {
+            "kind": "ServiceAccount",
+            "name": sa["metadata"]["name"],
+            "namespace": "trainergroup-system",
+        }
+    ]
     env = _env(one(docs, "Deployment"))
     assert env["TG_NAMESPACES"] == ""
 
@@ -236,15 +278,17 @@ def test_rbac_listed_namespaces_get_a_role_each(helm: str) -> None:
     sa = one(docs, "ServiceAccount")["metadata"]["name"]
     for b in bindings:
         assert b["roleRef"]["kind"] == "Role"
-        assert b["subjects"] == [{"kind": "ServiceAccount", "name": sa,
-                                  "namespace": "trainergroup-system"}]
-    # Cluster-wide: only read-only CRD discovery, nothing about TrainerGroups or namespaces.
-    assert _rules(one(docs, "ClusterRole")) == CRD_RULES
+        assert b["subjects"] == [
+            {"kind": "ServiceAccount", "name": sa, "namespace": "trainergroup-system"}
+        ]
+    # Nothing cluster-scoped by default; with crdDiscovery only read-only CRD access.
+    assert not by_kind(docs, "ClusterRole") and not by_kind(docs, "ClusterRoleBinding")
     assert _env(one(docs, "Deployment"))["TG_NAMESPACES"] == "team-a,team-b"
 
-    docs = template(helm, {**NAMESPACED, "rbac": {"create": True, "crdDiscovery": False}})
-    assert isinstance(docs, list)
-    assert not by_kind(docs, "ClusterRole") and not by_kind(docs, "ClusterRoleBinding")
+    docs = template_docs({**NAMESPACED, "rbac": {"create": True, "crdDiscovery": True}})
+    assert _rules(one(docs, "ClusterRole")) == CRD_RULES
+    binding = one(docs, "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == one(docs, "ClusterRole")["metadata"]["name"]
     docs = template(helm, {"rbac": {"create": False, "crdDiscovery": True}})
     assert isinstance(docs, list)
     assert not [d for d in docs if d["kind"].endswith(("Role", "RoleBinding"))]
@@ -260,6 +304,12 @@ def test_no_rule_reaches_secrets_or_wildcards(helm: str, variant: str) -> None:
                 assert "*" not in rule.get(key, []), (role["metadata"]["name"], rule)
             assert not {"secrets", "configmaps", "serviceaccounts/token"} & set(rule["resources"])
             assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"])
+
+
+def template_docs(values: dict[str, Any]) -> list[dict[str, Any]]:
+    docs = template(find_helm(), values)
+    assert isinstance(docs, list)
+    return docs
 
 
 def _env(deploy: dict[str, Any]) -> dict[str, str]:
@@ -329,8 +379,11 @@ def test_deployment_env_is_the_contract(helm: str) -> None:
         "watchTimeoutSeconds": 60,
         "pythonExecutable": "/usr/bin/python3",
         "livenessPort": 8181,
-        "metrics": {"port": 9191, "service": {"enabled": True},
-                    "serviceMonitor": {"enabled": False}},
+        "metrics": {
+            "port": 9191,
+            "service": {"enabled": True},
+            "serviceMonitor": {"enabled": False},
+        },
     }
     docs = template(helm, custom)
     assert isinstance(docs, list)
@@ -346,7 +399,9 @@ def test_deployment_env_is_the_contract(helm: str) -> None:
     assert env["TG_METRICS_PORT"] == "9191"
     container = deploy["spec"]["template"]["spec"]["containers"][0]
     assert {p["name"]: p["containerPort"] for p in container["ports"]} == {
-        "healthz": 8181, "metrics": 9191}
+        "healthz": 8181,
+        "metrics": 9191,
+    }
     # The operator's own parser accepts what the chart renders.
     settings = pytest.importorskip("tg_operator.settings")
     config = settings.OperatorConfig.from_env({k: v for k, v in env.items() if v is not None})
@@ -373,12 +428,22 @@ def test_metrics_service_and_servicemonitor_select_the_operator(helm: str) -> No
 
     docs = template(helm, {})
     assert isinstance(docs, list) and not by_kind(docs, "ServiceMonitor")
-    off = {"metrics": {"port": 9090, "service": {"enabled": False},
-                       "serviceMonitor": {"enabled": False}}}
+    off = {
+        "metrics": {
+            "port": 9090,
+            "service": {"enabled": False},
+            "serviceMonitor": {"enabled": False},
+        }
+    }
     docs = template(helm, off)
     assert isinstance(docs, list) and not by_kind(docs, "Service")
-    bad = {"metrics": {"port": 9090, "service": {"enabled": False},
-                       "serviceMonitor": {"enabled": True}}}
+    bad = {
+        "metrics": {
+            "port": 9090,
+            "service": {"enabled": False},
+            "serviceMonitor": {"enabled": True},
+        }
+    }
     proc = template(helm, bad, check=False)
     assert isinstance(proc, subprocess.CompletedProcess)
     assert "a ServiceMonitor scrapes a Service" in proc.stderr
@@ -387,11 +452,15 @@ def test_metrics_service_and_servicemonitor_select_the_operator(helm: str) -> No
 def test_client_rbac_reads_named_trainergroups_only(helm: str) -> None:
     docs = template(helm, EVERYTHING)
     assert isinstance(docs, list)
-    clients = [d for d in docs
-               if d["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "client"]
+    clients = [
+        d
+        for d in docs
+        if d["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "client"
+    ]
     by = {(d["kind"], d["metadata"]["namespace"], d["metadata"]["name"]): d for d in clients}
     assert set(by) == {
-        ("ServiceAccount", "team-a", "tg-client"), ("Role", "team-a", "tg-client"),
+        ("ServiceAccount", "team-a", "tg-client"),
+        ("Role", "team-a", "tg-client"),
         ("RoleBinding", "team-a", "tg-client"),
         # no namespace: the release namespace
         ("ServiceAccount", "trainergroup-system", "tg-client-2"),
@@ -399,11 +468,18 @@ def test_client_rbac_reads_named_trainergroups_only(helm: str) -> None:
         ("RoleBinding", "trainergroup-system", "tg-client-2"),
     }
     role = by[("Role", "team-a", "tg-client")]
-    assert role["rules"] == [{"apiGroups": ["trainergroup.io"], "resources": ["trainergroups"],
-                              "resourceNames": ["a", "b"], "verbs": ["get", "list", "watch"]}]
+    assert role["rules"] == [
+        {
+            "apiGroups": ["trainergroup.io"],
+            "resources": ["trainergroups"],
+            "resourceNames": ["a", "b"],
+            "verbs": ["get", "watch"],
+        }
+    ]
     binding = by[("RoleBinding", "team-a", "tg-client")]
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "tg-client",
-                                    "namespace": "team-a"}]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "tg-client", "namespace": "team-a"}
+    ]
     assert binding["roleRef"]["name"] == "tg-client"
     assert not by_kind(template(helm, {}), "RoleBinding")  # type: ignore[arg-type]
 
@@ -424,12 +500,15 @@ def test_image_defaults_to_the_app_version(helm: str) -> None:
 def test_manifests_are_rendered_from_the_chart(helm: str) -> None:
     proc = subprocess.run(
         [sys.executable, str(REPO / "charts" / "render_manifests.py"), "--check"],
-        capture_output=True, text=True, env={**__import__("os").environ, "HELM": helm},
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HELM": helm},
         check=False,
     )
     assert proc.returncode == 0, (
         "manifests/ differs from the chart's render; run `make chart-manifests`\n"
-        + proc.stdout[-4000:] + proc.stderr
+        + proc.stdout[-4000:]
+        + proc.stderr
     )
 
 
@@ -441,8 +520,9 @@ def test_crd_copies_are_the_generated_one() -> None:
         assert path.read_text() == generated, f"{path} is stale: run `python -m tgspec.crd .`"
 
 
-@pytest.mark.parametrize("path", sorted(p.relative_to(MANIFESTS).as_posix()
-                                        for p in MANIFESTS.rglob("*.yaml")))
+@pytest.mark.parametrize(
+    "path", sorted(p.relative_to(MANIFESTS).as_posix() for p in MANIFESTS.rglob("*.yaml"))
+)
 def test_every_manifest_is_valid(path: str) -> None:
     """Every object under manifests/ is valid: built-in kinds against the Kubernetes schemas
     (strict), TrainerGroups against the CRD's schema, the CRD against apiextensions/v1."""
@@ -456,8 +536,10 @@ def test_every_manifest_is_valid(path: str) -> None:
         try:
             kv.validate(doc, K8S_VERSION, strict=True)
         except kv.ValidationError as exc:
-            pytest.fail(f"{path}: {doc['kind']}/{doc['metadata']['name']}: "
-                        f"{getattr(exc, 'message', str(exc).splitlines()[0])}")
+            pytest.fail(
+                f"{path}: {doc['kind']}/{doc['metadata']['name']}: "
+                f"{getattr(exc, 'message', str(exc).splitlines()[0])}"
+            )
 
 
 # ---- the examples ----------------------------------------------------------------------------
@@ -484,9 +566,15 @@ def test_example_trainergroup_is_the_seed_shape() -> None:
     assert s.ray_cluster.workers.replicas == 1 and s.ray_cluster.workers.gpus_per_worker == 2
     assert s.workers.use_gpu
     m = s.model
-    assert (m.vocab_size, m.hidden_size, m.num_layers, m.num_attention_heads,
-            m.ffn_hidden_size, m.max_sequence_length, m.dtype) == (
-        256, 2048, 24, 16, 5504, 1024, "bfloat16")
+    assert (
+        m.vocab_size,
+        m.hidden_size,
+        m.num_layers,
+        m.num_attention_heads,
+        m.ffn_hidden_size,
+        m.max_sequence_length,
+        m.dtype,
+    ) == (256, 2048, 24, 16, 5504, 1024, "bfloat16")
     assert (s.training.batch_size, s.training.sequence_length) == (16, 1024)
     assert (s.optimizer.lr, s.optimizer.clip_grad) == (1e-6, 1.0)
     assert s.ray_version == "2.60.0"
@@ -514,10 +602,20 @@ def test_client_job_runs_the_client_against_the_example() -> None:
     pod = job["spec"]["template"]["spec"]
     assert job["metadata"]["namespace"] == tg.namespace
     (container,) = pod["containers"]
-    argv = container["command"] + container["args"]
-    assert argv[:3] == ["python", "-m", "tgruntime.client"]
-    assert argv[argv.index("--trainergroup") + 1] == tg.name
-    assert argv[argv.index("--steps") + 1] == "10"
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["TG_NAME"] == tg.name and env["TG_STEPS"] == "10"
+    script = client_job_script()
+    # waits for Ready, joins the Ray cluster as a resource-less node, then runs the client
+    assert 'ray start --address="$ADDR" --num-cpus=0 --num-gpus=0' in script
+    assert (
+        'python -m tgruntime.client --trainergroup "$TG_NAME" --namespace "$POD_NAMESPACE"'
+        in script
+    )
+    assert '--steps "$TG_STEPS"' in script
+    assert script.index("ray start") < script.index("python -m tgruntime.client")
+    proc = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    compile(client_job_wait_snippet(), "client-job wait snippet", "exec")
     # The client runs in the runtime image the workers run (same Ray, same Python).
     assert container["image"] == tg.spec.image
     # Its ServiceAccount is the one manifests/client/rbac.yaml lets read this TrainerGroup.
@@ -529,6 +627,10 @@ def test_client_job_runs_the_client_against_the_example() -> None:
     assert role["rules"][0]["resourceNames"] == [tg.name]
     assert pod["restartPolicy"] == "Never" and job["spec"]["backoffLimit"] == 0
     assert pod["securityContext"]["runAsNonRoot"] is True
+    # Ray's object store needs a real /dev/shm
+    (shm,) = [m for m in container["volumeMounts"] if m["mountPath"] == "/dev/shm"]
+    (vol,) = [v for v in pod["volumes"] if v["name"] == shm["name"]]
+    assert vol["emptyDir"]["medium"] == "Memory"
 
 
 def test_namespace_manifest_enforces_restricted_pod_security(helm: str) -> None:

@@ -64,7 +64,12 @@ def pod(
     conditions: list[dict[str, Any]] = []
     if unschedulable is not None:
         conditions.append(
-            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": unschedulable}
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": unschedulable,
+            }
         )
     else:
         conditions.append({"type": "PodScheduled", "status": "True"})
@@ -84,7 +89,9 @@ def raycluster_obj(
             {
                 "type": "RayClusterProvisioned",
                 "status": "True" if provisioned else "False",
-                "reason": "AllPodRunningAndReadyFirstTime" if provisioned else "RayClusterPodsProvisioning",
+                "reason": "AllPodRunningAndReadyFirstTime"
+                if provisioned
+                else "RayClusterPodsProvisioning",
                 "message": "" if provisioned else "pods are provisioning",
             }
         ]

@@ -8,9 +8,9 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+import tgspec
 import torch
 import torch.distributed as dist
-import tgspec
 
 VOCAB, HIDDEN, LAYERS, HEADS, FFN, SEQ, BATCH = 128, 64, 2, 4, 128, 32, 4
 
@@ -32,7 +32,11 @@ def tiny_spec(
                 **model,
             },
             "optimizer": {"lr": 3e-3, "clipGrad": 1.0, "weightDecay": 0.01},
-            "training": {"batchSize": BATCH, "sequenceLength": SEQ, "checkpointDir": checkpoint_dir},
+            "training": {
+                "batchSize": BATCH,
+                "sequenceLength": SEQ,
+                "checkpointDir": checkpoint_dir,
+            },
         },
         local=True,
     )
@@ -47,8 +51,14 @@ def _quiet() -> None:
     torch.set_num_threads(1)
 
 
-def _run(spec: tgspec.TrainerGroupSpec, steps: int, *, data: torch.Tensor, save_after: int = 0,
-         save_path: str = "") -> dict[str, Any]:
+def _run(
+    spec: tgspec.TrainerGroupSpec,
+    steps: int,
+    *,
+    data: torch.Tensor,
+    save_after: int = 0,
+    save_path: str = "",
+) -> dict[str, Any]:
     from tgruntime.trainer import TrainEngine
 
     engine = TrainEngine.create(spec=spec)
@@ -87,11 +97,17 @@ def parallel_suite(*, checkpoint_dir: str) -> dict[str, Any]:
         out["pp"] = _run(tiny_spec(pp=2), 4, data=fixed_batch())
         rank = dist.get_rank()
         # Data parallel: each rank trains on its own half of an 8-sample batch.
-        out["dp"] = _run(tiny_spec(), 3, data=fixed_batch(batch=2 * BATCH)[rank * BATCH : (rank + 1) * BATCH])
+        out["dp"] = _run(
+            tiny_spec(), 3, data=fixed_batch(batch=2 * BATCH)[rank * BATCH : (rank + 1) * BATCH]
+        )
         # The other model branches: CPU-safe RoPE, GQA split over TP (1 group per rank),
         # LayerNorm and GELU.
         variant = tiny_spec(
-            tp=2, positionEmbedding="rope", numQueryGroups=2, normalization="LayerNorm", activation="gelu"
+            tp=2,
+            positionEmbedding="rope",
+            numQueryGroups=2,
+            normalization="LayerNorm",
+            activation="gelu",
         )
         out["variant"] = _run(variant, 3, data=fixed_batch())
         return out
@@ -115,3 +131,47 @@ def resume(*, checkpoint_dir: str, steps: int) -> dict[str, Any]:
         }
     finally:
         engine.shutdown()
+
+
+def gpu_train_and_resume(*, checkpoint_dir: str) -> dict[str, Any]:
+    """One GPU: bf16 training on a small model, checkpoint after step 3, a fresh engine resumes."""
+    _quiet()
+    from tgruntime.trainer import TrainEngine
+    from tgruntime.trainer.distributed import init_process_group
+    from tgruntime.trainer.settings import resolve_settings
+
+    spec = tgspec.parse_spec(
+        {
+            "workers": {"useGpu": True, "processesPerNode": [1]},
+            "model": {
+                "vocabSize": 512,
+                "hiddenSize": 256,
+                "numLayers": 2,
+                "numAttentionHeads": 8,
+                "numQueryGroups": 4,
+                "ffnHiddenSize": 688,
+                "maxSequenceLength": 128,
+            },
+            "optimizer": {"lr": 3e-3},
+            "training": {"batchSize": 8, "sequenceLength": 128, "checkpointDir": checkpoint_dir},
+        },
+        local=True,
+    )
+    init_process_group(resolve_settings(spec))
+    data = torch.randint(0, 512, (8, 128), generator=torch.Generator().manual_seed(0))
+    try:
+        first = TrainEngine.create(spec=spec)
+        mesh = first.mesh()
+        losses = []
+        for _ in range(6):
+            losses.append(first.train_step(data).loss)
+            if first.step == 3:
+                first.save_checkpoint()
+        first.shutdown()
+        second = TrainEngine.create(spec=spec)
+        loaded = second.load_latest_checkpoint()
+        resumed = [second.train_step(data).loss for _ in range(3)]
+        second.shutdown()
+        return {"mesh": mesh, "losses": losses, "loaded": loaded, "resumed": resumed}
+    finally:
+        dist.destroy_process_group()

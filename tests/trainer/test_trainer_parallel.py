@@ -99,7 +99,10 @@ def test_checkpoint_layout(suite: list[dict[str, Any]], ckpt_root: Path) -> None
     assert saved == ckpt_root / "step_00000003"
     meta = json.loads((saved / "meta.json").read_text())
     assert (meta["step"], meta["tp"], meta["pp"]) == (3, 2, 1)
-    assert sorted(p.name for p in saved.glob("*.pt")) == ["shard_tp00_pp000.pt", "shard_tp01_pp000.pt"]
+    assert sorted(p.name for p in saved.glob("*.pt")) == [
+        "shard_tp00_pp000.pt",
+        "shard_tp01_pp000.pt",
+    ]
 
 
 def test_resume_continues_from_checkpoint(

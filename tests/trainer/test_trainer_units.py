@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -11,11 +12,12 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
 
-from tests.trainer.scenarios import tiny_spec  # noqa: E402
 from tgruntime.trainer.batch import lm_batch, split_microbatches  # noqa: E402
 from tgruntime.trainer.checkpoint import latest_checkpoint, step_dirname  # noqa: E402
 from tgruntime.trainer.engine import StepResult, TrainEngine, _default_micro_batch_size  # noqa: E402
 from tgruntime.trainer.settings import resolve_settings  # noqa: E402
+
+from tests.trainer.scenarios import tiny_spec  # noqa: E402
 
 pytestmark = pytest.mark.megatron
 
@@ -69,12 +71,15 @@ def _reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> t
 def test_sdpa_attention_matches_reference(groups: int) -> None:
     from megatron.core.transformer.enums import AttnMaskType
     from megatron.core.transformer.transformer_config import TransformerConfig
-
     from tgruntime.trainer.sdpa_attention import SDPAttention
 
     config = TransformerConfig(
-        num_layers=1, hidden_size=32, num_attention_heads=4, num_query_groups=groups,
-        attention_dropout=0.0, use_cpu_initialization=True,
+        num_layers=1,
+        hidden_size=32,
+        num_attention_heads=4,
+        num_query_groups=groups,
+        attention_dropout=0.0,
+        use_cpu_initialization=True,
     )
     attn = SDPAttention(config, 1, AttnMaskType.causal, "self")
     g = torch.Generator().manual_seed(0)
@@ -88,7 +93,6 @@ def test_sdpa_attention_matches_reference(groups: int) -> None:
 
 def test_device_local_rotary_stays_on_cpu() -> None:
     from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
-
     from tgruntime.trainer.rotary import DeviceLocalRotaryEmbedding, make_rotary_cpu_safe
 
     holder = torch.nn.Module()
@@ -105,9 +109,15 @@ def test_device_local_rotary_stays_on_cpu() -> None:
 def test_settings_on_cpu() -> None:
     s = resolve_settings(tiny_spec(), device="cpu")
     assert (s.device, s.dtype, s.backend, s.position_embedding) == (
-        "cpu", torch.float32, "gloo", "learned_absolute"
+        "cpu",
+        torch.float32,
+        "gloo",
+        "learned_absolute",
     )
-    assert resolve_settings(tiny_spec(positionEmbedding="rope"), device="cpu").position_embedding == "rope"
+    assert (
+        resolve_settings(tiny_spec(positionEmbedding="rope"), device="cpu").position_embedding
+        == "rope"
+    )
     if not torch.cuda.is_available():
         gpu_spec = tiny_spec()
         assert not gpu_spec.workers.use_gpu
@@ -117,7 +127,7 @@ def test_settings_on_cpu() -> None:
 
 def test_create_rejects_context_parallel() -> None:
     spec = tiny_spec(world=4)
-    spec = type(spec)(**{**spec.__dict__, "parallelism": type(spec.parallelism)(context=2)})
+    spec = dataclasses.replace(spec, parallelism=dataclasses.replace(spec.parallelism, context=2))
     with pytest.raises(ValueError, match="context"):
         TrainEngine.create(spec=spec)
 
@@ -135,8 +145,15 @@ def test_latest_checkpoint_picks_highest_complete_step(tmp_path: Path) -> None:
 
 
 def test_step_result_metrics_are_scalars() -> None:
-    r = StepResult(step=1, per_sample_loss=(1.0, 2.0), loss=1.5, grad_norm=0.5, tokens=64,
-                   step_time_s=0.1, lr=1e-3)
+    r = StepResult(
+        step=1,
+        per_sample_loss=(1.0, 2.0),
+        loss=1.5,
+        grad_norm=0.5,
+        tokens=64,
+        step_time_s=0.1,
+        lr=1e-3,
+    )
     m = r.metrics()
     assert "per_sample_loss" not in m
     assert m["loss"] == 1.5 and m["tokens"] == 64 and m["skipped"] is False

@@ -66,41 +66,40 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{/*
 What the operator may do in a namespace it watches: the rules of its Role (one per watched
-namespace) or of its ClusterRole (all namespaces). Least privilege: no Secrets, no
-ConfigMaps, no create/delete of TrainerGroups, read-only Pods. Tested against a real API
-server in tests/deploy/test_chart_k8s.py; change both together.
+namespace) or of its ClusterRole (all namespaces). Exactly tg_operator.rbac.OPERATOR_RULES,
+the operator's own list (tests/deploy checks they agree). Least privilege: no Secrets, no
+ConfigMaps, no create/delete of TrainerGroups, read-only Pods. Proven on a real API server
+(RBAC on) by tests/deploy/test_chart_k8s.py.
 */}}
 {{- define "trainergroup.operatorRules" -}}
-# The TrainerGroups: watch them, add/remove the finalizer and kopf's annotations.
+# kopf watches TrainerGroups and patches their metadata (finalizer, progress annotations).
 - apiGroups: ["trainergroup.io"]
   resources: ["trainergroups"]
-  verbs: ["get", "list", "watch", "patch", "update"]
+  verbs: ["get", "list", "watch", "patch"]
+# The operator writes the status subresource.
 - apiGroups: ["trainergroup.io"]
   resources: ["trainergroups/status"]
-  verbs: ["get", "patch", "update"]
+  verbs: ["get", "patch"]
 # Owner references with blockOwnerDeletion on the RayCluster need this where the
 # OwnerReferencesPermissionEnforcement admission plugin is on.
 - apiGroups: ["trainergroup.io"]
   resources: ["trainergroups/finalizers"]
   verbs: ["update"]
-# The RayCluster the operator creates (same name as the TrainerGroup) and owns.
+# The RayCluster it creates for a TrainerGroup (same name, owned by it).
 - apiGroups: ["ray.io"]
   resources: ["rayclusters"]
-  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
-# Ray pods: read-only, to explain why a cluster is not ready.
+  verbs: ["get", "create", "delete"]
+# Readiness: each Ray pod's Ready and PodScheduled (Unschedulable) conditions.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch"]
-# kopf posts Events about the handling of each TrainerGroup.
+  verbs: ["list"]
+# kopf.event(): phase changes and failures.
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create", "patch"]
-- apiGroups: ["events.k8s.io"]
-  resources: ["events"]
-  verbs: ["create", "patch"]
+  verbs: ["create"]
 {{- end }}
 
-{{/* kopf's resource discovery: read-only, cluster-scoped. */}}
+{{/* Optional (rbac.crdDiscovery): kopf noticing CRD changes while it runs. Read-only. */}}
 {{- define "trainergroup.crdDiscoveryRules" -}}
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]

@@ -39,11 +39,18 @@ class ClassWithInitArgs:
         self.cls: type = plain
         self.args: tuple[Any, ...] = args
         self.kwargs: dict[str, Any] = kwargs
-        self._options: dict[str, Any] = defaults
+        self._remote_defaults: dict[str, Any] = defaults
+        self._options: dict[str, Any] = {}
 
     @property
     def options(self) -> dict[str, Any]:
+        """Options given with update_options (they override the resource pool's)."""
         return dict(self._options)
+
+    @property
+    def remote_defaults(self) -> dict[str, Any]:
+        """Options of a ``@ray.remote(...)`` wrapper (the resource pool overrides these)."""
+        return dict(self._remote_defaults)
 
     def update_options(self, options: Mapping[str, Any]) -> None:
         """Merge Ray actor options (e.g. runtime_env, max_concurrency) into the defaults."""

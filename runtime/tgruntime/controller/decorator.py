@@ -180,6 +180,7 @@ def register(
                 return _trim(await func(*args, **kwargs), trim)
 
             setattr(async_inner, SPEC_ATTR, spec)
+            async_inner.__signature__ = _with_trim_kwarg(func)  # type: ignore[attr-defined]
             return async_inner  # type: ignore[return-value]
 
         @functools.wraps(func)
@@ -190,9 +191,20 @@ def register(
             return _trim(func(*args, **kwargs), trim)
 
         setattr(inner, SPEC_ATTR, spec)
+        inner.__signature__ = _with_trim_kwarg(func)  # type: ignore[attr-defined]
         return inner  # type: ignore[return-value]
 
     return decorator
+
+
+def _with_trim_kwarg(func: Callable[..., Any]) -> inspect.Signature:
+    """The method's signature plus the controller's keyword (Ray checks call signatures)."""
+    sig = inspect.signature(func)
+    params = list(sig.parameters.values())
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return sig
+    params.append(inspect.Parameter(TRIM_KWARG, inspect.Parameter.KEYWORD_ONLY, default=None))
+    return sig.replace(parameters=params)
 
 
 def method_spec(obj: Any) -> MethodSpec | None:

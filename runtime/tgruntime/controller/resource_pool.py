@@ -1,6 +1,6 @@
 """ResourcePool: what a group asks of the cluster, and the placement groups that hold it.
 
-One placement group per entry of ``processes_per_node`` (verl's ``process_on_nodes``),
+One placement group per entry of ``process_on_nodes`` (verl's name: processes per node),
 one bundle per worker process. CPU amounts may be fractional, so several workers fit on
 a 2-core machine. Placement groups are named from (namespace, group, generation, index)
 and may be detached, so they outlive their creator and can be found and removed later.
@@ -10,6 +10,7 @@ asked and what the cluster has.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import time
 from collections.abc import Mapping, Sequence
@@ -17,13 +18,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ray
-from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
+from ray.util.placement_group import (
+    PlacementGroup,
+    placement_group,
+    placement_group_table,
+    remove_placement_group,
+)
 
 from tgruntime.controller import naming
 from tgruntime.controller.errors import PlacementTimeoutError
 
 
-class PlacementStrategy(str, enum.Enum):
+class PlacementStrategy(enum.StrEnum):
     """Ray's placement strategies for the bundles of one placement group."""
 
     PACK = "PACK"
@@ -36,11 +42,13 @@ class PlacementStrategy(str, enum.Enum):
 class ResourcePool:
     """Processes per node and the resources of each process."""
 
-    processes_per_node: Sequence[int]
+    process_on_nodes: Sequence[int]
     use_gpu: bool = False
-    num_gpus_per_process: float = 1.0
-    num_cpus_per_process: float = 1.0
+    gpus_per_process: float = 1.0
+    cpus_per_process: float = 1.0
     strategy: PlacementStrategy | str = PlacementStrategy.STRICT_PACK
+    # Placement-group lifetime: True = detached (outlives its creator), None = as the group.
+    detached: bool | None = None
     resources_per_process: Mapping[str, float] = field(default_factory=dict)
     # What each actor requests inside its bundle (default: the whole bundle). Smaller
     # values let several groups share the same placement groups (verl's colocation).
@@ -48,32 +56,34 @@ class ResourcePool:
     actor_num_gpus: float | None = None
 
     def __post_init__(self) -> None:
-        counts = tuple(int(c) for c in self.processes_per_node)
+        counts = tuple(int(c) for c in self.process_on_nodes)
         if not counts or any(c < 1 for c in counts):
-            raise ValueError(f"processes_per_node must be a non-empty list of positive counts, got {list(self.processes_per_node)}")
-        object.__setattr__(self, "processes_per_node", counts)
+            raise ValueError(
+                f"process_on_nodes must be a non-empty list of positive counts, got {list(self.process_on_nodes)}"
+            )
+        object.__setattr__(self, "process_on_nodes", counts)
         object.__setattr__(self, "strategy", PlacementStrategy(self.strategy))
-        if self.num_cpus_per_process < 0 or self.num_gpus_per_process < 0:
+        if self.cpus_per_process < 0 or self.gpus_per_process < 0:
             raise ValueError("resource amounts must not be negative")
         if not self.bundle():
             raise ValueError("each process must ask for some resource (CPU, GPU or a custom one)")
 
     @property
     def world_size(self) -> int:
-        return sum(self.processes_per_node)
+        return sum(self.process_on_nodes)
 
     def bundle(self) -> dict[str, float]:
         """The resources of one process's bundle."""
         out: dict[str, float] = {}
-        if self.num_cpus_per_process > 0:
-            out["CPU"] = float(self.num_cpus_per_process)
-        if self.use_gpu and self.num_gpus_per_process > 0:
-            out["GPU"] = float(self.num_gpus_per_process)
+        if self.cpus_per_process > 0:
+            out["CPU"] = float(self.cpus_per_process)
+        if self.use_gpu and self.gpus_per_process > 0:
+            out["GPU"] = float(self.gpus_per_process)
         out.update({k: float(v) for k, v in self.resources_per_process.items()})
         return out
 
     def bundles(self) -> list[list[dict[str, float]]]:
-        return [[self.bundle() for _ in range(count)] for count in self.processes_per_node]
+        return [[self.bundle() for _ in range(count)] for count in self.process_on_nodes]
 
     def actor_options(self) -> dict[str, Any]:
         """num_cpus / num_gpus / resources for each worker actor."""
@@ -107,7 +117,7 @@ def create_placement_groups(
             bundles=group,
             strategy=str(PlacementStrategy(pool.strategy).value),
             name=naming.placement_group_name(namespace=namespace, group_name=group_name, generation=generation, index=i),
-            lifetime="detached" if detached else None,
+            lifetime="detached" if (detached if pool.detached is None else pool.detached) else None,
         )
         for i, group in enumerate(bundles)
     ]
@@ -169,7 +179,5 @@ def remove_by_id(id_hex: str) -> None:
 
 
 def _remove_quietly(pg: PlacementGroup) -> None:
-    try:
+    with contextlib.suppress(Exception):
         remove_placement_group(pg)
-    except Exception:
-        pass

@@ -95,7 +95,9 @@ def read_meta(path: str | Path) -> dict[str, Any]:
         raise FileNotFoundError(f"{path} is not a complete checkpoint (no {META})")
     meta: dict[str, Any] = json.loads(meta_file.read_text())
     if meta.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"{path}: checkpoint format {meta.get('format')} is not {CHECKPOINT_FORMAT}")
+        raise ValueError(
+            f"{path}: checkpoint format {meta.get('format')} is not {CHECKPOINT_FORMAT}"
+        )
     return meta
 
 

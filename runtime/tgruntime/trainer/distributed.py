@@ -74,7 +74,9 @@ def init_process_group(
     """
     if dist.is_initialized():
         return False
-    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+    missing = [
+        k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ
+    ]
     if missing:
         raise RuntimeError(
             f"torch.distributed needs {', '.join(missing)} in the environment "

@@ -126,7 +126,9 @@ class TrainEngine:
                 "which the built-in trainer (SDPA core attention) does not use; set it to 1"
             )
         if p.expert != 1:
-            raise ValueError("parallelism.expert must be 1: the built-in trainer builds dense models")
+            raise ValueError(
+                "parallelism.expert must be 1: the built-in trainer builds dense models"
+            )
         settings = resolve_settings(spec, backend=backend, device=device)
         torch_device = select_device(settings)
         owns = init_process_group(settings)

@@ -87,11 +87,19 @@ def launch(
             try:
                 rank, ok, value = results.get(timeout=0.5)
             except queue.Empty:
-                dead = [i for i, p in enumerate(procs) if p.exitcode not in (None, 0) and i not in collected]
+                dead = [
+                    i
+                    for i, p in enumerate(procs)
+                    if p.exitcode not in (None, 0) and i not in collected
+                ]
                 if dead:
-                    raise LaunchError(f"rank {dead[0]} exited with code {procs[dead[0]].exitcode}") from None
+                    raise LaunchError(
+                        f"rank {dead[0]} exited with code {procs[dead[0]].exitcode}"
+                    ) from None
                 if time.monotonic() > deadline:
-                    raise LaunchError(f"timed out after {timeout_s:.0f}s waiting for ranks") from None
+                    raise LaunchError(
+                        f"timed out after {timeout_s:.0f}s waiting for ranks"
+                    ) from None
                 continue
             if not ok:
                 raise LaunchError(f"rank {rank} failed:\n{value}")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from typing import Any, Protocol
 
 import torch
@@ -44,6 +45,7 @@ __all__ = [
     "TrainingState",
     "apply_optimizer_spec",
     "build_training_state",
+    "use_fused_adamw",
 ]
 
 
@@ -160,6 +162,28 @@ def apply_optimizer_spec(optimizer: OptimizerLike, spec: OptimizerSpec) -> None:
         group["lr"] = spec.lr * group.get("lr_mult", 1.0)
 
 
+def use_fused_adamw(optimizer: Any) -> bool:
+    """Switch megatron's ``torch.optim.AdamW`` fallback to torch's fused CUDA kernel.
+
+    Without Transformer Engine or apex, megatron builds ``torch.optim.AdamW`` with default
+    (foreach) arithmetic, which allocates full-size temporaries (e.g. ``sqrt(v)``: 4 bytes
+    per parameter) and launches several kernels per tensor list. The fused kernel is one
+    pass and no temporaries; it reads the per-group flag at step time, so setting it before
+    the first step is enough. ``TG_FUSED_ADAM=0`` keeps megatron's default. Returns whether
+    it switched.
+    """
+    if os.environ.get("TG_FUSED_ADAM", "1") == "0":
+        return False
+    switched = False
+    for part in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = getattr(part, "optimizer", None)
+        if isinstance(inner, torch.optim.Adam | torch.optim.AdamW) and not inner.state:
+            for group in inner.param_groups:
+                group["fused"], group["foreach"] = True, False
+            switched = True
+    return switched
+
+
 def build_training_state(
     module: torch.nn.Module,
     *,
@@ -195,6 +219,7 @@ def build_training_state(
     )
     optimizer = get_megatron_optimizer(opt_config, [model])
     apply_optimizer_spec(optimizer, spec)
+    use_fused_adamw(optimizer)
     config.no_sync_func = model.no_sync
     config.finalize_model_grads_func = finalize_model_grads
     config.grad_scale_func = optimizer.scale_loss

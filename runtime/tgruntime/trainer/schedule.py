@@ -114,7 +114,10 @@ def local_forward_backward(
             output, reported = _scaled_loss(loss_func, output, num_microbatches)
             store.append(reported)
         else:
-            dist.send(output.detach().contiguous(), dst=parallel_state.get_pipeline_model_parallel_next_rank())
+            dist.send(
+                output.detach().contiguous(),
+                dst=parallel_state.get_pipeline_model_parallel_next_rank(),
+            )
         if forward_only:
             continue
         if not pipelined:
@@ -132,7 +135,10 @@ def local_forward_backward(
             torch.autograd.backward(output, grad_tensors=grad)
         if not first:
             assert input_tensor is not None and input_tensor.grad is not None
-            dist.send(input_tensor.grad.contiguous(), dst=parallel_state.get_pipeline_model_parallel_prev_rank())
+            dist.send(
+                input_tensor.grad.contiguous(),
+                dst=parallel_state.get_pipeline_model_parallel_prev_rank(),
+            )
 
     if not forward_only and config.finalize_model_grads_func is not None:
         config.finalize_model_grads_func([model])

@@ -53,14 +53,20 @@ class SDPAttention(MegatronModule):
         if config.window_size is not None:
             raise ValueError("SDPAttention does not implement sliding-window attention")
         if config.softmax_type != "vanilla":
-            raise ValueError(f"SDPAttention supports softmax_type 'vanilla', not {config.softmax_type!r}")
+            raise ValueError(
+                f"SDPAttention supports softmax_type 'vanilla', not {config.softmax_type!r}"
+            )
         self.layer_number = max(1, layer_number)
         self.attn_mask_type = attn_mask_type
         self.attention_type = attention_type
         head_dim = config.kv_channels or config.hidden_size // config.num_attention_heads
         # apply_query_key_layer_scaling only rescales for fp16 range; the product is the same.
-        self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
-        self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
+        self.softmax_scale = (
+            softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
+        )
+        self.dropout_p = (
+            config.attention_dropout if attention_dropout is None else attention_dropout
+        )
 
     def forward(
         self,

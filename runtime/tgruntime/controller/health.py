@@ -1,0 +1,150 @@
+"""Worker health from Ray's own records, without calling into (or killing) the caller.
+
+The state comes from the GCS through Ray's State API (the dashboard): ALIVE, or DEAD with
+Ray's death cause (process killed, constructor raised, node died...). Actors that are
+being created or restarted are UNREACHABLE. If the State API cannot be reached, each
+worker is pinged instead (``__ray_ready__``, bounded by the timeout): an answer is
+ALIVE, an actor error DEAD, silence UNREACHABLE (a worker busy with a long call
+answers only when the call ends: its calls run one at a time).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import ray
+from ray.exceptions import RayActorError, RayError
+
+from tgruntime.controller.calls import actor_error_cause
+
+HealthState = Literal["ALIVE", "DEAD", "UNREACHABLE"]
+
+
+@dataclass(frozen=True)
+class WorkerHealth:
+    """One worker's health: its rank and name, state, cause (when not ALIVE), node and pid."""
+
+    rank: int
+    name: str
+    state: HealthState
+    cause: str
+    node_id: str
+    pid: int
+
+
+def dashboard_url() -> str:
+    """The connected cluster's dashboard (State API) URL, read from its GCS.
+
+    Always pass this to the State API: given no address, Ray's State API auto-detects
+    "the" local cluster (wrong when several run on one machine) and re-points this
+    process's internal KV client at whatever it found.
+    """
+    from ray._private import ray_constants
+    from ray.experimental import internal_kv
+
+    raw = internal_kv._internal_kv_get(ray_constants.DASHBOARD_ADDRESS, namespace=ray_constants.KV_NAMESPACE_DASHBOARD)
+    if not raw:
+        raise RuntimeError("this Ray cluster publishes no dashboard address (started without the dashboard?)")
+    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    return text if "://" in text else f"http://{text}"
+
+
+def list_namespace_actors(namespace: str, *, timeout_s: float, detail: bool = True) -> list[Any]:
+    """Actors of a namespace from the State API (raises if the API cannot be reached)."""
+    from ray.util.state import list_actors
+
+    return list(
+        list_actors(
+            address=dashboard_url(),
+            filters=[("ray_namespace", "=", namespace)],
+            detail=detail,
+            limit=10_000,
+            timeout=max(1, int(timeout_s)),
+            raise_on_missing_output=False,
+        )
+    )
+
+
+def group_health(
+    *,
+    namespace: str,
+    worker_names: Sequence[str],
+    actor_ids: Sequence[str | None],
+    handles: Sequence[Any | None],
+    timeout_s: float,
+) -> list[WorkerHealth]:
+    try:
+        actors = list_namespace_actors(namespace, timeout_s=timeout_s)
+    except Exception:
+        return _probe(worker_names=worker_names, handles=handles, timeout_s=timeout_s)
+    by_id = {a.actor_id: a for a in actors}
+    by_name: dict[str, Any] = {}
+    for a in actors:
+        if a.name and (a.name not in by_name or by_name[a.name].state == "DEAD"):
+            by_name[a.name] = a
+    out = []
+    for rank, (name, actor_id) in enumerate(zip(worker_names, actor_ids, strict=True)):
+        entry = by_id.get(actor_id) if actor_id else None
+        if entry is None:
+            entry = by_name.get(name)
+        out.append(_from_state(rank, name, entry))
+    return out
+
+
+def _from_state(rank: int, name: str, entry: Any) -> WorkerHealth:
+    if entry is None:
+        return WorkerHealth(rank, name, "DEAD", "no such actor in the namespace (never created, or removed)", "", -1)
+    node_id = entry.node_id or ""
+    pid = int(entry.pid or -1)
+    if entry.state == "ALIVE":
+        return WorkerHealth(rank, name, "ALIVE", "", node_id, pid)
+    if entry.state == "DEAD":
+        return WorkerHealth(rank, name, "DEAD", death_cause_text(entry.death_cause), node_id, pid)
+    return WorkerHealth(rank, name, "UNREACHABLE", f"actor is {entry.state}", node_id, pid)
+
+
+def death_cause_text(cause: Mapping[str, Any] | None) -> str:
+    """A one-line summary of Ray's death-cause record."""
+    if not cause:
+        return "dead (no cause recorded)"
+    for kind, ctx in cause.items():
+        if not isinstance(ctx, Mapping):
+            continue
+        reason = str(ctx.get("reason", "")).strip()
+        message = str(ctx.get("error_message", "")).strip()
+        first = next((ln.strip() for ln in message.splitlines() if ln.strip()), "")
+        label = kind.removesuffix("_context").replace("_", " ")
+        parts = [p for p in (reason, first) if p]
+        return f"{label}: {' - '.join(parts)}" if parts else label
+    return str(cause)
+
+
+def _probe(*, worker_names: Sequence[str], handles: Sequence[Any | None], timeout_s: float) -> list[WorkerHealth]:
+    refs: dict[int, Any] = {}
+    for rank, handle in enumerate(handles):
+        if handle is not None:
+            refs[rank] = handle.__ray_ready__.remote()
+    deadline = time.monotonic() + timeout_s
+    pending = list(refs.values())
+    while pending and time.monotonic() < deadline:
+        _, pending = ray.wait(pending, num_returns=len(pending), timeout=max(0.0, deadline - time.monotonic()))
+    pending_set = set(pending)
+    out = []
+    for rank, name in enumerate(worker_names):
+        ref = refs.get(rank)
+        if ref is None:
+            out.append(WorkerHealth(rank, name, "DEAD", "no live actor of that name", "", -1))
+        elif ref in pending_set:
+            out.append(WorkerHealth(rank, name, "UNREACHABLE", f"no answer within {timeout_s:g}s (busy or hung)", "", -1))
+        else:
+            try:
+                ray.get(ref, timeout=0)
+                out.append(WorkerHealth(rank, name, "ALIVE", "", "", -1))
+            except RayActorError as exc:
+                out.append(WorkerHealth(rank, name, "DEAD", actor_error_cause(exc), "", -1))
+            except RayError as exc:
+                out.append(WorkerHealth(rank, name, "UNREACHABLE", str(exc).splitlines()[0], "", -1))
+    return out

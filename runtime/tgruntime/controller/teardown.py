@@ -1,0 +1,130 @@
+"""Teardown of a group: kill its workers, remove its placement groups and its KV keys.
+
+Works from names alone, so it needs nothing from the process that created the group and
+still finds everything when the record (or some actors) are already gone:
+
+- worker names from the record and from the ``members`` key claimed before creation;
+- placement groups by their deterministic name prefix (all generations);
+- any live actor of the namespace placed in one of those placement groups (State API).
+
+Idempotent: a second call finds nothing and reports nothing removed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import ray
+from ray.util.placement_group import placement_group_table
+
+from tgruntime.controller import registry
+from tgruntime.controller.resource_pool import find_placement_groups, remove_by_id
+
+
+@dataclass(frozen=True)
+class TeardownReport:
+    """What teardown found and removed."""
+
+    group_name: str
+    namespace: str
+    actors_killed: tuple[str, ...]
+    placement_groups_removed: tuple[str, ...]
+    keys_removed: tuple[str, ...]
+    complete: bool  # every killed actor is gone and every placement group removed
+    errors: tuple[str, ...] = ()
+
+    @property
+    def removed_anything(self) -> bool:
+        return bool(self.actors_killed or self.placement_groups_removed or self.keys_removed)
+
+
+def teardown_group(
+    *, group_name: str, namespace: str, timeout_s: float = 30, extra_worker_names: Iterable[str] = ()
+) -> TeardownReport:
+    """Remove a group's actors, placement groups and record; safe to call repeatedly."""
+    errors: list[str] = []
+    names: set[str] = set(extra_worker_names)
+    record = registry.load_record(group_name=group_name, namespace=namespace)
+    if record is not None:
+        names.update(record.worker_names)
+    members = registry.load_members(group_name=group_name, namespace=namespace)
+    if members is not None:
+        names.update(members.worker_names)
+    pgs = find_placement_groups(namespace=namespace, group_name=group_name)
+    pg_ids = {p.id_hex for p in pgs}
+    if pg_ids:
+        names.update(_actors_in_placement_groups(namespace, pg_ids, timeout_s=min(10.0, timeout_s), errors=errors))
+
+    killed: list[str] = []
+    for name in sorted(names):
+        try:
+            handle = ray.get_actor(name, namespace=namespace)
+        except ValueError:
+            continue
+        try:
+            ray.kill(handle, no_restart=True)
+            killed.append(name)
+        except Exception as exc:
+            errors.append(f"kill {name}: {exc}")
+
+    removed_pgs: list[str] = []
+    for pg in pgs:
+        try:
+            remove_by_id(pg.id_hex)
+            removed_pgs.append(pg.name)
+        except Exception as exc:
+            errors.append(f"remove placement group {pg.name}: {exc}")
+
+    keys = registry.delete_group_keys(group_name=group_name, namespace=namespace)
+    complete = _wait_gone(namespace, killed, {p.id_hex for p in pgs}, timeout_s=timeout_s)
+    if not complete:
+        errors.append(f"not everything was gone after {timeout_s:g}s")
+    return TeardownReport(
+        group_name=group_name,
+        namespace=namespace,
+        actors_killed=tuple(killed),
+        placement_groups_removed=tuple(removed_pgs),
+        keys_removed=tuple(keys),
+        complete=complete,
+        errors=tuple(errors),
+    )
+
+
+def _actors_in_placement_groups(
+    namespace: str, pg_ids: set[str], *, timeout_s: float, errors: list[str]
+) -> set[str]:
+    from tgruntime.controller.health import list_namespace_actors
+
+    try:
+        actors = list_namespace_actors(namespace, timeout_s=timeout_s)
+    except Exception as exc:
+        errors.append(f"state API unavailable, relying on names only: {exc}")
+        return set()
+    return {a.name for a in actors if a.name and a.state != "DEAD" and a.placement_group_id in pg_ids}
+
+
+def _wait_gone(namespace: str, names: list[str], pg_ids: set[str], *, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    pending_names = list(names)
+    pending_pgs = set(pg_ids)
+    delay = 0.02
+    while True:
+        still = []
+        for name in pending_names:
+            try:
+                ray.get_actor(name, namespace=namespace)
+                still.append(name)
+            except ValueError:
+                pass
+        pending_names = still
+        if pending_pgs:
+            table = placement_group_table()
+            pending_pgs = {i for i in pending_pgs if str(table.get(i, {}).get("state", "REMOVED")) != "REMOVED"}
+        if not pending_names and not pending_pgs:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.25)

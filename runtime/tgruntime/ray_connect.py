@@ -1,0 +1,390 @@
+"""Reaching Ray: a robust ``connect`` for drivers, and a local head for tests and tgctl.
+
+``connect(address, namespace=...)``
+    ``ray.init`` with checks first, so failures say what is wrong instead of Ray's
+    "Failed to connect to Ray cluster at <node ip>:<port>" after a long wait:
+
+    1. the GCS port must answer a TCP connect (else: nothing listens there);
+    2. Ray rewrites a loopback address (127.0.0.1, localhost) to this machine's node IP
+       before connecting, and then looks for a local raylet by scanning processes. We ask
+       the GCS for its nodes instead and pass the local node's registered IP explicitly
+       (``_node_ip_address``), so an explicit ``127.0.0.1:<port>`` works whatever IP the
+       head registered; when no node of that cluster runs on this machine, we say so (a
+       driver must run on a cluster node: submit it as a Ray job instead).
+
+``start_local_head(...)`` / ``stop_local_head(...)``
+    ``ray start --head --block`` in its own session, with every port chosen free on this
+    machine (several heads can coexist: other test sessions, other users), the dashboard
+    on, and its own temp dir. Stop finds the head's processes by its GCS port / session
+    directory and ends exactly those (SIGTERM, then SIGKILL after a grace period).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from tgruntime.controller.errors import RayConnectError
+from tgruntime.controller.naming import validate_namespace
+
+
+@dataclass(frozen=True)
+class Connection:
+    """The Ray cluster a driver is connected to."""
+
+    gcs_address: str
+    namespace: str
+    node_id: str
+    node_ip: str
+    dashboard_url: str
+
+
+@dataclass(frozen=True)
+class LocalHead:
+    """A local Ray head started by ``start_local_head``."""
+
+    gcs_address: str
+    dashboard_url: str
+    temp_dir: str
+    pid: int  # the ``ray start --block`` process (its own session leader)
+    num_cpus: int
+    num_gpus: int
+    log_path: str
+
+
+# ============================================================================ connect
+def parse_address(address: str) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise RayConnectError(f"invalid Ray address {address!r}: expected host:port (or 'auto', or ray://host:port)")
+    return host.strip("[]"), int(port)
+
+
+def is_reachable(address: str, timeout_s: float = 2.0) -> bool:
+    """Whether something accepts TCP connections at ``host:port``."""
+    try:
+        host, port = parse_address(address)
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except (OSError, RayConnectError):
+        return False
+
+
+def connect(
+    address: str | None = None,
+    *,
+    namespace: str,
+    timeout_s: float = 30,
+    log_to_driver: bool = False,
+    runtime_env: dict[str, Any] | None = None,
+    **init_kwargs: Any,
+) -> Connection:
+    """Connect this process to Ray as a driver in ``namespace`` (explicit, never anonymous).
+
+    ``address``: ``host:port`` of the GCS, ``auto`` (the cluster started on this machine),
+    ``ray://host:port`` (Ray client; a last resort), or None (RAY_ADDRESS, else ``auto``).
+    """
+    validate_namespace(namespace)
+    if ray.is_initialized():
+        current = ray.get_runtime_context().namespace
+        if current != namespace:
+            raise RayConnectError(
+                f"this process is already connected to Ray in namespace {current!r}, not {namespace!r}; "
+                "call ray.shutdown() first"
+            )
+        return _connection(namespace)
+    raw = (address or os.environ.get("RAY_ADDRESS") or "auto").strip()
+    kwargs: dict[str, Any] = {"namespace": namespace, "log_to_driver": log_to_driver, **init_kwargs}
+    if runtime_env is not None:
+        kwargs["runtime_env"] = runtime_env
+    if raw.startswith("ray://") or raw == "auto":
+        try:
+            ray.init(address=raw, **kwargs)
+        except Exception as exc:
+            raise RayConnectError(f"ray.init(address={raw!r}) failed: {exc}") from exc
+        return _connection(namespace)
+
+    host, port = parse_address(raw)
+    error = _tcp_error(host, port, timeout_s=min(timeout_s, 5.0))
+    if error:
+        raise RayConnectError(f"no Ray GCS answers at {host}:{port}: {error} (is the head running? right port?)")
+    nodes = _cluster_nodes(f"{host}:{port}", timeout_s=timeout_s)
+    local_ips = _local_ips()
+    local = [n for n in nodes if n["ip"] in local_ips]
+    if nodes and not local:
+        raise RayConnectError(
+            f"the Ray cluster at {host}:{port} has no node on this machine (its nodes: "
+            f"{sorted(n['ip'] for n in nodes)}; this machine: {sorted(local_ips)}). A Ray driver must run "
+            "on a cluster node: submit it as a Ray job (Jobs API), or use ray://<head>:10001 as a last resort"
+        )
+    if local:
+        local.sort(key=lambda n: (not n["head"], n["ip"]))
+        kwargs["_node_ip_address"] = local[0]["ip"]
+    try:
+        ray.init(address=f"{host}:{port}", **kwargs)
+    except Exception as exc:
+        raise RayConnectError(
+            f"ray.init(address='{host}:{port}', _node_ip_address={kwargs.get('_node_ip_address')!r}) failed: "
+            f"{exc}. Nodes registered in that GCS: {[(n['ip'], 'head' if n['head'] else 'worker') for n in nodes]}"
+        ) from exc
+    return _connection(namespace)
+
+
+def _connection(namespace: str) -> Connection:
+    ctx = ray.get_runtime_context()
+    node = ray._private.worker._global_node
+    gcs = getattr(node, "gcs_address", "") if node is not None else ""
+    ip = getattr(node, "node_ip_address", "") if node is not None else ""
+    dash = ""
+    with contextlib.suppress(Exception):
+        dash = str(ray._private.worker.get_dashboard_url() or "")
+    if dash and not dash.startswith("http"):
+        dash = f"http://{dash}"
+    return Connection(gcs_address=str(gcs), namespace=namespace, node_id=ctx.get_node_id(), node_ip=str(ip), dashboard_url=dash)
+
+
+def _tcp_error(host: str, port: int, *, timeout_s: float) -> str:
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return ""
+    except OSError as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+def _cluster_nodes(address: str, *, timeout_s: float) -> list[dict[str, Any]]:
+    """Alive nodes registered in the GCS at ``address`` (empty if it cannot be asked)."""
+    try:
+        from ray._raylet import GcsClient
+
+        client = GcsClient(address=address)
+        infos = client.get_all_node_info(timeout=timeout_s)
+    except Exception:
+        return []
+    out = []
+    for info in infos.values():
+        if int(getattr(info, "state", 0)) != 0:  # 0 = ALIVE
+            continue
+        out.append({"ip": info.node_manager_address, "head": bool(getattr(info, "is_head_node", False))})
+    return out
+
+
+def _local_ips() -> set[str]:
+    ips = {"127.0.0.1", "::1", "localhost"}
+    with contextlib.suppress(Exception):
+        from ray._raylet import get_all_interfaces_ip
+
+        ips.update(str(ip) for ip in get_all_interfaces_ip())
+    with contextlib.suppress(Exception):
+        for info in socket.getaddrinfo(socket.gethostname(), None):
+            ips.add(str(info[4][0]))
+    with contextlib.suppress(Exception):
+        ips.add(str(ray.util.get_node_ip_address()))
+    return ips
+
+
+# ============================================================================ local head
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _ray_executable() -> str:
+    candidate = Path(sys.executable).with_name("ray")
+    if candidate.exists():
+        return str(candidate)
+    found = shutil.which("ray")
+    if not found:
+        raise RayConnectError("the 'ray' command is not installed next to this Python nor on PATH")
+    return found
+
+
+def start_local_head(
+    *,
+    num_cpus: float | None = None,
+    num_gpus: int | None = None,
+    object_store_memory: int | None = None,
+    resources: dict[str, float] | None = None,
+    temp_dir: str | None = None,
+    timeout_s: float = 90,
+    env: dict[str, str] | None = None,
+) -> LocalHead:
+    """Start a Ray head on this machine on free ports, dashboard on; wait until it serves.
+
+    ``num_cpus`` defaults to this machine's CPU count (rounded up to an integer, as ``ray
+    start`` wants); ``num_gpus`` to 0 (logical GPUs for tests can be declared freely).
+    """
+    cpus = int(-(-float(num_cpus) // 1)) if num_cpus is not None else (os.cpu_count() or 1)
+    gpus = int(num_gpus or 0)
+    root = Path(temp_dir) if temp_dir else Path(tempfile.mkdtemp(prefix="tgray-", dir="/tmp"))
+    root.mkdir(parents=True, exist_ok=True)
+    last_error = ""
+    for _attempt in range(3):
+        ports = {name: _free_port() for name in (
+            "port", "dashboard-port", "ray-client-server-port", "dashboard-agent-listen-port",
+            "dashboard-agent-grpc-port", "metrics-export-port", "runtime-env-agent-port",
+            "node-manager-port", "object-manager-port",
+        )}
+        cmd = [
+            _ray_executable(), "start", "--head", "--block", "--disable-usage-stats",
+            "--include-dashboard=true", "--dashboard-host=127.0.0.1",
+            f"--temp-dir={root}", f"--num-cpus={cpus}", f"--num-gpus={gpus}",
+            *[f"--{name}={port}" for name, port in ports.items()],
+        ]
+        if object_store_memory:
+            cmd.append(f"--object-store-memory={int(object_store_memory)}")
+        if resources:
+            cmd.append(f"--resources={json.dumps(resources)}")
+        log_path = root / "ray-start.log"
+        child_env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **(env or {})}
+        child_env.pop("RAY_ADDRESS", None)
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env, start_new_session=True)
+        gcs = f"127.0.0.1:{ports['port']}"
+        dashboard = f"http://127.0.0.1:{ports['dashboard-port']}"
+        head = LocalHead(
+            gcs_address=gcs, dashboard_url=dashboard, temp_dir=str(root), pid=proc.pid,
+            num_cpus=cpus, num_gpus=gpus, log_path=str(log_path),
+        )
+        error = _wait_head(proc, head, timeout_s=timeout_s)
+        if not error:
+            return head
+        last_error = error
+        stop_local_head(head)
+    raise RayConnectError(f"local Ray head did not start: {last_error}")
+
+
+def _wait_head(proc: subprocess.Popen[bytes], head: LocalHead, *, timeout_s: float) -> str:
+    deadline = time.monotonic() + timeout_s
+    host, port = parse_address(head.gcs_address)
+    gcs_up = dash_up = node_up = False
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return f"'ray start' exited with {proc.returncode}; log {head.log_path}:\n{_tail(head.log_path)}"
+        if not gcs_up:
+            gcs_up = not _tcp_error(host, port, timeout_s=1.0)
+        if gcs_up and not node_up:
+            node_up = bool(_cluster_nodes(head.gcs_address, timeout_s=2.0))
+        if node_up and not dash_up:
+            with contextlib.suppress(Exception), urllib.request.urlopen(
+                f"{head.dashboard_url}/api/version", timeout=2
+            ) as resp:
+                dash_up = resp.status == 200
+        if gcs_up and node_up and dash_up:
+            return ""
+        time.sleep(0.25)
+    return (
+        f"not ready within {timeout_s:g}s (gcs={gcs_up}, node={node_up}, dashboard={dash_up}); "
+        f"log {head.log_path}:\n{_tail(head.log_path)}"
+    )
+
+
+def _tail(path: str, lines: int = 20) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def stop_local_head(
+    head: LocalHead | None = None, *, gcs_address: str | None = None, timeout_s: float = 15
+) -> bool:
+    """Stop a head started by ``start_local_head`` (given the head, or only its GCS address).
+
+    Ends that head's processes only: the ``ray start --block`` process (found by its pid,
+    or by ``--head`` and ``--port=<gcs port>`` on its command line), every process of its
+    session (it is a session leader), and their descendants (Ray's worker processes make
+    their own process groups). SIGTERM first, SIGKILL after ``timeout_s``. Returns False
+    when nothing of that head was running.
+    """
+    if head is None and gcs_address is None:
+        raise ValueError("pass the LocalHead or its gcs_address")
+    port = parse_address(head.gcs_address if head else str(gcs_address))[1]
+    procs = _scan_processes()
+    leaders = {head.pid} if head is not None and head.pid in procs else set()
+    for pid, info in procs.items():
+        cmd = info["cmd"]
+        if "start" in cmd and "--head" in cmd and _has_flag(cmd, "--port", str(port)):
+            leaders.add(pid)
+    members = {pid for pid, info in procs.items() if info["sid"] in leaders or info["pgid"] in leaders}
+    victims = _with_descendants(leaders | members, procs) - {os.getpid()}
+    if not victims:
+        return False
+    for pid in victims:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(_alive(p) for p in victims):
+        time.sleep(0.2)
+    for pid in victims:
+        if _alive(pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+    for pid in victims:  # reap the ones that are our children (the ray start process)
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
+    return True
+
+
+def _has_flag(cmd: list[str], flag: str, value: str) -> bool:
+    if f"{flag}={value}" in cmd:
+        return True
+    return any(arg == flag and i + 1 < len(cmd) and cmd[i + 1] == value for i, arg in enumerate(cmd))
+
+
+def _scan_processes() -> dict[int, dict[str, Any]]:
+    uid = os.getuid()
+    out: dict[int, dict[str, Any]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if entry.stat().st_uid != uid:
+                continue
+            cmd = (entry / "cmdline").read_bytes().split(b"\0")
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            ppid, pgid, sid = int(fields[1]), int(fields[2]), int(fields[3])
+        except (OSError, ValueError, IndexError):
+            continue
+        out[int(entry.name)] = {
+            "cmd": [c.decode(errors="replace") for c in cmd if c], "ppid": ppid, "pgid": pgid, "sid": sid,
+        }
+    return out
+
+
+def _with_descendants(roots: set[int], procs: dict[int, dict[str, Any]]) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for pid, info in procs.items():
+        children.setdefault(info["ppid"], []).append(pid)
+    out = set()
+    stack = list(roots)
+    while stack:
+        pid = stack.pop()
+        if pid in out:
+            continue
+        out.add(pid)
+        stack.extend(children.get(pid, []))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return state not in ("Z", "X")
+    except (OSError, IndexError):
+        return False

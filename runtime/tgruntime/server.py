@@ -1,0 +1,105 @@
+"""Server entrypoint: create a TrainerGroup's detached worker group, announce it, exit.
+
+    python -m tgruntime.server -f tg.yaml              # tgctl up runs this
+    python -m tgruntime.server --spec-b64 B64 --generation N   # the operator's Ray job
+
+It connects to Ray, creates the group (re-using a healthy group of the same generation,
+so a retried job is idempotent), runs ``init_model`` on every worker, publishes the
+group record, prints one ``TG_GROUP_READY {json}`` line and exits 0. Any failure tears
+down whatever this run created, prints ``TG_GROUP_FAILED {json}`` and exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import logging
+import sys
+import time
+from typing import Any
+
+import tgspec
+from tgruntime import groups
+from tgruntime.controller import WorkerGroup, teardown_group
+from tgruntime.controller.errors import GroupNotFoundError, TrainerGroupError
+from tgruntime.ray_connect import connect
+
+log = logging.getLogger("tgruntime.server")
+
+
+def load_resource(args: argparse.Namespace) -> tgspec.TrainerGroup:
+    if args.file:
+        return tgspec.load_file(args.file, local=True)
+    raw = base64.b64decode(args.spec_b64).decode() if args.spec_b64 else args.spec_json
+    return tgspec.parse_resource(json.loads(raw), local=True)
+
+
+def existing_healthy(tg: tgspec.TrainerGroup, generation: int) -> WorkerGroup | None:
+    """A live group of the same generation (a retried job), or None after removing a stale one."""
+    try:
+        wg = WorkerGroup.attach(group_name=tg.group_name, namespace=tg.ray_namespace, timeout_s=10)
+    except GroupNotFoundError:
+        return None
+    states = [h.state for h in wg.health(timeout_s=10)]
+    if wg.generation == generation and all(s == "ALIVE" for s in states):
+        log.info("group %s generation %d already running and healthy: re-using it", tg.group_name, generation)
+        return wg
+    log.warning("removing stale group %s (generation %d, states %s) before creating generation %d",
+                tg.group_name, wg.generation, states, generation)
+    teardown_group(group_name=tg.group_name, namespace=tg.ray_namespace)
+    return None
+
+
+def run(tg: tgspec.TrainerGroup, *, generation: int, address: str | None) -> dict[str, Any]:
+    connect(address=address, namespace=tg.ray_namespace)
+    wg = existing_healthy(tg, generation)
+    created = wg is None
+    try:
+        if wg is None:
+            t0 = time.monotonic()
+            wg = groups.create_group(tg, generation=generation)
+            log.info("created %d workers in %.1fs: %s", wg.world_size, time.monotonic() - t0, wg.worker_names)
+        t0 = time.monotonic()
+        wg.init_model()
+        mesh = groups.mesh_of(tg.spec)
+        log.info("init_model done in %.1fs, mesh %s", time.monotonic() - t0, mesh)
+        return groups.ready_payload(wg, mesh=mesh, worker_class=tg.spec.workers.worker_class)
+    except BaseException:
+        if created:
+            log.error("creation failed: tearing down what this run created")
+            teardown_group(group_name=tg.group_name, namespace=tg.ray_namespace)
+        raise
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tgruntime.server", description=__doc__.splitlines()[0])
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("-f", "--file", help="TrainerGroup YAML file")
+    src.add_argument("--spec-b64", help="base64 of the TrainerGroup object as JSON (the operator's form)")
+    src.add_argument("--spec-json", help="the TrainerGroup object as JSON")
+    p.add_argument("--generation", type=int, default=0, help="group generation (restarts increase it)")
+    p.add_argument("--address", default=None, help="Ray address (default: RAY_ADDRESS or auto)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    try:
+        tg = load_resource(args)
+        payload = run(tg, generation=args.generation, address=args.address)
+    except (tgspec.SpecErrors, ValueError, TrainerGroupError) as exc:
+        print(groups.tagged(groups.FAILED_TAG, {"error": str(exc), "kind": type(exc).__name__}), flush=True)
+        print(f"tgruntime.server: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:
+        log.exception("server failed")
+        print(groups.tagged(groups.FAILED_TAG, {"error": f"{type(exc).__name__}: {exc}", "kind": type(exc).__name__}), flush=True)
+        return 1
+    print(groups.tagged(groups.READY_TAG, payload), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,142 @@
+"""``MegatronTrainer``: the built-in TrainerGroup worker (a Ray actor of the controller layer).
+
+Each actor is one rank of the training job and drives one :class:`TrainEngine`. Group
+calls fan out as the decorators say: set-up, checkpoints and queries go to every rank
+(``ONE_TO_ALL``); ``train_model`` is mesh-aware: the client's batch is split by
+data-parallel rank of the ``"train"`` mesh, every rank of a data shard (its tensor and
+pipeline peers) gets the same part, and only the collected rank of each shard (tensor rank
+0 of the last pipeline stage) returns its output.
+
+Wire format of ``train_model``: in, a DataProto with ``batch["input_ids"]`` int64
+``[B, S]``; out, a DataProto with ``batch["loss"]`` float32 ``[B_shard]`` (mean next-token
+loss per sample) and ``meta_info`` metrics of the whole step: ``loss`` (mean over the global
+batch), ``grad_norm``, ``tokens`` (global), ``step_time_s``, ``step``, ``lr``, ``skipped``,
+``rank``, ``dp_rank``, ``shard_loss``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+from tgspec import TrainerGroupSpec, parse_spec
+
+from tgruntime.controller import (
+    DataProto,
+    Dispatch,
+    Worker,
+    make_nd_compute_dataproto_dispatch_fn,
+    register,
+)
+from tgruntime.trainer.engine import StepResult, TrainEngine
+
+__all__ = ["TRAIN_MESH", "MegatronTrainer"]
+
+TRAIN_MESH = "train"
+
+
+class MegatronTrainer(Worker):
+    """One rank of a Megatron GPT training job inside a TrainerGroup."""
+
+    def __init__(self, spec_json: str) -> None:
+        super().__init__()
+        self.spec: TrainerGroupSpec = parse_spec(json.loads(spec_json), local=True)
+        self.engine: TrainEngine | None = None
+        self.resumed_from: str | None = None
+
+    def _engine(self) -> TrainEngine:
+        if self.engine is None:
+            raise RuntimeError(f"rank {self.rank}: call init_model() before training")
+        return self.engine
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> dict[str, Any]:
+        """Join torch.distributed, build model and optimizer, resume from the newest checkpoint.
+
+        Returns this rank's mesh (``TrainEngine.mesh()``) plus ``resumed_step`` (None when
+        ``training.checkpointDir`` is empty or holds no complete checkpoint).
+        """
+        if self.engine is None:
+            self.engine = TrainEngine.create(spec=self.spec)
+            release = getattr(self, "release_master_port", None)
+            if release is not None:  # the process group is up: the port is the store's now
+                release()
+            mesh = self.engine.mesh_info
+            self._register_dispatch_collect_info(
+                TRAIN_MESH, dp_rank=mesh.dp_rank, is_collect=mesh.is_collect
+            )
+            root = self.spec.training.checkpoint_dir
+            if root:
+                from tgruntime.trainer.checkpoint import latest_checkpoint
+
+                found = latest_checkpoint(root)
+                if found is not None:
+                    self.engine.load_checkpoint(found)
+                    self.resumed_from = str(found)
+        return self.get_mesh()
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name=TRAIN_MESH))
+    def train_model(self, data: DataProto) -> DataProto:
+        """One optimizer step on this data shard's part of the batch."""
+        engine = self._engine()
+        if data.batch is None or "input_ids" not in data.batch:
+            raise ValueError("train_model needs a DataProto with batch['input_ids'] (int64 [B, S])")
+        result = engine.train_step(data.batch["input_ids"])
+        return DataProto.from_dict(
+            tensors={"loss": torch.tensor(result.per_sample_loss, dtype=torch.float32)},
+            meta_info=self._step_metrics(engine, result),
+        )
+
+    def _step_metrics(self, engine: TrainEngine, result: StepResult) -> dict[str, Any]:
+        mesh = engine.mesh_info
+        metrics = result.metrics()
+        metrics.update(rank=self.rank, dp_rank=mesh.dp_rank, shard_loss=result.loss)
+        if mesh.dp_size > 1:
+            # meta_info of the first collected shard stands for the step: make it global.
+            totals = torch.tensor(
+                [result.loss * result.tokens, float(result.tokens)],
+                dtype=torch.float64,
+                device=engine.device,
+            )
+            dist.all_reduce(totals, group=parallel_state.get_data_parallel_group())
+            loss_tokens, tokens = totals.tolist()
+            metrics.update(loss=loss_tokens / tokens, tokens=int(tokens))
+        return metrics
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str | None = None) -> str:
+        """Write a checkpoint (default ``{checkpointDir}/step_{step:08d}``); returns its path."""
+        return self._engine().save_checkpoint(path)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> int:
+        """Restore model, optimizer, step and RNG from ``path``; returns the restored step."""
+        return self._engine().load_checkpoint(path)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def get_mesh(self) -> dict[str, Any]:
+        out = self._engine().mesh()
+        out["resumed_from"] = self.resumed_from
+        return out
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def health(self) -> dict[str, Any]:
+        return {
+            "ok": True,
+            "rank": self.rank,
+            "pid": os.getpid(),
+            "initialized": self.engine is not None,
+            "step": self.engine.step if self.engine is not None else None,
+        }
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def shutdown(self) -> bool:
+        """Destroy the engine's process groups (before the actors are killed)."""
+        if self.engine is not None:
+            self.engine.shutdown()
+            self.engine = None
+        return True

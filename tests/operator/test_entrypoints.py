@@ -1,0 +1,90 @@
+"""Entrypoint command lines and the runtime's output lines (docs/contracts.md)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import shlex
+
+from tg_operator import entrypoints, names
+from tgspec import parse_resource, to_wire
+
+from tests.operator.helpers import trainergroup
+
+
+def test_server_entrypoint_carries_the_whole_object() -> None:
+    tg = trainergroup()
+    cmd = shlex.split(entrypoints.server_entrypoint(tg, python="/opt/py env/python", generation=3))
+    assert cmd[:3] == ["/opt/py env/python", "-m", "tgruntime.server"]
+    assert cmd[cmd.index("--generation") + 1] == "3"
+    doc = json.loads(base64.b64decode(cmd[cmd.index("--spec-b64") + 1]))
+    assert doc["kind"] == "TrainerGroup" and doc["metadata"]["name"] == "demo"
+    again = parse_resource(doc)
+    assert to_wire(again.spec) == to_wire(tg.spec)
+
+
+def test_teardown_entrypoint() -> None:
+    cmd = shlex.split(
+        entrypoints.teardown_entrypoint(
+            trainergroup(), python="python", ray_namespace="tg-team-a-demo"
+        )
+    )
+    assert cmd == [
+        "python",
+        "-m",
+        "tgruntime.teardown",
+        "--group",
+        "demo",
+        "--ray-namespace",
+        "tg-team-a-demo",
+    ]
+
+
+def test_submission_ids_are_deterministic_and_per_object() -> None:
+    tg = trainergroup()
+    assert names.server_submission_id(tg, generation=2) == "tg-team-a-demo-0b1c2d3e-g2"
+    assert (
+        names.teardown_submission_id(tg, generation=2, attempt=1)
+        == "tg-team-a-demo-0b1c2d3e-teardown-g2-1"
+    )
+    other = trainergroup(uid="ffffffff-0000-0000-0000-000000000000")
+    assert names.server_submission_id(other, generation=2) != names.server_submission_id(
+        tg, generation=2
+    )
+
+
+def test_group_ready_line_is_parsed_from_noisy_logs() -> None:
+    payload = {
+        "groupName": "demo",
+        "rayNamespace": "tg-team-a-demo",
+        "generation": 2,
+        "workerNames": ["demoTrainer_0:0", "demoTrainer_0:1"],
+        "worldSize": 2,
+        "mesh": {"tp": 1, "pp": 1, "cp": 1, "dp": 2},
+        "workerClass": "tests.x:Noop",
+    }
+    logs = "\n".join(
+        [
+            "2026-01-01 INFO worker.py: Connecting to existing Ray cluster",
+            "TG_GROUP_READY not-json-from-an-older-attempt",
+            f"TG_GROUP_READY {json.dumps(payload)}",
+            "(raylet) some trailing noise",
+        ]
+    )
+    rec = entrypoints.parse_group_ready(logs)
+    assert rec is not None
+    assert rec.worker_names == ("demoTrainer_0:0", "demoTrainer_0:1")
+    assert (rec.generation, rec.world_size, rec.mesh["dp"]) == (2, 2, 2)
+    assert entrypoints.parse_group_ready("nothing here") is None
+
+
+def test_failure_and_teardown_lines() -> None:
+    assert entrypoints.parse_group_failed('x\nTG_GROUP_FAILED {"error": "no GPUs"}\n') == "no GPUs"
+    assert entrypoints.parse_group_failed("Traceback ...") is None
+    assert entrypoints.parse_teardown(
+        'TG_TEARDOWN {"actorsKilled": 2, "placementGroupsRemoved": 1}'
+    ) == {
+        "actorsKilled": 2,
+        "placementGroupsRemoved": 1,
+    }
+    assert entrypoints.tail("a\n\nb\nc\nd\n", lines=2) == "c | d"

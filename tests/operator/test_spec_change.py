@@ -1,0 +1,69 @@
+"""Which spec changes re-create the group, the cluster, or nothing."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any
+
+import pytest
+from tg_operator.spec_change import SpecChange, classify, cluster_hash, group_hash
+from tgspec import TrainerGroupStatus, parse_resource
+
+from tests.operator.helpers import body
+
+
+def _running(b: dict[str, Any]) -> TrainerGroupStatus:
+    tg = parse_resource(b)
+    return TrainerGroupStatus(
+        group_generation=0,
+        submission_id="tg-team-a-demo-0b1c2d3e-g0",
+        spec_hash=group_hash(tg.spec),
+        cluster_hash=cluster_hash(tg.spec),
+    )
+
+
+def _changed(mutate: Any) -> SpecChange:
+    old = body()
+    status = _running(old)
+    new = copy.deepcopy(old)
+    mutate(new)
+    return classify(status, parse_resource(new).spec)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (lambda b: b["metadata"].setdefault("labels", {}).update(team="x"), SpecChange.NONE),
+        (lambda b: b["metadata"].setdefault("annotations", {}).update(a="b"), SpecChange.NONE),
+        (lambda b: b["spec"].update(restartPolicy="Never"), SpecChange.NONE),
+        (lambda b: b["spec"].update(timeouts={"clusterReadySeconds": 5}), SpecChange.NONE),
+        (lambda b: b["spec"]["model"].update(numLayers=4), SpecChange.GROUP),
+        (lambda b: b["spec"].update(optimizer={"lr": 1e-3}), SpecChange.GROUP),
+        (lambda b: b["spec"]["workers"].update(processesPerNode=[1]), SpecChange.GROUP),
+        (lambda b: b["spec"]["training"].update(batchSize=8), SpecChange.GROUP),
+        (lambda b: b["spec"].update(image="other:1"), SpecChange.CLUSTER),
+        (lambda b: b["spec"]["rayCluster"]["workers"].update(replicas=2), SpecChange.CLUSTER),
+        (
+            lambda b: (b["spec"].pop("rayCluster"), b["spec"].update(rayClusterRef={"name": "s"})),
+            SpecChange.CLUSTER,
+        ),
+    ],
+)
+def test_classification(mutate: Any, expected: SpecChange) -> None:
+    assert _changed(mutate) is expected
+
+
+def test_no_group_yet_means_nothing_to_recreate() -> None:
+    tg = parse_resource(body())
+    assert classify(TrainerGroupStatus(), tg.spec) is SpecChange.NONE
+    # after a teardown the bookkeeping is cleared until the next submission
+    st = dataclasses.replace(_running(body()), submission_id="", spec_hash="", cluster_hash="")
+    assert classify(st, parse_resource(body(image="x:2")).spec) is SpecChange.NONE
+
+
+def test_hashes_ignore_defaults_spelling() -> None:
+    a = parse_resource(body())
+    b_ = body()
+    b_["spec"]["parallelism"] = {"tensor": 1, "pipeline": 1}  # explicit defaults
+    assert group_hash(a.spec) == group_hash(parse_resource(b_).spec)

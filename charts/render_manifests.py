@@ -68,7 +68,7 @@ _HELM_LABEL = re.compile(r"^\s+(helm\.sh/chart: .*|app\.kubernetes\.io/managed-b
 def find_helm() -> str:
     """The helm binary to use, or raise FileNotFoundError saying where it was looked for."""
     env = os.environ.get("HELM")
-    if env:
+    if env and (shutil.which(env) or os.access(env, os.X_OK)):
         return env
     on_path = shutil.which("helm")
     if on_path:

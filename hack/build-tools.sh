@@ -59,9 +59,24 @@ complete() {
 module_dir() {  # <module@version> -> its directory in the module cache
   (cd "${TMPDIR:-/tmp}" && "$GO" mod download -json "$1") | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p'
 }
+# One writer at a time per cache root (two pytest sessions starting together, say).
+LOCKED=0
+lock() {
+  (( LOCKED )) && return 0
+  mkdir -p "$CACHE_ROOT"
+  exec 9>"$CACHE_ROOT/.lock"
+  if ! flock -w 5400 9; then
+    die "timed out after 90 min waiting for another build to release $CACHE_ROOT/.lock"
+  fi
+  LOCKED=1
+}
+
 ensure_assets() {  # <dest dir>
   local dest="$1" stage kuberay kwok tmp
   [[ -f "$dest/assets/ASSETS_OK" ]] && return 0
+  lock
+  [[ -f "$dest/assets/ASSETS_OK" ]] && return 0
+  rm -rf "$dest"/.assets.*   # left by an interrupted run (we hold the lock)
   kuberay="$(module_dir "github.com/ray-project/kuberay/ray-operator@$KUBERAY_VERSION")"
   kwok="$(module_dir "sigs.k8s.io/kwok@$KWOK_VERSION")"
   [[ -d "$kuberay/config/crd/bases" ]] || die "KubeRay CRDs not found under '$kuberay/config/crd/bases'; check KUBERAY_VERSION and Go proxy access"
@@ -79,7 +94,7 @@ ensure_assets() {  # <dest dir>
   chmod -R u+w "$tmp"
   touch "$tmp/ASSETS_OK"
   rm -rf "$dest/assets"
-  mv "$tmp" "$dest/assets"
+  mv -T "$tmp" "$dest/assets"
   log "assets ready: $dest/assets (KubeRay CRDs, kwok stages)"
 }
 
@@ -90,12 +105,7 @@ if complete; then
   exit 0
 fi
 
-mkdir -p "$CACHE_ROOT"
-# One build at a time per cache root (two pytest sessions starting together, say).
-exec 9>"$CACHE_ROOT/.lock"
-if ! flock -w 5400 9; then
-  die "timed out after 90 min waiting for another build to release $CACHE_ROOT/.lock"
-fi
+lock
 if complete; then
   ensure_assets "$DEST"
   log "built by another process meanwhile: $BIN"
@@ -103,6 +113,7 @@ if complete; then
   exit 0
 fi
 
+rm -rf "$CACHE_ROOT"/.build-*   # left by an interrupted build (we hold the lock)
 TMP="$(mktemp -d "$CACHE_ROOT/.build-$HASH.XXXXXX")"
 trap 'rm -rf "$TMP"' EXIT
 mkdir -p "$TMP/bin" "$TMP/src"
@@ -195,7 +206,7 @@ ELAPSED=$(( $(date +%s) - START ))
 
 rm -rf "$TMP/src"
 if [[ -d "$DEST" ]]; then rm -rf "$DEST"; fi   # an incomplete earlier attempt
-mv "$TMP" "$DEST"
+mv -T "$TMP" "$DEST"
 trap - EXIT
 ensure_assets "$DEST"
 log "done in ${ELAPSED}s ($(( ELAPSED / 60 )) min): $BIN"

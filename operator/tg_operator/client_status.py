@@ -13,11 +13,21 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
-from tgspec import TrainerGroupStatus, parse_status
+from tgspec import TrainerGroupSpec, TrainerGroupStatus, parse_resource, parse_status
 
 from tg_operator.kube import KubeApi, api_client, default_namespace
+
+
+class ReadyGroup(NamedTuple):
+    """A Ready TrainerGroup: its status (the client contract) and its parsed spec.
+
+    A tuple, so ``status, spec = wait_for_ready_sync(...)`` works.
+    """
+
+    status: TrainerGroupStatus
+    spec: TrainerGroupSpec
 
 
 class TrainerGroupNotFound(LookupError):
@@ -70,8 +80,8 @@ def wait_for_ready_sync(
     timeout_s: float = 900.0,
     poll_s: float = 2.0,
     on_progress: Callable[[TrainerGroupStatus], None] | None = None,
-) -> TrainerGroupStatus:
-    """Poll until the TrainerGroup is Ready; its status then.
+) -> ReadyGroup:
+    """Poll until the TrainerGroup is Ready; its status and spec then.
 
     Raises :class:`TrainerGroupFailed` when the phase is Failed,
     :class:`TrainerGroupNotFound` when the object does not exist, and
@@ -94,7 +104,7 @@ def wait_for_ready_sync(
                 on_progress(st)
             last = st
             if is_ready(obj):
-                return st
+                return ReadyGroup(status=st, spec=parse_resource(obj).spec)
             generation = int(obj.get("metadata", {}).get("generation") or 0)
             if st.phase == "Failed" and st.observed_generation >= generation:
                 raise TrainerGroupFailed(
@@ -118,7 +128,7 @@ async def wait_for_ready(
     kubeconfig: str | None = None,
     timeout_s: float = 900.0,
     poll_s: float = 2.0,
-) -> TrainerGroupStatus:
+) -> ReadyGroup:
     """Async form of :func:`wait_for_ready_sync` (runs it in a worker thread)."""
     return await asyncio.to_thread(
         wait_for_ready_sync,

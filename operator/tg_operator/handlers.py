@@ -59,11 +59,11 @@ def _ctx(memo: Any) -> Context:
 def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     """Register every handler on ``registry``."""
 
-    @kopf.on.login(registry=registry)
+    @kopf.on.login(registry=registry, id="login")
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
         return kopf.login_via_client(**kwargs)
 
-    @kopf.on.startup(registry=registry)
+    @kopf.on.startup(registry=registry, id="startup")
     async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
         configure_settings(settings, config)
         memo["ctx"] = Context(
@@ -73,15 +73,15 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         )
         metrics.serve(config.metrics_port)
 
-    @kopf.on.cleanup(registry=registry)
+    @kopf.on.cleanup(registry=registry, id="cleanup")
     async def cleanup(memo: kopf.Memo, **_: Any) -> None:
         ctx = memo.get("ctx")
         if isinstance(ctx, Context):
             await ctx.close()
 
-    @kopf.on.resume(*TG, registry=registry)
-    @kopf.on.create(*TG, registry=registry)
-    @kopf.on.update(*TG, registry=registry)
+    @kopf.on.resume(*TG, registry=registry, id="reconcile")
+    @kopf.on.create(*TG, registry=registry, id="reconcile")
+    @kopf.on.update(*TG, registry=registry, id="reconcile")
     async def reconcile_trainergroup(
         name: str, namespace: str | None, body: kopf.Body, memo: Any, reason: str, **_: Any
     ) -> None:
@@ -96,13 +96,14 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         if not step.done:
             raise kopf.TemporaryError(step.message, delay=max(step.delay, 1.0))
 
-    @kopf.on.delete(*TG, registry=registry)
+    @kopf.on.delete(*TG, registry=registry, id="cleanup-ray")
     async def delete_trainergroup(body: kopf.Body, memo: kopf.Memo, retry: int, **_: Any) -> None:
         await deletion.finalize(_ctx(memo), body=body, sink=KopfEvents(body), retry=retry)
 
     @kopf.timer(
         *TG,
         registry=registry,
+        id="health",
         interval=config.health_interval_s,
         initial_delay=config.health_interval_s,
     )

@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.save_checkpoint:
             wg.save_checkpoint(args.save_checkpoint)
             log.info("checkpoint saved to %s", args.save_checkpoint)
-    except (tgspec.SpecErrors, ValueError, TrainerGroupError, TimeoutError) as exc:
+    except (tgspec.SpecErrors, ValueError, LookupError, RuntimeError, TrainerGroupError, TimeoutError) as exc:
         print(f"tgruntime.client: {exc}", file=sys.stderr)
         return 1
     first, last = reports[0].loss, reports[-1].loss

@@ -78,7 +78,18 @@ def create_group(tg: tgspec.TrainerGroup, *, generation: int) -> WorkerGroup:
         pg_timeout_s=float(tg.spec.timeouts.workers_ready_seconds),
         actor_timeout_s=float(tg.spec.timeouts.workers_ready_seconds),
         mesh=mesh_of(tg.spec),
+        env=worker_env(tg.spec),
     )
+
+
+def worker_env(spec: tgspec.TrainerGroupSpec) -> dict[str, str]:
+    """Environment for every worker actor.
+
+    GPU workers see all GPUs of their node (each still uses only the one Ray assigned it,
+    see ``trainer.distributed``): with one visible GPU per process NCCL cannot use direct
+    peer-to-peer copies, and tensor-parallel all-reduces get slower.
+    """
+    return {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"} if spec.workers.use_gpu else {}
 
 
 def mesh_of(spec: tgspec.TrainerGroupSpec) -> dict[str, int]:

@@ -241,7 +241,7 @@ def start_local_head(
         )}
         cmd = [
             _ray_executable(), "start", "--head", "--block", "--disable-usage-stats",
-            "--include-dashboard=true", "--dashboard-host=127.0.0.1",
+            f"--include-dashboard={'true' if _dashboard_wanted() else 'false'}", "--dashboard-host=127.0.0.1",
             f"--temp-dir={root}", f"--num-cpus={cpus}", f"--num-gpus={gpus}",
             *[f"--{name}={port}" for name, port in ports.items()],
         ]
@@ -268,6 +268,11 @@ def start_local_head(
     raise RayConnectError(f"local Ray head did not start: {last_error}")
 
 
+def _dashboard_wanted() -> bool:
+    """False when TG_RAY_INCLUDE_DASHBOARD=0 (machines without ray[default]'s extras, e.g. the GPU box)."""
+    return os.environ.get("TG_RAY_INCLUDE_DASHBOARD", "1") != "0"
+
+
 def _wait_head(proc: subprocess.Popen[bytes], head: LocalHead, *, timeout_s: float) -> str:
     deadline = time.monotonic() + timeout_s
     host, port = parse_address(head.gcs_address)
@@ -279,6 +284,8 @@ def _wait_head(proc: subprocess.Popen[bytes], head: LocalHead, *, timeout_s: flo
             gcs_up = not _tcp_error(host, port, timeout_s=1.0)
         if gcs_up and not node_up:
             node_up = bool(_cluster_nodes(head.gcs_address, timeout_s=2.0))
+        if node_up and not dash_up and not _dashboard_wanted():
+            dash_up = True  # TG_RAY_INCLUDE_DASHBOARD=0: a head without the dashboard
         if node_up and not dash_up:
             with contextlib.suppress(Exception), urllib.request.urlopen(
                 f"{head.dashboard_url}/api/version", timeout=2

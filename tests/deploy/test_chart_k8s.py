@@ -472,7 +472,15 @@ def test_client_reads_its_trainergroup_and_nothing_else(
         "--subresource=status",
         "--type=merge",
         "-p",
-        json.dumps({"status": {"phase": "Ready", "rayNamespace": "r-ns"}}),
+        json.dumps(
+            {
+                "status": {
+                    "phase": "Ready",
+                    "rayNamespace": "r-ns",
+                    "rayAddress": "mine-head-svc:6379",
+                }
+            }
+        ),
     )
     kc = release.client_kubeconfig("tg-client", ns)
     assert whoami(kc) == f"system:serviceaccount:{ns}:tg-client"

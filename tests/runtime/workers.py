@@ -8,7 +8,6 @@ from typing import Any
 
 import torch
 from tensordict import TensorDict
-
 from tgruntime.controller import (
     DataProto,
     Dispatch,
@@ -83,9 +82,9 @@ class Echo(Worker):
     def double_async(self, data: DataProto) -> DataProto:
         return DataProto.from_dict(tensors={"x": data.batch["x"] * 2})
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
-    def chunk_len(self, data: DataProto) -> list[int]:
-        return [len(data)]
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_METRIC)
+    def chunk_len(self, data: DataProto) -> int:
+        return len(data)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def echo(self, data: DataProto) -> DataProto:
@@ -126,20 +125,6 @@ class Echo(Worker):
         time.sleep(seconds)
         return seconds
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def allreduce(self) -> list[float]:
-        """torch.distributed (gloo) across the group, initialised from the Worker's env."""
-        self.init_torch_distributed(backend="gloo", timeout_s=60)
-        import torch.distributed as dist
-
-        t = torch.tensor([float(self.rank + 1)])
-        dist.all_reduce(t)
-        return t.tolist()
-
-
-class Consumer(Worker):
-    """A second worker class for chaining non-blocking results between groups."""
-
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def consume(self, data: DataProto) -> DataProto:
         return DataProto(batch=TensorDict({"z": data.batch["x"] + 1}, batch_size=[len(data)]))
@@ -152,14 +137,12 @@ class Consumer(Worker):
     def take(self, value: int) -> int:
         return value * 10
 
-
-class Broken(Worker):
-    """Its constructor raises: group creation must fail clearly and clean up."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        raise RuntimeError("constructor exploded on purpose")
-
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def noop(self) -> None:
-        return None
+    def allreduce(self) -> list[float]:
+        """torch.distributed (gloo) across the group, initialised from the Worker's env."""
+        self.init_torch_distributed(backend="gloo", timeout_s=60)
+        import torch.distributed as dist
+
+        t = torch.tensor([float(self.rank + 1)])
+        dist.all_reduce(t)
+        return t.tolist()

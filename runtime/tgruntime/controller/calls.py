@@ -7,6 +7,7 @@ reported at once instead of after its peers finish (or hang in a collective).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -66,7 +67,7 @@ def translate(exc: BaseException, refs: Sequence[Any], ctx: CallContext) -> Base
                 cause=actor_error_cause(cause), method=ctx.method,
             )
         error_type = type(cause).__name__ if cause is not None else "Exception"
-        summary = str(cause) if cause is not None else str(exc)
+        summary = str(cause) if cause is not None else _strip_ansi(str(exc))
         return WorkerMethodError(
             group_name=ctx.group_name,
             rank=rank,
@@ -74,7 +75,7 @@ def translate(exc: BaseException, refs: Sequence[Any], ctx: CallContext) -> Base
             method=ctx.method,
             error_type=error_type,
             summary=summary.strip().splitlines()[0] if summary.strip() else error_type,
-            remote_traceback=_short_traceback(exc.traceback_str or ""),
+            remote_traceback=_short_traceback(_remote_traceback(exc)),
         )
     return exc
 
@@ -112,6 +113,23 @@ def _failed_index(exc: BaseException, refs: Sequence[Any], ctx: CallContext) -> 
         except Exception:
             return i
     return None
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _strip_ansi(text: str) -> str:
+    return _ANSI.sub("", text)
+
+
+def _remote_traceback(exc: RayTaskError) -> str:
+    """The worker-side traceback Ray formatted into the error (attribute names vary by version)."""
+    text = getattr(exc, "traceback_str", None)
+    if not text:
+        args = getattr(exc, "_ray_task_error_args", None)
+        if isinstance(args, tuple | list) and len(args) > 1 and isinstance(args[1], str):
+            text = args[1]
+    return _strip_ansi(text or str(exc))
 
 
 def _short_traceback(text: str, max_lines: int = 30) -> str:

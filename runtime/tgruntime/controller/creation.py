@@ -51,6 +51,7 @@ class Launched:
     worker_names: tuple[str, ...]
     handles: tuple[Any, ...]
     record: registry.GroupRecord
+    placement_groups: tuple[PlacementGroup, ...]
 
 
 def launch(
@@ -155,7 +156,7 @@ def launch(
     except BaseException:
         teardown_group(group_name=group_name, namespace=namespace, timeout_s=30, extra_worker_names=names)
         raise
-    return Launched(worker_names=tuple(names), handles=tuple(handles), record=record)
+    return Launched(worker_names=tuple(names), handles=tuple(handles), record=record, placement_groups=tuple(pgs))
 
 
 def _actor_options(

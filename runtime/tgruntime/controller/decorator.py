@@ -12,6 +12,7 @@ it gets does three small things on the worker side:
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import inspect
@@ -180,7 +181,7 @@ def register(
                 return _trim(await func(*args, **kwargs), trim)
 
             setattr(async_inner, SPEC_ATTR, spec)
-            async_inner.__signature__ = _with_trim_kwarg(func)  # type: ignore[attr-defined]
+            _expose_signature(async_inner, func)
             return async_inner  # type: ignore[return-value]
 
         @functools.wraps(func)
@@ -191,20 +192,26 @@ def register(
             return _trim(func(*args, **kwargs), trim)
 
         setattr(inner, SPEC_ATTR, spec)
-        inner.__signature__ = _with_trim_kwarg(func)  # type: ignore[attr-defined]
+        _expose_signature(inner, func)
         return inner  # type: ignore[return-value]
 
     return decorator
 
 
-def _with_trim_kwarg(func: Callable[..., Any]) -> inspect.Signature:
-    """The method's signature plus the controller's keyword (Ray checks call signatures)."""
+def _expose_signature(wrapper: Any, func: Callable[..., Any]) -> None:
+    """Give the wrapper the method's signature plus the controller's keyword.
+
+    Ray validates call arguments against ``inspect.unwrap(method)``'s signature, so the
+    wrapper must not point at ``func`` through ``__wrapped__`` (Ray would check against
+    ``func``, which lacks the keyword).
+    """
     sig = inspect.signature(func)
     params = list(sig.parameters.values())
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        return sig
-    params.append(inspect.Parameter(TRIM_KWARG, inspect.Parameter.KEYWORD_ONLY, default=None))
-    return sig.replace(parameters=params)
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        params.append(inspect.Parameter(TRIM_KWARG, inspect.Parameter.KEYWORD_ONLY, default=None))
+    wrapper.__signature__ = sig.replace(parameters=params)
+    with contextlib.suppress(AttributeError):
+        del wrapper.__wrapped__
 
 
 def method_spec(obj: Any) -> MethodSpec | None:
@@ -252,6 +259,8 @@ def _trim(output: Any, trim: Any) -> Any:
 
 
 def _import_path(obj: Any) -> str:
+    if isinstance(obj, _LazyImport):
+        return obj.path
     module = getattr(obj, "__module__", None)
     qualname = getattr(obj, "__qualname__", None)
     if isinstance(obj, functools.partial) or not module or not qualname or "<" in qualname:

@@ -89,6 +89,7 @@ class WorkerGroup:
         self._collect_info: dict[str, list[bool]] = {}
         self._actor_ids: tuple[str, ...] = tuple(h._actor_id.hex() if h is not None else "" for h in handles)
         self._all_ctx: dict[str, CallContext] = {}
+        self._placement_groups: list[Any] = []
         reserved = set(dir(type(self)))
         for name, spec in self._methods.items():
             if name not in reserved:
@@ -135,7 +136,7 @@ class WorkerGroup:
             mesh=mesh,
             placement_groups=placement_groups,
         )
-        return group_cls(
+        group = group_cls(
             group_name=group_name,
             namespace=namespace,
             worker_names=launched.worker_names,
@@ -145,6 +146,8 @@ class WorkerGroup:
             record=launched.record,
             call_timeout_s=call_timeout_s,
         )
+        group._placement_groups = list(launched.placement_groups)
+        return group
 
     @classmethod
     def attach(
@@ -290,6 +293,11 @@ class WorkerGroup:
     def workers(self) -> list[Any | None]:
         """The actor handles, in rank order."""
         return list(self._handles)
+
+    @property
+    def placement_groups(self) -> list[Any]:
+        """The placement groups this object created (empty for attached groups)."""
+        return list(self._placement_groups)
 
     @property
     def method_names(self) -> list[str]:

@@ -58,19 +58,25 @@ def capture_rng() -> dict[str, Any]:
         "numpy": np.random.get_state(),
         "torch": torch.get_rng_state(),
     }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         state["cuda"] = torch.cuda.get_rng_state()
         state["cuda_tracker"] = tensor_parallel.get_cuda_rng_tracker().get_states()
     return state
 
 
 def restore_rng(state: dict[str, Any]) -> None:
+    # RNG states are CPU byte tensors, whatever map_location moved them to.
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
+    torch.set_rng_state(state["torch"].cpu())
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
-        tensor_parallel.get_cuda_rng_tracker().set_states(state["cuda_tracker"])
+        torch.cuda.set_rng_state(state["cuda"].cpu())
+        tensor_parallel.get_cuda_rng_tracker().set_states(
+            {
+                k: v.cpu() if isinstance(v, torch.Tensor) else v
+                for k, v in state["cuda_tracker"].items()
+            }
+        )
 
 
 def write_shard(path: str | Path, mesh: Mesh, payload: dict[str, Any]) -> None:

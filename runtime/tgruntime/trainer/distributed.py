@@ -58,10 +58,41 @@ def select_device(settings: RuntimeSettings) -> torch.device:
     """Bind this process to its GPU (``LOCAL_RANK`` modulo the visible devices) or the CPU."""
     if not settings.on_gpu:
         return torch.device("cpu")
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    index = local_rank % torch.cuda.device_count()
+    index = _ray_assigned_gpu()
+    if index is None:
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        index = local_rank % torch.cuda.device_count()
     torch.cuda.set_device(index)
     return torch.device("cuda", index)
+
+
+def _ray_assigned_gpu() -> int | None:
+    """The GPU Ray assigned to this actor, when the actor sees all of the node's GPUs.
+
+    TrainerGroups start GPU workers with RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES=1 so
+    that every worker sees every GPU of its node: NCCL then uses direct peer-to-peer
+    (NVLink) between the ranks, which it cannot when each process sees only its own GPU.
+    Each worker must then pick the GPU Ray gave it (not LOCAL_RANK, which would collide
+    when two groups share a node).
+    """
+    if os.environ.get("RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES") != "1":
+        return None
+    try:
+        import ray
+
+        if not ray.is_initialized():
+            return None
+        ids = ray.get_gpu_ids()
+    except Exception:
+        return None
+    if not ids:
+        return None
+    physical = int(ids[0])
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        order = [v.strip() for v in visible.split(",")]
+        return order.index(str(physical)) if str(physical) in order else None
+    return physical
 
 
 def init_process_group(

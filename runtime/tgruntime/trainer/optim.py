@@ -52,7 +52,8 @@ __all__ = [
 class OptimizerLike(Protocol):
     """The slice of megatron's ``MegatronOptimizer`` the engine relies on."""
 
-    param_groups: list[dict[str, Any]]
+    @property
+    def param_groups(self) -> list[dict[str, Any]]: ...
 
     def zero_grad(self, set_to_none: bool = True) -> None: ...
     def step(self) -> tuple[bool, float | None, int | None]: ...
@@ -71,7 +72,8 @@ class LocalOptimizer:
     """AdamW with tensor-parallel-aware global-norm clipping, for CPU training."""
 
     def __init__(self, model: torch.nn.Module, spec: OptimizerSpec) -> None:
-        decay, no_decay = [], []
+        decay: list[torch.nn.Parameter] = []
+        no_decay: list[torch.nn.Parameter] = []
         for name, param in model.named_parameters():
             if param.requires_grad:
                 (no_decay if _no_weight_decay(name, param) else decay).append(param)

@@ -16,7 +16,7 @@ from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEm
 __all__ = ["DeviceLocalRotaryEmbedding", "make_rotary_cpu_safe"]
 
 
-class DeviceLocalRotaryEmbedding(RotaryEmbedding):
+class DeviceLocalRotaryEmbedding(RotaryEmbedding):  # type: ignore[misc]
     """``RotaryEmbedding`` whose frequencies stay on their own device."""
 
     def get_emb(self, max_seq_len: int, offset: int = 0) -> torch.Tensor:

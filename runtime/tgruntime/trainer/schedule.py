@@ -156,10 +156,14 @@ def finalize_grads_local(model: list[torch.nn.Module], *_: Any, **__: Any) -> No
     grads = [p.grad for chunk in model for p in chunk.parameters() if p.grad is not None]
     if not grads:
         return
-    flat = torch._utils._flatten_dense_tensors(grads)
+    flat = torch._utils._flatten_dense_tensors(grads)  # type: ignore[no-untyped-call]
     dist.all_reduce(flat, group=group)
     flat /= parallel_state.get_data_parallel_world_size()
-    for grad, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads), strict=True):
+    for grad, synced in zip(
+        grads,
+        torch._utils._unflatten_dense_tensors(flat, grads),  # type: ignore[no-untyped-call]
+        strict=True,
+    ):
         grad.copy_(synced)
 
 

@@ -30,7 +30,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 __all__ = ["SDPAttention"]
 
 
-class SDPAttention(MegatronModule):
+class SDPAttention(MegatronModule):  # type: ignore[misc]
     """Causal (or masked) softmax attention through ``F.scaled_dot_product_attention``."""
 
     def __init__(

@@ -50,7 +50,7 @@ def flops_per_step(spec: TrainerGroupSpec) -> float:
         2 * h * (h + 2 * kv) + 2 * 2 * s * h + 2 * h * h + 2 * h * m.ffn_hidden_size * mlp_mats
     )
     per_token = m.num_layers * per_token_layer + 2 * h * m.vocab_size
-    return 3.0 * per_token * t.batch_size * s
+    return float(3.0 * per_token * t.batch_size * s)
 
 
 def summarize(times: list[float]) -> dict[str, float]:
@@ -101,7 +101,8 @@ def matmul_tflops(*, size: int = 8192, repeats: int = 10, warmup: int = 3) -> fl
     b = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
     for _ in range(warmup):
         a @ b
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
     rates = []
     for _ in range(repeats):
         start.record()
@@ -109,4 +110,4 @@ def matmul_tflops(*, size: int = 8192, repeats: int = 10, warmup: int = 3) -> fl
         end.record()
         end.synchronize()
         rates.append(2 * size**3 / (start.elapsed_time(end) / 1e3) / 1e12)
-    return statistics.median(rates)
+    return float(statistics.median(rates))

@@ -1,0 +1,319 @@
+"""verl's single_controller names, with verl's meanings and keyword arguments.
+
+A verl user ports detached-worker code by changing imports only::
+
+    # from verl import DataProto
+    # from verl.single_controller.base import Worker
+    # from verl.single_controller.base.decorator import Dispatch, register, ...
+    # from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+    from tgruntime.verl_compat import (
+        DataProto, Dispatch, RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, Worker, register,
+    )
+
+Differences, all on the safe side:
+
+- verl's CPU bundles hold ``max_colocate_count`` (10) CPUs each, which no 2-core machine
+  can ever place (verl then waits forever). Here a bundle holds
+  ``min(max_colocate_count, CPUs of the largest node / processes on it)`` CPUs (fractional
+  allowed; a warning says so when it is less), each actor asks for
+  ``bundle / max_colocate_count`` of it (so up to ``max_colocate_count`` groups can share
+  a pool, verl's colocation), and waiting for placement is bounded
+  (``ray_wait_register_center_timeout``, 300 s as in verl) and fails with
+  PlacementTimeoutError saying what was asked and what the cluster has.
+- The master port is reserved without verl's bind-then-close race (see ``Worker``).
+- ``from_detached`` keeps strong references to the actors (verl's weak-reference bug
+  cannot happen), and works without ``ray_cls_with_init`` for groups created here (the
+  published group record describes their methods).
+- Detached groups are published under ``name_prefix + ClassName`` and can be attached by
+  that name (``WorkerGroup.attach``), checked (``health``) and removed (``teardown``).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import secrets
+import string
+from collections.abc import Sequence
+from typing import Any
+
+import ray
+from ray.util.placement_group import PlacementGroup
+
+from tgruntime.controller.class_with_init import ClassWithInitArgs
+from tgruntime.controller.creation import launch
+from tgruntime.controller.dataproto import DataProto, DataProtoItem
+from tgruntime.controller.decorator import (
+    Dispatch,
+    Execute,
+    make_nd_compute_dataproto_dispatch_fn,
+    register,
+    registered_methods,
+)
+from tgruntime.controller.futures import DataProtoFuture
+from tgruntime.controller.resource_pool import ResourcePool, create_placement_groups
+from tgruntime.controller.worker import Worker
+from tgruntime.controller.worker_group import (
+    WorkerGroup,
+    _get_actor,
+    _methods_from,
+    _raise_missing_worker,
+)
+
+__all__ = [
+    "ClassWithInitArgs",
+    "DataProto",
+    "DataProtoFuture",
+    "DataProtoItem",
+    "Dispatch",
+    "Execute",
+    "RayClassWithInitArgs",
+    "RayResourcePool",
+    "RayWorkerGroup",
+    "Worker",
+    "make_nd_compute_dataproto_dispatch_fn",
+    "register",
+]
+
+log = logging.getLogger("tgruntime.verl_compat")
+
+
+class RayResourcePool:
+    """verl's RayResourcePool: processes per node, GPU or CPU bundles, optional detached PGs."""
+
+    def __init__(
+        self,
+        process_on_nodes: Sequence[int] | None = None,
+        use_gpu: bool = True,
+        name_prefix: str = "",
+        max_colocate_count: int = 10,
+        detached: bool = False,
+        accelerator_type: str | None = None,
+    ) -> None:
+        self._store = [int(c) for c in (process_on_nodes or [])]
+        if not self._store:
+            raise ValueError("process_on_nodes must list the processes per node, e.g. [2]")
+        self.use_gpu = use_gpu
+        self.name_prefix = name_prefix
+        self.max_colocate_count = max(1, int(max_colocate_count))
+        self.detached = detached
+        self.accelerator_type = accelerator_type
+        self.pgs: list[PlacementGroup] | None = None
+
+    @property
+    def store(self) -> list[int]:
+        return list(self._store)
+
+    @property
+    def world_size(self) -> int:
+        return sum(self._store)
+
+    def __len__(self) -> int:
+        return len(self._store)
+
+    def local_world_size_list(self) -> list[int]:
+        return [n for n in self._store for _ in range(n)]
+
+    def local_rank_list(self) -> list[int]:
+        return [i for n in self._store for i in range(n)]
+
+    def to_resource_pool(self, strategy: str = "STRICT_PACK") -> ResourcePool:
+        """Our ResourcePool with bundles that this cluster can actually place."""
+        bundle_cpus = _bundle_cpus(self.max_colocate_count, max(self._store))
+        return ResourcePool(
+            process_on_nodes=self._store,
+            use_gpu=self.use_gpu,
+            gpus_per_process=1.0,
+            cpus_per_process=bundle_cpus,
+            strategy=strategy,
+            detached=self.detached,
+            resources_per_process={f"accelerator_type:{self.accelerator_type}": 0.001} if self.accelerator_type else {},
+            actor_num_cpus=bundle_cpus / self.max_colocate_count,
+            actor_num_gpus=(1.0 / self.max_colocate_count) if self.use_gpu else 0.0,
+        )
+
+    def get_placement_groups(
+        self, strategy: str = "STRICT_PACK", name: str | None = None, timeout_s: float = 300
+    ) -> list[PlacementGroup]:
+        """Create (once) and return the pool's placement groups; bounded wait."""
+        if self.pgs is None:
+            group = _safe_name(name or f"{self.name_prefix}verl_group_{'_'.join(map(str, self._store))}")
+            self.pgs = create_placement_groups(
+                self.to_resource_pool(strategy),
+                group_name=group,
+                namespace=_namespace(),
+                generation=0,
+                detached=self.detached,
+                timeout_s=timeout_s,
+            )
+        return list(self.pgs)
+
+
+class RayClassWithInitArgs(ClassWithInitArgs):
+    """verl's RayClassWithInitArgs: the worker class (plain or ``@ray.remote``) and its arguments."""
+
+    def __init__(self, cls: Any, *args: Any, **kwargs: Any) -> None:
+        super().__init__(cls, *args, **kwargs)
+        self._additional_resource: dict[str, float] = {}
+        self.fused_worker_used = False
+
+    def set_additional_resource(self, additional_resource: dict[str, float]) -> None:
+        self._additional_resource = dict(additional_resource)
+        self.update_options({"resources": dict(additional_resource)})
+
+
+class RayWorkerGroup(WorkerGroup):
+    """verl's RayWorkerGroup: create workers from a pool, or attach to detached ones."""
+
+    def __init__(
+        self,
+        resource_pool: RayResourcePool | None = None,
+        ray_cls_with_init: RayClassWithInitArgs | ClassWithInitArgs | None = None,
+        bin_pack: bool = True,
+        name_prefix: str | None = None,
+        detached: bool = False,
+        worker_names: Sequence[str] | None = None,
+        worker_handles: Sequence[Any] | None = None,
+        ray_wait_register_center_timeout: int = 300,
+        **kwargs: Any,
+    ) -> None:
+        self.ray_cls_with_init = ray_cls_with_init
+        self.name_prefix = _random_prefix() if name_prefix is None else name_prefix
+        self.fused_worker_used = False
+        self.sub_cls_name = ""
+        namespace = _namespace()
+        if worker_names is not None or worker_handles is not None:
+            self._init_detached(namespace, worker_names, worker_handles)
+            return
+        if resource_pool is None or ray_cls_with_init is None:
+            raise TypeError("RayWorkerGroup needs resource_pool and ray_cls_with_init (or worker_names to attach)")
+        cia = ray_cls_with_init
+        group_name = _safe_name(f"{self.name_prefix}{cia.class_name}")
+        strategy = "STRICT_PACK" if bin_pack else "PACK"
+        # The first group on a pool names its placement groups (so teardown_group(group) finds
+        # them); later groups on the same pool share them, as verl's colocated roles do.
+        pgs = resource_pool.get_placement_groups(
+            strategy=strategy, name=group_name, timeout_s=ray_wait_register_center_timeout
+        )
+        launched = launch(
+            group_name=group_name,
+            namespace=namespace,
+            resource_pool=resource_pool.to_resource_pool(strategy),
+            cls=cia,
+            name_prefix=self.name_prefix,
+            detached=detached,
+            generation=0,
+            pg_timeout_s=ray_wait_register_center_timeout,
+            actor_timeout_s=ray_wait_register_center_timeout,
+            env=None,
+            mesh=None,
+            placement_groups=pgs,
+        )
+        super().__init__(
+            group_name=group_name,
+            namespace=namespace,
+            worker_names=launched.worker_names,
+            handles=launched.handles,
+            methods=registered_methods(cia.cls),
+            record=launched.record,
+        )
+
+    def _init_detached(
+        self, namespace: str, worker_names: Sequence[str] | None, worker_handles: Sequence[Any] | None
+    ) -> None:
+        if worker_handles is not None:
+            handles = list(worker_handles)
+            names = list(worker_names) if worker_names is not None else [f"rank{i}" for i in range(len(handles))]
+        else:
+            assert worker_names is not None
+            names = list(worker_names)
+            handles = []
+            for name in names:
+                handle = _get_actor(name, namespace)
+                if handle is None:
+                    _raise_missing_worker(name, namespace, None)
+                handles.append(handle)
+        from tgruntime.controller import registry
+
+        record = registry.with_names(names, namespace) if worker_names is not None else None
+        super().__init__(
+            group_name=record.group_name if record else "",
+            namespace=namespace,
+            worker_names=names,
+            handles=handles,
+            methods=_methods_from(self.ray_cls_with_init, record),
+            generation=record.generation if record else 0,
+            record=record,
+        )
+
+    @classmethod
+    def from_detached(
+        cls,
+        name_prefix: str | None = None,
+        worker_names: Sequence[str] | None = None,
+        worker_handles: Sequence[Any] | None = None,
+        ray_cls_with_init: RayClassWithInitArgs | ClassWithInitArgs | None = None,
+    ) -> RayWorkerGroup:
+        """Attach to running (detached) workers by name or handle."""
+        return cls(
+            resource_pool=None,
+            ray_cls_with_init=ray_cls_with_init,
+            name_prefix=name_prefix,
+            worker_names=worker_names,
+            worker_handles=worker_handles,
+        )
+
+    # verl's attribute names
+    @property
+    def _workers(self) -> list[Any]:
+        return self.workers
+
+    def execute_all_sync(self, method_name: str, *args: Any, **kwargs: Any) -> list[Any]:
+        return list(ray.get(self.execute_all(method_name, *args, **kwargs)))
+
+    def execute_all_async(self, method_name: str, *args: Any, **kwargs: Any) -> list[Any]:
+        return self.execute_all(method_name, *args, **kwargs)
+
+    def execute_rank_zero_sync(self, method_name: str, *args: Any, **kwargs: Any) -> Any:
+        return ray.get(self.execute_rank_zero(method_name, *args, **kwargs))
+
+    def execute_rank_zero_async(self, method_name: str, *args: Any, **kwargs: Any) -> Any:
+        return self.execute_rank_zero(method_name, *args, **kwargs)
+
+
+# ---------------------------------------------------------------------------- helpers
+def _namespace() -> str:
+    if not ray.is_initialized():
+        raise RuntimeError("call ray.init(namespace=...) (or tgruntime.ray_connect.connect) first")
+    return str(ray.get_runtime_context().namespace)
+
+
+def _random_prefix() -> str:
+    alphabet = string.ascii_letters + string.digits
+    return "".join(secrets.choice(alphabet) for _ in range(6))
+
+
+def _safe_name(text: str) -> str:
+    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-._") or "group"
+    return cleaned[:128]
+
+
+def _bundle_cpus(max_colocate_count: int, processes: int) -> float:
+    """verl's CPUs per bundle, reduced to what the largest node can hold for ``processes``."""
+    try:
+        largest = max(
+            (float(n.get("Resources", {}).get("CPU", 0.0)) for n in ray.nodes() if n.get("Alive")), default=0.0
+        )
+    except Exception:
+        largest = 0.0
+    if largest <= 0:
+        return float(max_colocate_count)
+    fit = largest / processes
+    if fit >= max_colocate_count:
+        return float(max_colocate_count)
+    log.warning(
+        "verl's bundles of max_colocate_count=%d CPUs cannot be placed here (largest node: %g CPUs for %d "
+        "processes); using %.3g CPUs per bundle",
+        max_colocate_count, largest, processes, fit,
+    )
+    return round(fit, 3)

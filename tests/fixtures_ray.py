@@ -1,0 +1,120 @@
+"""Ray fixtures: one real local Ray head per test session, on free loopback ports.
+
+- ``ray_cluster`` (session): a head started with ``tgruntime.ray_connect.start_local_head``
+  (dashboard on, its own temp dir, small: 2 logical CPUs, 1 GiB object store), stopped at
+  the end. Its value is a frozen ``RayCluster``: ``gcs_address``, ``dashboard_url``,
+  ``temp_dir`` and ``run_python(code)`` to run a snippet in a separate OS process already
+  pointed at the cluster (``RAY_ADDRESS``), returning its stdout.
+- ``ray_driver`` (session): connects this pytest process to that head as a driver
+  (namespace ``tgtests``); tests then create groups in namespaces of their own.
+
+Tests that use them are marked ``@pytest.mark.ray``. Environment knobs:
+``TG_TEST_RAY_ADDRESS`` reuses an already running head instead of starting one.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class RayCluster:
+    """A running local Ray head."""
+
+    gcs_address: str
+    dashboard_url: str
+    temp_dir: str
+    num_cpus: int
+    _owned: bool = field(default=True, repr=False)
+
+    def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        """Environment for a child process: RAY_ADDRESS set, the repository importable."""
+        env = {**os.environ, "RAY_ADDRESS": self.gcs_address, "TG_DASHBOARD_URL": self.dashboard_url}
+        paths = [str(REPO_ROOT), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]]
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+        env.pop("RAY_API_SERVER_ADDRESS", None)
+        env.update(extra or {})
+        return env
+
+    def run_python(
+        self, code: str, *, timeout_s: float = 240, env: dict[str, str] | None = None, check: bool = True
+    ) -> str:
+        """Run ``code`` with this Python in a new OS process; return its stdout.
+
+        ``check``: raise AssertionError (with stdout and stderr) on a non-zero exit.
+        A snippet that runs past ``timeout_s`` is killed and reported.
+        """
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-c", textwrap.dedent(code)],
+                cwd=REPO_ROOT,
+                env=self.env(env),
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise AssertionError(
+                f"snippet timed out after {timeout_s:g}s\n--- stdout ---\n{exc.stdout}\n--- stderr ---\n{exc.stderr}"
+            ) from None
+        if check and proc.returncode != 0:
+            raise AssertionError(
+                f"snippet exited with {proc.returncode}\n--- stdout ---\n{proc.stdout}\n--- stderr ---\n{proc.stderr[-6000:]}"
+            )
+        return proc.stdout
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[RayCluster]:
+    """A local Ray head for the whole session (started on free ports, stopped at the end)."""
+    from tgruntime import ray_connect
+
+    reuse = os.environ.get("TG_TEST_RAY_ADDRESS")
+    if reuse:
+        dashboard = os.environ.get("TG_TEST_DASHBOARD_URL", "")
+        yield RayCluster(gcs_address=reuse, dashboard_url=dashboard, temp_dir="", num_cpus=0, _owned=False)
+        return
+    head = ray_connect.start_local_head(num_cpus=2, object_store_memory=1 << 30, timeout_s=180)
+    try:
+        yield RayCluster(
+            gcs_address=head.gcs_address, dashboard_url=head.dashboard_url, temp_dir=head.temp_dir,
+            num_cpus=head.num_cpus,
+        )
+    finally:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+        ray_connect.stop_local_head(head)
+
+
+@pytest.fixture(scope="session")
+def ray_driver(ray_cluster: RayCluster) -> Iterator[RayCluster]:
+    """This pytest process connected to ``ray_cluster`` as a driver."""
+    import ray
+
+    from tgruntime.ray_connect import connect
+
+    connect(ray_cluster.gcs_address, namespace="tgtests")
+    try:
+        yield ray_cluster
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+
+
+@pytest.fixture
+def unique_namespace() -> str:
+    """A fresh Ray namespace, so tests never see each other's groups."""
+    return f"t-{uuid.uuid4().hex[:10]}"

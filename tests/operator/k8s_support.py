@@ -1,0 +1,397 @@
+"""Running the operator as a process against the local control plane, for tests and the bench.
+
+The operator runs as ``python -m tg_operator`` with a ServiceAccount token that holds
+exactly :data:`tg_operator.rbac.OPERATOR_RULES` (so the tests prove the RBAC list),
+the Ray dashboard/GCS overrides pointing at the local Ray, and the venv's Python for
+the Ray job entrypoints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+from tg_operator import rbac
+from tg_operator.dashboard import ActorInfo, DashboardClient
+
+REPO = Path(__file__).resolve().parents[2]
+CRD = REPO / "manifests" / "crd" / "trainergroups.yaml"
+NOOP_WORKER = "tests.operator.noop_worker:NoopWorker"
+
+# A tiny Llama-style model the Megatron trainer trains on 2 CPU cores (gloo, TP 2).
+TINY_SPEC: dict[str, Any] = {
+    "image": "ghcr.io/trainergroup/runtime:0.1.0",
+    "rayVersion": "2.60.0",
+    "rayCluster": {
+        "head": {"cpu": "1", "memory": "2Gi"},
+        # GPU pods (so they land on the fake GPU node) while the workers run on CPU in
+        # the local Ray: useGpu false below.
+        "workers": {"replicas": 1, "gpusPerWorker": 2, "cpu": "2", "memory": "4Gi"},
+    },
+    "workers": {"processesPerNode": [2], "useGpu": False, "cpusPerProcess": 0.5},
+    "parallelism": {"tensor": 2},
+    "model": {
+        "vocabSize": 128,
+        "hiddenSize": 64,
+        "numLayers": 2,
+        "numAttentionHeads": 4,
+        "ffnHiddenSize": 128,
+        "maxSequenceLength": 64,
+        "dtype": "float32",
+    },
+    "optimizer": {"lr": 1.0e-3, "clipGrad": 1.0},
+    "training": {"batchSize": 4, "sequenceLength": 32},
+    "restartPolicy": "OnFailure",
+    "timeouts": {"clusterReadySeconds": 600, "workersReadySeconds": 600},
+}
+
+
+def trainergroup(name: str, namespace: str, **spec_overrides: Any) -> dict[str, Any]:
+    spec = copy.deepcopy(TINY_SPEC)
+    for key, value in spec_overrides.items():
+        if value is None:
+            spec.pop(key, None)
+        else:
+            spec[key] = value
+    return {
+        "apiVersion": "trainergroup.io/v1alpha1",
+        "kind": "TrainerGroup",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
+
+
+def noop(name: str, namespace: str, **spec_overrides: Any) -> dict[str, Any]:
+    """A TrainerGroup of no-op workers (starts in seconds)."""
+    body = trainergroup(name, namespace, **spec_overrides)
+    body["spec"]["workers"] = {**body["spec"]["workers"], "workerClass": NOOP_WORKER}
+    return body
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def install_crd(plane: Any) -> None:
+    plane.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
+    plane.kubectl(
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/trainergroups.trainergroup.io",
+    )
+
+
+def grant(
+    plane: Any, *, namespace: str, account: str, rules: list[dict[str, Any]], cluster_wide: bool
+) -> Path:
+    """A ServiceAccount holding exactly ``rules`` (ClusterRole, bound cluster-wide or in ns)."""
+    role = f"tg-test-{namespace}-{account}"
+    docs: list[dict[str, Any]] = [
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": account, "namespace": namespace},
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": role},
+            "rules": rules,
+        },
+    ]
+    subject = [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]
+    ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role}
+    if cluster_wide:
+        docs.append(
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRoleBinding",
+                "metadata": {"name": role},
+                "roleRef": ref,
+                "subjects": subject,
+            }
+        )
+    else:
+        docs.append(
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "RoleBinding",
+                "metadata": {"name": role, "namespace": namespace},
+                "roleRef": ref,
+                "subjects": subject,
+            }
+        )
+    plane.apply(docs)
+    return Path(plane.kubeconfig_for_service_account(namespace, account))
+
+
+@dataclass
+class OperatorProcess:
+    """``python -m tg_operator`` as a subprocess; restartable, killable."""
+
+    env: dict[str, str]
+    log_path: Path
+    liveness_port: int
+    metrics_port: int
+    proc: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+    _log: Any = field(default=None, repr=False)
+
+    def start(self, *, timeout: float = 120) -> None:
+        self._log = self.log_path.open("ab")
+        self._log.write(f"\n===== start #{self.starts + 1} =====\n".encode())
+        self._log.flush()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tg_operator"],
+            env=self.env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.starts += 1
+        deadline = time.monotonic() + timeout
+        url = f"http://127.0.0.1:{self.liveness_port}/healthz"
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the operator exited ({self.proc.returncode}):\n{self.tail()}")
+            with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as resp:
+                if resp.status == 200:
+                    return
+            time.sleep(0.5)
+        raise RuntimeError(f"the operator's liveness endpoint never answered:\n{self.tail()}")
+
+    def stop(self, *, kill: bool = False) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self.proc = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def tail(self, lines: int = 60) -> str:
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def metrics(self) -> str:
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return str(resp.read().decode())
+
+
+def operator_env(
+    *,
+    kubeconfig: Path,
+    dashboard_url: str,
+    gcs_address: str,
+    namespaces: str,
+    health_interval: float = 2.0,
+) -> tuple[dict[str, str], int, int]:
+    liveness, metrics = free_port(), free_port()
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(kubeconfig),
+        "TG_NAMESPACES": namespaces,
+        "TG_DASHBOARD_URL_TEMPLATE": dashboard_url,
+        "TG_GCS_ADDRESS_TEMPLATE": gcs_address,
+        "TG_PYTHON": sys.executable,
+        "TG_HEALTH_INTERVAL_SECONDS": str(health_interval),
+        "TG_LIVENESS_PORT": str(liveness),
+        "TG_METRICS_PORT": str(metrics),
+        "TG_DASHBOARD_TIMEOUT_SECONDS": "30",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        "PYTHONUNBUFFERED": "1",
+    }
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    return env, liveness, metrics
+
+
+@contextlib.contextmanager
+def running_operator(
+    plane: Any,
+    *,
+    namespace: str,
+    ray_dashboard: str,
+    ray_gcs: str,
+    log_path: Path,
+    cluster_wide: bool = False,
+    health_interval: float = 2.0,
+) -> Iterator[OperatorProcess]:
+    """An operator with the least-privilege service account, watching ``namespace``."""
+    install_crd(plane)
+    kubeconfig = grant(
+        plane,
+        namespace=namespace,
+        account="tg-operator",
+        rules=rbac.OPERATOR_RULES,
+        cluster_wide=cluster_wide,
+    )
+    env, liveness, metrics = operator_env(
+        kubeconfig=kubeconfig,
+        dashboard_url=ray_dashboard,
+        gcs_address=ray_gcs,
+        namespaces="" if cluster_wide else namespace,
+        health_interval=health_interval,
+    )
+    op = OperatorProcess(env=env, log_path=log_path, liveness_port=liveness, metrics_port=metrics)
+    op.start()
+    try:
+        yield op
+    finally:
+        # Whatever a test left behind goes while the operator still runs, so the local
+        # Ray (shared with other tests) is cleaned too.
+        try:
+            if op.proc is None:
+                op.start()
+            delete_all(plane, namespace, timeout=300)
+        finally:
+            op.stop()
+        role = f"tg-test-{namespace}-tg-operator"
+        plane.kubectl("delete", "clusterrole", role, "--ignore-not-found", check=False)
+        plane.kubectl("delete", "clusterrolebinding", role, "--ignore-not-found", check=False)
+
+
+# -- reading the world -------------------------------------------------------------------
+def get_tg(plane: Any, namespace: str, name: str) -> dict[str, Any] | None:
+    proc = plane.kubectl("get", "trainergroup", name, "-n", namespace, "-o", "json", check=False)
+    if proc.returncode != 0:
+        if "NotFound" in proc.stderr:
+            return None
+        raise RuntimeError(proc.stderr)
+    return dict(json.loads(proc.stdout))
+
+
+def status_of(plane: Any, namespace: str, name: str) -> dict[str, Any]:
+    obj = get_tg(plane, namespace, name)
+    return dict((obj or {}).get("status") or {})
+
+
+def wait_for(
+    predicate: Callable[[], Any],
+    *,
+    timeout: float,
+    what: str,
+    interval: float = 0.5,
+    detail: Callable[[], str] | None = None,
+) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            extra = f"\n{detail()}" if detail else ""
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}{extra}")
+        time.sleep(interval)
+
+
+def wait_phase(
+    plane: Any,
+    namespace: str,
+    name: str,
+    phases: set[str],
+    *,
+    timeout: float,
+    op: OperatorProcess | None = None,
+) -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        st = status_of(plane, namespace, name)
+        return st if st.get("phase") in phases else None
+
+    def detail() -> str:
+        st = status_of(plane, namespace, name)
+        text = f"last status: {json.dumps(st, indent=1)[:3000]}"
+        return text + (f"\noperator log:\n{op.tail()}" if op else "")
+
+    return dict(wait_for(check, timeout=timeout, what=f"{name} in {sorted(phases)}", detail=detail))
+
+
+def events_of(plane: Any, namespace: str, name: str) -> list[dict[str, Any]]:
+    data = plane.kubectl_json(
+        "get", "events", "-n", namespace, "--field-selector", f"involvedObject.name={name}"
+    )
+    return list(data.get("items") or [])
+
+
+def dashboard_call(url: str, fn: Callable[[DashboardClient], Any]) -> Any:
+    async def main() -> Any:
+        async with aiohttp.ClientSession() as session:
+            return await fn(DashboardClient(base_url=url, session=session, timeout_s=30))
+
+    return asyncio.run(main())
+
+
+def actors(url: str, ray_namespace: str) -> list[ActorInfo]:
+    return list(dashboard_call(url, lambda d: d.list_actors(ray_namespace=ray_namespace)))
+
+
+def live_placement_groups(url: str, ray_namespace: str) -> list[str]:
+    """Placement groups not REMOVED whose name mentions the Ray namespace."""
+    with urllib.request.urlopen(
+        f"{url}/api/v0/placement_groups?limit=10000&detail=true", timeout=30
+    ) as resp:
+        data = json.loads(resp.read())
+    rows = data["data"]["result"]["result"]
+    return [
+        r.get("name", "")
+        for r in rows
+        if ray_namespace in (r.get("name") or "") and r.get("state") != "REMOVED"
+    ]
+
+
+def ray_jobs(url: str, prefix: str) -> list[dict[str, Any]]:
+    with urllib.request.urlopen(f"{url}/api/jobs/", timeout=30) as resp:
+        jobs = json.loads(resp.read())
+    return [j for j in jobs if str(j.get("submission_id") or "").startswith(prefix)]
+
+
+def delete_all(plane: Any, namespace: str, *, timeout: float) -> None:
+    """Delete every TrainerGroup in ``namespace``; force the stragglers after ``timeout``."""
+    plane.kubectl("delete", "trainergroups", "--all", "-n", namespace, "--wait=false", check=False)
+
+    def none_left() -> bool:
+        items = plane.kubectl_json("get", "trainergroups", "-n", namespace)["items"]
+        return not items
+
+    try:
+        wait_for(none_left, timeout=timeout, what="TrainerGroups to go")
+    except AssertionError:
+        plane.kubectl(
+            "annotate",
+            "trainergroups",
+            "--all",
+            "-n",
+            namespace,
+            "trainergroup.io/force-delete=true",
+            "--overwrite",
+            check=False,
+        )
+        wait_for(none_left, timeout=120, what="forced TrainerGroups to go")
+
+
+def dump(obj: Any) -> str:
+    return yaml.safe_dump(obj, sort_keys=False)[:4000]

@@ -1,0 +1,431 @@
+"""The operator against a real API server (local control plane) and a real local Ray.
+
+The operator runs as ``python -m tg_operator`` with a ServiceAccount holding exactly
+``tg_operator.rbac.OPERATOR_RULES`` (RBAC is on), watching one namespace; the Ray
+side is the local Ray (dashboard/GCS overrides). Pods are kwok's, so the RayCluster
+is real to Kubernetes (scheduled on the fake GPU node, Ready) while the workers run
+in the local Ray.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tg_operator import rbac
+
+from tests.operator import k8s_support as ks
+from tests.operator.conftest import RayEndpoint
+
+pytestmark = [pytest.mark.k8s, pytest.mark.ray]
+READY_TIMEOUT = 900.0
+
+
+@pytest.fixture(scope="module")
+def ns(k8s_plane: Any) -> Iterator[str]:
+    name = f"tgop-{uuid.uuid4().hex[:8]}"
+    k8s_plane.kubectl("create", "namespace", name)
+    ks.wait_for(
+        lambda: (
+            k8s_plane.kubectl(
+                "get", "serviceaccount", "default", "-n", name, check=False
+            ).returncode
+            == 0
+        ),
+        timeout=60,
+        what="the namespace's default ServiceAccount",
+    )
+    yield name
+    k8s_plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="module")
+def operator(
+    k8s_plane: Any, ns: str, ray_endpoint: RayEndpoint, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ks.OperatorProcess]:
+    log = tmp_path_factory.mktemp("operator") / "operator.log"
+    with ks.running_operator(
+        k8s_plane,
+        namespace=ns,
+        ray_dashboard=ray_endpoint.dashboard_url,
+        ray_gcs=ray_endpoint.gcs_address,
+        log_path=log,
+    ) as op:
+        yield op
+    print(f"operator log: {log}")
+
+
+def delete_and_wait(
+    plane: Any, ns: str, name: str, op: ks.OperatorProcess, timeout: float = 300
+) -> None:
+    plane.kubectl("delete", "trainergroup", name, "-n", ns, "--wait=false", check=False)
+    ks.wait_for(
+        lambda: ks.get_tg(plane, ns, name) is None,
+        timeout=timeout,
+        what=f"TrainerGroup {name} to be gone (finalizer released)",
+        detail=lambda: f"{ks.dump(ks.get_tg(plane, ns, name))}\n{op.tail()}",
+    )
+
+
+# -- the API server rejects what its schema can ------------------------------------------
+@pytest.mark.parametrize(
+    ("mutate", "needle"),
+    [
+        (
+            lambda s: s["parallelism"].update(tensor=3),
+            "tensor x pipeline x context must divide the world size",
+        ),
+        (
+            lambda s: s["model"].update(numAttentionHeads=3),
+            "model.hiddenSize must be divisible by model.numAttentionHeads",
+        ),
+        (lambda s: s.update(restartPolicy="Always"), "Unsupported value"),
+        (
+            lambda s: s["workers"].update(processesPerNode=[0]),
+            "should be greater than or equal to 1",
+        ),
+        (
+            lambda s: s.update(rayClusterRef={"name": "x"}),
+            "set exactly one of rayCluster and rayClusterRef",
+        ),
+        (lambda s: s["rayCluster"]["workers"].update(cpu="lots"), "should match"),
+    ],
+    ids=["tp-divides-world", "heads-divide-hidden", "enum", "minimum", "cluster-xor", "quantity"],
+)
+def test_api_server_rejects_invalid_specs(
+    k8s_plane: Any, ns: str, mutate: Any, needle: str
+) -> None:
+    ks.install_crd(k8s_plane)
+    body = ks.trainergroup("rejected", ns)
+    mutate(body["spec"])
+    proc = k8s_plane.kubectl("apply", "-f", "-", input=json.dumps(body), check=False)
+    assert proc.returncode != 0, proc.stdout
+    assert needle in proc.stderr, proc.stderr
+    assert ks.get_tg(k8s_plane, ns, "rejected") is None
+
+
+# -- what only the operator can check: Failed, with the field and the fix, nothing created --
+def test_invalid_spec_ends_failed_and_creates_nothing(
+    k8s_plane: Any, ns: str, operator: ks.OperatorProcess, ray_endpoint: RayEndpoint
+) -> None:
+    body = ks.noop("badexpert", ns)
+    body["spec"]["parallelism"]["expert"] = 2  # passes the schema, not tgspec
+    k8s_plane.apply(body)
+    st = ks.wait_phase(k8s_plane, ns, "badexpert", {"Failed"}, timeout=120, op=operator)
+    assert "spec.parallelism.expert" in st["message"]
+    assert "fix: set parallelism.expert to 1" in st["message"]
+    cond = {c["type"]: c for c in st["conditions"]}
+    assert cond["WorkersReady"]["reason"] == "InvalidSpec"
+    assert (
+        k8s_plane.kubectl("get", "raycluster", "badexpert", "-n", ns, check=False).returncode != 0
+    )
+    assert ks.ray_jobs(ray_endpoint.dashboard_url, f"tg-{ns}-badexpert-") == []
+    reasons = {e["reason"] for e in ks.events_of(k8s_plane, ns, "badexpert")}
+    assert {"InvalidSpec", "Failed"} <= reasons
+    delete_and_wait(k8s_plane, ns, "badexpert", operator, timeout=60)
+
+
+def test_unschedulable_gpu_pod_is_reported_then_times_out(
+    k8s_plane: Any, ns: str, operator: ks.OperatorProcess
+) -> None:
+    body = ks.noop("toobig", ns)
+    body["spec"]["rayCluster"]["workers"]["gpusPerWorker"] = 16  # the node has 8
+    body["spec"]["timeouts"]["clusterReadySeconds"] = 25
+    k8s_plane.apply(body)
+
+    def unschedulable() -> dict[str, Any] | None:
+        st = ks.status_of(k8s_plane, ns, "toobig")
+        return st if "Insufficient nvidia.com/gpu" in st.get("message", "") else None
+
+    st = ks.wait_for(
+        unschedulable,
+        timeout=120,
+        what="the scheduler's message in the status",
+        detail=operator.tail,
+    )
+    assert st["phase"] == "ClusterProvisioning"
+    cond = {c["type"]: c for c in st["conditions"]}
+    assert cond["RayClusterReady"]["reason"] == "Unschedulable"
+    st = ks.wait_phase(k8s_plane, ns, "toobig", {"Failed"}, timeout=120, op=operator)
+    assert "clusterReadySeconds" in st["message"] and "Insufficient nvidia.com/gpu" in st["message"]
+    assert {c["type"]: c for c in st["conditions"]}["RayClusterReady"]["reason"] == "ClusterTimeout"
+    delete_and_wait(k8s_plane, ns, "toobig", operator, timeout=60)
+    ks.wait_for(
+        lambda: (
+            k8s_plane.kubectl("get", "raycluster", "toobig", "-n", ns, check=False).returncode != 0
+        ),
+        timeout=60,
+        what="the RayCluster to go",
+    )
+
+
+# -- the whole life of a group -------------------------------------------------------------
+def test_lifecycle_train_kill_restart_delete(
+    k8s_plane: Any, ns: str, operator: ks.OperatorProcess, ray_endpoint: RayEndpoint, tmp_path: Path
+) -> None:
+    name = "tiny"
+    t0 = time.monotonic()
+    k8s_plane.apply(ks.trainergroup(name, ns))
+
+    # RayCluster with GPU requests/limits and the GPU toleration, owned by the TrainerGroup
+    rc = ks.wait_for(
+        lambda: (
+            k8s_plane.kubectl_json("get", "raycluster", name, "-n", ns)
+            if k8s_plane.kubectl("get", "raycluster", name, "-n", ns, check=False).returncode == 0
+            else None
+        ),
+        timeout=120,
+        what="the RayCluster",
+        detail=operator.tail,
+    )
+    head = rc["spec"]["headGroupSpec"]
+    assert head["rayStartParams"]["num-cpus"] == "0"
+    worker_pod = rc["spec"]["workerGroupSpecs"][0]["template"]["spec"]
+    res = worker_pod["containers"][0]["resources"]
+    assert res["limits"]["nvidia.com/gpu"] == "2" and res["requests"]["nvidia.com/gpu"] == "2"
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in worker_pod[
+        "tolerations"
+    ]
+    tg_uid = ks.get_tg(k8s_plane, ns, name)["metadata"]["uid"]  # type: ignore[index]
+    assert rc["metadata"]["ownerReferences"][0]["uid"] == tg_uid
+
+    # pods scheduled on the fake GPU node
+    def worker_pod_node() -> str | None:
+        pods = k8s_plane.kubectl_json(
+            "get", "pods", "-n", ns, "-l", f"ray.io/cluster={name},ray.io/node-type=worker"
+        )
+        nodes = [p["spec"].get("nodeName") for p in pods["items"]]
+        return nodes[0] if nodes and nodes[0] else None
+
+    assert ks.wait_for(worker_pod_node, timeout=120, what="a scheduled worker pod") == "kwok-gpu-0"
+
+    st = ks.wait_phase(k8s_plane, ns, name, {"Ready", "Failed"}, timeout=READY_TIMEOUT, op=operator)
+    assert st["phase"] == "Ready", ks.dump(st)
+    print(f"apply -> Ready: {time.monotonic() - t0:.1f}s")
+    assert len(st["workerNames"]) == 2 and st["worldSize"] == 2 and st["readyWorkers"] == 2
+    assert st["rayAddress"] == ray_endpoint.gcs_address
+    assert st["rayNamespace"] == f"tg-{ns}-{name}" and st["groupName"] == name
+    assert st["mesh"] == {"tp": 2, "pp": 1, "cp": 1, "dp": 1}
+    assert [w["rank"] for w in st["workers"]] == [0, 1]
+    assert all(w["state"] == "ALIVE" and w["pid"] > 0 for w in st["workers"])
+    cond = {c["type"]: c["status"] for c in st["conditions"]}
+    assert cond == {"RayClusterReady": "True", "WorkersReady": "True", "Degraded": "False"}
+    alive = {
+        a.name
+        for a in ks.actors(ray_endpoint.dashboard_url, st["rayNamespace"])
+        if a.state == "ALIVE"
+    }
+    assert set(st["workerNames"]) <= alive
+
+    # a client started with only the TrainerGroup's name attaches and trains
+    client_kubeconfig = ks.grant(
+        k8s_plane, namespace=ns, account="tg-client", rules=rbac.CLIENT_RULES, cluster_wide=False
+    )
+    steps = run_client(name, ns, client_kubeconfig, tmp_path)
+    assert len(steps) == 3, steps
+    assert steps[-1]["loss"] < steps[0]["loss"], steps
+
+    # kill one worker: Degraded (rank and cause), then Ready under a new generation
+    victim = st["workers"][1]
+    os.kill(int(victim["pid"]), signal.SIGKILL)
+
+    def degraded() -> dict[str, Any] | None:
+        s = ks.status_of(k8s_plane, ns, name)
+        return s if s.get("phase") == "Degraded" else None
+
+    deg = ks.wait_for(degraded, timeout=120, interval=0.2, what="Degraded", detail=operator.tail)
+    assert "rank 1" in deg["message"], deg["message"]
+    st2 = ks.wait_phase(
+        k8s_plane, ns, name, {"Ready", "Failed"}, timeout=READY_TIMEOUT, op=operator
+    )
+    assert st2["phase"] == "Ready", ks.dump(st2)
+    assert st2["groupGeneration"] == st["groupGeneration"] + 1
+    assert st2["restarts"] == st.get("restarts", 0) + 1
+    assert st2["workerNames"] != st["workerNames"]  # new names are published
+    assert st2["submissionId"] != st["submissionId"]
+    reasons = [e["reason"] for e in ks.events_of(k8s_plane, ns, name)]
+    assert "Restarting" in reasons and "Degraded" in reasons
+
+    # labels are not a reason to re-create the group
+    k8s_plane.kubectl("label", "trainergroup", name, "-n", ns, "team=ml")
+    time.sleep(6)
+    st3 = ks.status_of(k8s_plane, ns, name)
+    assert (st3["phase"], st3["groupGeneration"]) == ("Ready", st2["groupGeneration"])
+
+    metrics = operator.metrics()
+    assert "tg_operator_worker_restarts_total 1.0" in metrics
+    assert 'tg_operator_trainergroups{phase="Ready"}' in metrics
+
+    # delete: Ray cleaned first, then the finalizer goes, then the RayCluster
+    ray_ns = st2["rayNamespace"]
+    delete_and_wait(k8s_plane, ns, name, operator)
+    assert not [a for a in ks.actors(ray_endpoint.dashboard_url, ray_ns) if a.state != "DEAD"]
+    assert ks.live_placement_groups(ray_endpoint.dashboard_url, ray_ns) == []
+    ks.wait_for(
+        lambda: k8s_plane.kubectl("get", "raycluster", name, "-n", ns, check=False).returncode != 0,
+        timeout=120,
+        what="the RayCluster to go",
+    )
+    assert "CleanedUp" in [e["reason"] for e in ks.events_of(k8s_plane, ns, name)]
+
+
+def run_client(name: str, ns: str, kubeconfig: Path, tmp_path: Path) -> list[dict[str, Any]]:
+    try:
+        import tgruntime.client  # noqa: F401
+    except ImportError as exc:  # pragma: no cover - the runtime is a sibling component
+        pytest.skip(f"tgruntime.client is not importable yet ({exc})")
+    env = {**os.environ, "PYTHONPATH": str(ks.REPO)}
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tgruntime.client",
+            "--trainergroup",
+            name,
+            "--namespace",
+            ns,
+            "--kubeconfig",
+            str(kubeconfig),
+            "--steps",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-5000:]}"
+    return [
+        json.loads(line.split(" ", 1)[1])
+        for line in proc.stdout.splitlines()
+        if line.startswith("TG_STEP ")
+    ]
+
+
+# -- restarts of the operator, spec changes ------------------------------------------------
+def test_operator_killed_mid_reconcile_does_not_duplicate(
+    k8s_plane: Any, ns: str, operator: ks.OperatorProcess, ray_endpoint: RayEndpoint
+) -> None:
+    name = "resumed"
+    k8s_plane.apply(ks.noop(name, ns))
+
+    def submitted() -> dict[str, Any] | None:
+        st = ks.status_of(k8s_plane, ns, name)
+        return st if st.get("submissionId") and st.get("phase") == "WorkersStarting" else None
+
+    st = ks.wait_for(
+        submitted,
+        timeout=300,
+        interval=0.2,
+        what="the server job to be submitted",
+        detail=operator.tail,
+    )
+    operator.stop(kill=True)  # SIGKILL in the middle of waiting for the server job
+    time.sleep(2)
+    operator.start()
+    st = ks.wait_phase(k8s_plane, ns, name, {"Ready", "Failed"}, timeout=READY_TIMEOUT, op=operator)
+    assert st["phase"] == "Ready", ks.dump(st)
+    assert st["groupGeneration"] == 0 and st.get("restarts", 0) == 0
+    uid8 = ks.get_tg(k8s_plane, ns, name)["metadata"]["uid"].replace("-", "")[:8]  # type: ignore[index]
+    jobs = ks.ray_jobs(ray_endpoint.dashboard_url, f"tg-{ns}-{name}-{uid8}-g")
+    assert [j["submission_id"] for j in jobs] == [st["submissionId"]]
+    clusters = k8s_plane.kubectl_json(
+        "get", "rayclusters", "-n", ns, "-l", f"trainergroup.io/name={name}"
+    )["items"]
+    assert len(clusters) == 1
+    live = [
+        a for a in ks.actors(ray_endpoint.dashboard_url, st["rayNamespace"]) if a.state == "ALIVE"
+    ]
+    assert sorted(a.name for a in live) == sorted(st["workerNames"])
+
+    # a spec change the workers depend on re-creates the group (new generation)
+    k8s_plane.kubectl(
+        "patch",
+        "trainergroup",
+        name,
+        "-n",
+        ns,
+        "--type=merge",
+        "-p",
+        json.dumps({"spec": {"optimizer": {"lr": 0.002}}}),
+    )
+
+    def regenerated() -> dict[str, Any] | None:
+        s = ks.status_of(k8s_plane, ns, name)
+        return s if s.get("groupGeneration") == 1 and s.get("phase") == "Ready" else None
+
+    st2 = ks.wait_for(
+        regenerated, timeout=READY_TIMEOUT, what="the group re-created", detail=operator.tail
+    )
+    assert st2["restarts"] == 0 and st2["observedGeneration"] == 2
+    live = [
+        a for a in ks.actors(ray_endpoint.dashboard_url, st2["rayNamespace"]) if a.state == "ALIVE"
+    ]
+    assert sorted(a.name for a in live) == sorted(st2["workerNames"])
+    delete_and_wait(k8s_plane, ns, name, operator)
+    assert ks.live_placement_groups(ray_endpoint.dashboard_url, st2["rayNamespace"]) == []
+
+
+# -- deletion when Ray cannot be reached ---------------------------------------------------
+def test_deletion_retries_while_ray_is_unreachable_and_can_be_forced(
+    k8s_plane: Any, ns: str, operator: ks.OperatorProcess
+) -> None:
+    name = "orphan"
+    body = ks.noop(name, ns, rayCluster=None, rayClusterRef={"name": "nowhere"})
+    body["spec"]["timeouts"]["clusterReadySeconds"] = 3
+    k8s_plane.apply(body)
+    st = ks.wait_phase(k8s_plane, ns, name, {"Failed"}, timeout=120, op=operator)
+    assert "the referenced RayCluster nowhere does not exist" in st["message"]
+    # pretend a group had been started on a Ray that is now gone
+    dead_url = f"http://127.0.0.1:{ks.free_port()}"
+    k8s_plane.kubectl(
+        "patch",
+        "trainergroup",
+        name,
+        "-n",
+        ns,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps(
+            {
+                "status": {
+                    "submissionId": "tg-gone-g0",
+                    "dashboardURL": dead_url,
+                    "workerNames": ["orphanNoopWorker_0:0"],
+                }
+            }
+        ),
+    )
+    k8s_plane.kubectl("delete", "trainergroup", name, "-n", ns, "--wait=false")
+
+    def reported() -> dict[str, Any] | None:
+        s = ks.status_of(k8s_plane, ns, name)
+        return s if "cannot reach Ray" in s.get("message", "") else None
+
+    st = ks.wait_for(reported, timeout=60, what="the reason in the status", detail=operator.tail)
+    assert st["phase"] == "Terminating"
+    assert "trainergroup.io/force-delete" in st["message"]
+    assert "trainergroup.io/finalizer" in ks.get_tg(k8s_plane, ns, name)["metadata"]["finalizers"]  # type: ignore[index]
+    assert "CleanupRetrying" in {e["reason"] for e in ks.events_of(k8s_plane, ns, name)}
+    k8s_plane.kubectl(
+        "annotate", "trainergroup", name, "-n", ns, "trainergroup.io/force-delete=true"
+    )
+    ks.wait_for(
+        lambda: ks.get_tg(k8s_plane, ns, name) is None,
+        timeout=90,
+        what="the forced removal",
+        detail=operator.tail,
+    )

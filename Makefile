@@ -70,3 +70,22 @@ chart-test: ## The chart/manifests/images tests, including the ones on the local
 e2e: ## kind + NVIDIA GPU end to end (needs Docker, kind, an NVIDIA GPU; builds the images first)
 	OPERATOR_IMAGE=$(OPERATOR_IMAGE) RUNTIME_IMAGE=$(RUNTIME_IMAGE) HELM="$(HELM)" tests/e2e/run.sh
 # ---- END deploy ----
+
+# ---- BEGIN project: install, tests, demo, generated files ----
+.PHONY: install test demo crd lint
+
+install: ## Create .venv and install the project with all extras
+	./tools/install.sh
+
+test: ## Every test that can run here (what .ci/run runs)
+	./tools/test.sh
+
+demo: ## tgctl up -> train (TP=2, CPU) -> down on a local Ray started on demand
+	./tools/demo.sh
+
+crd: ## Regenerate the CRD (manifests/crd and the chart's crds/) from spec/tgspec
+	$(PYTHON) -m tgspec.crd .
+
+lint: ## ruff + mypy --strict
+	$(PYTHON) -m ruff check . && $(PYTHON) -m mypy
+# ---- END project ----

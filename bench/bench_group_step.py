@@ -38,8 +38,12 @@ PY = sys.executable
 
 
 def _resource(spec: tgspec.TrainerGroupSpec, name: str) -> dict[str, Any]:
-    return {"apiVersion": "trainergroup.io/v1alpha1", "kind": "TrainerGroup",
-            "metadata": {"name": name, "namespace": "bench"}, "spec": tgspec.to_wire(spec)}
+    return {
+        "apiVersion": "trainergroup.io/v1alpha1",
+        "kind": "TrainerGroup",
+        "metadata": {"name": name, "namespace": "bench"},
+        "spec": tgspec.to_wire(spec),
+    }
 
 
 def client_role(args: argparse.Namespace) -> int:
@@ -75,19 +79,36 @@ def client_role(args: argparse.Namespace) -> int:
         if i >= args.warmup:
             wall.append(dt)
             worker_step.append(float(out.meta_info.get("step_time_s", float("nan"))))
-        print(f"client step {i}: {dt * 1e3:.1f} ms loss {losses[-1]:.4f}", file=sys.stderr, flush=True)
-    print("BENCH_CLIENT " + json.dumps({
-        "attach_ms_first": attach_ms, "attach_ms_warm": statistics.median(attach_again),
-        "first_call_ms": first_call_ms, "second_call_ms": second_call_ms,
-        "wall_step_s": wall, "worker_step_s": worker_step, "losses": losses, "mesh": meshes[0],
-        "peak_memory_gib": float(out.meta_info.get("peak_memory_gib", float("nan"))),
-        "torch": torch.__version__,
-    }), flush=True)
+        print(
+            f"client step {i}: {dt * 1e3:.1f} ms loss {losses[-1]:.4f}", file=sys.stderr, flush=True
+        )
+    print(
+        "BENCH_CLIENT "
+        + json.dumps(
+            {
+                "attach_ms_first": attach_ms,
+                "attach_ms_warm": statistics.median(attach_again),
+                "first_call_ms": first_call_ms,
+                "second_call_ms": second_call_ms,
+                "wall_step_s": wall,
+                "worker_step_s": worker_step,
+                "losses": losses,
+                "mesh": meshes[0],
+                "peak_memory_gib": float(out.meta_info.get("peak_memory_gib", float("nan"))),
+                "torch": torch.__version__,
+            }
+        ),
+        flush=True,
+    )
     return 0
 
 
 def _run(cmd: list[str], *, timeout: float, what: str) -> subprocess.CompletedProcess[str]:
-    print(f"[{time.strftime('%H:%M:%S')}] {what}: {' '.join(cmd[:4])} ...", file=sys.stderr, flush=True)
+    print(
+        f"[{time.strftime('%H:%M:%S')}] {what}: {' '.join(cmd[:4])} ...",
+        file=sys.stderr,
+        flush=True,
+    )
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
@@ -95,7 +116,9 @@ def _run(cmd: list[str], *, timeout: float, what: str) -> subprocess.CompletedPr
     return proc
 
 
-def run_group(spec: tgspec.TrainerGroupSpec, *, name: str, steps: int, warmup: int, gpus: int) -> dict[str, Any]:
+def run_group(
+    spec: tgspec.TrainerGroupSpec, *, name: str, steps: int, warmup: int, gpus: int
+) -> dict[str, Any]:
     from tgruntime.ray_connect import start_local_head, stop_local_head
 
     body = json.dumps(_resource(spec, name))
@@ -104,18 +127,53 @@ def run_group(spec: tgspec.TrainerGroupSpec, *, name: str, steps: int, warmup: i
     head = start_local_head(num_cpus=cpus, num_gpus=gpus)
     try:
         t0 = time.perf_counter()
-        server = _run([PY, "-m", "tgruntime.server", "--spec-json", body, "--address", head.gcs_address],
-                      timeout=1200, what="server (creates the detached group, exits)")
+        server = _run(
+            [PY, "-m", "tgruntime.server", "--spec-json", body, "--address", head.gcs_address],
+            timeout=1200,
+            what="server (creates the detached group, exits)",
+        )
         server_s = time.perf_counter() - t0
         ready = groups.parse_tagged(groups.READY_TAG, server.stdout)
         assert ready is not None, server.stdout[-2000:]
-        client = _run([PY, __file__, "--role", "client", "--address", head.gcs_address, "--group", tg.group_name,
-                       "--ray-namespace", tg.ray_namespace, "--spec-json", body,
-                       "--steps", str(steps), "--warmup", str(warmup)], timeout=1800, what="client (attaches by name)")
+        client = _run(
+            [
+                PY,
+                __file__,
+                "--role",
+                "client",
+                "--address",
+                head.gcs_address,
+                "--group",
+                tg.group_name,
+                "--ray-namespace",
+                tg.ray_namespace,
+                "--spec-json",
+                body,
+                "--steps",
+                str(steps),
+                "--warmup",
+                str(warmup),
+            ],
+            timeout=1800,
+            what="client (attaches by name)",
+        )
         measured = groups.parse_tagged("BENCH_CLIENT", client.stdout)
         assert measured is not None, client.stdout[-2000:]
-        _run([PY, "-m", "tgruntime.teardown", "--group", tg.group_name, "--ray-namespace", tg.ray_namespace,
-              "--address", head.gcs_address], timeout=300, what="teardown")
+        _run(
+            [
+                PY,
+                "-m",
+                "tgruntime.teardown",
+                "--group",
+                tg.group_name,
+                "--ray-namespace",
+                tg.ray_namespace,
+                "--address",
+                head.gcs_address,
+            ],
+            timeout=300,
+            what="teardown",
+        )
     finally:
         stop_local_head(head)
     stats = bench_step.summarize(measured["wall_step_s"])
@@ -125,17 +183,31 @@ def run_group(spec: tgspec.TrainerGroupSpec, *, name: str, steps: int, warmup: i
     row: dict[str, Any] = {
         "path": "group",
         "world_size": spec.world_size,
-        "tp": spec.parallelism.tensor, "pp": spec.parallelism.pipeline, "dp": spec.data_parallel,
-        "device": str(mesh.get("device", "?")).split(":")[0], "dtype": mesh.get("dtype", "?"),
-        "model": tgspec.to_wire(spec.model), "batch": [spec.training.batch_size, spec.training.sequence_length],
-        "steps": steps, "warmup": warmup, "step_s": stats,
-        "worker_step_s": bench_step.summarize([x for x in measured["worker_step_s"] if x == x] or [float("nan")]),
-        "tokens_per_step": tokens, "tokens_per_s": tokens / stats["median"],
-        "flops_per_step": flops, "achieved_tflops": flops / stats["median"] / 1e12,
-        "first_loss": measured["losses"][0], "final_loss": measured["losses"][-1],
-        "server_s": server_s, "worker_names": ready["workerNames"],
-        "attach_ms_first": measured["attach_ms_first"], "attach_ms_warm": measured["attach_ms_warm"],
-        "first_call_ms": measured["first_call_ms"], "second_call_ms": measured["second_call_ms"],
+        "tp": spec.parallelism.tensor,
+        "pp": spec.parallelism.pipeline,
+        "dp": spec.data_parallel,
+        "device": str(mesh.get("device", "?")).split(":")[0],
+        "dtype": mesh.get("dtype", "?"),
+        "model": tgspec.to_wire(spec.model),
+        "batch": [spec.training.batch_size, spec.training.sequence_length],
+        "steps": steps,
+        "warmup": warmup,
+        "step_s": stats,
+        "worker_step_s": bench_step.summarize(
+            [x for x in measured["worker_step_s"] if x == x] or [float("nan")]
+        ),
+        "tokens_per_step": tokens,
+        "tokens_per_s": tokens / stats["median"],
+        "flops_per_step": flops,
+        "achieved_tflops": flops / stats["median"] / 1e12,
+        "first_loss": measured["losses"][0],
+        "final_loss": measured["losses"][-1],
+        "server_s": server_s,
+        "worker_names": ready["workerNames"],
+        "attach_ms_first": measured["attach_ms_first"],
+        "attach_ms_warm": measured["attach_ms_warm"],
+        "first_call_ms": measured["first_call_ms"],
+        "second_call_ms": measured["second_call_ms"],
     }
     if measured["peak_memory_gib"] == measured["peak_memory_gib"]:
         row["peak_memory_gib"] = measured["peak_memory_gib"]
@@ -157,7 +229,12 @@ def parse_case(text: str) -> tuple[str, int, int]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--role", default="suite", choices=["suite", "client"])
-    p.add_argument("--case", action="append", default=[], help="preset:tpN[:dpM], repeatable (default tiny:tp2)")
+    p.add_argument(
+        "--case",
+        action="append",
+        default=[],
+        help="preset:tpN[:dpM], repeatable (default tiny:tp2)",
+    )
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--skip-direct", action="store_true")
@@ -181,13 +258,21 @@ def main(argv: list[str] | None = None) -> int:
             continue
         spec = bench_step.preset_spec(preset, gpu=gpu, tp=tp, world=world)
         if not gpu:
-            spec = tgspec.parse_spec({**tgspec.to_wire(spec), "model": {**tgspec.to_wire(spec.model), "dtype": "float32"},
-                                      "workers": {**tgspec.to_wire(spec.workers), "cpusPerProcess": 0.5}}, local=True)
+            spec = tgspec.parse_spec(
+                {
+                    **tgspec.to_wire(spec),
+                    "model": {**tgspec.to_wire(spec.model), "dtype": "float32"},
+                    "workers": {**tgspec.to_wire(spec.workers), "cpusPerProcess": 0.5},
+                },
+                local=True,
+            )
         name = f"bench-{preset}-tp{tp}-w{world}".replace("_", "-")
         direct = None
         if not args.skip_direct:
             print(f"[{time.strftime('%H:%M:%S')}] direct {case}", file=sys.stderr, flush=True)
-            direct = bench_step.run_direct(spec, steps=args.steps, warmup=args.warmup, device="cuda" if gpu else "cpu")
+            direct = bench_step.run_direct(
+                spec, steps=args.steps, warmup=args.warmup, device="cuda" if gpu else "cpu"
+            )
             direct["case"] = case
             rows.append(direct)
         print(f"[{time.strftime('%H:%M:%S')}] group {case}", file=sys.stderr, flush=True)
@@ -196,7 +281,9 @@ def main(argv: list[str] | None = None) -> int:
         if direct is not None:
             if "matmul_tflops" in direct:
                 group["matmul_tflops"] = direct["matmul_tflops"]
-                group["mfu"] = group["achieved_tflops"] / (direct["matmul_tflops"] * group["world_size"])
+                group["mfu"] = group["achieved_tflops"] / (
+                    direct["matmul_tflops"] * group["world_size"]
+                )
             comparisons.append({"case": case, **bench_step.compare(direct, group)})
         rows.append(group)
         if args.json:
@@ -206,11 +293,15 @@ def main(argv: list[str] | None = None) -> int:
     print()
     for r in rows:
         if r["path"] == "group":
-            print(f"{r['case']}: server {r['server_s']:.1f}s, attach first {r['attach_ms_first']:.1f} ms / warm "
-                  f"{r['attach_ms_warm']:.1f} ms, first call {r['first_call_ms']:.1f} ms, second call {r['second_call_ms']:.1f} ms")
+            print(
+                f"{r['case']}: server {r['server_s']:.1f}s, attach first {r['attach_ms_first']:.1f} ms / warm "
+                f"{r['attach_ms_warm']:.1f} ms, first call {r['first_call_ms']:.1f} ms, second call {r['second_call_ms']:.1f} ms"
+            )
     for c in comparisons:
-        print(f"{c['case']}: direct {c['direct_step_s'] * 1e3:.1f} ms, group {c['group_step_s'] * 1e3:.1f} ms, "
-              f"ratio {c['ratio']:.3f}, overhead {c['overhead_ms']:+.1f} ms/step")
+        print(
+            f"{c['case']}: direct {c['direct_step_s'] * 1e3:.1f} ms, group {c['group_step_s'] * 1e3:.1f} ms, "
+            f"ratio {c['ratio']:.3f}, overhead {c['overhead_ms']:+.1f} ms/step"
+        )
     return 0
 
 

@@ -13,6 +13,7 @@ import dataclasses
 import aiohttp
 
 from tg_operator.dashboard import DashboardClient
+from tg_operator.job_slots import JobSlots
 from tg_operator.kube import KubeApi
 from tg_operator.metrics import PhaseTracker
 from tg_operator.settings import OperatorConfig
@@ -42,6 +43,10 @@ class Context:
     session: aiohttp.ClientSession
     phases: PhaseTracker = dataclasses.field(default_factory=PhaseTracker)
     locks: dict[str, asyncio.Lock] = dataclasses.field(default_factory=dict)
+    slots: JobSlots = dataclasses.field(default_factory=lambda: JobSlots(limit=0))
+
+    def __post_init__(self) -> None:
+        self.slots.limit = self.config.max_concurrent_jobs
 
     def dashboard(self, url: str) -> DashboardClient:
         return DashboardClient(

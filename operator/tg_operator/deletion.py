@@ -49,6 +49,7 @@ async def finalize(ctx: Context, *, body: Mapping[str, Any], sink: EventSink, re
         except kopf.TemporaryError:
             raise
         ctx.forget(namespace=namespace, name=name, uid=uid)
+        ctx.slots.release_prefix(names.job_prefix(namespace=namespace, name=name, uid=uid))
         return result
 
 
@@ -136,7 +137,12 @@ async def _clean_ray(
     ray_ns = status.ray_namespace or tg.ray_namespace
     gen = status.group_generation
     result = await teardown.teardown_group(
-        dash, tg, python=ctx.config.python, ray_namespace=ray_ns, generation=gen
+        dash,
+        tg,
+        python=ctx.config.python,
+        ray_namespace=ray_ns,
+        generation=gen,
+        slots=ctx.slots,
     )
     if not result.done:
         raise _NotYet(f"tearing down the workers: {result.message}", delay=2.0)

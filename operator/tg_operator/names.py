@@ -40,17 +40,19 @@ SERVER_MODULE = "tgruntime.server"
 TEARDOWN_MODULE = "tgruntime.teardown"
 
 
-def uid_tag(tg: TrainerGroup) -> str:
-    """Eight characters of the object's uid: a re-created object never reuses a job id."""
-    return (tg.uid.replace("-", "") or "nouid")[:8]
+def job_prefix(*, namespace: str, name: str, uid: str) -> str:
+    """Start of every Ray job id of one object; 8 characters of its uid make sure a
+    re-created object (same name) never adopts its predecessor's jobs."""
+    return f"tg-{namespace}-{name}-{(uid.replace('-', '') or 'nouid')[:8]}-"
 
 
 def server_submission_id(tg: TrainerGroup, *, generation: int) -> str:
-    return f"tg-{tg.namespace}-{tg.name}-{uid_tag(tg)}-g{generation}"
+    return f"{job_prefix(namespace=tg.namespace, name=tg.name, uid=tg.uid)}g{generation}"
 
 
 def teardown_submission_id(tg: TrainerGroup, *, generation: int, attempt: int) -> str:
-    return f"tg-{tg.namespace}-{tg.name}-{uid_tag(tg)}-teardown-g{generation}-{attempt}"
+    prefix = job_prefix(namespace=tg.namespace, name=tg.name, uid=tg.uid)
+    return f"{prefix}teardown-g{generation}-{attempt}"
 
 
 def cluster_name(tg: TrainerGroup) -> str:

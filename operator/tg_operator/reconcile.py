@@ -270,6 +270,19 @@ class _Pass:
             )
         else:
             job = await dash.get_job(sid)
+            slots, url = self.ctx.slots, self.dashboard_url
+            if job is None and not slots.acquire(url, sid):
+                msg = (
+                    f"waiting for a free Ray job slot: {slots.in_flight(url)} jobs in flight on "
+                    f"this Ray cluster (TG_MAX_CONCURRENT_JOBS={slots.limit})"
+                )
+                new = self.compute(self.observation(readiness))
+                await self.write(
+                    status_mod.with_phase(new, phase=new.phase, message=msg, now=self.now)
+                )
+                return Step.wait(CLUSTER_POLL_S, msg)
+            if job is not None and not job.terminal:
+                slots.acquire(url, sid)  # adopt a job found running (after a restart)
             if job is None:
                 created = await dash.submit_job(
                     submission_id=sid,
@@ -285,6 +298,8 @@ class _Pass:
                         message=f"submitted server job {sid} (group generation {gen})",
                     )
                 job = await dash.get_job(sid)
+            if job is not None and job.terminal:
+                slots.release(url, sid)
             st = dataclasses.replace(
                 st,
                 group_generation=gen,
@@ -392,6 +407,7 @@ class _Pass:
                 ray_namespace=self.written.ray_namespace or self.tg.ray_namespace,
                 generation=gen,
                 budget_s=30.0,
+                slots=self.ctx.slots,
             )
         except DashboardError as exc:
             log.warning(
@@ -438,6 +454,7 @@ class _Pass:
                 python=self.ctx.config.python,
                 ray_namespace=st.ray_namespace or tg.ray_namespace,
                 generation=gen,
+                slots=self.ctx.slots,
             )
         except DashboardError as exc:
             if not cluster_going:

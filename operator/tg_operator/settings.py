@@ -34,6 +34,8 @@ class OperatorConfig:
     """Interpreter used in the Ray job entrypoints."""
     dashboard_timeout_s: float = 10.0
     """Per-request timeout towards a Ray dashboard."""
+    max_concurrent_jobs: int = 8
+    """Ray jobs (server/teardown drivers) in flight per Ray cluster; 0 = no limit."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> OperatorConfig:
@@ -53,6 +55,7 @@ class OperatorConfig:
             watch_timeout_s=int(_number(env, "TG_WATCH_TIMEOUT_SECONDS", 300, minimum=1)),
             python=env.get("TG_PYTHON", "python") or "python",
             dashboard_timeout_s=_number(env, "TG_DASHBOARD_TIMEOUT_SECONDS", 10.0, minimum=0.1),
+            max_concurrent_jobs=int(_number(env, "TG_MAX_CONCURRENT_JOBS", 8, minimum=0)),
         )
         config.dashboard_url(cluster="c", namespace="n")  # fail fast on a bad template
         config.gcs_address(cluster="c", namespace="n")

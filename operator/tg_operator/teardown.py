@@ -19,6 +19,7 @@ from tgspec import TrainerGroup
 
 from tg_operator import entrypoints, names
 from tg_operator.dashboard import DashboardClient, JobInfo
+from tg_operator.job_slots import JobSlots
 
 MAX_ATTEMPTS = 20
 POLL_S = 0.5
@@ -52,9 +53,11 @@ async def teardown_group(
     ray_namespace: str,
     generation: int,
     budget_s: float = 60.0,
+    slots: JobSlots | None = None,
 ) -> TeardownResult:
     """Kill the group's actors and placement groups; idempotent."""
     deadline = time.monotonic() + budget_s
+    url = dash.base_url
     server_id = names.server_submission_id(tg, generation=generation)
     server = await dash.get_job(server_id)
     if server is not None and not server.terminal:
@@ -66,11 +69,19 @@ async def teardown_group(
             return TeardownResult(
                 done=False, message=f"waiting for server job {server_id} to stop ({server.status})"
             )
+    if slots is not None:
+        slots.release(url, server_id)
     last_error = ""
     for attempt in range(MAX_ATTEMPTS):
         tid = names.teardown_submission_id(tg, generation=generation, attempt=attempt)
         job = await dash.get_job(tid)
         if job is None:
+            if slots is not None and not slots.acquire(url, tid):
+                return TeardownResult(
+                    done=False,
+                    message=f"waiting for a free Ray job slot ({slots.in_flight(url)} jobs "
+                    f"in flight, TG_MAX_CONCURRENT_JOBS={slots.limit})",
+                )
             await dash.submit_job(
                 submission_id=tid,
                 entrypoint=entrypoints.teardown_entrypoint(
@@ -80,6 +91,8 @@ async def teardown_group(
             )
         if job is None or not job.terminal:
             job = await await_terminal(dash, tid, timeout_s=max(1.0, deadline - time.monotonic()))
+        if job is not None and job.terminal and slots is not None:
+            slots.release(url, tid)
         if job is None or not job.terminal:
             state = job.status if job is not None else "PENDING"
             return TeardownResult(

@@ -21,7 +21,11 @@ def repeated_batch(
     *, vocab_size: int, batch_size: int, sequence_length: int, seed: int = 0
 ) -> Iterator[np.ndarray]:
     """The same random batch every step: the loss must fall as the model memorises it."""
-    batch = next(random_batches(vocab_size=vocab_size, batch_size=batch_size, sequence_length=sequence_length, seed=seed))
+    batch = next(
+        random_batches(
+            vocab_size=vocab_size, batch_size=batch_size, sequence_length=sequence_length, seed=seed
+        )
+    )
     while True:
         yield batch
 
@@ -38,10 +42,14 @@ def file_batches(
     else:
         tokens = np.array(path.read_text().split(), dtype=np.int64)
     if tokens.size < sequence_length:
-        raise ValueError(f"{path}: {tokens.size} tokens is fewer than one sequence of {sequence_length}; supply more tokens")
+        raise ValueError(
+            f"{path}: {tokens.size} tokens is fewer than one sequence of {sequence_length}; supply more tokens"
+        )
     bad = (tokens < 0) | (tokens >= vocab_size)
     if bad.any():
-        raise ValueError(f"{path}: token id {int(tokens[bad][0])} is outside the model's vocabulary [0, {vocab_size}); re-tokenise or raise model.vocabSize")
+        raise ValueError(
+            f"{path}: token id {int(tokens[bad][0])} is outside the model's vocabulary [0, {vocab_size}); re-tokenise or raise model.vocabSize"
+        )
     per_batch = batch_size * sequence_length
     offset = 0
     while True:

@@ -33,16 +33,27 @@ def cmd_up(args: argparse.Namespace) -> int:
     tg = _load(args.file)
     head = local_ray.ensure(address=args.address, num_cpus=args.num_cpus, num_gpus=args.num_gpus)
     cmd = [sys.executable, "-m", "tgruntime.server", "-f", args.file, "--address", head.gcs_address]
-    log.info("creating group %s in Ray namespace %s (%d workers)", tg.group_name, tg.ray_namespace, tg.spec.world_size)
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=tg.spec.timeouts.workers_ready_seconds + 120)
+    log.info(
+        "creating group %s in Ray namespace %s (%d workers)",
+        tg.group_name,
+        tg.ray_namespace,
+        tg.spec.world_size,
+    )
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=tg.spec.timeouts.workers_ready_seconds + 120
+    )
     sys.stderr.write(proc.stderr)
     ready = groups.parse_tagged(groups.READY_TAG, proc.stdout)
     if proc.returncode != 0 or ready is None:
-        failed = groups.parse_tagged(groups.FAILED_TAG, proc.stdout) or {"error": f"server exited {proc.returncode}"}
+        failed = groups.parse_tagged(groups.FAILED_TAG, proc.stdout) or {
+            "error": f"server exited {proc.returncode}"
+        }
         print(f"tgctl up: {failed['error']}", file=sys.stderr)
         return 1
-    print(f"group {ready['groupName']} is up in Ray namespace {ready['rayNamespace']} "
-          f"(generation {ready['generation']}, mesh {ready['mesh']})")
+    print(
+        f"group {ready['groupName']} is up in Ray namespace {ready['rayNamespace']} "
+        f"(generation {ready['generation']}, mesh {ready['mesh']})"
+    )
     for rank, name in enumerate(ready["workerNames"]):
         print(f"  rank {rank}: {name}")
     return 0
@@ -55,7 +66,9 @@ def _connect_existing(args: argparse.Namespace, tg: tgspec.TrainerGroup) -> None
     if not address:
         known = local_ray.load()
         if known is None:
-            raise TrainerGroupError("no Ray cluster is known: run `tgctl up -f FILE` first, or pass --address")
+            raise TrainerGroupError(
+                "no Ray cluster is known: run `tgctl up -f FILE` first, or pass --address"
+            )
         address = known.gcs_address
     connect(address=address, namespace=tg.ray_namespace)
 
@@ -73,8 +86,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     health = wg.health(timeout_s=10)
     alive = sum(h.state == "ALIVE" for h in health)
     phase = "Ready" if alive == len(health) else "Degraded"
-    print(f"phase: {phase}  ({alive}/{len(health)} workers alive, generation {wg.generation}, "
-          f"Ray namespace {tg.ray_namespace})")
+    print(
+        f"phase: {phase}  ({alive}/{len(health)} workers alive, generation {wg.generation}, "
+        f"Ray namespace {tg.ray_namespace})"
+    )
     print(f"{'RANK':<5} {'STATE':<12} {'PID':<8} {'NAME':<40} CAUSE")
     for h in health:
         print(f"{h.rank:<5} {h.state:<12} {h.pid or '':<8} {h.name:<40} {h.cause or ''}")
@@ -87,7 +102,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     tg = _load(args.file)
     address = args.address or (local_ray.load().gcs_address if local_ray.load() else None)
     if address is None:
-        print("tgctl train: no Ray cluster is known: run `tgctl up -f FILE` first, or pass --address", file=sys.stderr)
+        print(
+            "tgctl train: no Ray cluster is known: run `tgctl up -f FILE` first, or pass --address",
+            file=sys.stderr,
+        )
         return 1
     del tg
     argv = ["-f", args.file, "--steps", str(args.steps), "--address", address]
@@ -108,37 +126,57 @@ def cmd_down(args: argparse.Namespace) -> int:
     if address is None:
         print("tgctl down: no Ray cluster is known; nothing to tear down")
     else:
-        rc = teardown.main(["--group", tg.group_name, "--ray-namespace", tg.ray_namespace, "--address", address])
+        rc = teardown.main(
+            ["--group", tg.group_name, "--ray-namespace", tg.ray_namespace, "--address", address]
+        )
     if args.stop_ray:
-        print("stopped the local Ray head" if local_ray.stop() else "no local Ray head started by tgctl to stop")
+        print(
+            "stopped the local Ray head"
+            if local_ray.stop()
+            else "no local Ray head started by tgctl to stop"
+        )
     return rc
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tgctl", description="Run a TrainerGroup on local Ray (the embedded default).")
+    p = argparse.ArgumentParser(
+        prog="tgctl", description="Run a TrainerGroup on local Ray (the embedded default)."
+    )
     sub = p.add_subparsers(dest="command", required=True)
 
     def add(name: str, help_text: str) -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=help_text)
         sp.add_argument("-f", "--file", required=True, help="TrainerGroup YAML")
-        sp.add_argument("--address", default=os.environ.get("TG_RAY_ADDRESS"), help="an existing Ray cluster's GCS address")
+        sp.add_argument(
+            "--address",
+            default=os.environ.get("TG_RAY_ADDRESS"),
+            help="an existing Ray cluster's GCS address",
+        )
         return sp
 
     up = add("up", "start local Ray if needed and create the group")
-    up.add_argument("--num-cpus", type=float, default=None, help="CPUs for a new local head (default: all)")
-    up.add_argument("--num-gpus", type=int, default=None, help="GPUs for a new local head (default: detected)")
+    up.add_argument(
+        "--num-cpus", type=float, default=None, help="CPUs for a new local head (default: all)"
+    )
+    up.add_argument(
+        "--num-gpus", type=int, default=None, help="GPUs for a new local head (default: detected)"
+    )
     add("status", "show the group's phase and workers")
     tr = add("train", "attach and train")
     tr.add_argument("--steps", type=int, default=5)
     tr.add_argument("--fresh-batches", action="store_true", help="a new random batch every step")
     tr.add_argument("--save-checkpoint", default=None)
     dn = add("down", "tear the group down")
-    dn.add_argument("--stop-ray", action="store_true", help="also stop the local Ray head tgctl started")
+    dn.add_argument(
+        "--stop-ray", action="store_true", help="also stop the local Ray head tgctl started"
+    )
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     args = build_parser().parse_args(argv)
     handlers = {"up": cmd_up, "status": cmd_status, "train": cmd_train, "down": cmd_down}
     try:

@@ -59,13 +59,21 @@ class StepReport:
 def resolve_target(args: argparse.Namespace) -> Target:
     if args.file:
         tg = tgspec.load_file(args.file, local=True)
-        return Target(group_name=tg.group_name, ray_namespace=tg.ray_namespace, address=args.address, spec=tg.spec)
+        return Target(
+            group_name=tg.group_name,
+            ray_namespace=tg.ray_namespace,
+            address=args.address,
+            spec=tg.spec,
+        )
     if args.trainergroup:
         # The Kubernetes API is only needed in this mode; import lazily.
         from tg_operator.client_status import wait_for_ready_sync
 
         status, spec = wait_for_ready_sync(
-            name=args.trainergroup, namespace=args.namespace, kubeconfig=args.kubeconfig, timeout_s=args.wait
+            name=args.trainergroup,
+            namespace=args.namespace,
+            kubeconfig=args.kubeconfig,
+            timeout_s=args.wait,
         )
         return Target(
             group_name=status.group_name or args.trainergroup,
@@ -75,7 +83,9 @@ def resolve_target(args: argparse.Namespace) -> Target:
             worker_names=tuple(status.worker_names),
         )
     if not (args.group or args.worker_names) or not args.ray_namespace:
-        raise ValueError("say which group: -f tg.yaml, --trainergroup NAME, or --group NAME --ray-namespace NS")
+        raise ValueError(
+            "say which group: -f tg.yaml, --trainergroup NAME, or --group NAME --ray-namespace NS"
+        )
     return Target(
         group_name=args.group or "",
         ray_namespace=args.ray_namespace,
@@ -87,21 +97,35 @@ def resolve_target(args: argparse.Namespace) -> Target:
 
 def attach(target: Target, *, timeout_s: float) -> WorkerGroup:
     if target.worker_names and not target.group_name:
-        return WorkerGroup.from_worker_names(worker_names=list(target.worker_names), namespace=target.ray_namespace)
-    return WorkerGroup.attach(group_name=target.group_name, namespace=target.ray_namespace, timeout_s=timeout_s)
+        return WorkerGroup.from_worker_names(
+            worker_names=list(target.worker_names), namespace=target.ray_namespace
+        )
+    return WorkerGroup.attach(
+        group_name=target.group_name, namespace=target.ray_namespace, timeout_s=timeout_s
+    )
 
 
-def batch_stream(args: argparse.Namespace, spec: tgspec.TrainerGroupSpec | None) -> Iterator[np.ndarray]:
+def batch_stream(
+    args: argparse.Namespace, spec: tgspec.TrainerGroupSpec | None
+) -> Iterator[np.ndarray]:
     vocab = args.vocab_size or (spec.model.vocab_size if spec else None)
     bsz = args.batch_size or (spec.training.batch_size if spec else None)
     seq = args.seq_len or (spec.training.sequence_length if spec else None)
     if vocab is None or bsz is None or seq is None:
-        raise ValueError("without a spec (-f or --trainergroup) pass --vocab-size, --batch-size and --seq-len")
+        raise ValueError(
+            "without a spec (-f or --trainergroup) pass --vocab-size, --batch-size and --seq-len"
+        )
     if args.tokens_file:
-        return batches.file_batches(path=Path(args.tokens_file), vocab_size=vocab, batch_size=bsz, sequence_length=seq)
+        return batches.file_batches(
+            path=Path(args.tokens_file), vocab_size=vocab, batch_size=bsz, sequence_length=seq
+        )
     if args.fresh_batches:
-        return batches.random_batches(vocab_size=vocab, batch_size=bsz, sequence_length=seq, seed=args.seed)
-    return batches.repeated_batch(vocab_size=vocab, batch_size=bsz, sequence_length=seq, seed=args.seed)
+        return batches.random_batches(
+            vocab_size=vocab, batch_size=bsz, sequence_length=seq, seed=args.seed
+        )
+    return batches.repeated_batch(
+        vocab_size=vocab, batch_size=bsz, sequence_length=seq, seed=args.seed
+    )
 
 
 def _metric(meta: dict[str, Any], key: str, default: float = math.nan) -> float:
@@ -133,11 +157,19 @@ def train_step(wg: WorkerGroup, tokens: np.ndarray, *, step: int) -> StepReport:
     )
 
 
-def train(wg: WorkerGroup, stream: Iterator[np.ndarray], *, steps: int, progress: bool = True) -> list[StepReport]:
+def train(
+    wg: WorkerGroup, stream: Iterator[np.ndarray], *, steps: int, progress: bool = True
+) -> list[StepReport]:
     from tqdm import tqdm
 
     reports: list[StepReport] = []
-    bar = tqdm(total=steps, desc=f"train {wg.group_name}", unit="step", file=sys.stderr, disable=not progress)
+    bar = tqdm(
+        total=steps,
+        desc=f"train {wg.group_name}",
+        unit="step",
+        file=sys.stderr,
+        disable=not progress,
+    )
     for step in range(1, steps + 1):
         report = train_step(wg, next(stream), step=step)
         reports.append(report)
@@ -151,29 +183,49 @@ def train(wg: WorkerGroup, stream: Iterator[np.ndarray], *, steps: int, progress
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tgruntime.client", description=__doc__.splitlines()[0])
     p.add_argument("-f", "--file", help="TrainerGroup YAML (local mode)")
-    p.add_argument("--trainergroup", help="read the target from this TrainerGroup's Kubernetes status")
+    p.add_argument(
+        "--trainergroup", help="read the target from this TrainerGroup's Kubernetes status"
+    )
     p.add_argument("--namespace", default="default", help="Kubernetes namespace of --trainergroup")
-    p.add_argument("--kubeconfig", default=None, help="kubeconfig (default: in-cluster, then ~/.kube/config)")
-    p.add_argument("--wait", type=float, default=600.0, help="seconds to wait for the TrainerGroup to be Ready")
+    p.add_argument(
+        "--kubeconfig", default=None, help="kubeconfig (default: in-cluster, then ~/.kube/config)"
+    )
+    p.add_argument(
+        "--wait", type=float, default=600.0, help="seconds to wait for the TrainerGroup to be Ready"
+    )
     p.add_argument("--group", help="group name in the Ray namespace")
     p.add_argument("--ray-namespace", help="Ray namespace of the group")
-    p.add_argument("--worker-names", help="comma-separated worker names (verl's from_detached style)")
-    p.add_argument("--address", default=None, help="Ray address (default: status.rayAddress, RAY_ADDRESS or auto)")
+    p.add_argument(
+        "--worker-names", help="comma-separated worker names (verl's from_detached style)"
+    )
+    p.add_argument(
+        "--address",
+        default=None,
+        help="Ray address (default: status.rayAddress, RAY_ADDRESS or auto)",
+    )
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--seq-len", type=int, default=None)
     p.add_argument("--vocab-size", type=int, default=None)
     p.add_argument("--tokens-file", default=None, help=".npy or whitespace-separated token ids")
-    p.add_argument("--fresh-batches", action="store_true", help="a new random batch each step (default: one batch, memorised)")
+    p.add_argument(
+        "--fresh-batches",
+        action="store_true",
+        help="a new random batch each step (default: one batch, memorised)",
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--save-checkpoint", default=None, help="directory to save a checkpoint to after training")
+    p.add_argument(
+        "--save-checkpoint", default=None, help="directory to save a checkpoint to after training"
+    )
     p.add_argument("--attach-timeout", type=float, default=30.0)
     p.add_argument("--no-progress", action="store_true")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     args = build_parser().parse_args(argv)
     if args.steps < 1:
         print("tgruntime.client: --steps must be at least 1", file=sys.stderr)
@@ -183,13 +235,27 @@ def main(argv: list[str] | None = None) -> int:
         connect(address=target.address, namespace=target.ray_namespace)
         t0 = time.perf_counter()
         wg = attach(target, timeout_s=args.attach_timeout)
-        log.info("attached to %s (%d workers) in %.1f ms: %s", wg.group_name, wg.world_size,
-                 (time.perf_counter() - t0) * 1e3, json.dumps(list(wg.worker_names)))
-        reports = train(wg, batch_stream(args, target.spec), steps=args.steps, progress=not args.no_progress)
+        log.info(
+            "attached to %s (%d workers) in %.1f ms: %s",
+            wg.group_name,
+            wg.world_size,
+            (time.perf_counter() - t0) * 1e3,
+            json.dumps(list(wg.worker_names)),
+        )
+        reports = train(
+            wg, batch_stream(args, target.spec), steps=args.steps, progress=not args.no_progress
+        )
         if args.save_checkpoint:
             wg.save_checkpoint(args.save_checkpoint)
             log.info("checkpoint saved to %s", args.save_checkpoint)
-    except (tgspec.SpecErrors, ValueError, LookupError, RuntimeError, TrainerGroupError, TimeoutError) as exc:
+    except (
+        tgspec.SpecErrors,
+        ValueError,
+        LookupError,
+        RuntimeError,
+        TrainerGroupError,
+        TimeoutError,
+    ) as exc:
         print(f"tgruntime.client: {exc}", file=sys.stderr)
         return 1
     first, last = reports[0].loss, reports[-1].loss

@@ -98,7 +98,9 @@ def mesh_of(spec: tgspec.TrainerGroupSpec) -> dict[str, int]:
     return {"tp": p.tensor, "pp": p.pipeline, "cp": p.context, "dp": spec.data_parallel}
 
 
-def ready_payload(wg: WorkerGroup, *, mesh: dict[str, int] | None, worker_class: str) -> dict[str, Any]:
+def ready_payload(
+    wg: WorkerGroup, *, mesh: dict[str, int] | None, worker_class: str
+) -> dict[str, Any]:
     """The body of the ``TG_GROUP_READY`` line (docs/contracts.md)."""
     return {
         "groupName": wg.group_name,

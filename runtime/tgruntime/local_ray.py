@@ -56,12 +56,18 @@ def ensure(*, address: str | None, num_cpus: float | None, num_gpus: int | None)
     if known is not None and ray_connect.is_reachable(known.gcs_address):
         return known
     if known is not None:
-        log.warning("the remembered local Ray head at %s is gone; starting a new one", known.gcs_address)
+        log.warning(
+            "the remembered local Ray head at %s is gone; starting a new one", known.gcs_address
+        )
         forget()
     head = ray_connect.start_local_head(num_cpus=num_cpus, num_gpus=num_gpus)
-    local = LocalRay(gcs_address=head.gcs_address, dashboard_url=head.dashboard_url, started_by_tgctl=True)
+    local = LocalRay(
+        gcs_address=head.gcs_address, dashboard_url=head.dashboard_url, started_by_tgctl=True
+    )
     save(local)
-    log.info("started a local Ray head at %s (dashboard %s)", local.gcs_address, local.dashboard_url)
+    log.info(
+        "started a local Ray head at %s (dashboard %s)", local.gcs_address, local.dashboard_url
+    )
     return local
 
 

@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -274,30 +275,40 @@ def _dashboard_wanted() -> bool:
 
 
 def _wait_head(proc: subprocess.Popen[bytes], head: LocalHead, *, timeout_s: float) -> str:
+    """Wait for the GCS port, 'ray start' reporting the runtime started, and the dashboard.
+
+    No GCS client is used here, so this works whatever the cluster's authentication mode.
+    """
     deadline = time.monotonic() + timeout_s
     host, port = parse_address(head.gcs_address)
-    gcs_up = dash_up = node_up = False
+    gcs_up = started = dash_up = False
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             return f"'ray start' exited with {proc.returncode}; log {head.log_path}:\n{_tail(head.log_path)}"
         if not gcs_up:
             gcs_up = not _tcp_error(host, port, timeout_s=1.0)
-        if gcs_up and not node_up:
-            node_up = bool(_cluster_nodes(head.gcs_address, timeout_s=2.0))
-        if node_up and not dash_up and not _dashboard_wanted():
-            dash_up = True  # TG_RAY_INCLUDE_DASHBOARD=0: a head without the dashboard
-        if node_up and not dash_up:
-            with contextlib.suppress(Exception), urllib.request.urlopen(
-                f"{head.dashboard_url}/api/version", timeout=2
-            ) as resp:
-                dash_up = resp.status == 200
-        if gcs_up and node_up and dash_up:
+        if gcs_up and not started:
+            started = "Ray runtime started" in _tail(head.log_path, lines=400)
+        if started and not dash_up:
+            dash_up = _http_up(f"{head.dashboard_url}/api/version")
+        if gcs_up and started and dash_up:
             return ""
         time.sleep(0.25)
     return (
-        f"not ready within {timeout_s:g}s (gcs={gcs_up}, node={node_up}, dashboard={dash_up}); "
+        f"not ready within {timeout_s:g}s (gcs port={gcs_up}, runtime started={started}, dashboard={dash_up}); "
         f"log {head.log_path}:\n{_tail(head.log_path)}"
     )
+
+
+def _http_up(url: str) -> bool:
+    """The server answers HTTP (401/403 count: a token-protected dashboard is up)."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return 200 <= int(resp.status) < 500
+    except urllib.error.HTTPError as exc:
+        return exc.code in (401, 403)
+    except Exception:
+        return False
 
 
 def _tail(path: str, lines: int = 20) -> str:

@@ -43,10 +43,19 @@ def existing_healthy(tg: tgspec.TrainerGroup, generation: int) -> WorkerGroup | 
         return None
     states = [h.state for h in wg.health(timeout_s=10)]
     if wg.generation == generation and all(s == "ALIVE" for s in states):
-        log.info("group %s generation %d already running and healthy: re-using it", tg.group_name, generation)
+        log.info(
+            "group %s generation %d already running and healthy: re-using it",
+            tg.group_name,
+            generation,
+        )
         return wg
-    log.warning("removing stale group %s (generation %d, states %s) before creating generation %d",
-                tg.group_name, wg.generation, states, generation)
+    log.warning(
+        "removing stale group %s (generation %d, states %s) before creating generation %d",
+        tg.group_name,
+        wg.generation,
+        states,
+        generation,
+    )
     teardown_group(group_name=tg.group_name, namespace=tg.ray_namespace)
     return None
 
@@ -59,7 +68,12 @@ def run(tg: tgspec.TrainerGroup, *, generation: int, address: str | None) -> dic
         if wg is None:
             t0 = time.monotonic()
             wg = groups.create_group(tg, generation=generation)
-            log.info("created %d workers in %.1fs: %s", wg.world_size, time.monotonic() - t0, wg.worker_names)
+            log.info(
+                "created %d workers in %.1fs: %s",
+                wg.world_size,
+                time.monotonic() - t0,
+                wg.worker_names,
+            )
         t0 = time.monotonic()
         wg.init_model()
         mesh = groups.mesh_of(tg.spec)
@@ -76,26 +90,41 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tgruntime.server", description=__doc__.splitlines()[0])
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("-f", "--file", help="TrainerGroup YAML file")
-    src.add_argument("--spec-b64", help="base64 of the TrainerGroup object as JSON (the operator's form)")
+    src.add_argument(
+        "--spec-b64", help="base64 of the TrainerGroup object as JSON (the operator's form)"
+    )
     src.add_argument("--spec-json", help="the TrainerGroup object as JSON")
-    p.add_argument("--generation", type=int, default=0, help="group generation (restarts increase it)")
+    p.add_argument(
+        "--generation", type=int, default=0, help="group generation (restarts increase it)"
+    )
     p.add_argument("--address", default=None, help="Ray address (default: RAY_ADDRESS or auto)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     args = build_parser().parse_args(argv)
     try:
         tg = load_resource(args)
         payload = run(tg, generation=args.generation, address=args.address)
     except (tgspec.SpecErrors, ValueError, TrainerGroupError) as exc:
-        print(groups.tagged(groups.FAILED_TAG, {"error": str(exc), "kind": type(exc).__name__}), flush=True)
+        print(
+            groups.tagged(groups.FAILED_TAG, {"error": str(exc), "kind": type(exc).__name__}),
+            flush=True,
+        )
         print(f"tgruntime.server: {exc}", file=sys.stderr)
         return 1
     except Exception as exc:
         log.exception("server failed")
-        print(groups.tagged(groups.FAILED_TAG, {"error": f"{type(exc).__name__}: {exc}", "kind": type(exc).__name__}), flush=True)
+        print(
+            groups.tagged(
+                groups.FAILED_TAG,
+                {"error": f"{type(exc).__name__}: {exc}", "kind": type(exc).__name__},
+            ),
+            flush=True,
+        )
         return 1
     print(groups.tagged(groups.READY_TAG, payload), flush=True)
     return 0

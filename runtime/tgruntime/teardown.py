@@ -19,7 +19,9 @@ from tgruntime.ray_connect import connect
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     p = argparse.ArgumentParser(prog="tgruntime.teardown", description=__doc__.splitlines()[0])
     p.add_argument("--group", required=True, help="group name (the TrainerGroup's name)")
     p.add_argument("--ray-namespace", required=True, help="the group's Ray namespace")
@@ -28,11 +30,15 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         connect(address=args.address, namespace=args.ray_namespace)
-        report = teardown_group(group_name=args.group, namespace=args.ray_namespace, timeout_s=args.timeout)
+        report = teardown_group(
+            group_name=args.group, namespace=args.ray_namespace, timeout_s=args.timeout
+        )
     except TrainerGroupError as exc:
         print(f"tgruntime.teardown: {exc}", file=sys.stderr)
         return 1
-    body = dataclasses.asdict(report) if dataclasses.is_dataclass(report) else {"report": str(report)}
+    body = (
+        dataclasses.asdict(report) if dataclasses.is_dataclass(report) else {"report": str(report)}
+    )
     print(groups.tagged(groups.TEARDOWN_TAG, body), flush=True)
     return 0
 

@@ -86,6 +86,12 @@ class MegatronTrainer(Worker):
         if data.batch is None or "input_ids" not in data.batch:
             raise ValueError("train_model needs a DataProto with batch['input_ids'] (int64 [B, S])")
         result = engine.train_step(data.batch["input_ids"])
+        self._last_step = {
+            "rank": self.rank,
+            **engine.mesh(),
+            "step": engine.step,
+            "loss": result.loss,
+        }
         return DataProto.from_dict(
             tensors={"loss": torch.tensor(result.per_sample_loss, dtype=torch.float32)},
             meta_info=self._step_metrics(engine, result),
@@ -106,6 +112,12 @@ class MegatronTrainer(Worker):
             loss_tokens, tokens = totals.tolist()
             metrics.update(loss=loss_tokens / tokens, tokens=int(tokens))
         return metrics
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def last_step(self) -> dict[str, Any] | None:
+        """This rank's view of the last step (rank, mesh, step, loss): tensor-parallel peers
+        must agree on the loss; a client or test compares them."""
+        return getattr(self, "_last_step", None)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str | None = None) -> str:

@@ -49,6 +49,7 @@ def _resource(spec: tgspec.TrainerGroupSpec, name: str) -> dict[str, Any]:
 def client_role(args: argparse.Namespace) -> int:
     """Runs in its own process: attach by name, time the first call and the steps."""
     import torch
+
     from tgruntime.controller import DataProto, WorkerGroup
     from tgruntime.ray_connect import connect
     from tgruntime.trainer.steptime import bench_batch

@@ -10,6 +10,12 @@
 
 Tests that use them are marked ``@pytest.mark.ray``. Environment knobs:
 ``TG_TEST_RAY_ADDRESS`` reuses an already running head instead of starting one.
+
+Authentication: Ray 2.60 turns token auth on for ``ray start`` whenever a token file
+exists (~/.ray/auth_token, written by any new local ``ray.init()`` on this machine), and
+then plain HTTP to the dashboard and drivers without the token are refused. The test
+head, this process and every snippet therefore run with ``RAY_AUTH_MODE=disabled``
+unless RAY_AUTH_MODE is already set.
 """
 
 from __future__ import annotations
@@ -80,12 +86,19 @@ def ray_cluster() -> Iterator[RayCluster]:
     """A local Ray head for the whole session (started on free ports, stopped at the end)."""
     from tgruntime import ray_connect
 
+    auth_was = os.environ.get("RAY_AUTH_MODE")
+    if auth_was is None:
+        os.environ["RAY_AUTH_MODE"] = "disabled"
+        _refresh_ray_config()
     reuse = os.environ.get("TG_TEST_RAY_ADDRESS")
     if reuse:
         dashboard = os.environ.get("TG_TEST_DASHBOARD_URL", "")
         yield RayCluster(gcs_address=reuse, dashboard_url=dashboard, temp_dir="", num_cpus=0, _owned=False)
         return
-    head = ray_connect.start_local_head(num_cpus=2, object_store_memory=1 << 30, timeout_s=180)
+    head = ray_connect.start_local_head(
+        num_cpus=2, object_store_memory=1 << 30, timeout_s=180,
+        env={"RAY_AUTH_MODE": os.environ["RAY_AUTH_MODE"]},
+    )
     try:
         yield RayCluster(
             gcs_address=head.gcs_address, dashboard_url=head.dashboard_url, temp_dir=head.temp_dir,
@@ -97,6 +110,19 @@ def ray_cluster() -> Iterator[RayCluster]:
         if ray.is_initialized():
             ray.shutdown()
         ray_connect.stop_local_head(head)
+        if auth_was is None:
+            os.environ.pop("RAY_AUTH_MODE", None)
+            _refresh_ray_config()
+
+
+def _refresh_ray_config() -> None:
+    """Make this process's cached Ray config see RAY_AUTH_MODE (as Ray's own switch does)."""
+    try:
+        from ray._raylet import Config
+
+        Config.initialize("")
+    except Exception:
+        pass
 
 
 @pytest.fixture(scope="session")

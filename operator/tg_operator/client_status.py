@@ -15,9 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from tgspec import TrainerGroupSpec, TrainerGroupStatus, parse_resource, parse_status
-
 from tg_operator.kube import KubeApi, api_client, default_namespace
+from tgspec import TrainerGroupSpec, TrainerGroupStatus, parse_resource, parse_status
 
 
 class ReadyGroup(NamedTuple):

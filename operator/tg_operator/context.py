@@ -50,7 +50,10 @@ class Context:
 
     def dashboard(self, url: str) -> DashboardClient:
         return DashboardClient(
-            base_url=url, session=self.session, timeout_s=self.config.dashboard_timeout_s
+            base_url=url,
+            session=self.session,
+            timeout_s=self.config.dashboard_timeout_s,
+            token=self.config.ray_auth_token,
         )
 
     def lock(self, *, namespace: str, name: str) -> asyncio.Lock:

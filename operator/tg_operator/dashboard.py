@@ -43,7 +43,13 @@ class DashboardRequestFailed(DashboardError):
 
     def __init__(self, *, url: str, status: int, body: str) -> None:
         first = _first_meaningful_line(body)
-        super().__init__(url=url, message=f"HTTP {status}: {first}")
+        hint = (
+            " (this Ray dashboard uses token authentication: give the operator the token "
+            "with TG_RAY_AUTH_TOKEN or TG_RAY_AUTH_TOKEN_FILE)"
+            if status in (401, 403)
+            else ""
+        )
+        super().__init__(url=url, message=f"HTTP {status}: {first}{hint}")
         self.status = status
         self.body = body
 
@@ -130,11 +136,18 @@ class DashboardClient:
     """Talks to one Ray dashboard (``base_url`` like ``http://host:8265``)."""
 
     def __init__(
-        self, *, base_url: str, session: aiohttp.ClientSession, timeout_s: float = 10.0
+        self,
+        *,
+        base_url: str,
+        session: aiohttp.ClientSession,
+        timeout_s: float = 10.0,
+        token: str = "",
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self._session = session
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        # Ray's token authentication: "Authorization: Bearer <token>".
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
 
     # -- plumbing -------------------------------------------------------------------
     async def _request(
@@ -149,7 +162,12 @@ class DashboardClient:
         url = f"{self.base_url}{path}"
         try:
             async with self._session.request(
-                method, url, json=json_body, params=params, timeout=self._timeout
+                method,
+                url,
+                json=json_body,
+                params=params,
+                timeout=self._timeout,
+                headers=self._headers,
             ) as resp:
                 text = await resp.text()
                 if resp.status == 404 and ok_missing:

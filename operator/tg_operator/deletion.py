@@ -17,13 +17,13 @@ from collections.abc import Mapping
 from typing import Any
 
 import kopf
-from tgspec import SpecErrors, TrainerGroup, TrainerGroupStatus, parse_resource, parse_status
 
 from tg_operator import events, names, reconcile, teardown
 from tg_operator import status as status_mod
 from tg_operator.context import Context
 from tg_operator.dashboard import DashboardError
 from tg_operator.events import EventSink
+from tgspec import SpecErrors, TrainerGroup, TrainerGroupStatus, parse_resource, parse_status
 
 log = logging.getLogger(__name__)
 

@@ -15,9 +15,8 @@ import shlex
 from collections.abc import Mapping
 from typing import Any
 
-from tgspec import TrainerGroup, to_wire
-
 from tg_operator import names
+from tgspec import TrainerGroup, to_wire
 
 READY_MARKER = "TG_GROUP_READY"
 FAILED_MARKER = "TG_GROUP_FAILED"

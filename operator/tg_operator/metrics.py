@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
 from tgspec import PHASES
 
 RECONCILES = Counter(

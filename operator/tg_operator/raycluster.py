@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tgspec import TrainerGroup
-
 from tg_operator import names
+from tgspec import TrainerGroup
 
 GPU_RESOURCE = "nvidia.com/gpu"
 WORKER_GROUP = "workers"

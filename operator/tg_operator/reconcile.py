@@ -29,14 +29,6 @@ import logging
 import time
 
 from kubernetes.client.exceptions import ApiException
-from tgspec import (
-    SpecErrors,
-    TrainerGroup,
-    TrainerGroupStatus,
-    parse_resource,
-    parse_status,
-    to_wire,
-)
 
 from tg_operator import entrypoints, errors, events, metrics, names, raycluster, spec_change
 from tg_operator import status as status_mod
@@ -45,6 +37,14 @@ from tg_operator.dashboard import ActorInfo, DashboardClient, DashboardError, Jo
 from tg_operator.entrypoints import GroupRecord
 from tg_operator.events import EventSink
 from tg_operator.teardown import teardown_group
+from tgspec import (
+    SpecErrors,
+    TrainerGroup,
+    TrainerGroupStatus,
+    parse_resource,
+    parse_status,
+    to_wire,
+)
 
 log = logging.getLogger(__name__)
 

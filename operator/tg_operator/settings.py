@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Mapping
+from pathlib import Path
 
 DEFAULT_DASHBOARD_URL_TEMPLATE = "http://{cluster}-head-svc.{namespace}.svc:8265"
 DEFAULT_GCS_ADDRESS_TEMPLATE = "{cluster}-head-svc.{namespace}.svc:6379"
@@ -36,6 +37,8 @@ class OperatorConfig:
     """Per-request timeout towards a Ray dashboard."""
     max_concurrent_jobs: int = 8
     """Ray jobs (server/teardown drivers) in flight per Ray cluster; 0 = no limit."""
+    ray_auth_token: str = dataclasses.field(default="", repr=False)
+    """Bearer token for Ray dashboards with token authentication (empty: none)."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> OperatorConfig:
@@ -56,6 +59,7 @@ class OperatorConfig:
             python=env.get("TG_PYTHON", "python") or "python",
             dashboard_timeout_s=_number(env, "TG_DASHBOARD_TIMEOUT_SECONDS", 10.0, minimum=0.1),
             max_concurrent_jobs=int(_number(env, "TG_MAX_CONCURRENT_JOBS", 8, minimum=0)),
+            ray_auth_token=ray_auth_token(env),
         )
         config.dashboard_url(cluster="c", namespace="n")  # fail fast on a bad template
         config.gcs_address(cluster="c", namespace="n")
@@ -70,6 +74,30 @@ class OperatorConfig:
     def gcs_address(self, *, cluster: str, namespace: str) -> str:
         """The GCS address published as ``status.rayAddress``."""
         return _render(self.gcs_address_template, "TG_GCS_ADDRESS_TEMPLATE", cluster, namespace)
+
+
+def ray_auth_token(env: Mapping[str, str]) -> str:
+    """The Ray token, found the way Ray finds it (no Ray import).
+
+    ``TG_RAY_AUTH_TOKEN`` or ``RAY_AUTH_TOKEN`` (the value), else the file named by
+    ``TG_RAY_AUTH_TOKEN_FILE`` or ``RAY_AUTH_TOKEN_PATH``, else ``~/.ray/auth_token``
+    when it exists. Empty when there is none (dashboards without token auth).
+    """
+    for name in ("TG_RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN"):
+        if env.get(name, "").strip():
+            return env[name].strip()
+    for name in ("TG_RAY_AUTH_TOKEN_FILE", "RAY_AUTH_TOKEN_PATH"):
+        path = env.get(name, "").strip()
+        if path:
+            try:
+                return Path(path).expanduser().read_text().strip()
+            except OSError as exc:
+                raise SettingsError(f"{name}={path!r} cannot be read: {exc.strerror}") from exc
+    default = Path(env.get("HOME", str(Path.home()))) / ".ray" / "auth_token"
+    try:
+        return default.read_text().strip() if default.is_file() else ""
+    except OSError:
+        return ""
 
 
 def _number(env: Mapping[str, str], name: str, default: float, *, minimum: float) -> float:

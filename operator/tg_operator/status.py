@@ -16,11 +16,10 @@ import datetime
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tgspec import Condition, MeshStatus, TrainerGroup, TrainerGroupStatus, WorkerStatus
-
 from tg_operator import names, raycluster
 from tg_operator.dashboard import ActorInfo, JobInfo
 from tg_operator.entrypoints import GroupRecord
+from tgspec import Condition, MeshStatus, TrainerGroup, TrainerGroupStatus, WorkerStatus
 
 RAY_CLUSTER_READY = "RayClusterReady"
 WORKERS_READY = "WorkersReady"

@@ -15,11 +15,10 @@ import dataclasses
 import time
 from typing import Any
 
-from tgspec import TrainerGroup
-
 from tg_operator import entrypoints, names
 from tg_operator.dashboard import DashboardClient, JobInfo
 from tg_operator.job_slots import JobSlots
+from tgspec import TrainerGroup
 
 MAX_ATTEMPTS = 20
 POLL_S = 0.5

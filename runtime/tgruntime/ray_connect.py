@@ -5,7 +5,15 @@
     "Failed to connect to Ray cluster at <node ip>:<port>" after a long wait:
 
     1. the GCS port must answer a TCP connect (else: nothing listens there);
-    2. Ray rewrites a loopback address (127.0.0.1, localhost) to this machine's node IP
+    2. token authentication (the cause of the DESIGN field note): since Ray 2.5x, ``ray
+       start`` turns token auth on whenever a token exists (~/.ray/auth_token is written
+       by any new local ``ray.init()`` on the machine), and ``ray.init`` looks for the
+       token only for ``address="auto"``/None. A driver given ``127.0.0.1:<port>`` then
+       fails with "Failed to connect to Ray cluster at <node ip>:<port>" while "auto"
+       works. ``connect`` enables token auth whenever a token is available (harmless
+       against clusters without auth; RAY_AUTH_MODE, when set, wins) and names the
+       likely cause when the GCS answers TCP but refuses the driver;
+    3. Ray rewrites a loopback address (127.0.0.1, localhost) to this machine's node IP
        before connecting, and then looks for a local raylet by scanning processes. We ask
        the GCS for its nodes instead and pass the local node's registered IP explicitly
        (``_node_ip_address``), so an explicit ``127.0.0.1:<port>`` works whatever IP the
@@ -15,8 +23,9 @@
 ``start_local_head(...)`` / ``stop_local_head(...)``
     ``ray start --head --block`` in its own session, with every port chosen free on this
     machine (several heads can coexist: other test sessions, other users), the dashboard
-    on, and its own temp dir. Stop finds the head's processes by its GCS port / session
-    directory and ends exactly those (SIGTERM, then SIGKILL after a grace period).
+    on, and its own temp dir; ``env`` (e.g. ``{"RAY_AUTH_MODE": "disabled"}``) is passed to
+    it. Stop finds the head's ``ray start`` process by pid or by its GCS port and ends
+    exactly that session and its descendants (SIGTERM, then SIGKILL after a grace period).
 """
 
 from __future__ import annotations
@@ -123,6 +132,7 @@ def connect(
     error = _tcp_error(host, port, timeout_s=min(timeout_s, 5.0))
     if error:
         raise RayConnectError(f"no Ray GCS answers at {host}:{port}: {error} (is the head running? right port?)")
+    auth = prepare_token_auth()
     nodes = _cluster_nodes(f"{host}:{port}", timeout_s=timeout_s)
     local_ips = _local_ips()
     local = [n for n in nodes if n["ip"] in local_ips]
@@ -138,11 +148,43 @@ def connect(
     try:
         ray.init(address=f"{host}:{port}", **kwargs)
     except Exception as exc:
+        hint = ""
+        if not nodes:
+            hint = (
+                f" The GCS answered TCP but not this driver's requests: it probably requires token "
+                f"authentication (this driver: {auth}). Provide the cluster's token (RAY_AUTH_TOKEN, "
+                "RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token) or start the cluster with RAY_AUTH_MODE=disabled."
+            )
         raise RayConnectError(
             f"ray.init(address='{host}:{port}', _node_ip_address={kwargs.get('_node_ip_address')!r}) failed: "
-            f"{exc}. Nodes registered in that GCS: {[(n['ip'], 'head' if n['head'] else 'worker') for n in nodes]}"
+            f"{exc}. Nodes registered in that GCS: {[(n['ip'], 'head' if n['head'] else 'worker') for n in nodes]}."
+            + hint
         ) from exc
     return _connection(namespace)
+
+
+def prepare_token_auth() -> str:
+    """Use token authentication when a token is available, as Ray does for ``address="auto"``.
+
+    Ray 2.60 enables token auth on ``ray start`` (and on a new local ``ray.init()``, which
+    also writes ~/.ray/auth_token) whenever a token exists, but a driver given an explicit
+    address does not look for one: it then fails with "Failed to connect to Ray cluster at
+    <node ip>:<port>". A token-enabled driver also connects to clusters without auth, so
+    enabling it whenever a token is available is safe. RAY_AUTH_MODE, when set, wins.
+    Returns a description of the mode for error messages.
+    """
+    mode = os.environ.get("RAY_AUTH_MODE")
+    if mode is not None:
+        return f"RAY_AUTH_MODE={mode}"
+    try:
+        from ray._private.authentication.authentication_token_setup import (
+            maybe_enable_token_auth_if_token_available,
+        )
+
+        enabled = maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+    except Exception as exc:  # an older/newer Ray without this module
+        return f"token auth not configurable here ({exc})"
+    return "token auth (token found)" if enabled else "no token available"
 
 
 def _connection(namespace: str) -> Connection:
@@ -326,7 +368,8 @@ def stop_local_head(
     Ends that head's processes only: the ``ray start --block`` process (found by its pid,
     or by ``--head`` and ``--port=<gcs port>`` on its command line), every process of its
     session (it is a session leader), and their descendants (Ray's worker processes make
-    their own process groups). SIGTERM first, SIGKILL after ``timeout_s``. Returns False
+    their own process groups). SIGTERM to the leader (it stops its children), then to the
+    rest, SIGKILL after ``timeout_s``. Returns False
     when nothing of that head was running.
     """
     if head is None and gcs_address is None:
@@ -342,12 +385,18 @@ def stop_local_head(
     victims = _with_descendants(leaders | members, procs) - {os.getpid()}
     if not victims:
         return False
-    for pid in victims:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGTERM)
+    # 'ray start --block' stops its own children promptly on SIGTERM (Ray's daemons
+    # themselves may take their time over it): leader first, then the rest, then SIGKILL.
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and any(_alive(p) for p in victims):
-        time.sleep(0.2)
+    for group in (leaders or victims, victims):
+        for pid in group:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGTERM)
+        phase_end = min(deadline, time.monotonic() + max(1.0, timeout_s / 2))
+        while time.monotonic() < phase_end and any(_alive(p) for p in victims):
+            time.sleep(0.1)
+        if not any(_alive(p) for p in victims):
+            break
     for pid in victims:
         if _alive(pid):
             with contextlib.suppress(ProcessLookupError, PermissionError):

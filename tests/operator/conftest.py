@@ -4,8 +4,19 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from pathlib import Path
 
 import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+# The operator's tests run groups of tests.operator.noop_worker:NoopWorker: the Ray job
+# drivers and worker processes import it, and they inherit their environment from the
+# process that started the Ray head. Put the repository on PYTHONPATH before the session's
+# Ray head (tests/fixtures_ray.py) starts.
+_paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+if str(REPO) not in _paths:
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), *_paths])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,27 +35,19 @@ def _attr(obj: object, *names: str) -> str | None:
 
 @pytest.fixture(scope="session")
 def ray_endpoint(request: pytest.FixtureRequest) -> RayEndpoint:
-    """The local Ray's dashboard URL and GCS address.
+    """The local Ray's dashboard URL and GCS address, from the shared ``ray_cluster``.
 
-    From the shared ``ray_cluster`` fixture (tests/fixtures_ray.py), or from
-    ``TG_TEST_RAY_DASHBOARD_URL`` + ``TG_TEST_RAY_GCS_ADDRESS`` (a Ray head you
-    started with the repository root on its PYTHONPATH).
+    ``TG_TEST_RAY_ADDRESS`` + ``TG_TEST_DASHBOARD_URL`` reuse a running head (see
+    tests/fixtures_ray.py); start it with the repository root on PYTHONPATH.
     """
-    url = os.environ.get("TG_TEST_RAY_DASHBOARD_URL")
-    gcs = os.environ.get("TG_TEST_RAY_GCS_ADDRESS")
-    if url and gcs:
-        return RayEndpoint(dashboard_url=url.rstrip("/"), gcs_address=gcs)
     try:
         cluster = request.getfixturevalue("ray_cluster")
     except pytest.FixtureLookupError:
-        pytest.skip(
-            "no local Ray: the ray_cluster fixture (tests/fixtures_ray.py) is not available "
-            "and TG_TEST_RAY_DASHBOARD_URL/TG_TEST_RAY_GCS_ADDRESS are not set"
-        )
-    url = _attr(cluster, "dashboard_url", "dashboard")
-    gcs = _attr(cluster, "gcs_address", "address", "gcs")
+        pytest.skip("no local Ray: the ray_cluster fixture (tests/fixtures_ray.py) is missing")
+    url = _attr(cluster, "dashboard_url")
+    gcs = _attr(cluster, "gcs_address")
     if not url or not gcs:
-        pytest.fail(f"ray_cluster fixture has no dashboard_url/gcs_address: {cluster!r}")
+        pytest.fail(f"ray_cluster has no dashboard_url/gcs_address: {cluster!r}")
     if not url.startswith("http"):
         url = f"http://{url}"
     return RayEndpoint(dashboard_url=url.rstrip("/"), gcs_address=gcs)

@@ -26,8 +26,10 @@ from typing import Any
 
 import aiohttp
 import yaml
+
 from tg_operator import rbac
 from tg_operator.dashboard import ActorInfo, DashboardClient
+from tg_operator.settings import ray_auth_token
 
 REPO = Path(__file__).resolve().parents[2]
 CRD = REPO / "manifests" / "crd" / "trainergroups.yaml"
@@ -79,7 +81,11 @@ def trainergroup(name: str, namespace: str, **spec_overrides: Any) -> dict[str, 
 def noop(name: str, namespace: str, **spec_overrides: Any) -> dict[str, Any]:
     """A TrainerGroup of no-op workers (starts in seconds)."""
     body = trainergroup(name, namespace, **spec_overrides)
-    body["spec"]["workers"] = {**body["spec"]["workers"], "workerClass": NOOP_WORKER}
+    body["spec"]["workers"] = {
+        **body["spec"]["workers"],
+        "workerClass": NOOP_WORKER,
+        "cpusPerProcess": 0.05,
+    }
     return body
 
 
@@ -240,6 +246,8 @@ def running_operator(
     log_path: Path,
     cluster_wide: bool = False,
     health_interval: float = 2.0,
+    extra_env: dict[str, str] | None = None,
+    cleanup_timeout: float = 300,
 ) -> Iterator[OperatorProcess]:
     """An operator with the least-privilege service account, watching ``namespace``."""
     install_crd(plane)
@@ -257,6 +265,7 @@ def running_operator(
         namespaces="" if cluster_wide else namespace,
         health_interval=health_interval,
     )
+    env.update(extra_env or {})
     op = OperatorProcess(env=env, log_path=log_path, liveness_port=liveness, metrics_port=metrics)
     op.start()
     try:
@@ -267,7 +276,7 @@ def running_operator(
         try:
             if op.proc is None:
                 op.start()
-            delete_all(plane, namespace, timeout=300)
+            delete_all(plane, namespace, timeout=cleanup_timeout)
         finally:
             op.stop()
         role = f"tg-test-{namespace}-tg-operator"
@@ -340,7 +349,10 @@ def events_of(plane: Any, namespace: str, name: str) -> list[dict[str, Any]]:
 def dashboard_call(url: str, fn: Callable[[DashboardClient], Any]) -> Any:
     async def main() -> Any:
         async with aiohttp.ClientSession() as session:
-            return await fn(DashboardClient(base_url=url, session=session, timeout_s=30))
+            client = DashboardClient(
+                base_url=url, session=session, timeout_s=30, token=ray_auth_token(os.environ)
+            )
+            return await fn(client)
 
     return asyncio.run(main())
 
@@ -349,12 +361,18 @@ def actors(url: str, ray_namespace: str) -> list[ActorInfo]:
     return list(dashboard_call(url, lambda d: d.list_actors(ray_namespace=ray_namespace)))
 
 
+def ray_get(url: str) -> Any:
+    """GET a Ray dashboard URL (with the Ray token when there is one), parsed JSON."""
+    token = ray_auth_token(os.environ)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    req = urllib.request.Request(url, headers=headers)
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return json.loads(resp.read())
+
+
 def live_placement_groups(url: str, ray_namespace: str) -> list[str]:
     """Placement groups not REMOVED whose name mentions the Ray namespace."""
-    with urllib.request.urlopen(
-        f"{url}/api/v0/placement_groups?limit=10000&detail=true", timeout=30
-    ) as resp:
-        data = json.loads(resp.read())
+    data = ray_get(f"{url}/api/v0/placement_groups?limit=10000&detail=true")
     rows = data["data"]["result"]["result"]
     return [
         r.get("name", "")
@@ -364,8 +382,7 @@ def live_placement_groups(url: str, ray_namespace: str) -> list[str]:
 
 
 def ray_jobs(url: str, prefix: str) -> list[dict[str, Any]]:
-    with urllib.request.urlopen(f"{url}/api/jobs/", timeout=30) as resp:
-        jobs = json.loads(resp.read())
+    jobs = ray_get(f"{url}/api/jobs/")
     return [j for j in jobs if str(j.get("submission_id") or "").startswith(prefix)]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import shlex
 import sys
 import uuid
@@ -11,10 +12,11 @@ from typing import TypeVar
 
 import aiohttp
 import pytest
-from tg_operator.dashboard import DashboardClient, DashboardUnreachable, JobInfo
-from tg_operator.teardown import await_terminal
 
 from tests.operator.conftest import RayEndpoint
+from tg_operator.dashboard import DashboardClient, DashboardUnreachable, JobInfo
+from tg_operator.settings import ray_auth_token
+from tg_operator.teardown import await_terminal
 
 pytestmark = pytest.mark.ray
 T = TypeVar("T")
@@ -24,7 +26,10 @@ def run(ray_endpoint: RayEndpoint, fn: Callable[[DashboardClient], Awaitable[T]]
     async def main() -> T:
         async with aiohttp.ClientSession() as session:
             client = DashboardClient(
-                base_url=ray_endpoint.dashboard_url, session=session, timeout_s=30
+                base_url=ray_endpoint.dashboard_url,
+                session=session,
+                timeout_s=30,
+                token=ray_auth_token(os.environ),
             )
             return await fn(client)
 

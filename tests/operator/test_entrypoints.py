@@ -6,10 +6,9 @@ import base64
 import json
 import shlex
 
+from tests.operator.helpers import trainergroup
 from tg_operator import entrypoints, names
 from tgspec import parse_resource, to_wire
-
-from tests.operator.helpers import trainergroup
 
 
 def test_server_entrypoint_carries_the_whole_object() -> None:

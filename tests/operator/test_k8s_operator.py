@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tg_operator import rbac
 
 from tests.operator import k8s_support as ks
 from tests.operator.conftest import RayEndpoint
+from tg_operator import rbac
 
 pytestmark = [pytest.mark.k8s, pytest.mark.ray]
 READY_TIMEOUT = 900.0

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+from tests.operator.helpers import BASE_SPEC, trainergroup
 from tg_operator import names, raycluster
 from tg_operator.raycluster import GPU_RESOURCE, build_raycluster
-
-from tests.operator.helpers import BASE_SPEC, trainergroup
 
 
 def _spec_with(**workers: object) -> dict[str, object]:

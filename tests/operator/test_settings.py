@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+
 from tg_operator.settings import OperatorConfig, SettingsError
 
 
@@ -50,3 +53,22 @@ def test_bad_values_are_named(env: dict[str, str], needle: str) -> None:
         OperatorConfig.from_env(env)
     assert needle in str(info.value)
     assert next(iter(env)) in str(info.value)
+
+
+def test_ray_token_is_found_the_way_ray_finds_it(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    (home / ".ray").mkdir(parents=True)
+    assert OperatorConfig.from_env({"HOME": str(home)}).ray_auth_token == ""
+    (home / ".ray" / "auth_token").write_text("from-home\n")
+    assert OperatorConfig.from_env({"HOME": str(home)}).ray_auth_token == "from-home"
+    token_file = tmp_path / "tok"
+    token_file.write_text("from-file")
+    env = {"HOME": str(home), "RAY_AUTH_TOKEN_PATH": str(token_file)}
+    assert OperatorConfig.from_env(env).ray_auth_token == "from-file"
+    assert (
+        OperatorConfig.from_env({**env, "RAY_AUTH_TOKEN": "from-env"}).ray_auth_token == "from-env"
+    )
+    assert OperatorConfig.from_env({**env, "TG_RAY_AUTH_TOKEN": "ours"}).ray_auth_token == "ours"
+    assert "ours" not in repr(OperatorConfig.from_env({"TG_RAY_AUTH_TOKEN": "ours"}))
+    with pytest.raises(SettingsError, match="TG_RAY_AUTH_TOKEN_FILE"):
+        OperatorConfig.from_env({"TG_RAY_AUTH_TOKEN_FILE": str(tmp_path / "missing")})

@@ -7,10 +7,10 @@ import dataclasses
 from typing import Any
 
 import pytest
-from tg_operator.spec_change import SpecChange, classify, cluster_hash, group_hash
-from tgspec import TrainerGroupStatus, parse_resource
 
 from tests.operator.helpers import body
+from tg_operator.spec_change import SpecChange, classify, cluster_hash, group_hash
+from tgspec import TrainerGroupStatus, parse_resource
 
 
 def _running(b: dict[str, Any]) -> TrainerGroupStatus:

@@ -11,10 +11,10 @@ import copy
 from typing import Any
 
 import pytest
-from tg_operator.reconcile import format_spec_errors
-from tgspec import SpecErrors, parse_resource
 
 from tests.operator.helpers import body
+from tg_operator.reconcile import format_spec_errors
+from tgspec import SpecErrors, parse_resource
 
 
 def _mut(path: str, value: Any) -> dict[str, Any]:

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 import ray
+
 from tgruntime.controller.decorator import (
     Dispatch,
     Execute,

@@ -21,11 +21,11 @@ from tgruntime.controller import (
     WorkerDiedError,
     WorkerMethodError,
     make_nd_compute_dataproto_dispatch_fn,
+    naming,
     register,
     registered_methods,
 )
 from tgruntime.controller import dispatch as d
-from tgruntime.controller import naming
 from tgruntime.controller.decorator import TRIM_KWARG, CustomDispatch, MeshDispatch, _trim
 from tgruntime.controller.registry import GroupRecord
 

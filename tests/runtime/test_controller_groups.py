@@ -15,6 +15,7 @@ import pytest
 import ray
 import torch
 
+from tests.runtime.workers import Echo
 from tgruntime.controller import (
     CallTimeoutError,
     ClassWithInitArgs,
@@ -24,7 +25,6 @@ from tgruntime.controller import (
     WorkerGroup,
     WorkerMethodError,
 )
-from tests.runtime.workers import Echo
 
 pytestmark = pytest.mark.ray
 

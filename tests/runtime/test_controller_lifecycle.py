@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 import ray
 
+from tests.fixtures_ray import RayCluster
+from tests.runtime.light_workers import Broken, Counter
 from tgruntime.controller import (
     ClassWithInitArgs,
     GroupExistsError,
@@ -23,12 +25,11 @@ from tgruntime.controller import (
     WorkerDiedError,
     WorkerGroup,
     WorkerStartError,
+    naming,
+    registry,
     teardown_group,
 )
-from tgruntime.controller import naming, registry
 from tgruntime.controller.health import dashboard_url
-from tests.fixtures_ray import RayCluster
-from tests.runtime.light_workers import Broken, Counter
 
 pytestmark = pytest.mark.ray
 

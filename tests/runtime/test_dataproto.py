@@ -9,8 +9,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from tgruntime.controller import DataProto
-from tgruntime.controller import tensor_codec
+from tgruntime.controller import DataProto, tensor_codec
 from tgruntime.controller.dataproto import chunk_lengths
 
 
@@ -56,7 +55,8 @@ def test_select_pop_union_rename() -> None:
     with pytest.raises(ValueError, match="differs"):
         d.union(other)
     d.rename(["m"], ["mm"])
-    assert "mm" in d.keys()
+    keys = d.keys()
+    assert "mm" in keys
     with pytest.raises(KeyError):
         d.select(non_tensor_batch_keys=["nope"])
 
@@ -104,7 +104,8 @@ def test_repeat_reorder_to_clone() -> None:
 def test_nested_keys_and_multi_dim_batch() -> None:
     td = TensorDict({"a": torch.ones(4, 3), "b": {"c": torch.zeros(4, 3, 2)}}, batch_size=[4, 3])
     d = DataProto(batch=td)
-    assert len(d) == 4 and ("b", "c") in d.keys()
+    keys = d.keys()
+    assert len(d) == 4 and ("b", "c") in keys
     back = pickle.loads(pickle.dumps(d))
     assert back.batch.batch_size == torch.Size([4, 3])
     assert torch.equal(back.batch["b", "c"], td["b", "c"])

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 from tensordict import TensorDict
+
 from tgruntime.controller import (
     DataProto,
     Dispatch,

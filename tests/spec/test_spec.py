@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import tgspec
 import yaml
+
+import tgspec
 from tgspec import crd
 
 ROOT = Path(__file__).resolve().parents[2]

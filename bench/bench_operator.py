@@ -1,0 +1,617 @@
+"""Benchmark the TrainerGroup operator: apply -> Ready latency, and its cost at scale.
+
+    .venv/bin/python bench/bench_operator.py [--groups 100] [--latency-runs 3]
+        [--kubeconfig PATH]            # reuse a running plane (`make k8s-up`), else start one
+        [--ray-address H:P --ray-dashboard URL]   # reuse a Ray head, else start one
+
+What it measures (the operator runs as ``python -m tg_operator`` with its least-privilege
+ServiceAccount against the local control plane; the groups run in a local Ray):
+
+1. apply -> Ready with a RayCluster the operator creates: split into apply ->
+   RayClusterReady (KubeRay + kwok pod start) and RayClusterReady -> Ready (the part
+   without pod start: server job submission, the job itself, the State API check), and
+   the server job's own run time from Ray, so the operator's overhead is visible.
+2. apply -> Ready with ``rayClusterRef`` to a RayCluster that is already up (no pods).
+3. N TrainerGroups at once (``rayClusterRef`` to one RayCluster, one no-op worker each):
+   time until all are Ready, the operator's RSS and CPU while it creates them, in the
+   steady state (health timer every TG_HEALTH_INTERVAL_SECONDS), and while deleting them.
+
+The groups use ``tests.operator.noop_worker:NoopWorker`` (no torch, no Megatron), so
+the figures are the operator's and Ray's job machinery, not model start-up. Prints a
+table and writes JSON (default docs/results/bench_operator.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import os
+import platform
+import re
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.operator import k8s_support as ks  # noqa: E402
+from tg_operator import raycluster as rc_builder  # noqa: E402
+from tgspec import parse_resource  # noqa: E402
+
+ACTOR_MB = 110  # RSS of one idle no-op worker process (measured ~95 MiB)
+DRIVER_MB = 300  # a Ray job driver (server/teardown entrypoint) while it runs
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+# -- the control plane and Ray ---------------------------------------------------------------
+@dataclass
+class Plane:
+    """Just what k8s_support needs from tests/fixtures_k8s.KubePlane."""
+
+    kubeconfig: Path
+    bin_dir: Path
+    work_dir: Path
+
+    def kubectl(
+        self, *args: str, check: bool = True, input: str | None = None, timeout: float = 120
+    ) -> Any:
+        import subprocess
+
+        cmd = [str(self.bin_dir / "kubectl"), "--kubeconfig", str(self.kubeconfig), *args]
+        proc = subprocess.run(
+            cmd, input=input, capture_output=True, text=True, timeout=timeout, check=False
+        )
+        if check and proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)}: {proc.stderr}")
+        return proc
+
+    def kubectl_json(self, *args: str) -> Any:
+        return json.loads(self.kubectl(*args, "-o", "json").stdout)
+
+    def apply(self, manifest: Any, namespace: str | None = None) -> None:
+        import yaml
+
+        docs = manifest if isinstance(manifest, list) else [manifest]
+        ns = ["-n", namespace] if namespace else []
+        self.kubectl(
+            "apply",
+            "--server-side",
+            "--field-manager=tg-bench",
+            *ns,
+            "-f",
+            "-",
+            input=yaml.safe_dump_all(docs),
+            timeout=300,
+        )
+
+    def kubeconfig_for_service_account(self, namespace: str, name: str) -> Path:
+        import yaml
+
+        token = self.kubectl(
+            "create", "token", name, "-n", namespace, "--duration=7200s"
+        ).stdout.strip()
+        admin = yaml.safe_load(self.kubeconfig.read_text())
+        ctx = {c["name"]: c["context"] for c in admin["contexts"]}[admin["current-context"]]
+        cluster = dict({c["name"]: c["cluster"] for c in admin["clusters"]}[ctx["cluster"]])
+        ca = cluster.get("certificate-authority")
+        if ca and not Path(ca).is_absolute():
+            cluster["certificate-authority"] = str((self.kubeconfig.parent / ca).resolve())
+        user = f"system:serviceaccount:{namespace}:{name}"
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "p", "cluster": cluster}],
+            "users": [{"name": user, "user": {"token": token}}],
+            "contexts": [
+                {"name": user, "context": {"cluster": "p", "user": user, "namespace": namespace}}
+            ],
+            "current-context": user,
+        }
+        path = self.work_dir / f"{namespace}.{name}.kubeconfig"
+        path.write_text(yaml.safe_dump(config))
+        path.chmod(0o600)
+        return path
+
+
+def _plane_module() -> Any:
+    spec = importlib.util.spec_from_file_location("tg_hack_plane", REPO / "hack" / "plane.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@contextlib.contextmanager
+def control_plane(kubeconfig: str | None, work: Path) -> Iterator[Plane]:
+    plane_lib = _plane_module()
+    if kubeconfig:
+        state = plane_lib.PlaneState.load(Path(kubeconfig).parent)
+        bin_dir = Path(state.bin_dir) if state else plane_lib.cached_bin_dir()
+        yield Plane(Path(kubeconfig), bin_dir, work)
+        return
+    bin_dir = plane_lib.build_tools(quiet=True)
+    state_dir = work / "plane"
+    state = plane_lib.up(state_dir, bin_dir, owner_pid=os.getpid(), timeout_scale=2)
+    try:
+        yield Plane(Path(state.kubeconfig), bin_dir, work)
+    finally:
+        plane_lib.down(state_dir)
+
+
+@contextlib.contextmanager
+def ray_head(address: str | None, dashboard: str | None) -> Iterator[tuple[str, str]]:
+    if address and dashboard:
+        yield address, dashboard.rstrip("/")
+        return
+    from tgruntime import ray_connect
+
+    head = ray_connect.start_local_head(
+        num_cpus=4, object_store_memory=1 << 30, timeout_s=300, env={"PYTHONPATH": str(REPO)}
+    )
+    try:
+        yield head.gcs_address, head.dashboard_url.rstrip("/")
+    finally:
+        ray_connect.stop_local_head(head)
+
+
+# -- sampling the operator process ------------------------------------------------------------
+@dataclass
+class Sampler:
+    """RSS and CPU of one process, sampled every ``period`` seconds in a thread."""
+
+    pid: int
+    period: float = 1.0
+    samples: list[tuple[float, float, float]] = field(default_factory=list)  # (t, rss MiB, cpu s)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def read(self) -> tuple[float, float]:
+        with open(f"/proc/{self.pid}/status") as f:
+            rss_kb = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+        with open(f"/proc/{self.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        cpu = (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
+        return rss_kb / 1024, cpu
+
+    def start(self) -> None:
+        def loop() -> None:
+            while not self._stop.is_set():
+                with contextlib.suppress(OSError, StopIteration):
+                    rss, cpu = self.read()
+                    self.samples.append((time.monotonic(), rss, cpu))
+                self._stop.wait(self.period)
+
+        self._thread = threading.Thread(target=loop, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join()
+
+    def window(self, t0: float, t1: float) -> dict[str, float]:
+        pts = [s for s in self.samples if t0 <= s[0] <= t1]
+        if len(pts) < 2:
+            return {
+                "rss_mib_avg": float("nan"),
+                "rss_mib_peak": float("nan"),
+                "cpu_pct_avg": float("nan"),
+            }
+        cpu_pct = 100 * (pts[-1][2] - pts[0][2]) / (pts[-1][0] - pts[0][0])
+        return {
+            "rss_mib_avg": round(sum(p[1] for p in pts) / len(pts), 1),
+            "rss_mib_peak": round(max(p[1] for p in pts), 1),
+            "cpu_pct_avg": round(cpu_pct, 1),
+        }
+
+
+# -- helpers ------------------------------------------------------------------------------------
+def mem_available_mib() -> int:
+    with open("/proc/meminfo") as f:
+        return next(int(line.split()[1]) // 1024 for line in f if line.startswith("MemAvailable:"))
+
+
+def noop_group(name: str, ns: str, *, ref: str | None) -> dict[str, Any]:
+    body = ks.noop(name, ns)
+    body["spec"]["workers"]["processesPerNode"] = [1]
+    body["spec"]["workers"]["cpusPerProcess"] = 0.01
+    body["spec"]["parallelism"] = {"tensor": 1}
+    body["spec"]["training"]["batchSize"] = 4
+    if ref is not None:
+        body["spec"].pop("rayCluster")
+        body["spec"]["rayClusterRef"] = {"name": ref}
+    return body
+
+
+def shared_raycluster(ns: str) -> dict[str, Any]:
+    """A RayCluster not owned by any TrainerGroup (for rayClusterRef), on the CPU node."""
+    tg = parse_resource(noop_group("shared", ns, ref=None))
+    rc = rc_builder.build_raycluster(tg, cluster_hash="bench")
+    rc["metadata"].pop("ownerReferences")
+    rc["metadata"]["labels"] = {"app": "tg-bench"}
+    group = rc["spec"]["workerGroupSpecs"][0]
+    res = group["template"]["spec"]["containers"][0]["resources"]
+    for part in ("limits", "requests"):
+        res[part].pop("nvidia.com/gpu", None)
+    group["template"]["spec"]["tolerations"] = []
+    return rc
+
+
+def watch_phases(
+    plane: Plane, ns: str, name: str, *, timeout: float
+) -> tuple[dict[str, float], dict[str, Any]]:
+    """Poll one object until Ready: when (monotonic) each milestone was first seen, and
+    the final status."""
+    seen: dict[str, float] = {}
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        st = ks.status_of(plane, ns, name)
+        now = time.monotonic()
+        conds = {c["type"]: c["status"] for c in st.get("conditions", [])}
+        if conds.get("RayClusterReady") == "True":
+            seen.setdefault("cluster_ready", now)
+        if st.get("phase"):
+            seen.setdefault(st["phase"], now)
+        if st.get("phase") == "Ready":
+            return seen, st
+        if st.get("phase") == "Failed":
+            raise RuntimeError(f"{name} failed: {st.get('message')}")
+        time.sleep(0.1)
+    raise TimeoutError(f"{name} not Ready after {timeout:.0f}s")
+
+
+def job_wall_s(dashboard: str, submission_id: str) -> float | None:
+    job = ks.ray_get(f"{dashboard}/api/jobs/{submission_id}")
+    if job.get("start_time") and job.get("end_time"):
+        return (job["end_time"] - job["start_time"]) / 1000
+    return None
+
+
+def delete_and_time(plane: Plane, ns: str, name: str, *, timeout: float = 600) -> float:
+    t0 = time.monotonic()
+    plane.kubectl("delete", "trainergroup", name, "-n", ns, "--wait=false")
+    ks.wait_for(
+        lambda: ks.get_tg(plane, ns, name) is None,
+        timeout=timeout,
+        what=f"{name} to be deleted",
+        interval=0.2,
+    )
+    return time.monotonic() - t0
+
+
+def metric_sums(text: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        m = re.match(r"^(tg_operator_[a-z_]+)(\{[^}]*\})? ([0-9.eE+-]+)$", line)
+        if m:
+            key = m.group(1) + (m.group(2) or "")
+            out[key] = float(m.group(3))
+    return out
+
+
+def reconcile_stats(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
+    def delta(key: str) -> float:
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    stats: dict[str, Any] = {}
+    triggers = {
+        re.search(r'trigger="([^"]+)"', k).group(1)  # type: ignore[union-attr]
+        for k in after
+        if k.startswith("tg_operator_reconcile_duration_seconds_count")
+    }
+    for trig in sorted(triggers):
+        n = delta(f'tg_operator_reconcile_duration_seconds_count{{trigger="{trig}"}}')
+        s = delta(f'tg_operator_reconcile_duration_seconds_sum{{trigger="{trig}"}}')
+        if n:
+            stats[trig] = {"passes": int(n), "mean_ms": round(1000 * s / n, 1)}
+    return stats
+
+
+# -- the benchmark -------------------------------------------------------------------------------
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix="tg-bench-"))
+    result: dict[str, Any] = {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "mem_available_mib_at_start": mem_available_mib(),
+        },
+        "settings": {
+            "health_interval_s": args.health_interval,
+            "max_concurrent_jobs": args.max_jobs,
+            "worker_class": ks.NOOP_WORKER,
+        },
+    }
+    with (
+        control_plane(args.kubeconfig, work) as plane,
+        ray_head(args.ray_address, args.ray_dashboard) as (gcs, dashboard),
+    ):
+        ns = f"tgbench-{uuid.uuid4().hex[:6]}"
+        plane.kubectl("create", "namespace", ns)
+        ks.wait_for(
+            lambda: (
+                plane.kubectl("get", "serviceaccount", "default", "-n", ns, check=False).returncode
+                == 0
+            ),
+            timeout=60,
+            what="the namespace's ServiceAccount",
+        )
+        log = work / "operator.log"
+        with ks.running_operator(
+            plane,
+            namespace=ns,
+            ray_dashboard=dashboard,
+            ray_gcs=gcs,
+            log_path=log,
+            health_interval=args.health_interval,
+            extra_env={"TG_MAX_CONCURRENT_JOBS": str(args.max_jobs)},
+            cleanup_timeout=1800,
+        ) as op:
+            assert op.proc is not None
+            sampler = Sampler(op.proc.pid)
+            sampler.start()
+            t_idle = time.monotonic()
+            time.sleep(5)
+            result["idle"] = sampler.window(t_idle, time.monotonic())
+            try:
+                if args.latency_runs > 0:
+                    result["latency_own_cluster"] = latency_own(plane, ns, dashboard, args)
+                result["latency_cluster_ref"] = latency_ref(plane, ns, dashboard, args)
+                if args.groups > 0:
+                    result["scale"] = scale(plane, ns, dashboard, args, op, sampler)
+            finally:
+                sampler.stop()
+                result["operator_log"] = str(log)
+        plane.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+    return result
+
+
+def latency_own(plane: Plane, ns: str, dashboard: str, args: argparse.Namespace) -> dict[str, Any]:
+    runs = []
+    for i in range(args.latency_runs):
+        name = f"lat-own-{i}"
+        t0 = time.monotonic()
+        plane.apply(noop_group(name, ns, ref=None))
+        seen, st = watch_phases(plane, ns, name, timeout=900)
+        job = job_wall_s(dashboard, st["submissionId"])
+        cluster_to_ready = seen["Ready"] - seen["cluster_ready"]
+        runs.append(
+            {
+                "apply_to_cluster_ready_s": round(seen["cluster_ready"] - t0, 2),
+                "cluster_ready_to_ready_s": round(cluster_to_ready, 2),
+                "apply_to_ready_s": round(seen["Ready"] - t0, 2),
+                "server_job_wall_s": round(job, 2) if job else None,
+                "operator_overhead_s": round(cluster_to_ready - job, 2) if job else None,
+                "delete_s": round(delete_and_time(plane, ns, name), 2),
+            }
+        )
+        print(f"  own cluster run {i}: {runs[-1]}", flush=True)
+    return {"runs": runs, **_means(runs)}
+
+
+def latency_ref(plane: Plane, ns: str, dashboard: str, args: argparse.Namespace) -> dict[str, Any]:
+    plane.apply(shared_raycluster(ns))
+    ks.wait_for(
+        lambda: (
+            plane.kubectl_json("get", "raycluster", "shared", "-n", ns)
+            .get("status", {})
+            .get("state")
+            == "ready"
+        ),
+        timeout=300,
+        what="the shared RayCluster",
+    )
+    runs: list[dict[str, Any]] = []
+    for i in range(args.latency_runs):
+        name = f"lat-ref-{i}"
+        t0 = time.monotonic()
+        plane.apply(noop_group(name, ns, ref="shared"))
+        seen, st = watch_phases(plane, ns, name, timeout=900)
+        job = job_wall_s(dashboard, st["submissionId"])
+        total = seen["Ready"] - t0
+        runs.append(
+            {
+                "apply_to_ready_s": round(total, 2),
+                "server_job_wall_s": round(job, 2) if job else None,
+                "operator_overhead_s": round(total - job, 2) if job else None,
+                "delete_s": round(delete_and_time(plane, ns, name), 2),
+            }
+        )
+        print(f"  rayClusterRef run {i}: {runs[-1]}", flush=True)
+    return {"runs": runs, **_means(runs)}
+
+
+def _means(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    if not runs:
+        return {}
+    keys = [k for k in runs[0] if all(isinstance(r.get(k), int | float) for r in runs)]
+    return {f"mean_{k}": round(sum(r[k] for r in runs) / len(runs), 2) for k in keys}
+
+
+def scale(
+    plane: Plane,
+    ns: str,
+    dashboard: str,
+    args: argparse.Namespace,
+    op: ks.OperatorProcess,
+    sampler: Sampler,
+) -> dict[str, Any]:
+    requested = args.groups
+    budget = mem_available_mib() - 3072 - args.max_jobs * DRIVER_MB
+    n = max(1, min(requested, budget // ACTOR_MB))
+    if n < requested:
+        print(
+            f"  only {n} of {requested} groups fit in memory ({mem_available_mib()} MiB "
+            f"available, ~{ACTOR_MB} MiB per worker process): running {n}",
+            flush=True,
+        )
+    names = [f"g{i:03d}" for i in range(n)]
+    m0 = metric_sums(op.metrics())
+    t0 = time.monotonic()
+    plane.apply([noop_group(nm, ns, ref="shared") for nm in names])
+    t_applied = time.monotonic()
+
+    def all_ready() -> bool:
+        items = plane.kubectl_json("get", "trainergroups", "-n", ns)["items"]
+        phases = [i.get("status", {}).get("phase") for i in items if i["metadata"]["name"] in names]
+        failed = phases.count("Failed")
+        if failed:
+            raise RuntimeError(f"{failed} groups Failed; see {op.log_path}")
+        return len(phases) == n and all(p == "Ready" for p in phases)
+
+    ks.wait_for(
+        all_ready, timeout=args.ready_timeout, interval=2, what=f"{n} groups Ready", detail=op.tail
+    )
+    t_ready = time.monotonic()
+    m1 = metric_sums(op.metrics())
+    print(
+        f"  {n} groups Ready after {t_ready - t0:.0f}s; steady state for {args.steady_s}s",
+        flush=True,
+    )
+    time.sleep(args.steady_s)
+    t_steady = time.monotonic()
+    m2 = metric_sums(op.metrics())
+    plane.kubectl("delete", "trainergroups", "--all", "-n", ns, "--wait=false")
+    ks.wait_for(
+        lambda: not plane.kubectl_json("get", "trainergroups", "-n", ns)["items"],
+        timeout=args.ready_timeout,
+        interval=2,
+        what="all groups deleted",
+        detail=op.tail,
+    )
+    t_gone = time.monotonic()
+    m3 = metric_sums(op.metrics())
+    return {
+        "groups_requested": requested,
+        "groups": n,
+        "apply_s": round(t_applied - t0, 2),
+        "all_ready_s": round(t_ready - t0, 2),
+        "all_deleted_s": round(t_gone - t_steady, 2),
+        "creating": sampler.window(t0, t_ready),
+        "steady": sampler.window(t_ready, t_steady),
+        "deleting": sampler.window(t_steady, t_gone),
+        "reconcile_passes_creating": reconcile_stats(m0, m1),
+        "reconcile_passes_steady": reconcile_stats(m1, m2),
+        "reconcile_passes_deleting": reconcile_stats(m2, m3),
+        "errors": {k: v for k, v in m3.items() if k.startswith("tg_operator_reconcile_errors")},
+    }
+
+
+def table_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
+    rows: list[tuple[str, str]] = []
+    own, ref, sc = r.get("latency_own_cluster"), r.get("latency_cluster_ref"), r.get("scale")
+    if own:
+        rows += [
+            (
+                "apply -> RayClusterReady (own cluster, kwok pods)",
+                f"{own['mean_apply_to_cluster_ready_s']:.2f} s",
+            ),
+            (
+                "RayClusterReady -> Ready (excl. pod start)",
+                f"{own['mean_cluster_ready_to_ready_s']:.2f} s",
+            ),
+            (
+                "  of which the server job itself (Ray)",
+                f"{own.get('mean_server_job_wall_s', 0):.2f} s",
+            ),
+            ("  operator overhead", f"{own.get('mean_operator_overhead_s', 0):.2f} s"),
+        ]
+    if ref:
+        rows += [
+            ("apply -> Ready (rayClusterRef, cluster up)", f"{ref['mean_apply_to_ready_s']:.2f} s"),
+            (
+                "  of which the server job itself (Ray)",
+                f"{ref.get('mean_server_job_wall_s', 0):.2f} s",
+            ),
+            ("  operator overhead", f"{ref.get('mean_operator_overhead_s', 0):.2f} s"),
+            ("delete -> gone (Ray teardown + finalizer)", f"{ref['mean_delete_s']:.2f} s"),
+        ]
+    rows.append(
+        (
+            "operator RSS / CPU idle (0 groups)",
+            f"{r['idle']['rss_mib_avg']:.0f} MiB / {r['idle']['cpu_pct_avg']:.1f} %",
+        )
+    )
+    if sc:
+        n = sc["groups"]
+        rows += [
+            (f"{n} groups: apply -> all Ready", f"{sc['all_ready_s']:.0f} s"),
+            (f"{n} groups: delete -> all gone", f"{sc['all_deleted_s']:.0f} s"),
+            (
+                "operator RSS / CPU creating (peak RSS, avg CPU)",
+                f"{sc['creating']['rss_mib_peak']:.0f} MiB / {sc['creating']['cpu_pct_avg']:.1f} %",
+            ),
+            (
+                f"operator RSS / CPU steady, {n} Ready groups",
+                f"{sc['steady']['rss_mib_avg']:.0f} MiB / {sc['steady']['cpu_pct_avg']:.1f} %",
+            ),
+            (
+                "operator RSS / CPU deleting (peak RSS, avg CPU)",
+                f"{sc['deleting']['rss_mib_peak']:.0f} MiB / {sc['deleting']['cpu_pct_avg']:.1f} %",
+            ),
+        ]
+        for trig, st in sc["reconcile_passes_steady"].items():
+            rows.append(
+                (f"steady state: reconcile passes ({trig})", f"{st['passes']} x {st['mean_ms']} ms")
+            )
+    return rows
+
+
+def print_table(r: dict[str, Any]) -> None:
+    rows = table_rows(r)
+    width = max(len(a) for a, _ in rows)
+    print("\n" + "-" * (width + 22))
+    for a, b in rows:
+        print(f"{a:<{width}}  {b}")
+    print("-" * (width + 22))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--groups", type=int, default=100)
+    p.add_argument("--latency-runs", type=int, default=3)
+    p.add_argument("--max-jobs", type=int, default=4, help="TG_MAX_CONCURRENT_JOBS")
+    p.add_argument("--health-interval", type=float, default=10.0)
+    p.add_argument("--steady-s", type=float, default=60.0)
+    p.add_argument("--ready-timeout", type=float, default=3600.0)
+    p.add_argument("--kubeconfig", default=os.environ.get("TG_K8S_PLANE_KUBECONFIG"))
+    p.add_argument("--ray-address", default=None)
+    p.add_argument("--ray-dashboard", default=None)
+    p.add_argument("--out", default=str(REPO / "docs" / "results" / "bench_operator.json"))
+    p.add_argument(
+        "--update",
+        action="store_true",
+        help="keep the sections of an existing --out file that this run skips",
+    )
+    args = p.parse_args(argv)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(REPO), os.environ.get("PYTHONPATH")])
+    )
+    started = time.time()
+    result = run(args)
+    result["wall_s"] = round(time.time() - started, 1)
+    result["date"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if args.update and out.exists():
+        result = {**json.loads(out.read_text()), **result}
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print_table(result)
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

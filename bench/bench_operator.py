@@ -368,7 +368,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             try:
                 if args.latency_runs > 0:
                     result["latency_own_cluster"] = latency_own(plane, ns, dashboard, args)
-                result["latency_cluster_ref"] = latency_ref(plane, ns, dashboard, args)
+                shared_cluster_up(plane, ns)
+                if args.latency_runs > 0:
+                    result["latency_cluster_ref"] = latency_ref(plane, ns, dashboard, args)
                 if args.groups > 0:
                     result["scale"] = scale(plane, ns, dashboard, args, op, sampler)
             finally:
@@ -401,7 +403,7 @@ def latency_own(plane: Plane, ns: str, dashboard: str, args: argparse.Namespace)
     return {"runs": runs, **_means(runs)}
 
 
-def latency_ref(plane: Plane, ns: str, dashboard: str, args: argparse.Namespace) -> dict[str, Any]:
+def shared_cluster_up(plane: Plane, ns: str) -> None:
     plane.apply(shared_raycluster(ns))
     ks.wait_for(
         lambda: (
@@ -413,6 +415,9 @@ def latency_ref(plane: Plane, ns: str, dashboard: str, args: argparse.Namespace)
         timeout=300,
         what="the shared RayCluster",
     )
+
+
+def latency_ref(plane: Plane, ns: str, dashboard: str, args: argparse.Namespace) -> dict[str, Any]:
     runs: list[dict[str, Any]] = []
     for i in range(args.latency_runs):
         name = f"lat-ref-{i}"

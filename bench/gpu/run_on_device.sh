@@ -28,7 +28,7 @@ PY
 ARGS=()
 for c in "$@"; do ARGS+=(--case "$c"); done
 python3 bench/bench_group_step.py "${ARGS[@]}" --steps "${STEPS:-20}" --warmup "${WARMUP:-5}" \
-  --json "$OUT/gpu_step.json" 2> >(tee "$OUT/gpu_step.log" | grep -v -i -E "warn|megatron_fsdp|apex" >&2)
+  ${EXTRA_ARGS:-} --json "$OUT/gpu_step.json" 2> >(tee "$OUT/gpu_step.log" | grep -v -i -E "warn|megatron_fsdp|apex" >&2)
 rc=$?
 echo "total $(( $(date +%s) - T0 ))s rc=$rc"
 exit $rc

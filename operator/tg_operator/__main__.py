@@ -7,12 +7,20 @@ kopf runs standalone (no peering), with a liveness endpoint on
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 import kopf
 
 from tg_operator import handlers
 from tg_operator.settings import OperatorConfig, SettingsError
+
+
+class _QuietHealthTicks(logging.Filter):
+    """Drop kopf's "Timer 'health' succeeded." line (one per object per interval)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Timer 'health' succeeded")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tg-operator: {exc}", file=sys.stderr)
         return 2
     kopf.configure(verbose=args.verbose, quiet=args.quiet, log_format=kopf.LogFormat.PLAIN)
+    if not args.verbose:
+        logging.getLogger("kopf.objects").addFilter(_QuietHealthTicks())
     registry = kopf.OperatorRegistry()
     handlers.register(registry, config)
     liveness = (

@@ -51,8 +51,9 @@ log = logging.getLogger(__name__)
 WORKERS_GRACE_S = 60.0
 """Extra time the server job gets beyond ``workersReadySeconds`` (it has its own timeout)."""
 CLUSTER_POLL_S = 2.0
-JOB_POLL_S = 0.5
+JOB_POLL_S = 1.0
 RAY_RETRY_S = 5.0
+SLOT_WAIT_S = 5.0
 
 
 def utcnow() -> datetime.datetime:
@@ -280,7 +281,7 @@ class _Pass:
                 await self.write(
                     status_mod.with_phase(new, phase=new.phase, message=msg, now=self.now)
                 )
-                return Step.wait(CLUSTER_POLL_S, msg)
+                return Step.wait(SLOT_WAIT_S, msg)
             if job is not None and not job.terminal:
                 slots.acquire(url, sid)  # adopt a job found running (after a restart)
             if job is None:

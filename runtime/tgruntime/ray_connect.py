@@ -194,7 +194,7 @@ def _connection(namespace: str) -> Connection:
     ip = getattr(node, "node_ip_address", "") if node is not None else ""
     dash = ""
     with contextlib.suppress(Exception):
-        dash = str(ray._private.worker.get_dashboard_url() or "")
+        dash = str(ray._private.worker.get_dashboard_url() or "")  # type: ignore[no-untyped-call]
     if dash and not dash.startswith("http"):
         dash = f"http://{dash}"
     return Connection(gcs_address=str(gcs), namespace=namespace, node_id=ctx.get_node_id(), node_ip=str(ip), dashboard_url=dash)
@@ -211,7 +211,7 @@ def _tcp_error(host: str, port: int, *, timeout_s: float) -> str:
 def _cluster_nodes(address: str, *, timeout_s: float) -> list[dict[str, Any]]:
     """Alive nodes registered in the GCS at ``address`` (empty if it cannot be asked)."""
     try:
-        from ray._raylet import GcsClient
+        from ray._raylet import GcsClient  # type: ignore[attr-defined]
 
         client = GcsClient(address=address)
         infos = client.get_all_node_info(timeout=timeout_s)
@@ -228,14 +228,14 @@ def _cluster_nodes(address: str, *, timeout_s: float) -> list[dict[str, Any]]:
 def _local_ips() -> set[str]:
     ips = {"127.0.0.1", "::1", "localhost"}
     with contextlib.suppress(Exception):
-        from ray._raylet import get_all_interfaces_ip
+        from ray._raylet import get_all_interfaces_ip  # type: ignore[attr-defined]
 
         ips.update(str(ip) for ip in get_all_interfaces_ip())
     with contextlib.suppress(Exception):
         for info in socket.getaddrinfo(socket.gethostname(), None):
             ips.add(str(info[4][0]))
     with contextlib.suppress(Exception):
-        ips.add(str(ray.util.get_node_ip_address()))
+        ips.add(str(ray.util.get_node_ip_address()))  # type: ignore[no-untyped-call]
     return ips
 
 
@@ -332,7 +332,8 @@ def _wait_head(proc: subprocess.Popen[bytes], head: LocalHead, *, timeout_s: flo
         if gcs_up and not started:
             started = "Ray runtime started" in _tail(head.log_path, lines=400)
         if started and not dash_up:
-            dash_up = _http_up(f"{head.dashboard_url}/api/version")
+            # TG_RAY_INCLUDE_DASHBOARD=0: a head without the dashboard has nothing to wait for.
+            dash_up = not _dashboard_wanted() or _http_up(f"{head.dashboard_url}/api/version")
         if gcs_up and started and dash_up:
             return ""
         time.sleep(0.25)

@@ -302,7 +302,8 @@ def _bundle_cpus(max_colocate_count: int, processes: int) -> float:
     """verl's CPUs per bundle, reduced to what the largest node can hold for ``processes``."""
     try:
         largest = max(
-            (float(n.get("Resources", {}).get("CPU", 0.0)) for n in ray.nodes() if n.get("Alive")), default=0.0
+            (float(n.get("Resources", {}).get("CPU", 0.0)) for n in ray.nodes() if n.get("Alive")),  # type: ignore[no-untyped-call]
+            default=0.0,
         )
     except Exception:
         largest = 0.0

@@ -213,7 +213,7 @@ class DataProto:
         meta_info_keys = list(meta_info_keys or [])
         _require(self.non_tensor_batch, non_tensor_batch_keys, "non_tensor_batch")
         _require(self.meta_info, meta_info_keys, "meta_info")
-        popped_tensors: dict[Key, torch.Tensor] = {}
+        popped_tensors: dict[Key, Any] = {}
         if batch_keys:
             if self.batch is None:
                 raise KeyError(f"batch keys {batch_keys} not found: DataProto has no batch")
@@ -248,16 +248,16 @@ class DataProto:
             if self.batch is None:
                 self.batch = other.batch
             else:
-                for key, value in _leaves(other.batch):
-                    if key in self.batch.keys(include_nested=True, leaves_only=True):
-                        if not torch.equal(self.batch.get(key), value):
-                            raise ValueError(f"union: batch key {key!r} differs between the two")
+                for tkey, tensor in _leaves(other.batch):
+                    if tkey in self.batch.keys(include_nested=True, leaves_only=True):
+                        if not torch.equal(self.batch.get(tkey), tensor):
+                            raise ValueError(f"union: batch key {tkey!r} differs between the two")
                     else:
-                        self.batch.set(key, value)
-        for key, value in other.non_tensor_batch.items():
-            if key in self.non_tensor_batch and not _arrays_equal(self.non_tensor_batch[key], value):
+                        self.batch.set(tkey, tensor)
+        for key, array in other.non_tensor_batch.items():
+            if key in self.non_tensor_batch and not _arrays_equal(self.non_tensor_batch[key], array):
                 raise ValueError(f"union: non_tensor_batch key {key!r} differs between the two")
-            self.non_tensor_batch[key] = value
+            self.non_tensor_batch[key] = array
         for key, value in other.meta_info.items():
             if key in self.meta_info and not _values_equal(self.meta_info[key], value):
                 raise ValueError(f"union: meta_info key {key!r} differs between the two")

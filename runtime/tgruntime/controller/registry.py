@@ -125,11 +125,11 @@ def delete_group_keys(*, group_name: str, namespace: str) -> list[str]:
         naming.record_key(namespace=namespace, group_name=group_name),
         naming.members_key(namespace=namespace, group_name=group_name),
     ]
-    for key in internal_kv._internal_kv_list(
+    for raw in internal_kv._internal_kv_list(
         naming.master_prefix(namespace=namespace, group_name=group_name), namespace=_NS
     ):
-        keys.append(key.decode() if isinstance(key, bytes) else str(key))
-    removed = []
+        keys.append(raw.decode() if isinstance(raw, bytes) else str(raw))
+    removed: list[str] = []
     for key in keys:
         if internal_kv._internal_kv_del(key, namespace=_NS):
             removed.append(key)

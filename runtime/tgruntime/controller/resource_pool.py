@@ -131,8 +131,8 @@ def create_placement_groups(
                     timeout_s=timeout_s,
                     bundles=bundles,
                     strategy=str(PlacementStrategy(pool.strategy).value),
-                    available=ray.available_resources(),
-                    total=ray.cluster_resources(),
+                    available=ray.available_resources(),  # type: ignore[no-untyped-call]
+                    total=ray.cluster_resources(),  # type: ignore[no-untyped-call]
                 )
     except BaseException:
         for pg in pgs:
@@ -144,7 +144,7 @@ def create_placement_groups(
 def sort_by_node(pgs: Sequence[PlacementGroup]) -> list[PlacementGroup]:
     """Order placement groups by the address of their first bundle's node (stable ranks)."""
     try:
-        addresses = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
+        addresses = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}  # type: ignore[no-untyped-call]
         keyed = []
         for i, pg in enumerate(pgs):
             table = placement_group_table(pg)

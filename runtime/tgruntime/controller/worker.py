@@ -42,7 +42,7 @@ def _reserve_port() -> tuple[socket.socket, int]:
 def _node_ip() -> str:
     import ray
 
-    return str(ray.util.get_node_ip_address())
+    return str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
 
 
 def _setup_master_from_group() -> None:

@@ -157,11 +157,21 @@ def transfer(wg: WorkerGroup, nbytes: int, repeat: int, with_torch: bool) -> dic
         ("memcpy_fresh", copy_fresh),
         ("memcpy_warm", copy_warm),
     ]
+    # interleaved: one run of each per round, so load changes hit them alike
+    samples: dict[str, list[float]] = {name: [] for name, _ in plan}
+    for _ in range(2):
+        for _, fn in plan:
+            fn()
+    for _ in range(repeat):
+        for name, fn in plan:
+            gc.collect()
+            t = time.perf_counter()
+            fn()
+            samples[name].append(time.perf_counter() - t)
     if with_torch:
-        plan.append(("ray_torch_pickle_round_trip", torch_ray))
-    for name, fn in plan:
-        r = 1 if name == "ray_torch_pickle_round_trip" else repeat
-        res[name] = stats(timeit(fn, repeat=r, warmup=1))
+        samples["ray_torch_pickle_round_trip"] = timeit(torch_ray, repeat=1, warmup=0)
+    for name, values in samples.items():
+        res[name] = stats(values)
         res[name]["MBps"] = real / res[name]["median_s"] / 1e6
     res["ratio_dataproto_vs_ray_numpy"] = res["dataproto_round_trip"]["median_s"] / res["ray_numpy_round_trip"]["median_s"]
     plan.clear()
@@ -227,10 +237,10 @@ def main() -> None:
         results["attach"] = {str(n): attach_latency(f"bench{n}", 50 if args.quick else 200) for n in (2, 8)}
         results["transfer"] = {}
         for size in sizes:
-            repeat = 10 if size <= 2**20 else (5 if size <= 64 * 2**20 else 3)
+            repeat = 20 if size <= 2**20 else (10 if size <= 64 * 2**20 else (7 if size <= 256 * 2**20 else 4))
             if args.quick:
                 repeat = max(2, repeat // 2)
-            results["transfer"][str(size)] = transfer(groups[2], size, repeat, with_torch=size <= 256 * 2**20)
+            results["transfer"][str(size)] = transfer(groups[2], size, repeat, with_torch=64 * 2**20 <= size <= 256 * 2**20)
         for wg in groups.values():
             wg.teardown()
     finally:

@@ -106,6 +106,7 @@ def _direct_rank(
     """One rank of the direct path (runs in a spawned process)."""
     warnings.filterwarnings("ignore")
     import torch
+
     from tgruntime.trainer import TrainEngine
     from tgruntime.trainer.steptime import matmul_tflops, time_engine_steps
 

@@ -5,8 +5,9 @@
   the end. Its value is a frozen ``RayCluster``: ``gcs_address``, ``dashboard_url``,
   ``temp_dir`` and ``run_python(code)`` to run a snippet in a separate OS process already
   pointed at the cluster (``RAY_ADDRESS``), returning its stdout.
-- ``ray_driver`` (session): connects this pytest process to that head as a driver
-  (namespace ``tgtests``); tests then create groups in namespaces of their own.
+- ``ray_driver`` (module): connects this pytest process to that head as a driver
+  (namespace ``tgtests``) and disconnects after the module, so other modules may call
+  ``ray.init`` themselves; tests create groups in namespaces of their own.
 
 Tests that use them are marked ``@pytest.mark.ray``. Environment knobs:
 ``TG_TEST_RAY_ADDRESS`` reuses an already running head instead of starting one.
@@ -125,7 +126,7 @@ def _refresh_ray_config() -> None:
         pass
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_driver(ray_cluster: RayCluster) -> Iterator[RayCluster]:
     """This pytest process connected to ``ray_cluster`` as a driver."""
     import ray

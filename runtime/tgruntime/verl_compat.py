@@ -42,7 +42,6 @@ from ray.util.placement_group import PlacementGroup
 
 from tgruntime.controller.class_with_init import ClassWithInitArgs
 from tgruntime.controller.creation import launch
-from tgruntime.controller.dataproto import DataProto, DataProtoItem
 from tgruntime.controller.decorator import (
     Dispatch,
     Execute,
@@ -62,9 +61,9 @@ from tgruntime.controller.worker_group import (
 
 __all__ = [
     "ClassWithInitArgs",
-    "DataProto",
+    "DataProto",  # noqa: F822 - provided lazily by __getattr__
     "DataProtoFuture",
-    "DataProtoItem",
+    "DataProtoItem",  # noqa: F822
     "Dispatch",
     "Execute",
     "RayClassWithInitArgs",
@@ -76,6 +75,15 @@ __all__ = [
 ]
 
 log = logging.getLogger("tgruntime.verl_compat")
+
+
+def __getattr__(name: str) -> Any:
+    # DataProto needs torch: imported on first use, so drivers that never send one stay light.
+    if name in ("DataProto", "DataProtoItem"):
+        from tgruntime.controller import dataproto
+
+        return getattr(dataproto, name)
+    raise AttributeError(f"module 'tgruntime.verl_compat' has no attribute {name!r}")
 
 
 class RayResourcePool:

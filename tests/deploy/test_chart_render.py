@@ -15,9 +15,9 @@ from typing import Any
 
 import jsonschema
 import pytest
-import tgspec
 import yaml
 
+import tgspec
 from tests.deploy.chart import (
     CHART,
     CRD_FILE,

@@ -16,10 +16,10 @@ import tomllib
 from pathlib import Path
 
 import pytest
-import tgspec.model
 import yaml
 from packaging.requirements import Requirement
 
+import tgspec.model
 from tests.deploy.chart import CHART, EXAMPLE_JOB, EXAMPLE_TG, REPO
 
 IMAGES = REPO / "images"

@@ -8,9 +8,10 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-import tgspec
 import torch
 import torch.distributed as dist
+
+import tgspec
 
 VOCAB, HIDDEN, LAYERS, HEADS, FFN, SEQ, BATCH = 128, 64, 2, 4, 128, 32, 4
 

@@ -12,12 +12,11 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
 
+from tests.trainer.scenarios import tiny_spec  # noqa: E402
 from tgruntime.trainer.batch import lm_batch, split_microbatches  # noqa: E402
 from tgruntime.trainer.checkpoint import latest_checkpoint, step_dirname  # noqa: E402
 from tgruntime.trainer.engine import StepResult, TrainEngine, _default_micro_batch_size  # noqa: E402
 from tgruntime.trainer.settings import resolve_settings  # noqa: E402
-
-from tests.trainer.scenarios import tiny_spec  # noqa: E402
 
 pytestmark = pytest.mark.megatron
 
@@ -71,6 +70,7 @@ def _reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> t
 def test_sdpa_attention_matches_reference(groups: int) -> None:
     from megatron.core.transformer.enums import AttnMaskType
     from megatron.core.transformer.transformer_config import TransformerConfig
+
     from tgruntime.trainer.sdpa_attention import SDPAttention
 
     config = TransformerConfig(
@@ -93,6 +93,7 @@ def test_sdpa_attention_matches_reference(groups: int) -> None:
 
 def test_device_local_rotary_stays_on_cpu() -> None:
     from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+
     from tgruntime.trainer.rotary import DeviceLocalRotaryEmbedding, make_rotary_cpu_safe
 
     holder = torch.nn.Module()

@@ -14,11 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 import tgspec
 
 ray = pytest.importorskip("ray")
 pytest.importorskip("megatron.core")
 
+from tests.trainer.scenarios import BATCH, SEQ, fixed_batch, tiny_spec  # noqa: E402
 from tgruntime.controller import (  # noqa: E402
     ClassWithInitArgs,
     DataProto,
@@ -26,8 +28,6 @@ from tgruntime.controller import (  # noqa: E402
     WorkerGroup,
 )
 from tgruntime.trainer.worker import MegatronTrainer  # noqa: E402
-
-from tests.trainer.scenarios import BATCH, SEQ, fixed_batch, tiny_spec  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.megatron]
 

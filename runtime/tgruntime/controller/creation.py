@@ -102,7 +102,7 @@ def launch(
         remote_cls = cls.remote_class()
         world_size = resource_pool.world_size
         rank = 0
-        for pg_index, (pg, count) in enumerate(zip(pgs, counts, strict=True)):
+        for pg, count in zip(pgs, counts, strict=True):
             for local_rank in range(count):
                 name = names[rank]
                 options = _actor_options(
@@ -130,7 +130,6 @@ def launch(
                 )
                 handles.append(remote_cls.options(**options).remote(*cls.args, **cls.kwargs))
                 rank += 1
-            del pg_index
         _wait_ready(group_name=group_name, names=names, handles=handles, timeout_s=actor_timeout_s)
         pg_names = (
             tuple(

@@ -13,7 +13,6 @@ bytes out of band instead of pickling torch tensors.
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +22,7 @@ import torch
 from tensordict import TensorDict
 
 from tgruntime.controller import tensor_codec
+from tgruntime.controller.partition import chunk_lengths as chunk_lengths  # re-export
 
 _STATE_VERSION = 1
 
@@ -460,16 +460,3 @@ def _values_equal(a: Any, b: Any) -> bool:
         return bool(a == b)
     except Exception:
         return a is b
-
-
-def chunk_lengths(total: int, parts: int) -> tuple[list[int], list[int]]:
-    """Split ``total`` rows over ``parts`` equal slots of ceil(total/parts) rows.
-
-    Returns (real rows per part, padding rows per part): the tail parts hold the padding,
-    so after trimming each part's output the concatenation is the unpadded batch in order.
-    """
-    if parts < 1:
-        raise ValueError(f"parts must be >= 1, got {parts}")
-    size = math.ceil(total / parts) if total else 0
-    real = [max(0, min(size, total - i * size)) for i in range(parts)]
-    return real, [size - r for r in real]

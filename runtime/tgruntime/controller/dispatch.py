@@ -10,13 +10,16 @@ the group only needs ``world_size`` and, for mesh dispatch, the mesh tables.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from tgruntime.controller.dataproto import DataProto, chunk_lengths
 from tgruntime.controller.decorator import TRIM_KWARG, Dispatch
 from tgruntime.controller.futures import DataProtoFuture, is_object_ref
+from tgruntime.controller.partition import chunk_lengths, is_dataproto
+
+if TYPE_CHECKING:
+    from tgruntime.controller.dataproto import DataProto
 
 PerRank = tuple[tuple[list[Any], ...], dict[str, list[Any]]]
 Trim = tuple[int, int] | None
@@ -40,6 +43,8 @@ def split_proto(data: DataProto, parts: int) -> tuple[list[DataProto], list[Trim
     Returns the parts and, per part, ``(real rows, padded rows)`` when it was padded.
     Unpadded parts are views of ``data``; only padded parts copy (their own rows).
     """
+    from tgruntime.controller.dataproto import DataProto
+
     n = len(data)
     real, pad = chunk_lengths(n, parts)
     out: list[DataProto] = []
@@ -75,7 +80,7 @@ def _split_many(
             if value.num_parts == parts and value.select is None:
                 return list(value.refs)  # already one part per slot: pass straight through
             value = value.get()
-        if not isinstance(value, DataProto):
+        if not is_dataproto(value):
             return None
         if length is None:
             length = len(value)
@@ -204,10 +209,10 @@ def concat_outputs(outputs: Sequence[Any]) -> Any:
         return DataProtoFuture(outputs)
     if any(is_object_ref(o) for o in outputs):
         raise TypeError("cannot mix ObjectRefs and values in a DataProto collect")
-    bad = [type(o).__name__ for o in outputs if not isinstance(o, DataProto)]
-    if bad:
+    bad = [type(o).__name__ for o in outputs if not is_dataproto(o)]
+    if bad or not outputs:
         raise TypeError(f"a DataProto collect needs every worker to return a DataProto, got {bad}")
-    return DataProto.concat(outputs)
+    return type(outputs[0]).concat(outputs)
 
 
 def normalize(group: DispatchTarget, args: Sequence[Any], kwargs: dict[str, Any]) -> PerRank:

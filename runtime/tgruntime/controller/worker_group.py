@@ -18,14 +18,12 @@ from typing import Any
 
 import numpy as np
 import ray
-import torch
 
 from tgruntime.controller import dispatch as dispatch_mod
 from tgruntime.controller import naming, registry
 from tgruntime.controller.calls import CallContext, resolve
 from tgruntime.controller.class_with_init import ClassWithInitArgs, unwrap_actor_class
 from tgruntime.controller.creation import launch
-from tgruntime.controller.dataproto import DataProto
 from tgruntime.controller.decorator import (
     CustomDispatch,
     Dispatch,
@@ -37,10 +35,9 @@ from tgruntime.controller.decorator import (
 from tgruntime.controller.errors import GroupNotFoundError, NamespaceMismatchError, WorkerDiedError
 from tgruntime.controller.futures import DataProtoFuture
 from tgruntime.controller.health import WorkerHealth, group_health
+from tgruntime.controller.partition import is_dataproto, is_tensor
 from tgruntime.controller.resource_pool import ResourcePool
 from tgruntime.controller.teardown import TeardownReport, teardown_group
-
-_SHARE_TYPES = (DataProto, np.ndarray, torch.Tensor)
 
 
 class GroupMethod:
@@ -305,7 +302,7 @@ class WorkerGroup:
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         # Only reached for names not bound in __init__: a clear error instead of a bare one.
-        if name.startswith("__"):
+        if name.startswith("_") or "_methods" not in self.__dict__:
             raise AttributeError(name)
         raise AttributeError(
             f"group {self._group_name!r} has no method {name!r}; registered: {sorted(self._methods)}"
@@ -355,7 +352,8 @@ class WorkerGroup:
             if handle is None:
                 raise WorkerDiedError(
                     group_name=self._group_name, rank=rank, worker_name=self._worker_names[rank],
-                    cause="no live actor of that name when the group was attached", method=name,
+                    cause="this handle is gone (the group was torn down here, or the worker was missing when attached)",
+                    method=name,
                 )
             call_args = [_swap(a[rank], shared) for a in per_args]
             call_kwargs = {k: _swap(v[rank], shared) for k, v in per_kwargs.items()}
@@ -517,7 +515,7 @@ def _put_shared(
     for seq in (*per_args, *per_kwargs.values()):
         for rank in ranks:
             value = seq[rank]
-            if isinstance(value, _SHARE_TYPES):
+            if isinstance(value, np.ndarray) or is_dataproto(value) or is_tensor(value):
                 counts[id(value)] = counts.get(id(value), 0) + 1
                 objects[id(value)] = value
     return {i: ray.put(objects[i]) for i, c in counts.items() if c > 1}

@@ -17,7 +17,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
-from tgspec import TrainerGroupSpec, to_wire
 
 from tgruntime.trainer import checkpoint as ckpt
 from tgruntime.trainer.batch import lm_batch, split_microbatches
@@ -42,6 +41,7 @@ from tgruntime.trainer.schedule import (
     select_forward_backward,
 )
 from tgruntime.trainer.settings import RuntimeSettings, resolve_settings
+from tgspec import TrainerGroupSpec, to_wire
 
 __all__ = ["StepResult", "TrainEngine"]
 

@@ -34,10 +34,10 @@ from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 from megatron.core.transformer.module import param_is_not_shared
 from megatron.core.transformer.transformer_config import TransformerConfig
-from tgspec import OptimizerSpec
 
 from tgruntime.trainer.schedule import finalize_grads_local
 from tgruntime.trainer.settings import RuntimeSettings
+from tgspec import OptimizerSpec
 
 __all__ = [
     "LocalOptimizer",

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+
 from tgspec import TrainerGroupSpec
 
 __all__ = ["RuntimeSettings", "resolve_settings"]

@@ -14,6 +14,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import torch
+
 from tgspec import TrainerGroupSpec
 
 if TYPE_CHECKING:

@@ -23,7 +23,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
-from tgspec import TrainerGroupSpec, parse_spec
 
 from tgruntime.controller import (
     DataProto,
@@ -33,6 +32,7 @@ from tgruntime.controller import (
     register,
 )
 from tgruntime.trainer.engine import StepResult, TrainEngine
+from tgspec import TrainerGroupSpec, parse_spec
 
 __all__ = ["TRAIN_MESH", "MegatronTrainer"]
 

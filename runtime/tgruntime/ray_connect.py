@@ -293,7 +293,7 @@ def start_local_head(
         if resources:
             cmd.append(f"--resources={json.dumps(resources)}")
         log_path = root / "ray-start.log"
-        child_env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **(env or {})}
+        child_env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **_SLOW_MACHINE_DEFAULTS, **(env or {})}
         child_env.pop("RAY_ADDRESS", None)
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env, start_new_session=True)
@@ -309,6 +309,19 @@ def start_local_head(
         last_error = error
         stop_local_head(head)
     raise RayConnectError(f"local Ray head did not start: {last_error}")
+
+
+# Ray's start-up deadlines assume an idle machine. On a loaded 2-core box the dashboard
+# agent and workers importing torch/megatron can take minutes; raylet then aborts
+# ("Timed out waiting for file .../dashboard_agent..."). Values already in the environment win.
+_SLOW_MACHINE_DEFAULTS = {
+    k: os.environ.get(k, v)
+    for k, v in {
+        "RAY_agent_register_timeout_ms": "300000",
+        "RAY_worker_register_timeout_seconds": "600",
+        "RAY_raylet_start_wait_time_s": "120",
+    }.items()
+}
 
 
 def _dashboard_wanted() -> bool:

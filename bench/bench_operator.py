@@ -320,6 +320,17 @@ def reconcile_stats(before: dict[str, float], after: dict[str, float]) -> dict[s
 
 
 # -- the benchmark -------------------------------------------------------------------------------
+def save(args: argparse.Namespace, result: dict[str, Any]) -> Path:
+    """Write what is measured so far (a later crash keeps the finished sections)."""
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    merged = dict(result)
+    if args.update and out.exists():
+        merged = {**json.loads(out.read_text()), **result}
+    out.write_text(json.dumps(merged, indent=2) + "\n")
+    return out
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="tg-bench-"))
     result: dict[str, Any] = {
@@ -368,11 +379,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             try:
                 if args.latency_runs > 0:
                     result["latency_own_cluster"] = latency_own(plane, ns, dashboard, args)
+                    save(args, result)
                 shared_cluster_up(plane, ns)
                 if args.latency_runs > 0:
                     result["latency_cluster_ref"] = latency_ref(plane, ns, dashboard, args)
+                    save(args, result)
                 if args.groups > 0:
-                    result["scale"] = scale(plane, ns, dashboard, args, op, sampler)
+                    result["scale"] = scale(plane, ns, dashboard, args, op, sampler, result)
             finally:
                 sampler.stop()
                 result["operator_log"] = str(log)
@@ -452,6 +465,7 @@ def scale(
     args: argparse.Namespace,
     op: ks.OperatorProcess,
     sampler: Sampler,
+    result: dict[str, Any],
 ) -> dict[str, Any]:
     requested = args.groups
     budget = mem_available_mib() - 3072 - args.max_jobs * DRIVER_MB
@@ -488,6 +502,17 @@ def scale(
     time.sleep(args.steady_s)
     t_steady = time.monotonic()
     m2 = metric_sums(op.metrics())
+    partial = {
+        "groups_requested": requested,
+        "groups": n,
+        "apply_s": round(t_applied - t0, 2),
+        "all_ready_s": round(t_ready - t0, 2),
+        "creating": sampler.window(t0, t_ready),
+        "steady": sampler.window(t_ready, t_steady),
+        "reconcile_passes_creating": reconcile_stats(m0, m1),
+        "reconcile_passes_steady": reconcile_stats(m1, m2),
+    }
+    save(args, {**result, "scale": partial})
     plane.kubectl("delete", "trainergroups", "--all", "-n", ns, "--wait=false")
     ks.wait_for(
         lambda: not plane.kubectl_json("get", "trainergroups", "-n", ns)["items"],
@@ -499,16 +524,9 @@ def scale(
     t_gone = time.monotonic()
     m3 = metric_sums(op.metrics())
     return {
-        "groups_requested": requested,
-        "groups": n,
-        "apply_s": round(t_applied - t0, 2),
-        "all_ready_s": round(t_ready - t0, 2),
+        **partial,
         "all_deleted_s": round(t_gone - t_steady, 2),
-        "creating": sampler.window(t0, t_ready),
-        "steady": sampler.window(t_ready, t_steady),
         "deleting": sampler.window(t_steady, t_gone),
-        "reconcile_passes_creating": reconcile_stats(m0, m1),
-        "reconcile_passes_steady": reconcile_stats(m1, m2),
         "reconcile_passes_deleting": reconcile_stats(m2, m3),
         "errors": {k: v for k, v in m3.items() if k.startswith("tg_operator_reconcile_errors")},
     }
@@ -608,12 +626,8 @@ def main(argv: list[str] | None = None) -> int:
     result = run(args)
     result["wall_s"] = round(time.time() - started, 1)
     result["date"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    if args.update and out.exists():
-        result = {**json.loads(out.read_text()), **result}
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print_table(result)
+    out = save(args, result)
+    print_table(json.loads(out.read_text()))
     print(f"wrote {out}")
     return 0
 

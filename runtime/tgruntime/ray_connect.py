@@ -74,6 +74,7 @@ class LocalHead:
     num_cpus: int
     num_gpus: int
     log_path: str
+    owns_temp_dir: bool = False  # created by start_local_head: removed by stop_local_head
 
 
 # ============================================================================ connect
@@ -273,6 +274,7 @@ def start_local_head(
     """
     cpus = int(-(-float(num_cpus) // 1)) if num_cpus is not None else (os.cpu_count() or 1)
     gpus = int(num_gpus or 0)
+    owns = temp_dir is None
     root = Path(temp_dir) if temp_dir else Path(tempfile.mkdtemp(prefix="tgray-", dir="/tmp"))
     root.mkdir(parents=True, exist_ok=True)
     last_error = ""
@@ -301,13 +303,13 @@ def start_local_head(
         dashboard = f"http://127.0.0.1:{ports['dashboard-port']}"
         head = LocalHead(
             gcs_address=gcs, dashboard_url=dashboard, temp_dir=str(root), pid=proc.pid,
-            num_cpus=cpus, num_gpus=gpus, log_path=str(log_path),
+            num_cpus=cpus, num_gpus=gpus, log_path=str(log_path), owns_temp_dir=owns,
         )
         error = _wait_head(proc, head, timeout_s=timeout_s)
         if not error:
             return head
         last_error = error
-        stop_local_head(head)
+        stop_local_head(head, keep_temp_dir=True)
     raise RayConnectError(f"local Ray head did not start: {last_error}")
 
 
@@ -375,7 +377,11 @@ def _tail(path: str, lines: int = 20) -> str:
 
 
 def stop_local_head(
-    head: LocalHead | None = None, *, gcs_address: str | None = None, timeout_s: float = 15
+    head: LocalHead | None = None,
+    *,
+    gcs_address: str | None = None,
+    timeout_s: float = 15,
+    keep_temp_dir: bool = False,
 ) -> bool:
     """Stop a head started by ``start_local_head`` (given the head, or only its GCS address).
 
@@ -384,7 +390,8 @@ def stop_local_head(
     session (it is a session leader), and their descendants (Ray's worker processes make
     their own process groups). SIGTERM to the leader (it stops its children), then to the
     rest, SIGKILL after ``timeout_s``. Returns False
-    when nothing of that head was running.
+    when nothing of that head was running. Given the LocalHead, the temp dir that
+    ``start_local_head`` created is removed too (logs included) unless ``keep_temp_dir``.
     """
     if head is None and gcs_address is None:
         raise ValueError("pass the LocalHead or its gcs_address")
@@ -398,6 +405,7 @@ def stop_local_head(
     members = {pid for pid, info in procs.items() if info["sid"] in leaders or info["pgid"] in leaders}
     victims = _with_descendants(leaders | members, procs) - {os.getpid()}
     if not victims:
+        _remove_temp_dir(head, keep_temp_dir)
         return False
     # 'ray start --block' stops its own children promptly on SIGTERM (Ray's daemons
     # themselves may take their time over it): leader first, then the rest, then SIGKILL.
@@ -418,7 +426,13 @@ def stop_local_head(
     for pid in victims:  # reap the ones that are our children (the ray start process)
         with contextlib.suppress(ChildProcessError, OSError):
             os.waitpid(pid, os.WNOHANG)
+    _remove_temp_dir(head, keep_temp_dir)
     return True
+
+
+def _remove_temp_dir(head: LocalHead | None, keep: bool) -> None:
+    if head is not None and head.owns_temp_dir and not keep and head.temp_dir.startswith("/tmp/tgray-"):
+        shutil.rmtree(head.temp_dir, ignore_errors=True)
 
 
 def _has_flag(cmd: list[str], flag: str, value: str) -> bool:

@@ -60,7 +60,8 @@ def ensure(*, address: str | None, num_cpus: float | None, num_gpus: int | None)
             "the remembered local Ray head at %s is gone; starting a new one", known.gcs_address
         )
         forget()
-    head = ray_connect.start_local_head(num_cpus=num_cpus, num_gpus=num_gpus)
+    # Generous: on a busy 2-core laptop the head (dashboard included) can take minutes.
+    head = ray_connect.start_local_head(num_cpus=num_cpus, num_gpus=num_gpus, timeout_s=300)
     local = LocalRay(
         gcs_address=head.gcs_address, dashboard_url=head.dashboard_url, started_by_tgctl=True
     )

@@ -5,8 +5,8 @@
 #   hack/build-tools.sh --print    print the bin dir the current versions map to; build nothing
 #
 # Output: ${TG_K8S_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/trainergroup/k8s-tools}/<hash>/bin
-# holding etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok,
-# ray-operator, helm; <hash>/assets holds the KubeRay CRDs and kwok's stage config. <hash> covers hack/versions.env's values and `go version`, so a version
+# holding etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kubelet,
+# kubeadm, kube-proxy (the last three for the kind node image, hack/kind/), kwok, ray-operator, helm, kind; <hash>/assets holds the KubeRay CRDs and kwok's stage config. <hash> covers hack/versions.env's values and `go version`, so a version
 # bump builds a new set and an unchanged one is reused. The set is built in a temporary
 # directory and renamed into place, so a half-finished build is never mistaken for a done one.
 #
@@ -40,7 +40,7 @@ KEY_INPUT="$(grep -E '^[A-Z_]+=' "$HERE/versions.env" | sort; echo "go=$GO_VERSI
 HASH="$(printf '%s\n' "$KEY_INPUT" | sha256sum | cut -c1-16)"
 DEST="$CACHE_ROOT/$HASH"
 BIN="$DEST/bin"
-TOOLS=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok ray-operator helm)
+TOOLS=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kubeadm kube-proxy kwok ray-operator helm kind)
 
 if [[ "${1:-}" == "--print" ]]; then
   echo "$BIN"
@@ -169,12 +169,15 @@ done
 # No `go mod tidy`: the wrapper has no Go files, so tidy would drop every requirement.
 # `go build -mod=mod` adds what the built packages need to go.mod/go.sum itself.
 T0=$(date +%s)
-log "go build kube-apiserver kube-controller-manager kube-scheduler kubectl etcd (one invocation; the slow part)"
+log "go build kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kubeadm kube-proxy etcd (one invocation; the slow part)"
 (cd "$WRAP" && "$GO" build -trimpath -ldflags "$K8S_LDFLAGS" -o "$TMP/bin/" \
   k8s.io/kubernetes/cmd/kube-apiserver \
   k8s.io/kubernetes/cmd/kube-controller-manager \
   k8s.io/kubernetes/cmd/kube-scheduler \
   k8s.io/kubernetes/cmd/kubectl \
+  k8s.io/kubernetes/cmd/kubelet \
+  k8s.io/kubernetes/cmd/kubeadm \
+  k8s.io/kubernetes/cmd/kube-proxy \
   go.etcd.io/etcd/server/v3) \
   || die "building Kubernetes/etcd failed (see the compiler output above); check KUBERNETES_VERSION/ETCD_VERSION in hack/versions.env and that $GO_VERSION is new enough"
 # A main package whose path ends in a major-version suffix (/server/v3) is named after the
@@ -197,6 +200,7 @@ gobin_install kwok "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION" \
 gobin_install ray-operator "github.com/ray-project/kuberay/ray-operator@$KUBERAY_VERSION"
 gobin_install helm "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" \
   "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
+gobin_install kind "sigs.k8s.io/kind@$KIND_VERSION"
 
 ELAPSED=$(( $(date +%s) - START ))
 {

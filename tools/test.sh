@@ -2,7 +2,8 @@
 # The test command: installs what is needed, then runs every check and test that can run here.
 #   ./tools/test.sh            everything (lint, types, unit, Ray, Megatron-on-CPU, Kubernetes plane)
 #   ./tools/test.sh -k spec    extra arguments go to pytest
-# Tiers that cannot run on this machine (GPU, kind+Docker) are skipped by pytest with their reason.
+# Tiers that cannot run on this machine (GPU) are skipped by pytest with their reason. The kind
+# tier (real pods, tests/e2e) runs here: this script starts the Docker engine it needs.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -17,6 +18,11 @@ if [ -x hack/build-tools.sh ] || [ -f hack/build-tools.sh ]; then
   log "building the local Kubernetes control plane tools (cached by version after the first build)"
   bash hack/build-tools.sh || { log "control-plane build failed: see the messages above"; exit 2; }
 fi
+
+# Real pods on kind need a Docker engine: install Debian's docker.io if absent and start
+# dockerd if it is not running (tests/e2e skips with the reason if this fails).
+log "Docker engine (hack/docker/up.sh)"
+bash hack/docker/up.sh || log "no Docker engine: the kind tests will be skipped (see the messages above)"
 
 status=0
 log "ruff"

@@ -79,9 +79,9 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         if isinstance(ctx, Context):
             await ctx.close()
 
-    @kopf.on.resume(*TG, registry=registry, id="reconcile")
-    @kopf.on.create(*TG, registry=registry, id="reconcile")
-    @kopf.on.update(*TG, registry=registry, id="reconcile")
+    @kopf.on.resume(*TG, registry=registry, id=names.RECONCILE_HANDLER)
+    @kopf.on.create(*TG, registry=registry, id=names.RECONCILE_HANDLER)
+    @kopf.on.update(*TG, registry=registry, id=names.RECONCILE_HANDLER)
     async def reconcile_trainergroup(
         name: str, namespace: str | None, body: kopf.Body, memo: Any, reason: str, **_: Any
     ) -> None:
@@ -112,6 +112,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         namespace: str | None,
         body: kopf.Body,
         status: kopf.Status,
+        annotations: kopf.Annotations,
         memo: Any,
         **_: Any,
     ) -> None:
@@ -120,5 +121,6 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
             namespace=str(namespace),
             name=name,
             phase=str(status.get("phase", "")),
+            annotations=annotations,
             sink=KopfEvents(body),
         )

@@ -11,8 +11,9 @@ timer interval (``TG_HEALTH_INTERVAL_SECONDS``) plus one pass.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
-from tg_operator import errors, reconcile
+from tg_operator import errors, names, reconcile
 from tg_operator.context import Context, Step
 from tg_operator.events import EventSink
 
@@ -24,11 +25,26 @@ TIMER_BUDGET_S = 120.0
 """How long one tick may keep going (a restart: teardown, new server job, readiness)."""
 
 
+def handlers_busy(annotations: Mapping[str, str]) -> bool:
+    """Whether kopf's reconcile handler is still retrying (its progress annotation is there).
+
+    Then that handler drives the object and the timer stays out of its way.
+    """
+    key = f"{names.STORAGE_PREFIX}/{names.RECONCILE_HANDLER}"
+    return any(k.startswith(key) for k in annotations)
+
+
 async def check(
-    ctx: Context, *, namespace: str, name: str, phase: str, sink: EventSink
+    ctx: Context,
+    *,
+    namespace: str,
+    name: str,
+    phase: str,
+    annotations: Mapping[str, str],
+    sink: EventSink,
 ) -> Step | None:
-    """One health tick; None when the phase is not one the timer watches."""
-    if phase not in WATCHED_PHASES:
+    """One health tick; None when the timer leaves the object alone."""
+    if phase not in WATCHED_PHASES or handlers_busy(annotations):
         return None
     try:
         return await reconcile.drive(

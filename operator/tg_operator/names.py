@@ -16,6 +16,8 @@ TG_API_VERSION = f"{API_GROUP}/{API_VERSION}"
 
 FINALIZER = "trainergroup.io/finalizer"
 STORAGE_PREFIX = "kopf.trainergroup.io"
+RECONCILE_HANDLER = "reconcile"
+"""The id of the create/update/resume handler (kopf keeps its progress under this key)."""
 FORCE_DELETE_ANNOTATION = "trainergroup.io/force-delete"
 CLUSTER_HASH_ANNOTATION = "trainergroup.io/cluster-hash"
 

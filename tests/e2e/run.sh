@@ -1,165 +1,234 @@
 #!/usr/bin/env bash
-# End to end on kind with NVIDIA GPUs: build the images, create a kind cluster whose node has
-# the host's GPUs, install NVIDIA's device plugin, KubeRay and the TrainerGroup chart, apply
-# the example TrainerGroup (2 workers, tensor parallel 2, 2 GPUs), wait for Ready, run the
-# example client Job (10 training steps), check the status and the client's log, delete the
-# TrainerGroup and check that nothing is left. Prints "E2E PASSED" last when all is well.
+# End to end in real pods on kind: build the images, create a kind cluster, install KubeRay and
+# the TrainerGroup chart with Helm, apply the example TrainerGroup (2 workers, tensor parallel
+# 2, on the GPU node), wait for Ready, run the example client Job (the loss falls in its log),
+# kill the worker pod (Degraded -> Ready under new names), delete the TrainerGroup and check
+# that nothing is left. Prints "E2E PASSED" last when all is well.
 #
 #   tests/e2e/run.sh              (or `make e2e`; tests/e2e/test_e2e_kind.py runs it too)
 #
-# Needs: Docker (engine reachable) with the NVIDIA runtime as its default and
-# accept-nvidia-visible-devices-as-volume-mounts=true (see kind-config.yaml), kind, kubectl,
-# helm, python3, and >= 2 NVIDIA GPUs with a driver for CUDA 13 (>= 580).
+# One script, two GPU modes (E2E_GPU):
+#   fake    (default without NVIDIA GPUs) everything is built on this machine, nothing pulled:
+#           stand-in base images (hack/images/), the kind node image and a 3-node cluster
+#           (hack/kind/: control plane, a "GPU" node advertising nvidia.com/gpu: 8, a CPU
+#           node), KubeRay from the go-built binary (hack/kuberay-chart/). The pods have no
+#           CUDA: the workers are scheduled as GPU pods and train on CPU with gloo (the
+#           trainer picks CPU when torch sees no CUDA; status.device says so).
+#   nvidia  (default when nvidia-smi lists >= 2 GPUs) a kind node with the host's GPUs, the
+#           NVIDIA container toolkit and device plugin, KubeRay's upstream Helm chart.
 #
 # Settings (environment):
+#   E2E_GPU=auto|fake|nvidia        see above
 #   E2E_CLUSTER=tg-e2e              kind cluster name
 #   E2E_KEEP_CLUSTER=0              1: leave the cluster up afterwards (also on failure)
 #   E2E_SKIP_BUILD=0                1: use already-built images ($OPERATOR_IMAGE, $RUNTIME_IMAGE)
-#   E2E_ARTIFACTS=tests/e2e/.artifacts   diagnostics written here on failure
-#   E2E_STEPS=10                    client training steps
+#   E2E_ARTIFACTS=tests/e2e/.artifacts   diagnostics, timings (timeline.json) written here
+#   E2E_STEPS=10 (nvidia) / 5 (fake)     client training steps
 #   E2E_READY_TIMEOUT=1800          seconds for the TrainerGroup to become Ready
-#   E2E_WORKER_CPU=4 E2E_WORKER_MEMORY=24Gi E2E_HEAD_CPU=1 E2E_HEAD_MEMORY=4Gi
-#                                   Ray pod sizes (the example asks for more than a laptop has)
-#   KIND_NODE_IMAGE=kindest/node:v1.34.0
-#   KUBERAY_VERSION=<hack/versions.env>   kuberay-operator Helm chart version
-#   NVDP_VERSION=0.17.1             NVIDIA device plugin Helm chart version
-#   NVIDIA_CTK_VERSION=             nvidia-container-toolkit apt version in the node (empty: latest)
+#   E2E_WORKER_CPU, E2E_WORKER_MEMORY, E2E_HEAD_CPU, E2E_HEAD_MEMORY   Ray pod sizes
+#   KIND_NODE_IMAGE=kindest/node:v1.34.0 (nvidia mode only; fake mode builds its own)
+#   KUBERAY_VERSION=<hack/versions.env>  NVDP_VERSION=0.17.1  NVIDIA_CTK_VERSION=
 #   OPERATOR_IMAGE, RUNTIME_IMAGE   default ghcr.io/trainergroup/{operator,runtime}:<appVersion>
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$REPO"
-
-APP_VERSION="$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' charts/trainergroup/Chart.yaml)"
-CLUSTER="${E2E_CLUSTER:-tg-e2e}"
-NODE="${CLUSTER}-control-plane"
-KIND_NODE_IMAGE="${KIND_NODE_IMAGE:-kindest/node:v1.34.0}"
-# The KubeRay version the local control plane tests against (hack/versions.env), chart form.
-PINNED_KUBERAY="$(sed -n 's/^KUBERAY_VERSION=v\{0,1\}//p' hack/versions.env)"
-KUBERAY_VERSION="${KUBERAY_VERSION:-$PINNED_KUBERAY}"
-NVDP_VERSION="${NVDP_VERSION:-0.17.1}"
-NVIDIA_CTK_VERSION="${NVIDIA_CTK_VERSION:-}"
-OPERATOR_IMAGE="${OPERATOR_IMAGE:-ghcr.io/trainergroup/operator:$APP_VERSION}"
-RUNTIME_IMAGE="${RUNTIME_IMAGE:-ghcr.io/trainergroup/runtime:$APP_VERSION}"
-STEPS="${E2E_STEPS:-10}"
-READY_TIMEOUT="${E2E_READY_TIMEOUT:-1800}"
-ARTIFACTS="${E2E_ARTIFACTS:-$REPO/tests/e2e/.artifacts}"
-HELM="${HELM:-helm}"
-OP_NS=trainergroup-system
-TG=llama-tp2
-TG_NS=default
+T_START=$(date +%s)
 
 log() { printf '%s e2e: %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 die() { log "FAILED: $*"; exit 1; }
 need() { command -v "$1" >/dev/null 2>&1 || die "$1 not found on PATH ($2)"; }
-k() { kubectl --context "kind-$CLUSTER" "$@"; }
-h() { "$HELM" --kube-context "kind-$CLUSTER" "$@"; }
 
-# ---- preflight --------------------------------------------------------------------------------
-need docker "Docker engine with the NVIDIA runtime"
-need kind "https://kind.sigs.k8s.io"
-need kubectl "https://kubernetes.io/docs/tasks/tools/"
-command -v "$HELM" >/dev/null 2>&1 || die "helm not found (set HELM=/path/to/helm)"
-need python3 "for JSON checks"
-need nvidia-smi "NVIDIA driver"
-docker info >/dev/null 2>&1 || die "the Docker engine is not reachable (docker info)"
-GPUS="$(nvidia-smi -L | grep -c '^GPU ' || true)"
-(( GPUS >= 2 )) || die "the example needs 2 GPUs on one node; nvidia-smi lists $GPUS"
-RUNTIME="$(docker info --format '{{.DefaultRuntime}}')"
-[[ "$RUNTIME" == nvidia ]] || die "Docker's default runtime is '$RUNTIME', not nvidia: sudo nvidia-ctk runtime configure --runtime=docker --set-as-default && sudo systemctl restart docker"
-if ! grep -Eq '^\s*accept-nvidia-visible-devices-as-volume-mounts\s*=\s*true' /etc/nvidia-container-runtime/config.toml 2>/dev/null; then
-  die "set accept-nvidia-visible-devices-as-volume-mounts=true: sudo nvidia-ctk config --set accept-nvidia-visible-devices-as-volume-mounts=true --in-place"
+# ---- mode ---------------------------------------------------------------------------------------
+MODE="${E2E_GPU:-auto}"
+if [[ "$MODE" == auto ]]; then
+  MODE=fake
+  if command -v nvidia-smi >/dev/null 2>&1 && (( $(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true) >= 2 )); then
+    MODE=nvidia
+  fi
 fi
-log "$GPUS GPUs; cluster $CLUSTER; images $OPERATOR_IMAGE, $RUNTIME_IMAGE; KubeRay $KUBERAY_VERSION"
+[[ "$MODE" == fake || "$MODE" == nvidia ]] || die "E2E_GPU must be auto, fake or nvidia (got '$MODE')"
+
+APP_VERSION="$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' charts/trainergroup/Chart.yaml)"
+CLUSTER="${E2E_CLUSTER:-tg-e2e}"
+CTX="kind-$CLUSTER"
+PINNED_KUBERAY="$(sed -n 's/^KUBERAY_VERSION=//p' hack/versions.env)"
+KUBERAY_VERSION="${KUBERAY_VERSION:-$PINNED_KUBERAY}"
+OPERATOR_IMAGE="${OPERATOR_IMAGE:-ghcr.io/trainergroup/operator:$APP_VERSION}"
+RUNTIME_IMAGE="${RUNTIME_IMAGE:-ghcr.io/trainergroup/runtime:$APP_VERSION}"
+KUBERAY_IMAGE="${KUBERAY_IMAGE:-trainergroup.local/kuberay-operator:$KUBERAY_VERSION}"
+READY_TIMEOUT="${E2E_READY_TIMEOUT:-1800}"
+ARTIFACTS="${E2E_ARTIFACTS:-$REPO/tests/e2e/.artifacts}"
+OP_NS=trainergroup-system
+KR_NS=kuberay-system
+TG=llama-tp2
+TG_NS=default
+mkdir -p "$ARTIFACTS"
+if [[ "$MODE" == fake ]]; then
+  STEPS="${E2E_STEPS:-5}"
+  E2E_HEAD_CPU="${E2E_HEAD_CPU:-1}" E2E_HEAD_MEMORY="${E2E_HEAD_MEMORY:-3Gi}"
+  E2E_WORKER_CPU="${E2E_WORKER_CPU:-1500m}" E2E_WORKER_MEMORY="${E2E_WORKER_MEMORY:-6Gi}"
+else
+  STEPS="${E2E_STEPS:-10}"
+  E2E_HEAD_CPU="${E2E_HEAD_CPU:-1}" E2E_HEAD_MEMORY="${E2E_HEAD_MEMORY:-4Gi}"
+  E2E_WORKER_CPU="${E2E_WORKER_CPU:-4}" E2E_WORKER_MEMORY="${E2E_WORKER_MEMORY:-24Gi}"
+fi
+export E2E_HEAD_CPU E2E_HEAD_MEMORY E2E_WORKER_CPU E2E_WORKER_MEMORY RUNTIME_IMAGE MODE
+
+# ---- tools --------------------------------------------------------------------------------------
+if [[ "$MODE" == fake ]]; then
+  bash hack/docker/up.sh
+  # kind, kubectl and helm at the pinned versions, built from Go modules (cached).
+  TOOLS_BIN="$(bash hack/build-tools.sh | tail -n 1)"
+  export PATH="$TOOLS_BIN:$PATH"
+fi
+need docker "a Docker engine"
+need kind "https://kind.sigs.k8s.io (or hack/build-tools.sh)"
+need kubectl "https://kubernetes.io/docs/tasks/tools/"
+need helm "https://helm.sh"
+need python3 "for JSON checks"
+docker info >/dev/null 2>&1 || die "the Docker engine is not reachable (docker info)"
+log "mode $MODE; cluster $CLUSTER; images $OPERATOR_IMAGE, $RUNTIME_IMAGE; KubeRay $KUBERAY_VERSION"
+
+k() { kubectl --context "$CTX" "$@"; }
+h() { helm --kube-context "$CTX" "$@"; }
+stamp() { printf '%s=%s\n' "$1" "$(date +%s)" >> "$ARTIFACTS/stamps.env"; }
+: > "$ARTIFACTS/stamps.env"
+stamp start
+
+# The machine's memory, sampled every 5 s while the suite runs (peak reported at the end).
+( while sleep 5; do free -m | awk '/^Mem:/ {print $3}'; done ) > "$ARTIFACTS/mem-used-mib.txt" 2>/dev/null &
+MEM_PID=$!
 
 diagnose() {
-  mkdir -p "$ARTIFACTS"
   log "collecting diagnostics in $ARTIFACTS"
   {
-    k get nodes -o wide; k get all -A -o wide; k get tg -A -o yaml; k get raycluster -A -o yaml
-    k get events -A --sort-by=.lastTimestamp
+    echo "=== nodes"; k get nodes -o wide
+    echo "=== pods"; k get pods -A -o wide
+    echo "=== trainergroups"; k get tg -A -o yaml
+    echo "=== rayclusters"; k get raycluster -A -o yaml
+    echo "=== events"; k get events -A --sort-by=.lastTimestamp
   } > "$ARTIFACTS/cluster.txt" 2>&1 || true
   k -n "$OP_NS" logs deploy/trainergroup-operator --tail=-1 > "$ARTIFACTS/operator.log" 2>&1 || true
-  k -n "$TG_NS" logs job/$TG-client --tail=-1 > "$ARTIFACTS/client.log" 2>&1 || true
-  k -n "$TG_NS" logs -l ray.io/cluster=$TG,ray.io/node-type=head --tail=-1 > "$ARTIFACTS/ray-head.log" 2>&1 || true
-  k -n "$TG_NS" logs -l ray.io/cluster=$TG,ray.io/node-type=worker --tail=-1 > "$ARTIFACTS/ray-workers.log" 2>&1 || true
-  k -n "$TG_NS" exec "$(k -n "$TG_NS" get pod -l ray.io/cluster=$TG,ray.io/node-type=head -o name | head -n1)" -- \
-    bash -c 'tail -n 200 /tmp/ray/session_latest/logs/job-driver-*.log' > "$ARTIFACTS/ray-jobs.log" 2>&1 || true
+  k -n "$KR_NS" logs deploy/kuberay-operator --tail=-1 > "$ARTIFACTS/kuberay.log" 2>&1 || true
+  k -n "$TG_NS" logs "job/$TG-client" --tail=-1 > "$ARTIFACTS/client.log" 2>&1 || true
+  k -n "$TG_NS" logs -l "ray.io/cluster=$TG,ray.io/node-type=head" --tail=-1 > "$ARTIFACTS/ray-head.log" 2>&1 || true
+  k -n "$TG_NS" logs -l "ray.io/cluster=$TG,ray.io/node-type=worker" --tail=-1 > "$ARTIFACTS/ray-workers.log" 2>&1 || true
+  local head
+  head="$(k -n "$TG_NS" get pod -l "ray.io/cluster=$TG,ray.io/node-type=head" -o name 2>/dev/null | head -n1)"
+  if [[ -n "$head" ]]; then
+    k -n "$TG_NS" exec "$head" -- bash -c 'cd /tmp/ray/session_latest/logs && tail -n 80 job-driver-*.log raylet.out gcs_server.out 2>/dev/null' \
+      > "$ARTIFACTS/ray-logs.txt" 2>&1 || true
+  fi
+  # What explains most failures, right here in the output.
+  log "pods:"; k get pods -A -o wide 2>&1 | tail -n 30 >&2 || true
+  log "recent events:"; k get events -A --sort-by=.lastTimestamp 2>&1 | tail -n 25 >&2 || true
+  log "TrainerGroup:"; k -n "$TG_NS" get tg "$TG" -o jsonpath='{.status.phase}{"\n"}{range .status.conditions[*]}{.type}={.status} {.reason}: {.message}{"\n"}{end}' >&2 2>/dev/null || true
+  log "operator log tail:"; tail -n 25 "$ARTIFACTS/operator.log" >&2 || true
+  log "Ray logs tail:"; tail -n 25 "$ARTIFACTS/ray-logs.txt" >&2 2>/dev/null || true
 }
 finish() {
   local rc=$?
+  kill "$MEM_PID" 2>/dev/null || true
   if (( rc != 0 )); then diagnose; fi
   if [[ "${E2E_KEEP_CLUSTER:-0}" != 1 ]]; then
     kind delete cluster --name "$CLUSTER" >/dev/null 2>&1 || true
   else
-    log "cluster kept: kubectl --context kind-$CLUSTER ..."
+    log "cluster kept: kubectl --context $CTX ..."
   fi
   exit "$rc"
+}
+wait_for() {  # <timeout s> <description> <command...>: until the command succeeds
+  local timeout="$1" what="$2" t0; shift 2
+  t0=$(date +%s)
+  until "$@" >/dev/null 2>&1; do
+    (( $(date +%s) - t0 < timeout )) || die "$what: not done after ${timeout}s"
+    sleep 3
+  done
 }
 
 # ---- 1. images ----------------------------------------------------------------------------------
 if [[ "${E2E_SKIP_BUILD:-0}" != 1 ]]; then
-  log "building images (make images)"
-  make images OPERATOR_IMAGE="$OPERATOR_IMAGE" RUNTIME_IMAGE="$RUNTIME_IMAGE"
+  if [[ "$MODE" == fake ]]; then
+    log "building the images from stand-in bases (hack/images/build.sh)"
+    bash hack/images/build.sh all
+  else
+    log "building images (make images)"
+    make images OPERATOR_IMAGE="$OPERATOR_IMAGE" RUNTIME_IMAGE="$RUNTIME_IMAGE"
+  fi
 fi
 docker image inspect "$OPERATOR_IMAGE" "$RUNTIME_IMAGE" >/dev/null \
   || die "images missing: $OPERATOR_IMAGE $RUNTIME_IMAGE (build them, or unset E2E_SKIP_BUILD)"
+stamp images
 
-# ---- 2. kind with GPUs ------------------------------------------------------------------------------
-kind delete cluster --name "$CLUSTER" >/dev/null 2>&1 || true
+# ---- 2. the kind cluster ------------------------------------------------------------------------
 trap finish EXIT
-log "creating kind cluster $CLUSTER ($KIND_NODE_IMAGE)"
-kind create cluster --name "$CLUSTER" --image "$KIND_NODE_IMAGE" \
-  --config tests/e2e/kind-config.yaml --wait 180s
+if [[ "$MODE" == fake ]]; then
+  log "kind cluster $CLUSTER from the locally built node image (hack/kind/cluster.sh)"
+  TG_KIND_CLUSTER="$CLUSTER" bash hack/kind/cluster.sh up
+  GPU_NODE="$(k get nodes -l nvidia.com/gpu.present=true -o jsonpath='{.items[0].metadata.name}')"
+  [[ -n "$GPU_NODE" ]] || die "no node labelled nvidia.com/gpu.present=true"
+  stamp cluster
+  log "loading images into the nodes"
+  TG_KIND_CLUSTER="$CLUSTER" bash hack/kind/load-image.sh "$OPERATOR_IMAGE" "$KUBERAY_IMAGE" "$RUNTIME_IMAGE"
+else
+  NODE="${CLUSTER}-control-plane"
+  GPU_NODE="$NODE"
+  NVDP_VERSION="${NVDP_VERSION:-0.17.1}"
+  NVIDIA_CTK_VERSION="${NVIDIA_CTK_VERSION:-}"
+  need nvidia-smi "NVIDIA driver"
+  RUNTIME="$(docker info --format '{{.DefaultRuntime}}')"
+  [[ "$RUNTIME" == nvidia ]] || die "Docker's default runtime is '$RUNTIME', not nvidia: sudo nvidia-ctk runtime configure --runtime=docker --set-as-default && sudo systemctl restart docker"
+  grep -Eq '^\s*accept-nvidia-visible-devices-as-volume-mounts\s*=\s*true' /etc/nvidia-container-runtime/config.toml 2>/dev/null \
+    || die "set accept-nvidia-visible-devices-as-volume-mounts=true: sudo nvidia-ctk config --set accept-nvidia-visible-devices-as-volume-mounts=true --in-place"
+  kind delete cluster --name "$CLUSTER" >/dev/null 2>&1 || true
+  log "creating kind cluster $CLUSTER (${KIND_NODE_IMAGE:-kindest/node:v1.34.0})"
+  kind create cluster --name "$CLUSTER" --image "${KIND_NODE_IMAGE:-kindest/node:v1.34.0}" \
+    --config tests/e2e/kind-config.yaml --wait 180s
+  stamp cluster
+  log "NVIDIA container toolkit inside the node, as containerd's default runtime"
+  docker exec "$NODE" umount -R /proc/driver/nvidia 2>/dev/null || true
+  docker exec "$NODE" bash -euc '
+    apt-get update -qq && apt-get install -y -qq --no-install-recommends gnupg curl ca-certificates >/dev/null
+    curl -fsSL https://nvidia.github.io/libnvidia-container/gpgkey \
+      | gpg --dearmor -o /usr/share/keyrings/nvidia-container-toolkit-keyring.gpg
+    curl -fsSL https://nvidia.github.io/libnvidia-container/stable/deb/nvidia-container-toolkit.list \
+      | sed "s#deb https://#deb [signed-by=/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg] https://#g" \
+      > /etc/apt/sources.list.d/nvidia-container-toolkit.list
+    apt-get update -qq
+    pkg=nvidia-container-toolkit; [ -n "$1" ] && pkg="nvidia-container-toolkit=$1"
+    apt-get install -y -qq "$pkg" >/dev/null
+    nvidia-ctk runtime configure --runtime=containerd --set-as-default
+    systemctl restart containerd
+  ' _ "$NVIDIA_CTK_VERSION"
+  k label node "$NODE" nvidia.com/gpu.present=true --overwrite
+  k wait --for=condition=Ready "node/$NODE" --timeout=180s
+  log "NVIDIA device plugin $NVDP_VERSION"
+  h repo add nvdp https://nvidia.github.io/k8s-device-plugin --force-update >/dev/null
+  h repo add kuberay https://ray-project.github.io/kuberay-helm/ --force-update >/dev/null
+  h repo update >/dev/null
+  h install nvidia-device-plugin nvdp/nvidia-device-plugin --version "$NVDP_VERSION" \
+    --namespace nvidia-device-plugin --create-namespace --wait --timeout 5m
+  log "loading images into the node"
+  kind load docker-image "$OPERATOR_IMAGE" "$RUNTIME_IMAGE" --name "$CLUSTER"
+fi
+gpus_advertised() { [[ "$(k get node "$GPU_NODE" -o jsonpath='{.status.allocatable.nvidia\.com/gpu}')" -ge 2 ]]; }
+wait_for 300 "node $GPU_NODE advertises >= 2 nvidia.com/gpu" gpus_advertised
+log "node $GPU_NODE advertises $(k get node "$GPU_NODE" -o jsonpath='{.status.allocatable.nvidia\.com/gpu}') nvidia.com/gpu"
+stamp loaded
 
-log "NVIDIA container toolkit inside the node, as containerd's default runtime"
-# The host's read-only /proc/driver/nvidia mount hides the driver's state from the toolkit.
-docker exec "$NODE" umount -R /proc/driver/nvidia 2>/dev/null || true
-docker exec "$NODE" bash -euc '
-  apt-get update -qq && apt-get install -y -qq --no-install-recommends gnupg curl ca-certificates >/dev/null
-  curl -fsSL https://nvidia.github.io/libnvidia-container/gpgkey \
-    | gpg --dearmor -o /usr/share/keyrings/nvidia-container-toolkit-keyring.gpg
-  curl -fsSL https://nvidia.github.io/libnvidia-container/stable/deb/nvidia-container-toolkit.list \
-    | sed "s#deb https://#deb [signed-by=/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg] https://#g" \
-    > /etc/apt/sources.list.d/nvidia-container-toolkit.list
-  apt-get update -qq
-  pkg=nvidia-container-toolkit; [ -n "$1" ] && pkg="nvidia-container-toolkit=$1"
-  apt-get install -y -qq "$pkg" >/dev/null
-  nvidia-ctk runtime configure --runtime=containerd --set-as-default
-  systemctl restart containerd
-' _ "$NVIDIA_CTK_VERSION"
-k label node "$NODE" nvidia.com/gpu.present=true --overwrite
-k wait --for=condition=Ready "node/$NODE" --timeout=180s
-
-log "NVIDIA device plugin $NVDP_VERSION"
-h repo add nvdp https://nvidia.github.io/k8s-device-plugin --force-update >/dev/null
-h repo add kuberay https://ray-project.github.io/kuberay-helm/ --force-update >/dev/null
-h repo update >/dev/null
-h install nvidia-device-plugin nvdp/nvidia-device-plugin --version "$NVDP_VERSION" \
-  --namespace nvidia-device-plugin --create-namespace --wait --timeout 5m
-for _ in $(seq 60); do
-  ALLOC="$(k get node "$NODE" -o jsonpath='{.status.allocatable.nvidia\.com/gpu}')"
-  [[ -n "$ALLOC" && "$ALLOC" -ge 2 ]] && break
-  sleep 5
-done
-[[ -n "${ALLOC:-}" && "$ALLOC" -ge 2 ]] || die "node $NODE advertises '${ALLOC:-0}' nvidia.com/gpu (want >= 2)"
-log "node advertises $ALLOC GPUs"
-
-log "loading images into the node"
-kind load docker-image "$OPERATOR_IMAGE" "$RUNTIME_IMAGE" --name "$CLUSTER"
-
-log "GPU smoke test: torch sees 2 GPUs in the runtime image"
-k run gpu-smoke --restart=Never --image "$RUNTIME_IMAGE" --image-pull-policy=Never \
-  --overrides='{"spec":{"containers":[{"name":"gpu-smoke","image":"'"$RUNTIME_IMAGE"'","imagePullPolicy":"Never","command":["python","-c","import torch; n = torch.cuda.device_count(); print(\"GPUS\", n, torch.cuda.get_device_name(0)); assert n == 2"],"resources":{"limits":{"nvidia.com/gpu":2}}}]}}'
-k wait --for=jsonpath='{.status.phase}'=Succeeded pod/gpu-smoke --timeout=600s \
-  || { k logs gpu-smoke || true; die "the GPU smoke pod did not succeed"; }
-k logs gpu-smoke
-k delete pod gpu-smoke --wait=false
-
-# ---- 3. KubeRay and the chart -------------------------------------------------------------------------
-log "KubeRay operator $KUBERAY_VERSION"
-h install kuberay-operator kuberay/kuberay-operator --version "$KUBERAY_VERSION" \
-  --namespace kuberay-system --create-namespace --wait --timeout 5m
+# ---- 3. KubeRay and the chart -------------------------------------------------------------------
+if [[ "$MODE" == fake ]]; then
+  log "KubeRay operator $KUBERAY_VERSION (image built here, chart hack/kuberay-chart)"
+  KR_CHART="$(bash hack/kuberay-chart/prepare.sh "$ARTIFACTS/kuberay-chart")"
+  h install kuberay-operator "$KR_CHART" --namespace "$KR_NS" --create-namespace --wait --timeout 5m \
+    --set image.repository="${KUBERAY_IMAGE%:*}" --set image.tag="${KUBERAY_IMAGE##*:}" \
+    --set image.pullPolicy=Never
+else
+  log "KubeRay operator $KUBERAY_VERSION (upstream chart)"
+  h install kuberay-operator kuberay/kuberay-operator --version "${KUBERAY_VERSION#v}" \
+    --namespace "$KR_NS" --create-namespace --wait --timeout 5m
+fi
 
 log "TrainerGroup chart"
 k apply -f manifests/namespace.yaml   # Pod Security "restricted" for the operator
@@ -169,29 +238,48 @@ h install trainergroup charts/trainergroup --namespace "$OP_NS" --wait --timeout
   --set "clients[0].name=trainergroup-client" --set "clients[0].namespace=$TG_NS" \
   --set "clients[0].trainerGroups[0]=$TG"
 k -n "$OP_NS" rollout status deploy/trainergroup-operator --timeout=180s
+stamp installed
 
-# ---- 4. the example TrainerGroup --------------------------------------------------------------------------
+# ---- 4. the example TrainerGroup ----------------------------------------------------------------
 log "applying the example TrainerGroup (Ray pods resized for this machine)"
-PATCH="$(python3 -c 'import json, os; e = os.environ.get
-print(json.dumps({"spec": {"image": os.environ["RUNTIME_IMAGE"], "rayCluster": {
-  "head": {"cpu": e("E2E_HEAD_CPU", "1"), "memory": e("E2E_HEAD_MEMORY", "4Gi")},
-  "workers": {"cpu": e("E2E_WORKER_CPU", "4"), "memory": e("E2E_WORKER_MEMORY", "24Gi")}}}}))')"
-export RUNTIME_IMAGE
-k patch --local -f manifests/examples/trainergroup.yaml --type merge -p "$PATCH" -o yaml \
-  | k apply -f -
-T0=$(date +%s)
-while :; do
-  PHASE="$(k -n "$TG_NS" get tg "$TG" -o jsonpath='{.status.phase}')"
-  [[ "$PHASE" == Ready ]] && break
-  [[ "$PHASE" == Failed ]] && die "TrainerGroup $TG is Failed: $(k -n "$TG_NS" get tg "$TG" -o jsonpath='{range .status.conditions[*]}{.type}={.status} {.reason}: {.message}; {end}')"
-  (( $(date +%s) - T0 < READY_TIMEOUT )) || die "TrainerGroup $TG not Ready after ${READY_TIMEOUT}s (phase '$PHASE')"
-  sleep 10
-done
-log "TrainerGroup Ready after $(( $(date +%s) - T0 ))s"
+# fake mode: the model shrinks to what 2 CPU cores train in seconds; nvidia mode keeps it.
+PATCH="$(python3 -c '
+import json, os
+e = os.environ.get
+spec = {"image": os.environ["RUNTIME_IMAGE"], "rayCluster": {
+    "head": {"cpu": e("E2E_HEAD_CPU"), "memory": e("E2E_HEAD_MEMORY")},
+    "workers": {"cpu": e("E2E_WORKER_CPU"), "memory": e("E2E_WORKER_MEMORY")}}}
+if os.environ["MODE"] == "fake":
+    spec["model"] = {"vocabSize": 256, "hiddenSize": 64, "numLayers": 2, "numAttentionHeads": 4,
+                     "ffnHiddenSize": 128, "maxSequenceLength": 64, "dtype": "bfloat16"}
+    spec["training"] = {"batchSize": 8, "sequenceLength": 32}
+    spec["optimizer"] = {"lr": 0.003, "clipGrad": 1.0}
+print(json.dumps({"spec": spec}))')"
+k patch --local -f manifests/examples/trainergroup.yaml --type merge -p "$PATCH" -o yaml > "$ARTIFACTS/trainergroup.yaml"
+k apply -f "$ARTIFACTS/trainergroup.yaml"
+stamp applied
+tg_phase() { k -n "$TG_NS" get tg "$TG" -o jsonpath='{.status.phase}'; }
+tg_why() { k -n "$TG_NS" get tg "$TG" -o jsonpath='{range .status.conditions[*]}{.type}={.status} {.reason}: {.message}; {end}'; }
+wait_phase() {  # <phase> <timeout s> [<jsonpath that must differ from $4>]
+  local want="$1" timeout="$2" t0 phase last=""
+  t0=$(date +%s)
+  while :; do
+    phase="$(tg_phase)"
+    [[ "$phase" != "$last" ]] && { log "phase: ${phase:-<none>}"; last="$phase"; }
+    [[ "$phase" == "$want" ]] && return 0
+    [[ "$phase" == Failed ]] && die "TrainerGroup $TG is Failed: $(tg_why)"
+    (( $(date +%s) - t0 < timeout )) || die "TrainerGroup $TG not $want after ${timeout}s (phase '$phase'): $(tg_why)"
+    sleep 3
+  done
+}
+wait_phase Ready "$READY_TIMEOUT"
+stamp ready
+log "TrainerGroup Ready after $(( $(date +%s) - $(sed -n 's/^applied=//p' "$ARTIFACTS/stamps.env") ))s"
 k -n "$TG_NS" get tg "$TG" -o wide
 
-k -n "$TG_NS" get tg "$TG" -o json | python3 -c '
-import json, sys
+check_status() {  # status assertions shared by the first Ready and the Ready after recovery
+  k -n "$TG_NS" get tg "$TG" -o json | GPU_NODE="$GPU_NODE" python3 -c '
+import json, os, sys
 tg = json.load(sys.stdin); st = tg["status"]; name = tg["metadata"]["name"]; ns = tg["metadata"]["namespace"]
 def check(ok, what):
     if not ok: sys.exit(f"status check failed: {what}: {json.dumps(st, indent=1)}")
@@ -206,25 +294,56 @@ check(st.get("observedGeneration") == tg["metadata"]["generation"], "observedGen
 conds = {c["type"]: c["status"] for c in st["conditions"]}
 check(conds.get("RayClusterReady") == "True" and conds.get("WorkersReady") == "True", "conditions")
 check(all(w.get("state") == "ALIVE" for w in st.get("workers", [])), "every worker ALIVE")
-print("status OK:", st["workerNames"])
+want_device = "cpu" if os.environ["MODE"] == "fake" else "cuda"
+if "device" in st:
+    check(st["device"] == want_device, f"device {want_device}")
+print(json.dumps({"workerNames": st["workerNames"], "generation": st.get("groupGeneration"),
+                  "device": st.get("device"), "restarts": st.get("restarts")}))
 '
+}
+check_status | tee "$ARTIFACTS/status-first.json"
+snapshot() {  # <name>: the objects whose timestamps tests/e2e/timeline.py reads
+  { k -n "$TG_NS" get tg "$TG" -o json; k -n "$TG_NS" get raycluster "$TG" -o json
+    k -n "$TG_NS" get pods -l "ray.io/cluster=$TG" -o json
+    k -n "$TG_NS" get events --field-selector "involvedObject.name=$TG" -o json
+  } > "$ARTIFACTS/snapshot-$1.json" 2>/dev/null || true
+}
+snapshot ready
 k -n "$TG_NS" get raycluster "$TG" >/dev/null || die "RayCluster $TG missing"
+WORKER_POD_NODE="$(k -n "$TG_NS" get pod -l "ray.io/cluster=$TG,ray.io/node-type=worker" -o jsonpath='{.items[0].spec.nodeName}')"
+[[ "$WORKER_POD_NODE" == "$GPU_NODE" ]] || die "the worker pod runs on '$WORKER_POD_NODE', not on the GPU node $GPU_NODE"
 
-# ---- 5. the client Job --------------------------------------------------------------------------------
-log "client Job: $STEPS steps"
-sed -e "s#image: ghcr.io/trainergroup/runtime:[^ ]*#image: $RUNTIME_IMAGE#" \
-    -e "s#imagePullPolicy: IfNotPresent#imagePullPolicy: Never#" manifests/examples/client-job.yaml \
-  | k set env --local -f - "TG_STEPS=$STEPS" -o yaml | k apply -f -
-T0=$(date +%s)
-while :; do
-  DONE="$(k -n "$TG_NS" get job "$TG-client" -o jsonpath='{range .status.conditions[*]}{.type}={.status} {end}')"
-  [[ "$DONE" == *"Complete=True"* ]] && break
-  [[ "$DONE" == *"Failed=True"* ]] && { k -n "$TG_NS" logs "job/$TG-client" --tail=50 || true; die "client Job failed"; }
-  (( $(date +%s) - T0 < 1800 )) || die "client Job not done after 1800s"
-  sleep 5
-done
-k -n "$TG_NS" logs "job/$TG-client" --tail=-1 > "${TMPDIR:-/tmp}/tg-e2e-client.log"
-STEPS="$STEPS" python3 - "${TMPDIR:-/tmp}/tg-e2e-client.log" <<'EOF'
+# ---- 5. the client Job --------------------------------------------------------------------------
+run_client() {  # <job name>: the example client Job, sizes and steps patched; checks its log
+  local job="$1"
+  k -n "$TG_NS" delete job "$job" --ignore-not-found --wait=true >/dev/null
+  JOB="$job" STEPS="$STEPS" python3 - manifests/examples/client-job.yaml > "$ARTIFACTS/$job.yaml" <<'EOF'
+import os, sys, yaml
+doc = yaml.safe_load(open(sys.argv[1]))
+doc["metadata"]["name"] = os.environ["JOB"]
+c = doc["spec"]["template"]["spec"]["containers"][0]
+c["image"] = os.environ["RUNTIME_IMAGE"]
+c["imagePullPolicy"] = "Never"
+for e in c["env"]:
+    if e["name"] == "TG_STEPS":
+        e["value"] = os.environ["STEPS"]
+if os.environ["MODE"] == "fake":
+    c["resources"] = {"requests": {"cpu": "250m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}}
+yaml.safe_dump(doc, sys.stdout, sort_keys=False)
+EOF
+  k apply -f "$ARTIFACTS/$job.yaml"
+  local t0 done_
+  t0=$(date +%s)
+  while :; do
+    done_="$(k -n "$TG_NS" get job "$job" -o jsonpath='{range .status.conditions[*]}{.type}={.status} {end}')"
+    [[ "$done_" == *"Complete=True"* ]] && break
+    [[ "$done_" == *"Failed=True"* ]] && { k -n "$TG_NS" logs "job/$job" --tail=50 >&2 || true; die "client Job $job failed"; }
+    (( $(date +%s) - t0 < 1800 )) || die "client Job $job not done after 1800s"
+    sleep 3
+  done
+  log "client Job $job done in $(( $(date +%s) - t0 ))s"
+  k -n "$TG_NS" logs "job/$job" --tail=-1 > "$ARTIFACTS/$job.log"
+  STEPS="$STEPS" python3 - "$ARTIFACTS/$job.log" <<'EOF'
 import json, math, os, sys
 # stdout and stderr (progress bar) share the log: TG_STEP may follow a \r-drawn bar
 steps = [json.loads(line.split("TG_STEP ", 1)[1]) for line in open(sys.argv[1])
@@ -241,19 +360,70 @@ if not all(math.isfinite(x) and x > 0 for x in losses):
 # vocab 256: a fresh model starts near ln(256) = 5.55
 if not 3.0 < losses[0] < 8.0:
     sys.exit(f"first loss {losses[0]} is not near ln(256)")
+if not losses[-1] < losses[0]:
+    sys.exit(f"loss did not fall: {losses}")
 print(f"client OK: {want} steps, loss {losses[0]:.4f} -> {losses[-1]:.4f}")
 EOF
+}
+log "client Job: $STEPS steps"
+stamp client_start
+run_client "$TG-client"
+stamp client_done
 
-# ---- 6. deletion leaves nothing behind ------------------------------------------------------------------
+# ---- 6. the operator runs as a real pod ---------------------------------------------------------
+OP_POD="$(k -n "$OP_NS" get pod -l app.kubernetes.io/component=operator -o jsonpath='{.items[0].metadata.name}')"
+[[ -n "$OP_POD" ]] || die "no operator pod in $OP_NS"
+k -n "$OP_NS" get pod "$OP_POD" -o json | python3 -c '
+import json, sys
+pod = json.load(sys.stdin); c = pod["spec"]["containers"][0]; s = pod["status"]["containerStatuses"][0]
+sc = c.get("securityContext", {})
+assert s["ready"] and s["restartCount"] == 0, f"operator not ready or restarted: {s}"
+assert sc.get("readOnlyRootFilesystem") is True and sc.get("allowPrivilegeEscalation") is False, sc
+assert c.get("livenessProbe"), "no liveness probe"
+print("operator pod OK: ready, 0 restarts, read-only root, liveness probe", c["livenessProbe"].get("httpGet"))
+'
+METRICS_SVC="$(k -n "$OP_NS" get svc -l app.kubernetes.io/component=operator -o jsonpath='{.items[0].metadata.name}')"
+k get --raw "/api/v1/namespaces/$OP_NS/services/http:$METRICS_SVC:metrics/proxy/metrics" > "$ARTIFACTS/metrics.txt" \
+  || die "cannot scrape the operator's metrics through Service $METRICS_SVC"
+grep -q '^tg_operator_reconciles_total' "$ARTIFACTS/metrics.txt" || die "no tg_operator_reconciles_total in the scrape ($ARTIFACTS/metrics.txt)"
+log "operator metrics scraped: $(grep -c '^tg_operator_' "$ARTIFACTS/metrics.txt") tg_operator_ samples"
+
+# ---- 7. a worker pod dies: Degraded, then Ready under new names ---------------------------------
+OLD_NAMES="$(k -n "$TG_NS" get tg "$TG" -o jsonpath='{.status.workerNames}')"
+WPOD="$(k -n "$TG_NS" get pod -l "ray.io/cluster=$TG,ray.io/node-type=worker" -o jsonpath='{.items[0].metadata.name}')"
+log "deleting worker pod $WPOD"
+stamp kill_worker
+k -n "$TG_NS" delete pod "$WPOD" --wait=false
+wait_phase Degraded 300
+stamp degraded
+k -n "$TG_NS" get tg "$TG" -o jsonpath='{range .status.conditions[?(@.type=="Degraded")]}{.reason}: {.message}{"\n"}{end}'
+wait_phase Ready "$READY_TIMEOUT"
+stamp recovered
+snapshot recovered
+NEW_NAMES="$(k -n "$TG_NS" get tg "$TG" -o jsonpath='{.status.workerNames}')"
+[[ "$NEW_NAMES" != "$OLD_NAMES" ]] || die "Ready again but the worker names did not change: $NEW_NAMES"
+check_status | tee "$ARTIFACTS/status-recovered.json"
+log "recovered under new names $NEW_NAMES (were $OLD_NAMES)"
+run_client "$TG-client-2"
+
+# ---- 8. deletion leaves nothing behind ----------------------------------------------------------
 log "deleting the TrainerGroup"
-k -n "$TG_NS" delete job "$TG-client" --wait=false
+stamp delete
+k -n "$TG_NS" delete job "$TG-client" "$TG-client-2" --wait=false --ignore-not-found
 k -n "$TG_NS" delete tg "$TG" --timeout=600s
-for _ in $(seq 60); do
+LEFT=""
+for _ in $(seq 100); do
   LEFT="$(k -n "$TG_NS" get raycluster,pods -l "ray.io/cluster=$TG" -o name 2>/dev/null; k -n "$TG_NS" get raycluster "$TG" -o name 2>/dev/null || true)"
   [[ -z "$LEFT" ]] && break
-  sleep 5
+  sleep 3
 done
 [[ -z "$LEFT" ]] || die "left behind after deletion: $LEFT"
+stamp deleted
+CLEANED="$(k -n "$TG_NS" get events --field-selector "involvedObject.name=$TG,reason=CleanedUp" -o jsonpath='{.items[-1:].message}')"
+log "operator's CleanedUp event: $CLEANED"
+[[ "$CLEANED" == *"no live workers left"* ]] || die "no CleanedUp event saying the workers are gone (got '$CLEANED')"
 
-log "all checks passed"
+# ---- record -------------------------------------------------------------------------------------
+python3 tests/e2e/timeline.py "$ARTIFACTS" | tee "$ARTIFACTS/timeline.txt"
+log "all checks passed in $(( $(date +%s) - T_START ))s"
 echo "E2E PASSED"

@@ -44,3 +44,11 @@ def test_every_handler_is_registered_on_an_explicit_registry() -> None:
     assert {"startup", "cleanup", "authentication"} <= activities
     # importing the module registered nothing globally
     assert not kopf.get_default_registry()._changing.get_all_handlers()
+
+
+def test_the_timer_stays_out_while_the_reconcile_handler_retries() -> None:
+    from tg_operator.health import handlers_busy
+
+    assert handlers_busy({"kopf.trainergroup.io/reconcile": '{"retries": 2}'})
+    assert not handlers_busy({"kopf.trainergroup.io/last-handled-configuration": "{}"})
+    assert not handlers_busy({})

@@ -24,7 +24,7 @@ import pytest
 
 from tests.operator import k8s_support as ks
 from tests.operator.conftest import RayEndpoint
-from tg_operator import rbac
+from tg_operator import client_status, rbac
 
 pytestmark = [pytest.mark.k8s, pytest.mark.ray]
 READY_TIMEOUT = 900.0
@@ -131,6 +131,19 @@ def test_invalid_spec_ends_failed_and_creates_nothing(
     assert ks.ray_jobs(ray_endpoint.dashboard_url, f"tg-{ns}-badexpert-") == []
     reasons = {e["reason"] for e in ks.events_of(k8s_plane, ns, "badexpert")}
     assert {"InvalidSpec", "Failed"} <= reasons
+
+    # a client waiting for it (with the client's least-privilege account) is told why
+    client = ks.grant(
+        k8s_plane, namespace=ns, account="tg-client", rules=rbac.CLIENT_RULES, cluster_wide=False
+    )
+    with pytest.raises(client_status.TrainerGroupFailed, match=r"spec\.parallelism\.expert"):
+        client_status.wait_for_ready_sync(
+            name="badexpert", namespace=ns, kubeconfig=str(client), timeout_s=30
+        )
+    with pytest.raises(client_status.TrainerGroupNotFound):
+        client_status.wait_for_ready_sync(
+            name="nosuch", namespace=ns, kubeconfig=str(client), timeout_s=30
+        )
     delete_and_wait(k8s_plane, ns, "badexpert", operator, timeout=60)
 
 

@@ -1,20 +1,33 @@
-# syntax=docker/dockerfile:1.7
 # The operator image: Python + kopf + the kubernetes client + tgspec/tg_operator.
 # No torch, no Ray, no megatron (the operator talks to Ray over HTTP only).
 #
-#   docker build -f images/operator.Dockerfile -t ghcr.io/trainergroup/operator:0.1.0 .
+#   DOCKER_BUILDKIT=1 docker build -f images/operator.Dockerfile -t ghcr.io/trainergroup/operator:0.1.0 .
 #   (or `make images`; the build context is the repository root)
 #
+# Here (no image registry reachable) `hack/images/build.sh operator` builds it FROM a stand-in
+# base made from Debian's packages (--build-arg BASE_IMAGE=..., hack/images/build-bases.sh) and
+# hands pip the host's CA bundle as a BuildKit secret: `--secret id=pip-ca,src=FILE`. The secret
+# is mounted only during the RUN that installs the lock; nothing of it stays in any layer.
+# No `# syntax=` line: the Dockerfile frontend built into the engine's BuildKit is used, so
+# nothing is pulled (RUN --mount needs Docker >= 20.10 with DOCKER_BUILDKIT=1).
+#
 # Dependencies come from a hash-checked lock (images/requirements-operator.txt, `make
-# images-lock`); our own package is installed without dependencies on top of it.
+# images-lock`; universal: Python 3.11 and 3.12); our own package is installed without
+# dependencies on top of it.
 
-FROM python:3.12.12-slim-bookworm AS build
-ENV PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+# Production base; a build argument so it can be swapped for a locally built stand-in.
+ARG BASE_IMAGE=python:3.12.12-slim-bookworm
+
+FROM ${BASE_IMAGE} AS build
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
 RUN python -m venv /opt/venv
 COPY images/requirements-operator.txt /tmp/requirements-operator.txt
-RUN /opt/venv/bin/pip install --no-cache-dir --require-hashes -r /tmp/requirements-operator.txt
+# pip's cache lives in a BuildKit cache mount (kept across builds, never in the image).
+RUN --mount=type=cache,id=trainergroup-pip-operator,target=/root/.cache/pip \
+    --mount=type=secret,id=pip-ca,required=false \
+    if [ -f /run/secrets/pip-ca ]; then export PIP_CERT=/run/secrets/pip-ca; fi \
+ && /opt/venv/bin/pip install --require-hashes -r /tmp/requirements-operator.txt
 WORKDIR /src
 COPY pyproject.toml ./
 COPY spec/ spec/
@@ -26,11 +39,13 @@ RUN /opt/venv/bin/pip install --no-cache-dir --no-deps --no-build-isolation . \
  && ! /opt/venv/bin/python -c "import torch" 2>/dev/null \
  && ! /opt/venv/bin/python -c "import ray" 2>/dev/null
 
-FROM python:3.12.12-slim-bookworm
+FROM ${BASE_IMAGE}
+ARG BASE_IMAGE
 LABEL org.opencontainers.image.title="trainergroup-operator" \
       org.opencontainers.image.description="kopf operator: TrainerGroup -> KubeRay RayCluster + detached Megatron workers" \
       org.opencontainers.image.version="0.1.0" \
-      org.opencontainers.image.licenses="Apache-2.0"
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.base.name="${BASE_IMAGE}"
 RUN groupadd --system --gid 10001 trainergroup \
  && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
       --shell /usr/sbin/nologin trainergroup

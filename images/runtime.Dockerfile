@@ -1,24 +1,43 @@
-# syntax=docker/dockerfile:1.7
 # The runtime image: Ray (base image) + torch + megatron-core + tensordict + tgruntime.
 # Used by the RayCluster pods the operator creates (TrainerGroup spec.image) and by the
 # client Job (manifests/examples/client-job.yaml): same Ray and Python on both sides.
 #
-#   docker build -f images/runtime.Dockerfile -t ghcr.io/trainergroup/runtime:0.1.0 .
+#   DOCKER_BUILDKIT=1 docker build -f images/runtime.Dockerfile -t ghcr.io/trainergroup/runtime:0.1.0 .
 #   (or `make images`; the build context is the repository root)
 #
-# Ray 2.60.0 on Python 3.12 with CUDA, as KubeRay expects (ray CLI, wget for its probes).
+# Here (no image registry reachable) `hack/images/build.sh runtime` builds it FROM a stand-in
+# base made from Debian's packages (--build-arg BASE_IMAGE=..., hack/images/build-bases.sh) and
+# hands pip the host's CA bundle as a BuildKit secret: `--secret id=pip-ca,src=FILE`. The secret
+# is mounted only during the RUN that installs the lock; nothing of it stays in any layer.
+# No `# syntax=` line: the Dockerfile frontend built into the engine's BuildKit is used, so
+# nothing is pulled (RUN --mount needs Docker >= 20.10 with DOCKER_BUILDKIT=1).
+#
+# Ray 2.60.0 on Python 3.12 with CUDA, as KubeRay expects (ray CLI, bash, wget for its probes).
 # torch 2.15.0 from PyPI ships CUDA 13 libraries: the nodes need an NVIDIA driver >= 580.
-FROM rayproject/ray:2.60.0-py312-gpu
+
+# Production base; a build argument so it can be swapped for a locally built stand-in that
+# provides the same contract: user ray 1000:100, home /home/ray, a pip-able Python on PATH
+# writable by uid 1000, bash, wget.
+ARG BASE_IMAGE=rayproject/ray:2.60.0-py312-gpu
+
+FROM ${BASE_IMAGE}
+ARG BASE_IMAGE
 LABEL org.opencontainers.image.title="trainergroup-runtime" \
       org.opencontainers.image.description="Ray + torch + megatron-core runtime for TrainerGroup workers and clients" \
       org.opencontainers.image.version="0.1.0" \
-      org.opencontainers.image.licenses="Apache-2.0"
-ENV PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.base.name="${BASE_IMAGE}"
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1
 # The base image runs as `ray` (uid 1000, gid 100) and its Python lives in ray's home.
 USER 1000:100
 COPY --chown=1000:100 images/requirements-runtime.txt /tmp/requirements-runtime.txt
-RUN pip install --no-cache-dir --require-hashes -r /tmp/requirements-runtime.txt \
+# pip's cache lives in a BuildKit cache mount owned by uid 1000: a rebuild (a changed lock,
+# a cleared layer cache) reuses the downloaded wheels (torch + nvidia-*: GBs) instead of
+# fetching them again; the cache never lands in the image.
+RUN --mount=type=cache,id=trainergroup-pip-runtime,target=/home/ray/.cache/pip,uid=1000,gid=100 \
+    --mount=type=secret,id=pip-ca,required=false,mode=0444 \
+    if [ -f /run/secrets/pip-ca ]; then export PIP_CERT=/run/secrets/pip-ca; fi \
+ && pip install --require-hashes -r /tmp/requirements-runtime.txt \
  && rm /tmp/requirements-runtime.txt
 # Created by uid 1000 (WORKDIR alone would create it root-owned, and the build writes into it).
 RUN mkdir -p /tmp/trainergroup-src

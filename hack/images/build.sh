@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# Build the project's images here, FROM stand-in bases made from Debian's packages.
+#
+#   hack/images/build.sh [operator|runtime|kuberay|all]...   (default: all)
+#
+# operator  images/operator.Dockerfile -> $OPERATOR_IMAGE (ghcr.io/trainergroup/operator:<appVersion>)
+# runtime   images/runtime.Dockerfile  -> $RUNTIME_IMAGE  (ghcr.io/trainergroup/runtime:<appVersion>)
+# kuberay   images/kuberay-operator.Dockerfile with hack/build-tools.sh's ray-operator binary
+#           -> $KUBERAY_IMAGE (trainergroup.local/kuberay-operator:<KUBERAY_VERSION>)
+# The tags are the ones the chart (charts/trainergroup: values.yaml image.repository,
+# Chart.yaml appVersion) and the TrainerGroup examples expect, so `kind load` + `helm install`
+# need no overrides. Bases: hack/images/build-bases.sh (cached by recipe hash), or set
+# OPERATOR_BASE_IMAGE / RUNTIME_BASE_IMAGE / KUBERAY_BASE_IMAGE to use other (e.g. upstream) ones.
+# pip reaches PyPI with $PIP_CA_BUNDLE (default: the host's /etc/ssl/certs/ca-certificates.crt)
+# given to BuildKit as the secret `pip-ca`: mounted during the install RUN only, never stored.
+# Layer and pip caches are Docker's own (BuildKit): a second run with nothing changed takes
+# seconds, a changed source file rebuilds only the last layers. Prints a time per image.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO="$(cd "$HERE/../.." && pwd)"
+# shellcheck disable=SC1091  # hack/versions.env: plain KEY=value lines
+source "$REPO/hack/versions.env"
+DOCKER="${DOCKER:-/usr/bin/docker}"   # Debian's docker.io CLI: BuildKit built in (no buildx needed)
+export DOCKER_BUILDKIT=1
+
+APP_VERSION="$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' "$REPO/charts/trainergroup/Chart.yaml")"
+OPERATOR_REPO="$(sed -n '/^image:/,/^[^ ]/s/^  repository: *//p' "$REPO/charts/trainergroup/values.yaml" | head -1)"
+OPERATOR_IMAGE="${OPERATOR_IMAGE:-${OPERATOR_REPO:-ghcr.io/trainergroup/operator}:$APP_VERSION}"
+RUNTIME_IMAGE="${RUNTIME_IMAGE:-${OPERATOR_REPO%/operator}/runtime:$APP_VERSION}"
+KUBERAY_IMAGE="${KUBERAY_IMAGE:-trainergroup.local/kuberay-operator:$KUBERAY_VERSION}"
+PIP_CA_BUNDLE="${PIP_CA_BUNDLE-/etc/ssl/certs/ca-certificates.crt}"
+
+log() { printf '%s build: %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+"$DOCKER" info >/dev/null 2>&1 || die "no Docker engine at $DOCKER (start one: hack/docker/up.sh)"
+
+bases() {  # sets DEBIAN_BASE / OPERATOR_BASE / RUNTIME_BASE from build-bases.sh, once
+  [[ -n "${DEBIAN_BASE:-}" ]] && return 0
+  local out t0=$SECONDS
+  out="$("$HERE/build-bases.sh")"
+  DEBIAN_BASE="$(sed -n 's/^debian=//p' <<<"$out")"
+  OPERATOR_BASE="$(sed -n 's/^operator=//p' <<<"$out")"
+  RUNTIME_BASE="$(sed -n 's/^runtime=//p' <<<"$out")"
+  TIMES+=("bases $((SECONDS - t0)) s")
+}
+
+secret_args() {
+  if [[ -n "$PIP_CA_BUNDLE" && -r "$PIP_CA_BUNDLE" ]]; then
+    echo "--secret" "id=pip-ca,src=$PIP_CA_BUNDLE"
+  fi
+}
+
+build_python_image() {  # <name> <dockerfile> <tag> <base>
+  local name="$1" dockerfile="$2" tag="$3" base="$4" t0=$SECONDS
+  log "$name: $tag FROM $base"
+  # shellcheck disable=SC2046
+  "$DOCKER" build -f "$REPO/$dockerfile" -t "$tag" --build-arg "BASE_IMAGE=$base" \
+    $(secret_args) "$REPO" >&2
+  TIMES+=("$name $((SECONDS - t0)) s ($tag)")
+  log "$name: built $tag in $((SECONDS - t0)) s"
+}
+
+build_operator() {
+  local base="${OPERATOR_BASE_IMAGE:-}"
+  [[ -n "$base" ]] || { bases; base="$OPERATOR_BASE"; }
+  build_python_image operator images/operator.Dockerfile "$OPERATOR_IMAGE" "$base"
+}
+
+build_runtime() {
+  local base="${RUNTIME_BASE_IMAGE:-}"
+  [[ -n "$base" ]] || { bases; base="$RUNTIME_BASE"; }
+  build_python_image runtime images/runtime.Dockerfile "$RUNTIME_IMAGE" "$base"
+}
+
+build_kuberay() {
+  local base="${KUBERAY_BASE_IMAGE:-}" bin t0=$SECONDS ctx
+  [[ -n "$base" ]] || { bases; base="$DEBIAN_BASE"; }
+  bin="${KUBERAY_OPERATOR_BIN:-}"
+  if [[ -z "$bin" ]]; then
+    # Waits on build-tools' lock when its (long, cold) build is running; prints the bin dir last.
+    log "kuberay: the ray-operator binary from hack/build-tools.sh (waits for a build in progress)"
+    bin="$("$REPO/hack/build-tools.sh" | tail -1)/ray-operator"
+  fi
+  [[ -x "$bin" ]] || die "kuberay: no ray-operator binary at $bin"
+  ctx="$(mktemp -d)"
+  # shellcheck disable=SC2064
+  trap "rm -rf '$ctx'" RETURN
+  ln "$bin" "$ctx/manager" 2>/dev/null || cp "$bin" "$ctx/manager"
+  log "kuberay: $KUBERAY_IMAGE FROM $base ($bin)"
+  "$DOCKER" build -f "$REPO/images/kuberay-operator.Dockerfile" -t "$KUBERAY_IMAGE" \
+    --build-arg "BASE_IMAGE=$base" --build-arg "KUBERAY_VERSION=$KUBERAY_VERSION" "$ctx" >&2
+  TIMES+=("kuberay $((SECONDS - t0)) s ($KUBERAY_IMAGE)")
+  log "kuberay: built $KUBERAY_IMAGE in $((SECONDS - t0)) s"
+}
+
+TIMES=()
+targets=("$@"); [[ ${#targets[@]} -gt 0 ]] || targets=(all)
+T0=$SECONDS
+for t in "${targets[@]}"; do
+  case "$t" in
+    operator) build_operator ;;
+    runtime) build_runtime ;;
+    kuberay) build_kuberay ;;
+    all) build_operator; build_runtime; build_kuberay ;;
+    -h|--help) sed -n '2,18p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    *) die "unknown target '$t' (operator|runtime|kuberay|all)" ;;
+  esac
+done
+log "times: $(IFS=';'; echo "${TIMES[*]}"); total $((SECONDS - T0)) s"
+"$DOCKER" image ls --format '{{.Repository}}:{{.Tag}} {{.Size}}' \
+  | grep -E "^(${OPERATOR_IMAGE}|${RUNTIME_IMAGE}|${KUBERAY_IMAGE}) " >&2 || true

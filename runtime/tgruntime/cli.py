@@ -17,6 +17,8 @@ import logging
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
+from typing import Any
 
 import tgspec
 from tgruntime import groups, local_ray
@@ -54,9 +56,22 @@ def cmd_up(args: argparse.Namespace) -> int:
         f"group {ready['groupName']} is up in Ray namespace {ready['rayNamespace']} "
         f"(generation {ready['generation']}, mesh {ready['mesh']})"
     )
+    print(f"  device: {describe_device(ready.get('useGpu'), ready)}")
     for rank, name in enumerate(ready["workerNames"]):
         print(f"  rank {rank}: {name}")
     return 0
+
+
+def describe_device(use_gpu: Any, device: Mapping[str, Any]) -> str:
+    """One line: what the workers run on and what was asked ("cuda (nccl, bfloat16), ...")."""
+    dev = str(device.get("device") or "")
+    parts = [str(device[k]) for k in ("backend", "dtype") if device.get(k)]
+    text = f"{dev} ({', '.join(parts)})" if dev and parts else (dev or "not reported yet")
+    if use_gpu is not None:
+        text += f"; workers.useGpu resolved to {str(bool(use_gpu)).lower()}"
+        if use_gpu and dev == "cpu":
+            text += " but the workers found no CUDA device (CPU fallback)"
+    return text
 
 
 def _connect_existing(args: argparse.Namespace, tg: tgspec.TrainerGroup) -> None:
@@ -74,7 +89,7 @@ def _connect_existing(args: argparse.Namespace, tg: tgspec.TrainerGroup) -> None
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from tgruntime.controller import WorkerGroup
+    from tgruntime.controller import WorkerGroup, load_record
 
     tg = _load(args.file)
     _connect_existing(args, tg)
@@ -90,6 +105,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         f"phase: {phase}  ({alive}/{len(health)} workers alive, generation {wg.generation}, "
         f"Ray namespace {tg.ray_namespace})"
     )
+    record = load_record(group_name=tg.group_name, namespace=tg.ray_namespace)
+    if record is not None:
+        print(f"device: {describe_device(record.use_gpu, record.device)}")
     print(f"{'RANK':<5} {'STATE':<12} {'PID':<8} {'NAME':<40} CAUSE")
     for h in health:
         print(f"{h.rank:<5} {h.state:<12} {h.pid or '':<8} {h.name:<40} {h.cause or ''}")
@@ -100,7 +118,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from tgruntime import client
 
     tg = _load(args.file)
-    address = args.address or (local_ray.load().gcs_address if local_ray.load() else None)
+    known = local_ray.load()
+    address = args.address or (known.gcs_address if known else None)
     if address is None:
         print(
             "tgctl train: no Ray cluster is known: run `tgctl up -f FILE` first, or pass --address",
@@ -159,7 +178,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--num-cpus", type=float, default=None, help="CPUs for a new local head (default: all)"
     )
     up.add_argument(
-        "--num-gpus", type=int, default=None, help="GPUs for a new local head (default: detected)"
+        "--num-gpus",
+        type=int,
+        default=None,
+        help="GPUs for a new local head (default: detected without torch: CUDA_VISIBLE_DEVICES "
+        "when set, else /proc/driver/nvidia/gpus, else `nvidia-smi -L`; 0 on a machine "
+        "without NVIDIA GPUs). workers.useGpu \"auto\" (the default) then picks GPU or CPU "
+        "workers from what the head has",
     )
     add("status", "show the group's phase and workers")
     tr = add("train", "attach and train")

@@ -7,12 +7,16 @@ group generation, and the JSON line that announces a ready group.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 from typing import Any
 
+import ray
+
 import tgspec
 from tgruntime.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
+from tgruntime.controller.resource_pool import check_feasible, cluster_nodes_resources
 
 READY_TAG = "TG_GROUP_READY"
 FAILED_TAG = "TG_GROUP_FAILED"
@@ -49,11 +53,38 @@ def name_prefix(tg: tgspec.TrainerGroup, generation: int) -> str:
     return tg.name_prefix if generation == 0 else f"{tg.name_prefix}-g{generation}-"
 
 
+def cluster_gpus() -> float:
+    """GPUs in the connected Ray cluster's totals (0 when it has none)."""
+    return float(ray.cluster_resources().get("GPU", 0.0))  # type: ignore[no-untyped-call]
+
+
+def resolve_gpu(tg: tgspec.TrainerGroup, *, gpus: float | None = None) -> tgspec.TrainerGroup:
+    """``tg`` with ``workers.useGpu: auto`` resolved against the connected cluster.
+
+    "auto" means GPU workers when the cluster has any GPU, else CPU workers (gloo). The
+    server resolves it once, before creating the group: the workers get the resolved spec,
+    and the record and the ready line carry the result (``useGpu``).
+    """
+    if tg.spec.workers.use_gpu != tgspec.USE_GPU_AUTO:
+        return tg
+    resolved = tg.spec.with_gpu_resolved(cluster_gpus() if gpus is None else gpus)
+    return dataclasses.replace(tg, spec=resolved)
+
+
+def _use_gpu(spec: tgspec.TrainerGroupSpec) -> bool:
+    value = spec.workers.use_gpu
+    if not isinstance(value, bool):
+        raise ValueError(
+            f'spec.workers.useGpu is {value!r}: resolve "auto" first (groups.resolve_gpu)'
+        )
+    return value
+
+
 def resource_pool(spec: tgspec.TrainerGroupSpec) -> ResourcePool:
     w = spec.workers
     return ResourcePool(
         process_on_nodes=list(w.processes_per_node),
-        use_gpu=w.use_gpu,
+        use_gpu=_use_gpu(spec),
         cpus_per_process=w.cpus_per_process,
         strategy=w.placement_strategy,
         detached=True,
@@ -64,13 +95,53 @@ def spec_json(spec: tgspec.TrainerGroupSpec) -> str:
     return json.dumps(tgspec.to_wire(spec), sort_keys=True)
 
 
+def infeasible_fix(spec: tgspec.TrainerGroupSpec, nodes: list[dict[str, float]]) -> str:
+    """What to change in the spec (or the head) when the cluster can never hold the group."""
+    w = spec.workers
+    gpus = sum(n.get("GPU", 0.0) for n in nodes)
+    cpus = sum(n.get("CPU", 0.0) for n in nodes)
+    if w.use_gpu is True and gpus < spec.world_size:
+        if gpus == 0:
+            return (
+                "set workers.useGpu: false (CPU workers, gloo) or \"auto\", or start the Ray "
+                "head with GPUs (`tgctl down --stop-ray`, then `tgctl up`, which detects them, "
+                "or `tgctl up --num-gpus N`)"
+            )
+        return (
+            f"the cluster has {gpus:g} GPU(s) for {spec.world_size} GPU workers: lower "
+            "workers.processesPerNode (and parallelism to match) or set workers.useGpu: false"
+        )
+    if w.cpus_per_process * spec.world_size > cpus:
+        return (
+            f"lower workers.cpusPerProcess (now {w.cpus_per_process:g}; "
+            f"{cpus:g} CPUs for {spec.world_size} workers) or workers.processesPerNode, "
+            "or start the head with more CPUs (`tgctl up --num-cpus N`)"
+        )
+    return (
+        "lower workers.processesPerNode or workers.cpusPerProcess, choose another "
+        "workers.placementStrategy, or add nodes"
+    )
+
+
 def create_group(tg: tgspec.TrainerGroup, *, generation: int) -> WorkerGroup:
-    """Create the detached group for ``tg`` (no ``init_model`` yet)."""
+    """Create the detached group for ``tg`` (no ``init_model`` yet).
+
+    ``workers.useGpu: auto`` is resolved here if the caller has not (``resolve_gpu``). A
+    group the cluster's totals can never hold fails at once with PlacementInfeasibleError,
+    naming what was asked, what the cluster has and what to change.
+    """
+    tg = resolve_gpu(tg)
+    pool = resource_pool(tg.spec)
+    check_feasible(
+        pool,
+        group_name=tg.group_name,
+        fix=infeasible_fix(tg.spec, cluster_nodes_resources()),
+    )
     cls = import_worker_class(tg.spec.workers.worker_class)
     return WorkerGroup.create(
         group_name=tg.group_name,
         namespace=tg.ray_namespace,
-        resource_pool=resource_pool(tg.spec),
+        resource_pool=pool,
         cls=ClassWithInitArgs(cls, spec_json(tg.spec)),
         name_prefix=name_prefix(tg, generation),
         detached=True,
@@ -89,7 +160,7 @@ def worker_env(spec: tgspec.TrainerGroupSpec) -> dict[str, str]:
     see ``trainer.distributed``): with one visible GPU per process NCCL cannot use direct
     peer-to-peer copies, and tensor-parallel all-reduces get slower.
     """
-    return {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"} if spec.workers.use_gpu else {}
+    return {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"} if _use_gpu(spec) else {}
 
 
 def mesh_of(spec: tgspec.TrainerGroupSpec) -> dict[str, int]:
@@ -98,10 +169,41 @@ def mesh_of(spec: tgspec.TrainerGroupSpec) -> dict[str, int]:
     return {"tp": p.tensor, "pp": p.pipeline, "cp": p.context, "dp": spec.data_parallel}
 
 
+def device_summary(init_results: Any) -> dict[str, Any]:
+    """What the workers run on, from their ``init_model`` results (one dict per rank).
+
+    The built-in trainer's ranks report ``device`` ("cuda:0", "cpu"), ``backend`` and
+    ``dtype``; the summary is {"device": "cuda"|"cpu", "backend": "nccl"|"gloo", "dtype":
+    ...}, with "mixed" where ranks disagree. Empty for a worker class that reports none.
+    """
+    if not isinstance(init_results, list | tuple):
+        return {}
+    ranks = [r for r in init_results if isinstance(r, dict) and "device" in r]
+    if not ranks:
+        return {}
+    out: dict[str, Any] = {}
+    for key in ("device", "backend", "dtype"):
+        values = sorted({str(r.get(key, "")).split(":", 1)[0] for r in ranks} - {""})
+        if values:
+            out[key] = values[0] if len(values) == 1 else "mixed"
+    return out
+
+
 def ready_payload(
-    wg: WorkerGroup, *, mesh: dict[str, int] | None, worker_class: str
+    wg: WorkerGroup,
+    *,
+    mesh: dict[str, int] | None,
+    worker_class: str,
+    use_gpu: bool | None = None,
+    device: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The body of the ``TG_GROUP_READY`` line (docs/contracts.md)."""
+    """The body of the ``TG_GROUP_READY`` line (docs/contracts.md).
+
+    ``useGpu``: workers.useGpu as resolved ("auto" decided against the cluster); ``device``
+    / ``backend`` / ``dtype``: what the workers actually run on (``device_summary``), e.g.
+    a GPU request that found no CUDA in the workers falls back to "cpu" / "gloo".
+    """
+    dev = device or {}
     return {
         "groupName": wg.group_name,
         "rayNamespace": wg.namespace,
@@ -110,6 +212,10 @@ def ready_payload(
         "worldSize": wg.world_size,
         "mesh": mesh or {},
         "workerClass": worker_class,
+        "useGpu": use_gpu,
+        "device": dev.get("device", ""),
+        "backend": dev.get("backend", ""),
+        "dtype": dev.get("dtype", ""),
     }
 
 

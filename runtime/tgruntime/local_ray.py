@@ -11,6 +11,8 @@ import dataclasses
 import json
 import logging
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 from tgruntime import ray_connect
@@ -48,8 +50,59 @@ def forget() -> None:
     state_file().unlink(missing_ok=True)
 
 
+@dataclasses.dataclass(frozen=True)
+class DetectedGpus:
+    count: int
+    source: str  # how it was found, for the log and the help text
+
+
+def detect_gpus(timeout_s: float = 10.0) -> DetectedGpus:
+    """Count this machine's NVIDIA GPUs without importing torch (or Ray's GPU probing).
+
+    In order: ``CUDA_VISIBLE_DEVICES`` when set (its entries; "", "-1" or "NoDevFiles" mean
+    none), then ``/proc/driver/nvidia/gpus/`` (one folder per GPU, Linux), then
+    ``nvidia-smi -L`` (one "GPU n:" line per GPU; bounded by ``timeout_s``). No driver, no
+    GPUs: 0.
+    """
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        entries = [e.strip() for e in visible.split(",") if e.strip()]
+        if not entries or entries[0] in ("-1", "NoDevFiles"):
+            return DetectedGpus(0, "CUDA_VISIBLE_DEVICES (empty)")
+        # CUDA stops at the first invalid entry ("0,-1,2" is one device).
+        count = 0
+        for e in entries:
+            if e == "-1":
+                break
+            count += 1
+        return DetectedGpus(count, "CUDA_VISIBLE_DEVICES")
+    proc = Path("/proc/driver/nvidia/gpus")
+    try:
+        found = [p for p in proc.iterdir() if p.is_dir()]
+    except OSError:
+        found = []
+    if found:
+        return DetectedGpus(len(found), str(proc))
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run(
+                [smi, "-L"], capture_output=True, text=True, timeout=timeout_s, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return DetectedGpus(0, f"nvidia-smi -L (failed or over {timeout_s:g}s)")
+        if out.returncode == 0:
+            count = sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+            return DetectedGpus(count, "nvidia-smi -L")
+        return DetectedGpus(0, f"nvidia-smi -L (exit {out.returncode})")
+    return DetectedGpus(0, "no NVIDIA driver found")
+
+
 def ensure(*, address: str | None, num_cpus: float | None, num_gpus: int | None) -> LocalRay:
-    """Return a reachable Ray: the given address, the remembered head, or a new local head."""
+    """Return a reachable Ray: the given address, the remembered head, or a new local head.
+
+    A new head gets ``num_gpus`` GPUs, or, when None, the GPUs ``detect_gpus`` finds.
+    """
     if address:
         return LocalRay(gcs_address=address, dashboard_url="", started_by_tgctl=False)
     known = load()
@@ -60,6 +113,10 @@ def ensure(*, address: str | None, num_cpus: float | None, num_gpus: int | None)
             "the remembered local Ray head at %s is gone; starting a new one", known.gcs_address
         )
         forget()
+    if num_gpus is None:
+        detected = detect_gpus()
+        num_gpus = detected.count
+        log.info("detected %d GPU(s) (%s)", detected.count, detected.source)
     # Generous: on a busy 2-core laptop the head (dashboard included) can take minutes.
     head = ray_connect.start_local_head(num_cpus=num_cpus, num_gpus=num_gpus, timeout_s=300)
     local = LocalRay(
@@ -67,7 +124,11 @@ def ensure(*, address: str | None, num_cpus: float | None, num_gpus: int | None)
     )
     save(local)
     log.info(
-        "started a local Ray head at %s (dashboard %s)", local.gcs_address, local.dashboard_url
+        "started a local Ray head at %s with %d CPUs and %d GPUs (dashboard %s)",
+        local.gcs_address,
+        head.num_cpus,
+        head.num_gpus,
+        local.dashboard_url or "off",
     )
     return local
 

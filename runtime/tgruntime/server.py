@@ -21,7 +21,7 @@ from typing import Any
 
 import tgspec
 from tgruntime import groups
-from tgruntime.controller import WorkerGroup, teardown_group
+from tgruntime.controller import WorkerGroup, registry, teardown_group
 from tgruntime.controller.errors import GroupNotFoundError, TrainerGroupError
 from tgruntime.ray_connect import connect
 
@@ -62,6 +62,14 @@ def existing_healthy(tg: tgspec.TrainerGroup, generation: int) -> WorkerGroup | 
 
 def run(tg: tgspec.TrainerGroup, *, generation: int, address: str | None) -> dict[str, Any]:
     connect(address=address, namespace=tg.ray_namespace)
+    asked = tg.spec.workers.use_gpu
+    tg = groups.resolve_gpu(tg)
+    if asked == tgspec.USE_GPU_AUTO:
+        log.info(
+            "workers.useGpu auto -> %s (the cluster has %g GPUs)",
+            str(tg.spec.workers.use_gpu).lower(),
+            groups.cluster_gpus(),
+        )
     wg = existing_healthy(tg, generation)
     created = wg is None
     try:
@@ -75,10 +83,27 @@ def run(tg: tgspec.TrainerGroup, *, generation: int, address: str | None) -> dic
                 wg.worker_names,
             )
         t0 = time.monotonic()
-        wg.init_model()
+        device = groups.device_summary(wg.init_model())
         mesh = groups.mesh_of(tg.spec)
-        log.info("init_model done in %.1fs, mesh %s", time.monotonic() - t0, mesh)
-        return groups.ready_payload(wg, mesh=mesh, worker_class=tg.spec.workers.worker_class)
+        use_gpu = bool(tg.spec.workers.use_gpu)
+        log.info(
+            "init_model done in %.1fs, mesh %s, device %s", time.monotonic() - t0, mesh, device
+        )
+        if use_gpu and device.get("device") == "cpu":
+            log.warning(
+                "GPU workers were asked for but they run on the CPU (torch sees no CUDA there)"
+            )
+        if device:  # what the workers run on, for status readers (tgctl status, the operator)
+            registry.update_record(
+                group_name=tg.group_name, namespace=tg.ray_namespace, device=device
+            )
+        return groups.ready_payload(
+            wg,
+            mesh=mesh,
+            worker_class=tg.spec.workers.worker_class,
+            use_gpu=use_gpu,
+            device=device,
+        )
     except BaseException:
         if created:
             log.error("creation failed: tearing down what this run created")

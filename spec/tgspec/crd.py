@@ -84,6 +84,11 @@ PRINTER_COLUMNS = [
 def _schema_for(
     tp: Any, field: dataclasses.Field[Any] | None, *, with_defaults: bool
 ) -> dict[str, Any]:
+    if field is not None and field_meta(field).bool_or_auto:
+        # true, false or "auto": a structural schema can't say "boolean or string", so the
+        # node is left untyped (preserved as written) and tgspec's parser, which the operator
+        # runs on every spec, rejects anything else with a message naming the field.
+        return {"x-kubernetes-preserve-unknown-fields": True}
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):

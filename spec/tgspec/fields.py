@@ -32,6 +32,8 @@ class FieldMeta:
     int_or_string: bool = False
     free_form: bool = False
     """An object or list item whose content the API server preserves as-is."""
+    bool_or_auto: bool = False
+    """A field typed ``bool | str`` that takes true, false or the string "auto"."""
 
 
 def spec_field(
@@ -48,6 +50,7 @@ def spec_field(
     max_length: int | None = None,
     int_or_string: bool = False,
     free_form: bool = False,
+    bool_or_auto: bool = False,
 ) -> Any:
     """Declare a dataclass field with its wire name and schema constraints."""
     meta = FieldMeta(
@@ -61,6 +64,7 @@ def spec_field(
         max_length=max_length,
         int_or_string=int_or_string,
         free_form=free_form,
+        bool_or_auto=bool_or_auto,
     )
     kwargs: dict[str, Any] = {"metadata": {_META_KEY: meta}}
     if default is not MISSING:

@@ -29,6 +29,9 @@ _DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 _NAME_PREFIX = r"^[A-Za-z0-9_.-]*$"
 _IMPORT_PATH = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$"
 
+USE_GPU_AUTO = "auto"
+"""``workers.useGpu: auto``: GPU workers when the Ray cluster has GPUs, else CPU workers."""
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EnvVar:
@@ -111,10 +114,12 @@ class WorkersSpec:
         default_factory=lambda: [1],
         minimum=1,
     )
-    use_gpu: bool = spec_field(
+    use_gpu: bool | str = spec_field(
         name="useGpu",
-        description="One GPU per worker process (false: CPU workers, gloo).",
-        default=True,
+        description='One GPU per worker process: true, false (CPU workers, gloo) or "auto" '
+        "(GPUs when the Ray cluster has any, else CPU; resolved when the group is created).",
+        default=USE_GPU_AUTO,
+        bool_or_auto=True,
     )
     cpus_per_process: float = spec_field(
         name="cpusPerProcess",
@@ -150,6 +155,12 @@ class WorkersSpec:
         default=DEFAULT_WORKER_CLASS,
         pattern=_IMPORT_PATH,
     )
+
+    def gpu_for(self, cluster_gpus: float) -> bool:
+        """``useGpu`` resolved against a cluster with ``cluster_gpus`` GPUs in total."""
+        if self.use_gpu == USE_GPU_AUTO:
+            return cluster_gpus > 0
+        return bool(self.use_gpu)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -334,6 +345,15 @@ class TrainerGroupSpec:
     def data_parallel(self) -> int:
         p = self.parallelism
         return self.world_size // (p.tensor * p.pipeline * p.context)
+
+    def with_gpu_resolved(self, cluster_gpus: float) -> TrainerGroupSpec:
+        """This spec with ``workers.useGpu`` a plain bool (``auto`` resolved; see ``gpu_for``)."""
+        use_gpu = self.workers.gpu_for(cluster_gpus)
+        if self.workers.use_gpu is use_gpu:
+            return self
+        return dataclasses.replace(
+            self, workers=dataclasses.replace(self.workers, use_gpu=use_gpu)
+        )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

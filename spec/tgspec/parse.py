@@ -20,7 +20,14 @@ import yaml
 
 from tgspec.errors import SpecError, SpecErrors
 from tgspec.fields import default_value, field_meta, has_default
-from tgspec.model import API_GROUP, API_VERSION, KIND, TrainerGroup, TrainerGroupSpec
+from tgspec.model import (
+    API_GROUP,
+    API_VERSION,
+    KIND,
+    USE_GPU_AUTO,
+    TrainerGroup,
+    TrainerGroupSpec,
+)
 
 T = TypeVar("T")
 _NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -81,6 +88,8 @@ class _Parser:
         return cls(**values)
 
     def parse_value(self, tp: Any, raw: Any, path: str, f: dataclasses.Field[Any] | None) -> Any:
+        if f is not None and field_meta(f).bool_or_auto:
+            return self.parse_bool_or_auto(raw, path)
         origin = typing.get_origin(tp)
         args = typing.get_args(tp)
         if origin in (typing.Union, types.UnionType):
@@ -114,6 +123,16 @@ class _Parser:
                     return _INVALID
             return dict(raw)
         return self.parse_scalar(tp, raw, path, f)
+
+    def parse_bool_or_auto(self, raw: Any, path: str) -> Any:
+        if isinstance(raw, bool) or raw == USE_GPU_AUTO:
+            return raw
+        self.fail(
+            path,
+            f'expected true, false or "{USE_GPU_AUTO}", got {raw!r}',
+            f'use true, false or "{USE_GPU_AUTO}" (GPUs when the Ray cluster has them)',
+        )
+        return _INVALID
 
     def parse_scalar(self, tp: Any, raw: Any, path: str, f: dataclasses.Field[Any] | None) -> Any:
         if tp is bool:

@@ -8,7 +8,7 @@ sentence from ``kubectl apply`` and from ``tgctl``.
 from __future__ import annotations
 
 from tgspec.errors import SpecError
-from tgspec.model import TrainerGroupSpec
+from tgspec.model import USE_GPU_AUTO, TrainerGroupSpec
 
 MSG_CLUSTER_CHOICE = "set exactly one of rayCluster and rayClusterRef"
 
@@ -108,7 +108,11 @@ def cross_field_errors(
                 MSG_CLUSTER_CHOICE,
             )
         rc = spec.ray_cluster
-        if rc is not None and w.use_gpu:
+        # useGpu "auto" resolves against the cluster: GPU workers when its pods have GPUs.
+        gpu = rc is not None and (
+            w.use_gpu is True or (w.use_gpu == USE_GPU_AUTO and rc.workers.gpus_per_worker > 0)
+        )
+        if rc is not None and gpu:
             if rc.workers.gpus_per_worker < 1:
                 fail(
                     "rayCluster.workers.gpusPerWorker",

@@ -98,3 +98,27 @@ class VerlStyle(Worker):
         self.model["steps"] += 1
         loss = data.batch["input_ids"].float().mean(dim=-1)
         return DataProto.from_dict(tensors={"loss": loss})
+
+
+class SpecEcho(Worker):
+    """Built from a TrainerGroup spec like the Megatron trainer, but without torch: its
+    ``init_model`` reports the device the way the trainer does ("cuda:N" when Ray gave the
+    actor a GPU, else "cpu"), plus the ``useGpu`` value the workers received."""
+
+    def __init__(self, spec_json: str) -> None:
+        super().__init__()
+        import json
+
+        self.spec = json.loads(spec_json)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> dict[str, Any]:
+        gpus = ray.get_gpu_ids()
+        on_gpu = bool(gpus)
+        return {
+            "rank": self.rank,
+            "device": f"cuda:{gpus[0]}" if on_gpu else "cpu",
+            "backend": "nccl" if on_gpu else "gloo",
+            "dtype": "bfloat16" if on_gpu else "float32",
+            "use_gpu": self.spec["workers"]["useGpu"],
+        }

@@ -150,6 +150,7 @@ def launch(
             created_at=time.time(),
             methods={n: spec.describe() for n, spec in registered_methods(cls.cls).items()},
             placement_groups=pg_names,
+            use_gpu=resource_pool.use_gpu,
         )
         registry.publish_record(record)
     except BaseException:

@@ -151,6 +151,38 @@ class PlacementTimeoutError(TrainerGroupError):
         )
 
 
+class PlacementInfeasibleError(TrainerGroupError):
+    """The cluster's totals can never hold the group's bundles: fails before any waiting."""
+
+    def __init__(
+        self,
+        *,
+        group_name: str,
+        bundles: Sequence[Sequence[Mapping[str, float]]],
+        strategy: str,
+        total: Mapping[str, float],
+        reason: str,
+        fix: str,
+    ) -> None:
+        self._keep(locals())
+        self.group_name = group_name
+        self.bundles = [list(b) for b in bundles]
+        self.strategy = strategy
+        self.total = dict(total)
+        self.reason = reason
+        self.fix = fix
+        asked = _sum_bundles(self.bundles)
+        count = sum(len(b) for b in self.bundles)
+        first = self.bundles[0][0] if self.bundles and self.bundles[0] else {}
+        # Show every asked resource in the cluster's totals, 0 included (Ray omits zeros).
+        shown = {**{k: 0.0 for k in asked}, **_filter(self.total)}
+        super().__init__(
+            f"group {group_name!r} can never be placed: asked {count} bundles of {_fmt(first)} "
+            f"({_fmt(asked)} in all; {len(self.bundles)} placement group(s), {strategy}); "
+            f"the cluster has {_fmt(shown)} in total: {reason}. Fix: {fix}"
+        )
+
+
 class ActorStartTimeoutError(TrainerGroupError):
     """Workers were created but did not become ready in time."""
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from ray.experimental import internal_kv
@@ -39,6 +39,11 @@ class GroupRecord:
     created_at: float
     methods: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     placement_groups: tuple[str, ...] = ()
+    # Whether the bundles hold a GPU per worker (``workers.useGpu`` after "auto" is resolved).
+    use_gpu: bool | None = None
+    # What the workers actually run on, reported by ``init_model`` (empty until then):
+    # {"device": "cuda"|"cpu"|"mixed", "backend": "nccl"|"gloo", "dtype": "bfloat16", ...}.
+    device: Mapping[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -46,6 +51,8 @@ class GroupRecord:
     @classmethod
     def from_json(cls, text: str | bytes) -> GroupRecord:
         data = json.loads(text)
+        known = {f.name for f in fields(cls)}
+        data = {k: v for k, v in data.items() if k in known}  # a newer writer's extra keys
         data["worker_names"] = tuple(data["worker_names"])
         data["placement_groups"] = tuple(data.get("placement_groups", ()))
         return cls(**data)
@@ -74,6 +81,16 @@ def publish_record(record: GroupRecord) -> None:
         overwrite=True,
         namespace=_NS,
     )
+
+
+def update_record(*, group_name: str, namespace: str, **changes: Any) -> GroupRecord | None:
+    """Re-publish the record with ``changes`` (e.g. ``device=...``); None when there is none."""
+    record = load_record(group_name=group_name, namespace=namespace)
+    if record is None:
+        return None
+    updated = replace(record, **changes)
+    publish_record(updated)
+    return updated
 
 
 def load_record(*, group_name: str, namespace: str) -> GroupRecord | None:

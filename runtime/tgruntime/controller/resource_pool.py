@@ -26,7 +26,7 @@ from ray.util.placement_group import (
 )
 
 from tgruntime.controller import naming
-from tgruntime.controller.errors import PlacementTimeoutError
+from tgruntime.controller.errors import PlacementInfeasibleError, PlacementTimeoutError
 
 
 class PlacementStrategy(enum.StrEnum):
@@ -97,6 +97,98 @@ class ResourcePool:
         return opts
 
 
+def cluster_nodes_resources() -> list[dict[str, float]]:
+    """The total resources of each alive node of the connected cluster."""
+    return [
+        {k: float(v) for k, v in (n.get("Resources") or {}).items()}
+        for n in ray.nodes()  # type: ignore[no-untyped-call]
+        if n.get("Alive")
+    ]
+
+
+def infeasibility(
+    bundles: Sequence[Sequence[Mapping[str, float]]],
+    strategy: PlacementStrategy | str,
+    nodes: Sequence[Mapping[str, float]],
+) -> str | None:
+    """Why the nodes' *totals* can never hold these bundles (None: they might).
+
+    Only necessary conditions are checked, so a group this accepts may still wait for
+    resources other groups hold, but one it rejects could never be placed on this
+    cluster as it stands: every resource asked in all fits the cluster's sum; each bundle
+    fits one node; a STRICT_PACK group fits one node; a STRICT_SPREAD group has a
+    distinct node for each bundle.
+    """
+    strategy = PlacementStrategy(strategy)
+
+    def fits(need: Mapping[str, float], node: Mapping[str, float]) -> bool:
+        return all(node.get(k, 0.0) + 1e-9 >= v for k, v in need.items() if v > 0)
+
+    total: dict[str, float] = {}
+    for node in nodes:
+        for k, v in node.items():
+            total[k] = total.get(k, 0.0) + v
+    asked: dict[str, float] = {}
+    for group in bundles:
+        for bundle in group:
+            for k, v in bundle.items():
+                asked[k] = asked.get(k, 0.0) + float(v)
+    short = [k for k in sorted(asked) if asked[k] > total.get(k, 0.0) + 1e-9]
+    if short:
+        return "not enough " + ", ".join(
+            f"{k} ({asked[k]:g} asked, {total.get(k, 0.0):g} in the cluster)" for k in short
+        )
+    for i, group in enumerate(bundles):
+        for bundle in group:
+            if not any(fits(bundle, n) for n in nodes):
+                return f"no node can hold one bundle of placement group {i} ({dict(bundle)})"
+        if strategy is PlacementStrategy.STRICT_PACK:
+            whole: dict[str, float] = {}
+            for bundle in group:
+                for k, v in bundle.items():
+                    whole[k] = whole.get(k, 0.0) + float(v)
+            if not any(fits(whole, n) for n in nodes):
+                return f"STRICT_PACK needs {whole} of placement group {i} on one node; no node has it"
+        if strategy is PlacementStrategy.STRICT_SPREAD and group:
+            hosts = sum(1 for n in nodes if fits(group[0], n))
+            if hosts < len(group):
+                return (
+                    f"STRICT_SPREAD needs {len(group)} distinct nodes for placement group {i}; "
+                    f"{hosts} can hold a bundle"
+                )
+    return None
+
+
+def check_feasible(
+    pool: ResourcePool, *, group_name: str, fix: str | None = None
+) -> None:
+    """Raise PlacementInfeasibleError at once when the cluster can never hold ``pool``."""
+    bundles = pool.bundles()
+    nodes = cluster_nodes_resources()
+    reason = infeasibility(bundles, pool.strategy, nodes)
+    if reason is None:
+        return
+    if fix is None:
+        gpu_short = pool.use_gpu and not any(n.get("GPU", 0.0) > 0 for n in nodes)
+        fix = (
+            "ask for no GPUs (use_gpu=False) or add GPU nodes (ray start --num-gpus=N)"
+            if gpu_short
+            else "ask for less per process or fewer processes, or add nodes"
+        )
+    total: dict[str, float] = {}
+    for node in nodes:
+        for k, v in node.items():
+            total[k] = total.get(k, 0.0) + v
+    raise PlacementInfeasibleError(
+        group_name=group_name,
+        bundles=bundles,
+        strategy=str(PlacementStrategy(pool.strategy).value),
+        total=total,
+        reason=reason,
+        fix=fix,
+    )
+
+
 def create_placement_groups(
     pool: ResourcePool,
     *,
@@ -108,9 +200,11 @@ def create_placement_groups(
 ) -> list[PlacementGroup]:
     """Create and wait for the pool's placement groups, sorted by node address.
 
-    On timeout every placement group created here is removed and PlacementTimeoutError
-    says what was asked and what the cluster has.
+    A pool the cluster's totals can never hold fails at once (PlacementInfeasibleError,
+    before anything is created). On timeout every placement group created here is removed
+    and PlacementTimeoutError says what was asked and what the cluster has.
     """
+    check_feasible(pool, group_name=group_name)
     bundles = pool.bundles()
     pgs = [
         placement_group(

@@ -3,7 +3,7 @@
 One resolved, frozen value decides every CPU/GPU fork in the trainer, so the rest of the
 code reads ``settings.on_gpu`` instead of probing CUDA again:
 
-* GPU (``workers.useGpu`` and CUDA present): NCCL, the spec's dtype (bf16 by default),
+* GPU (``workers.useGpu`` true or "auto", and CUDA present): NCCL, the spec's dtype (bf16 by default),
   RoPE for ``position_embedding: auto``, megatron's pipeline schedules, DDP and optimizer.
 * CPU: gloo, float32 whatever the spec's dtype, learned absolute positions for ``auto``
   (``rope`` still works through the device-local rotary module), and the trainer's own
@@ -45,10 +45,14 @@ def resolve_settings(
     """Resolve the spec against this machine.
 
     ``device`` forces ``"cuda"``/``"cpu"``; by default a GPU is used when the spec asks for
-    one and CUDA is available. ``backend`` overrides the torch.distributed backend.
+    one (``useGpu`` true, or "auto" when a group's server did not resolve it) and CUDA is
+    available; otherwise the CPU with gloo. The group's ready line and record report the
+    result (``device``/``backend``), so a fallback is visible. ``backend`` overrides the
+    torch.distributed backend.
     """
     if device is None:
-        device = "cuda" if spec.workers.use_gpu and torch.cuda.is_available() else "cpu"
+        wants_gpu = spec.workers.use_gpu is not False  # True or "auto"
+        device = "cuda" if wants_gpu and torch.cuda.is_available() else "cpu"
     if device not in ("cuda", "cpu"):
         raise ValueError(f"device must be 'cuda' or 'cpu', not {device!r}")
     if device == "cuda" and not torch.cuda.is_available():

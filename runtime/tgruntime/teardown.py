@@ -2,7 +2,11 @@
 
     python -m tgruntime.teardown --group NAME --ray-namespace NS
 
-Prints ``TG_TEARDOWN {json}`` and exits 0, also when nothing was left to remove.
+Prints ``TG_TEARDOWN {json}``. Exit status: 0 when the report says ``complete: true``
+(everything found is gone; also when nothing was left to remove); 3 when it says
+``complete: false`` (an actor or placement group was still there at the deadline: the
+group may still hold its resources, so a caller must retry, not re-create); 1 when Ray
+could not be reached.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from tgruntime import groups
 from tgruntime.controller import teardown_group
 from tgruntime.controller.errors import TrainerGroupError
 from tgruntime.ray_connect import connect
+
+EXIT_INCOMPLETE = 3
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,6 +46,15 @@ def main(argv: list[str] | None = None) -> int:
         dataclasses.asdict(report) if dataclasses.is_dataclass(report) else {"report": str(report)}
     )
     print(groups.tagged(groups.TEARDOWN_TAG, body), flush=True)
+    if not getattr(report, "complete", False):
+        errors = "; ".join(getattr(report, "errors", ())) or "no details"
+        print(
+            f"tgruntime.teardown: group {args.group!r} in Ray namespace {args.ray_namespace!r} "
+            f"is not fully removed ({errors}). Run the teardown again (a longer --timeout), "
+            "and do not re-create the group until it reports complete: true",
+            file=sys.stderr,
+        )
+        return EXIT_INCOMPLETE
     return 0
 
 

@@ -235,14 +235,19 @@ def test_bad_yaml_names_the_line(ray_cluster: RayCluster, tmp_path: Path) -> Non
     assert "not valid YAML at line" in proc.stderr
 
 
-def test_unsatisfiable_placement_times_out_and_cleans_up(
+def test_unsatisfiable_placement_fails_at_once_and_cleans_up(
     ray_cluster: RayCluster, tmp_path: Path
 ) -> None:
-    path, doc = write_spec(tmp_path, **{"workers.useGpu": True, "timeouts.workersReadySeconds": 5})
+    # GPU workers on a cluster without GPUs: refused before any wait (the spec's 600 s).
+    path, doc = write_spec(
+        tmp_path, **{"workers.useGpu": True, "timeouts.workersReadySeconds": 600}
+    )
     proc = run(ray_cluster, "-m", "tgruntime.server", "-f", str(path), check=False, timeout=180)
     assert proc.returncode == 1
     (failed,) = tagged("TG_GROUP_FAILED", proc.stdout)
-    assert "GPU" in failed["error"], failed
+    assert failed["kind"] == "PlacementInfeasibleError", failed
+    assert "asked 2 bundles of {CPU=0.5, GPU=1}" in failed["error"], failed
+    assert "GPU=0}" in failed["error"] and "workers.useGpu: false" in failed["error"]
     assert leftovers(ray_cluster, doc["spec"]["workers"]["rayNamespace"]) == {
         "actors": [],
         "pgs": [],
@@ -294,8 +299,10 @@ def test_tgctl_up_status_train_down(ray_cluster: RayCluster, tmp_path: Path) -> 
     addr = ["--address", ray_cluster.gcs_address]
     up = run(ray_cluster, "-m", "tgruntime.cli", "up", "-f", str(path), *addr)
     assert "rank 1:" in up.stdout
+    assert "device: cpu (gloo, float32); workers.useGpu resolved to false" in up.stdout
     status = run(ray_cluster, "-m", "tgruntime.cli", "status", "-f", str(path), *addr)
     assert "phase: Ready" in status.stdout and "2/2 workers alive" in status.stdout
+    assert "device: cpu (gloo, float32)" in status.stdout
     train = run(ray_cluster, "-m", "tgruntime.cli", "train", "-f", str(path), "--steps", "2", *addr)
     assert len(tagged("TG_STEP", train.stdout)) == 2
     run(ray_cluster, "-m", "tgruntime.cli", "down", "-f", str(path), *addr)

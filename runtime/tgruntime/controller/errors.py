@@ -174,8 +174,8 @@ class PlacementInfeasibleError(TrainerGroupError):
         asked = _sum_bundles(self.bundles)
         count = sum(len(b) for b in self.bundles)
         first = self.bundles[0][0] if self.bundles and self.bundles[0] else {}
-        # Show every asked resource in the cluster's totals, 0 included (Ray omits zeros).
-        shown = {**{k: 0.0 for k in asked}, **_filter(self.total)}
+        # The cluster's totals of what was asked (plus CPU and GPU), 0 included: Ray omits zeros.
+        shown = {k: float(self.total.get(k, 0.0)) for k in {*asked, "CPU", "GPU"}}
         super().__init__(
             f"group {group_name!r} can never be placed: asked {count} bundles of {_fmt(first)} "
             f"({_fmt(asked)} in all; {len(self.bundles)} placement group(s), {strategy}); "

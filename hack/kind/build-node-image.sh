@@ -122,7 +122,7 @@ binctx() {  # <dir> <binary...>: a build context with bin/<binaries> (hard links
 }
 
 step_images() {  # fills IMAGES (all refs to preload) and CNI_IMAGE
-  local bin="$1" tools_hash; tools_hash="$(basename "$(dirname "$bin")")"
+  local bin="$1"
   local list; list="$("$bin/kubeadm" config images list --kubernetes-version "$KUBERNETES_VERSION" 2>/dev/null)" \
     || die "kubeadm config images list failed ($bin/kubeadm)"
   log "kubeadm expects: $(echo $list)"
@@ -135,11 +135,11 @@ step_images() {  # fills IMAGES (all refs to preload) and CNI_IMAGE
       kube-apiserver|kube-controller-manager|kube-scheduler)
         [[ "$tag" == "$KUBERNETES_VERSION" ]] || die "kubeadm wants $ref but build-tools built $KUBERNETES_VERSION"
         binctx "$ctx" "$bin/$name"
-        h="$(hash_of "$name $tools_hash" "$IMG/k8s/Dockerfile")"
+        h="$(hash_of "$name" "$IMG/k8s/Dockerfile" "$bin/$name")"
         build_image "$ref" "$h" "$ctx" "$IMG/k8s/Dockerfile" --build-arg "NAME=$name" ;;
       kube-proxy)
         binctx "$ctx" "$bin/kube-proxy"
-        h="$(hash_of "$H_NET $tools_hash" "$IMG/k8s/kube-proxy.Dockerfile")"
+        h="$(hash_of "$H_NET" "$IMG/k8s/kube-proxy.Dockerfile" "$bin/kube-proxy")"
         build_image "$ref" "$h" "$ctx" "$IMG/k8s/kube-proxy.Dockerfile" --build-arg "NET_IMAGE=$NET_IMAGE" ;;
       etcd)
         local ev="v${tag%-*}" ebin
@@ -168,7 +168,7 @@ step_images() {  # fills IMAGES (all refs to preload) and CNI_IMAGE
   [[ -n "${PAUSE_IMAGE:-}" ]] || die "kubeadm listed no pause image"
   # our CNI daemon
   ctx="$(mktemp -d)"; binctx "$ctx" "$bin/kubectl"; cp "$IMG/tg-cni/tg-cni" "$ctx/"
-  h="$(hash_of "$H_NET $tools_hash" "$IMG/tg-cni/Dockerfile" "$IMG/tg-cni/tg-cni")"
+  h="$(hash_of "$H_NET" "$IMG/tg-cni/Dockerfile" "$IMG/tg-cni/tg-cni" "$bin/kubectl")"
   CNI_IMAGE="trainergroup.local/tg-cni:$h"
   build_image "$CNI_IMAGE" "$h" "$ctx" "$IMG/tg-cni/Dockerfile" --build-arg "NET_IMAGE=$NET_IMAGE"
   rm -rf "$ctx"
@@ -177,12 +177,15 @@ step_images() {  # fills IMAGES (all refs to preload) and CNI_IMAGE
 
 # ---- 5. node image --------------------------------------------------------------------------
 step_node() {
-  local bin="$1" t0=$SECONDS cid="" name="tg-kind-build-$$"
-  cleanup_build() { [[ -n "$cid" ]] && "$DOCKER" rm -f -v "$cid" >/dev/null 2>&1 || true; }
+  local bin="$1" t0=$SECONDS name="tg-kind-build-$$"
+  BUILD_CID=""
+  cleanup_build() { [[ -z "${BUILD_CID:-}" ]] || "$DOCKER" rm -f -v "$BUILD_CID" >/dev/null 2>&1 || true; }
   trap cleanup_build EXIT
   log "assembling $NODE_IMAGE in build container $name"
-  cid="$("$DOCKER" run -d --privileged --security-opt seccomp=unconfined --entrypoint=sleep \
+  # Not privileged: containerd only stores content here (--no-unpack), nothing is mounted.
+  BUILD_CID="$("$DOCKER" run -d --security-opt seccomp=unconfined --entrypoint=sleep \
           --name "$name" "$BASE_IMAGE" infinity)" || die "cannot start a build container from $BASE_IMAGE"
+  local cid="$BUILD_CID"
   local x; for x in kubelet kubeadm kubectl; do
     "$DOCKER" cp "$bin/$x" "$cid:/usr/bin/$x" || die "docker cp $x failed"
   done
@@ -218,7 +221,7 @@ step_node() {
     --change 'ENTRYPOINT [ "/usr/local/bin/entrypoint", "/sbin/init" ]' \
     --change "LABEL trainergroup.recipe=$RECIPE_HASH trainergroup.kubernetes=$KUBERNETES_VERSION" \
     "$cid" "$NODE_IMAGE" >/dev/null || die "docker commit failed"
-  cleanup_build; cid=""; trap - EXIT
+  cleanup_build; BUILD_CID=""; trap - EXIT
   timing "node image $NODE_IMAGE (assembly)" $((SECONDS - t0)) cold
 }
 

@@ -23,7 +23,9 @@ die() { echo "[$(ts)] [kind] ERROR: $*" >&2; exit 1; }
 # sha256 (first 12 hex) of a string and the given files' names and contents.
 hash_of() {  # <extra string> [file...]
   local extra="$1"; shift
-  { echo "$extra"; local f; for f in "$@"; do echo "== ${f#"$REPO_ROOT"/}"; cat "$f"; done; } | sha256sum | cut -c1-12
+  # names: repo-relative, or just the base name outside the repo (binaries in a cache dir)
+  { echo "$extra"; local f n; for f in "$@"; do
+      n="${f#"$REPO_ROOT"/}"; [[ "$n" != /* ]] || n="${f##*/}"; echo "== $n"; cat "$f"; done; } | sha256sum | cut -c1-12
 }
 
 image_exists() { "$DOCKER" image inspect "$1" >/dev/null 2>&1; }
@@ -37,7 +39,10 @@ with_timeout() {  # <seconds> <what> cmd...
 
 # The build-tools bin dir (waits for a running hack/build-tools.sh: it holds a lock).
 tools_bin() {
-  if [[ -n "${TG_K8S_TOOLS_BIN:-}" ]]; then echo "$TG_K8S_TOOLS_BIN"; return; fi
+  if [[ -n "${TG_K8S_TOOLS_BIN:-}" ]]; then
+    [[ -x "$TG_K8S_TOOLS_BIN/kubeadm" ]] || die "TG_K8S_TOOLS_BIN=$TG_K8S_TOOLS_BIN has no kubeadm"
+    echo "$TG_K8S_TOOLS_BIN"; return
+  fi
   local out
   out="$(bash "$REPO_ROOT/hack/build-tools.sh" 2>>"${TG_KIND_CACHE}/build-tools.log" | tail -n1)" \
     || die "hack/build-tools.sh failed (log: ${TG_KIND_CACHE}/build-tools.log); run it alone and fix it first"

@@ -22,7 +22,11 @@ from typing import Any
 import tgspec
 from tgruntime import groups
 from tgruntime.controller import WorkerGroup, registry, teardown_group
-from tgruntime.controller.errors import GroupNotFoundError, TrainerGroupError
+from tgruntime.controller.errors import (
+    GroupNotFoundError,
+    PlacementInfeasibleError,
+    TrainerGroupError,
+)
 from tgruntime.ray_connect import connect
 
 log = logging.getLogger("tgruntime.server")
@@ -104,6 +108,8 @@ def run(tg: tgspec.TrainerGroup, *, generation: int, address: str | None) -> dic
             use_gpu=use_gpu,
             device=device,
         )
+    except PlacementInfeasibleError:
+        raise  # refused before anything was created: nothing to tear down
     except BaseException:
         if created:
             log.error("creation failed: tearing down what this run created")

@@ -245,7 +245,9 @@ def test_tgctl_up_detects_gpus_for_a_new_head_and_auto_uses_them(tmp_path: Path)
         assert "phase: Ready" in status.stdout, status.stdout + status.stderr[-2000:]
         assert "device: cuda (nccl, bfloat16)" in status.stdout
         # Three GPU workers on a 2-GPU head: refused at once, saying what exists.
-        path3, _ = _spec(tmp_path, useGpu=True, processesPerNode=[3])
+        path3, doc3 = _spec(tmp_path, useGpu=True, processesPerNode=[3])
+        doc3["spec"]["training"]["batchSize"] = 3  # divisible by the data-parallel size
+        path3.write_text(yaml.safe_dump(doc3))
         three = _run(env, "-m", "tgruntime.cli", "up", "-f", str(path3), timeout=300)
         assert three.returncode == 1
         assert "asked 3 bundles of {CPU=0.1, GPU=1}" in three.stderr, three.stderr[-3000:]

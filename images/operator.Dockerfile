@@ -23,11 +23,14 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
 RUN python -m venv /opt/venv
 COPY images/requirements-operator.txt /tmp/requirements-operator.txt
-# pip's cache lives in a BuildKit cache mount (kept across builds, never in the image).
+# The wheels live in a BuildKit cache mount (kept across builds, never in the image): `pip
+# download -d` fetches only the files not there yet (hash-checked), then pip installs offline
+# from that folder. (pip's HTTP cache is not enough: a proxy without caching headers defeats it.)
 RUN --mount=type=cache,id=trainergroup-pip-operator,target=/root/.cache/pip \
     --mount=type=secret,id=pip-ca,required=false \
     if [ -f /run/secrets/pip-ca ]; then export PIP_CERT=/run/secrets/pip-ca; fi \
- && /opt/venv/bin/pip install --require-hashes -r /tmp/requirements-operator.txt
+ && /opt/venv/bin/pip download --require-hashes -r /tmp/requirements-operator.txt -d /root/.cache/pip/wheels \
+ && /opt/venv/bin/pip install --no-index --find-links /root/.cache/pip/wheels --require-hashes -r /tmp/requirements-operator.txt
 WORKDIR /src
 COPY pyproject.toml ./
 COPY spec/ spec/

@@ -31,13 +31,16 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1
 # The base image runs as `ray` (uid 1000, gid 100) and its Python lives in ray's home.
 USER 1000:100
 COPY --chown=1000:100 images/requirements-runtime.txt /tmp/requirements-runtime.txt
-# pip's cache lives in a BuildKit cache mount owned by uid 1000: a rebuild (a changed lock,
-# a cleared layer cache) reuses the downloaded wheels (torch + nvidia-*: GBs) instead of
-# fetching them again; the cache never lands in the image.
+# The wheels live in a BuildKit cache mount owned by uid 1000 (kept across builds, never in
+# the image): `pip download -d` fetches only the files not there yet (hash-checked), then pip
+# installs offline from that folder, so a rebuild (a changed lock or base, a cleared layer
+# cache) does not download torch + nvidia-* (GBs) again. (pip's own HTTP cache is not enough:
+# a proxy that sends no caching headers, as here, defeats it.)
 RUN --mount=type=cache,id=trainergroup-pip-runtime,target=/home/ray/.cache/pip,uid=1000,gid=100 \
     --mount=type=secret,id=pip-ca,required=false,mode=0444 \
     if [ -f /run/secrets/pip-ca ]; then export PIP_CERT=/run/secrets/pip-ca; fi \
- && pip install --require-hashes -r /tmp/requirements-runtime.txt \
+ && pip download --require-hashes -r /tmp/requirements-runtime.txt -d /home/ray/.cache/pip/wheels \
+ && pip install --no-index --find-links /home/ray/.cache/pip/wheels --require-hashes -r /tmp/requirements-runtime.txt \
  && rm /tmp/requirements-runtime.txt
 # Created by uid 1000 (WORKDIR alone would create it root-owned, and the build writes into it).
 RUN mkdir -p /tmp/trainergroup-src

@@ -29,26 +29,12 @@ export DOCKER_BUILDKIT=1
 SUITE=bookworm
 MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 PACKAGES=python3,python3-venv,python3-pip,ca-certificates,netbase,tzdata,wget,procps,bash,grep
-# The recipe is this script minus its comment lines (editing a comment rebuilds nothing).
-HASH="$(grep -v '^[[:space:]]*#' "${BASH_SOURCE[0]}" | sha256sum | cut -c1-12)"
-DEBIAN_TAG="trainergroup.local/debian:$SUITE-$HASH"
-PYTHON_TAG="trainergroup.local/base-python:$SUITE-$HASH"
-RAY_TAG="trainergroup.local/base-ray:$SUITE-$HASH"
 
 log() { printf '%s build-bases: %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 have() { "$DOCKER" image inspect "$1" >/dev/null 2>&1; }
-result() { echo "debian=$DEBIAN_TAG"; echo "operator=$PYTHON_TAG"; echo "runtime=$RAY_TAG"; }
 
-if [[ "${1:-}" == "--print" ]]; then result; exit 0; fi
-if have "$PYTHON_TAG" && have "$RAY_TAG"; then log "cached: $PYTHON_TAG $RAY_TAG"; result; exit 0; fi
-
-# One builder at a time (two test sessions starting together).
-mkdir -p "${XDG_CACHE_HOME:-$HOME/.cache}/trainergroup"
-exec 8>"${XDG_CACHE_HOME:-$HOME/.cache}/trainergroup/build-bases.lock"
-flock -w 1800 8 || { log "ERROR: timed out waiting for another build-bases.sh"; exit 1; }
-
-T0=$SECONDS
-if ! have "$DEBIAN_TAG"; then
+import_debian() {  # <tag>: debootstrap a minbase rootfs and `docker import` it
+  local t0=$SECONDS
   command -v debootstrap >/dev/null || { log "installing debootstrap"; apt-get install -y debootstrap >&2; }
   ROOT="$(mktemp -d /var/tmp/tg-debootstrap.XXXXXX)"
   trap 'rm -rf "$ROOT"' EXIT
@@ -64,10 +50,33 @@ if ! have "$DEBIAN_TAG"; then
   tar --numeric-owner --xattrs -C "$ROOT" -c . \
     | "$DOCKER" import --change 'CMD ["bash"]' \
         --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8' \
-        - "$DEBIAN_TAG" >&2
+        - "$1" >&2
   rm -rf "$ROOT"; trap - EXIT
-  log "imported $DEBIAN_TAG in $((SECONDS - T0)) s"
-fi
+  log "imported $1 in $((SECONDS - t0)) s"
+}
+
+# Two recipe hashes: the Debian rootfs (suite, mirror, packages, import_debian) and the bases
+# (this whole script minus its comment lines: editing a comment rebuilds nothing). Changing
+# only the bases' Dockerfiles below reuses the debootstrapped image.
+DEBIAN_HASH="$(printf '%s\n' "$SUITE" "$MIRROR" "$PACKAGES" "$(declare -f import_debian)" | sha256sum | cut -c1-12)"
+HASH="$(grep -v '^[[:space:]]*#' "${BASH_SOURCE[0]}" | sha256sum | cut -c1-12)"
+DEBIAN_TAG="trainergroup.local/debian:$SUITE-$DEBIAN_HASH"
+PYTHON_TAG="trainergroup.local/base-python:$SUITE-$HASH"
+RAY_TAG="trainergroup.local/base-ray:$SUITE-$HASH"
+
+result() { echo "debian=$DEBIAN_TAG"; echo "operator=$PYTHON_TAG"; echo "runtime=$RAY_TAG"; }
+
+if [[ "${1:-}" == "--print" ]]; then result; exit 0; fi
+if have "$PYTHON_TAG" && have "$RAY_TAG"; then log "cached: $PYTHON_TAG $RAY_TAG"; result; exit 0; fi
+
+# One builder at a time (two test sessions starting together).
+mkdir -p "${XDG_CACHE_HOME:-$HOME/.cache}/trainergroup"
+exec 8>"${XDG_CACHE_HOME:-$HOME/.cache}/trainergroup/build-bases.lock"
+flock -w 1800 8 || { log "ERROR: timed out waiting for another build-bases.sh"; exit 1; }
+if have "$PYTHON_TAG" && have "$RAY_TAG"; then log "built meanwhile: $PYTHON_TAG $RAY_TAG"; result; exit 0; fi
+
+T0=$SECONDS
+have "$DEBIAN_TAG" || import_debian "$DEBIAN_TAG"
 
 T1=$SECONDS
 # Empty build context: everything comes from the imported Debian image.
@@ -88,6 +97,7 @@ FROM ${DEBIAN}
 # rayproject/ray: user ray (1000, group users=100), home /home/ray, its Python first on PATH.
 RUN useradd --uid 1000 --gid 100 --create-home --home-dir /home/ray --shell /bin/bash ray \
  && python3 -m venv /home/ray/anaconda3 \
+ && mkdir -p /home/ray/.cache/pip \
  && ln -s python3 /home/ray/anaconda3/bin/python 2>/dev/null || true \
  && chown -R 1000:100 /home/ray \
  && echo 'export PATH=/home/ray/anaconda3/bin:$PATH' > /etc/profile.d/00-ray-python.sh \

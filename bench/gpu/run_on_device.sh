@@ -3,6 +3,8 @@
 # (ray, megatron-core, tensordict and the few dependencies the image lacks), then run the
 # step benchmark through a detached group and directly, writing results under $OUT.
 #   bash bench/gpu/run_on_device.sh CASE [CASE...]      e.g. seed:tp1 large:tp1 seed:tp2
+# The carried tarball .whl/carry/site-py312.tar.xz is built here by tools/device-carry.sh
+# (pass carry: [".whl/carry"] to the device call).
 set -uo pipefail
 T0=$(date +%s)
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"

@@ -122,3 +122,10 @@ class SpecEcho(Worker):
             "dtype": "bfloat16" if on_gpu else "float32",
             "use_gpu": self.spec["workers"]["useGpu"],
         }
+
+
+class Holder:
+    """A plain actor class (not a Worker): holds a name, for races against teardown."""
+
+    def ping(self) -> str:
+        return "here"

@@ -32,7 +32,7 @@ class TeardownReport:
     actors_killed: tuple[str, ...]
     placement_groups_removed: tuple[str, ...]
     keys_removed: tuple[str, ...]
-    complete: bool  # every killed actor is gone and every placement group removed
+    complete: bool  # every actor found was killed and is gone, every placement group removed
     errors: tuple[str, ...] = ()
 
     @property
@@ -78,9 +78,13 @@ def teardown_group(
             errors.append(f"remove placement group {pg.name}: {exc}")
 
     keys = registry.delete_group_keys(group_name=group_name, namespace=namespace)
+    # A worker that could not be killed or a placement group that could not be removed may
+    # still hold its resources: never complete, whatever the wait below finds.
+    failed = [e for e in errors if e.startswith(("kill ", "remove placement group "))]
     complete = _wait_gone(namespace, killed, {p.id_hex for p in pgs}, timeout_s=timeout_s)
     if not complete:
         errors.append(f"not everything was gone after {timeout_s:g}s")
+    complete = complete and not failed
     return TeardownReport(
         group_name=group_name,
         namespace=namespace,

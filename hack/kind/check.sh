@@ -86,6 +86,7 @@ log "gpu-web $GPU_IP on $GPU_NODE; cpu-web $CPU_IP on $CPU_NODE"
 [[ "$(k get node "$GPU_NODE" -o jsonpath='{.metadata.labels.nvidia\.com/gpu\.present}')" == true ]] \
   || fail "gpu-web's node $GPU_NODE lacks nvidia.com/gpu.present=true"
 
+# (busybox 1.35 wget segfaults with -T here; the whole exec is bounded instead)
 ex() {  # <pod> <cmd...>, bounded
   timeout 60 "$BIN/kubectl" --kubeconfig "$KUBECONFIG_OUT" -n "$NS" exec "$1" -- "${@:2}"
 }
@@ -95,12 +96,12 @@ expect() {  # <what> <needle> <pod> <cmd...>
   grep -q "$needle" <<<"$out" || fail "$what: expected '$needle' in: $out"
   log "ok: $what -> $(head -n1 <<<"$out")"
 }
-expect "cpu pod -> gpu pod by pod IP" "on $GPU_NODE" cpu-web wget -qO- -T 10 "http://$GPU_IP:8080/"
-expect "gpu pod -> cpu pod by pod IP" "on $CPU_NODE" gpu-web wget -qO- -T 10 "http://$CPU_IP:8080/"
+expect "cpu pod -> gpu pod by pod IP" "on $GPU_NODE" cpu-web wget -qO- "http://$GPU_IP:8080/"
+expect "gpu pod -> cpu pod by pod IP" "on $CPU_NODE" gpu-web wget -qO- "http://$CPU_IP:8080/"
 SVC_IP="$(k -n "$NS" get svc gpu-web -o jsonpath='{.spec.clusterIP}')"
 expect "DNS: gpu-web.$NS.svc.cluster.local" "$SVC_IP" cpu-web nslookup "gpu-web.$NS.svc.cluster.local"
-expect "Service by DNS name, from the CPU node" "on $GPU_NODE" cpu-web wget -qO- -T 10 "http://gpu-web.$NS.svc.cluster.local/"
-expect "Service by short name (search path)" "on $GPU_NODE" cpu-web wget -qO- -T 10 "http://gpu-web/"
+expect "Service by DNS name, from the CPU node" "on $GPU_NODE" cpu-web wget -qO- "http://gpu-web.$NS.svc.cluster.local/"
+expect "Service by short name (search path)" "on $GPU_NODE" cpu-web wget -qO- "http://gpu-web/"
 expect "DNS: kubernetes.default" "Address" gpu-web nslookup kubernetes.default.svc.cluster.local
 
 if [[ "${TG_KIND_KEEP:-0}" != 1 ]]; then

@@ -15,6 +15,8 @@
 # given to BuildKit as the secret `pip-ca`: mounted during the install RUN only, never stored.
 # Layer and pip caches are Docker's own (BuildKit): a second run with nothing changed takes
 # seconds, a changed source file rebuilds only the last layers. Prints a time per image.
+# Env: DOCKER, OPERATOR_IMAGE, RUNTIME_IMAGE, KUBERAY_IMAGE, *_BASE_IMAGE, KUBERAY_OPERATOR_BIN,
+# PIP_CA_BUNDLE (empty: no secret), TG_BUILD_CONTEXT, BUILD_FLAGS.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -30,6 +32,10 @@ OPERATOR_IMAGE="${OPERATOR_IMAGE:-${OPERATOR_REPO:-ghcr.io/trainergroup/operator
 RUNTIME_IMAGE="${RUNTIME_IMAGE:-${OPERATOR_REPO%/operator}/runtime:$APP_VERSION}"
 KUBERAY_IMAGE="${KUBERAY_IMAGE:-trainergroup.local/kuberay-operator:$KUBERAY_VERSION}"
 PIP_CA_BUNDLE="${PIP_CA_BUNDLE-/etc/ssl/certs/ca-certificates.crt}"
+# The build context (default: the repository; a copy works too, e.g. to time a source change).
+CONTEXT="${TG_BUILD_CONTEXT:-$REPO}"
+# Extra `docker build` flags, word-split (e.g. BUILD_FLAGS=--no-cache to re-run every step).
+read -r -a EXTRA <<<"${BUILD_FLAGS:-}"
 
 log() { printf '%s build: %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -57,7 +63,7 @@ build_python_image() {  # <name> <dockerfile> <tag> <base>
   log "$name: $tag FROM $base"
   # shellcheck disable=SC2046
   "$DOCKER" build -f "$REPO/$dockerfile" -t "$tag" --build-arg "BASE_IMAGE=$base" \
-    $(secret_args) "$REPO" >&2
+    $(secret_args) ${EXTRA[@]+"${EXTRA[@]}"} "$CONTEXT" >&2
   TIMES+=("$name $((SECONDS - t0)) s ($tag)")
   log "$name: built $tag in $((SECONDS - t0)) s"
 }

@@ -9,7 +9,6 @@ bound at the deadline.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import subprocess
 import sys

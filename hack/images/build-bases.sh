@@ -56,10 +56,10 @@ import_debian() {  # <tag>: debootstrap a minbase rootfs and `docker import` it
 }
 
 # Two recipe hashes: the Debian rootfs (suite, mirror, packages, import_debian) and the bases
-# (this whole script minus its comment lines: editing a comment rebuilds nothing). Changing
+# (that one plus this whole script minus its comment lines: editing a comment rebuilds nothing). Changing
 # only the bases' Dockerfiles below reuses the debootstrapped image.
 DEBIAN_HASH="$(printf '%s\n' "$SUITE" "$MIRROR" "$PACKAGES" "$(declare -f import_debian)" | sha256sum | cut -c1-12)"
-HASH="$(grep -v '^[[:space:]]*#' "${BASH_SOURCE[0]}" | sha256sum | cut -c1-12)"
+HASH="$( (grep -v '^[[:space:]]*#' "${BASH_SOURCE[0]}"; echo "$DEBIAN_HASH") | sha256sum | cut -c1-12)"
 DEBIAN_TAG="trainergroup.local/debian:$SUITE-$DEBIAN_HASH"
 PYTHON_TAG="trainergroup.local/base-python:$SUITE-$HASH"
 RAY_TAG="trainergroup.local/base-ray:$SUITE-$HASH"
@@ -67,13 +67,13 @@ RAY_TAG="trainergroup.local/base-ray:$SUITE-$HASH"
 result() { echo "debian=$DEBIAN_TAG"; echo "operator=$PYTHON_TAG"; echo "runtime=$RAY_TAG"; }
 
 if [[ "${1:-}" == "--print" ]]; then result; exit 0; fi
-if have "$PYTHON_TAG" && have "$RAY_TAG"; then log "cached: $PYTHON_TAG $RAY_TAG"; result; exit 0; fi
+if have "$DEBIAN_TAG" && have "$PYTHON_TAG" && have "$RAY_TAG"; then log "cached: $PYTHON_TAG $RAY_TAG"; result; exit 0; fi
 
 # One builder at a time (two test sessions starting together).
 mkdir -p "${XDG_CACHE_HOME:-$HOME/.cache}/trainergroup"
 exec 8>"${XDG_CACHE_HOME:-$HOME/.cache}/trainergroup/build-bases.lock"
 flock -w 1800 8 || { log "ERROR: timed out waiting for another build-bases.sh"; exit 1; }
-if have "$PYTHON_TAG" && have "$RAY_TAG"; then log "built meanwhile: $PYTHON_TAG $RAY_TAG"; result; exit 0; fi
+if have "$DEBIAN_TAG" && have "$PYTHON_TAG" && have "$RAY_TAG"; then log "built meanwhile: $PYTHON_TAG $RAY_TAG"; result; exit 0; fi
 
 T0=$SECONDS
 have "$DEBIAN_TAG" || import_debian "$DEBIAN_TAG"

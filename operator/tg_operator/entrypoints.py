@@ -34,6 +34,9 @@ class GroupRecord:
     world_size: int
     mesh: Mapping[str, int]
     worker_class: str = ""
+    device: str = ""
+    """What the workers run on ("cuda"/"cpu"; "" when the worker class reports nothing)."""
+    backend: str = ""
 
 
 def spec_b64(tg: TrainerGroup) -> str:
@@ -117,6 +120,8 @@ def parse_group_ready(logs: str) -> GroupRecord | None:
         world_size=int(data.get("worldSize") or len(names_)),
         mesh=mesh,
         worker_class=str(data.get("workerClass") or ""),
+        device=str(data.get("device") or ""),
+        backend=str(data.get("backend") or ""),
     )
 
 

@@ -268,6 +268,8 @@ class _Pass:
                 worker_names=tuple(st.worker_names),
                 world_size=st.world_size or len(st.worker_names),
                 mesh=dict(to_wire(st.mesh)) if st.mesh is not None else {},
+                device=st.device,
+                backend=st.backend,
             )
         else:
             job = await dash.get_job(sid)

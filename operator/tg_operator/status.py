@@ -304,6 +304,8 @@ def compute_status(
         st = dataclasses.replace(
             st,
             worker_names=list(obs.record.worker_names),
+            device=obs.record.device,
+            backend=obs.record.backend,
             mesh=MeshStatus(
                 tp=mesh.get("tp", 1),
                 pp=mesh.get("pp", 1),

@@ -77,6 +77,13 @@ PRINTER_COLUMNS = [
     },
     {"name": "RayCluster", "type": "string", "jsonPath": ".status.rayClusterName"},
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "priority": 1},
+    {
+        "name": "Device",
+        "type": "string",
+        "jsonPath": ".status.device",
+        "description": "What the workers run on (cuda or cpu)",
+        "priority": 1,
+    },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

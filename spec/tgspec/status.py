@@ -121,6 +121,17 @@ class TrainerGroupStatus:
         description="Hash of the spec fields the RayCluster was built from.",
         default="",
     )
+    device: str = spec_field(
+        name="device",
+        description='What the workers run on: "cuda" or "cpu". Worker pods scheduled on GPU '
+        'nodes whose containers see no CUDA (a fake-GPU test node) train on "cpu".',
+        default="",
+    )
+    backend: str = spec_field(
+        name="backend",
+        description='The workers\' torch.distributed backend: "nccl" (GPU) or "gloo" (CPU).',
+        default="",
+    )
     phase_since: str = spec_field(
         name="phaseSince",
         description="When the phase last changed (RFC 3339); timeouts count from here.",

@@ -21,6 +21,7 @@
 #   E2E_GPU=auto|fake|nvidia        see above
 #   E2E_CLUSTER=tg-e2e              kind cluster name
 #   E2E_KEEP_CLUSTER=0              1: leave the cluster up afterwards (also on failure)
+#   E2E_REUSE_CLUSTER=0             1 (fake mode): reuse a healthy cluster of that name
 #   E2E_SKIP_BUILD=0                1: use already-built images ($OPERATOR_IMAGE, $RUNTIME_IMAGE)
 #   E2E_ARTIFACTS=tests/e2e/.artifacts   diagnostics, timings (timeline.json) written here
 #   E2E_STEPS=10 (nvidia) / 5 (fake)     client training steps
@@ -147,6 +148,30 @@ wait_for() {  # <timeout s> <description> <command...>: until the command succee
   done
 }
 
+discard_unpacked_layers() {  # <node> <image>: remove the layer blobs of an unpacked image
+  # What containerd's CRI option discard_unpacked_layers does for pulled images: containers
+  # start from the unpacked snapshots; the manifest and config blobs stay.
+  local node="$1" image="$2" ref digests
+  ref="$image"; [[ "$ref" == */*/* || "$ref" == */*.*/* ]] || ref="docker.io/$ref"
+  digests="$(docker exec "$node" ctr -n k8s.io images ls "name==$ref" 2>/dev/null | awk 'NR==2 {print $3}')"
+  [[ -n "$digests" ]] || { log "discard: $image not found on $node (skipped)"; return 0; }
+  docker exec "$node" ctr -n k8s.io content get "$digests" | NODE="$node" python3 -c '
+import json, os, subprocess, sys
+node = os.environ["NODE"]
+def get(d):
+    return json.loads(subprocess.run(["docker", "exec", node, "ctr", "-n", "k8s.io", "content", "get", d],
+                                     capture_output=True, check=True).stdout)
+doc = json.load(sys.stdin)
+manifests = [m["digest"] for m in doc.get("manifests", [])] if "manifests" in doc else []
+layers = [l["digest"] for l in doc.get("layers", [])]
+for m in manifests:
+    layers += [l["digest"] for l in get(m).get("layers", [])]
+if layers:
+    subprocess.run(["docker", "exec", node, "ctr", "-n", "k8s.io", "content", "rm", *layers],
+                   capture_output=True, check=False)
+print(len(layers))' | { read -r n; log "discarded $n unpacked layer blobs of $image on $node"; }
+}
+
 # ---- 1. images ----------------------------------------------------------------------------------
 if [[ "${E2E_SKIP_BUILD:-0}" != 1 ]]; then
   if [[ "$MODE" == fake ]]; then
@@ -165,12 +190,27 @@ stamp images
 trap finish EXIT
 if [[ "$MODE" == fake ]]; then
   log "kind cluster $CLUSTER from the locally built node image (hack/kind/cluster.sh)"
-  TG_KIND_CLUSTER="$CLUSTER" bash hack/kind/cluster.sh up
+  # A fresh cluster unless asked to reuse one (a kept cluster may hold an earlier run's objects).
+  [[ "${E2E_REUSE_CLUSTER:-0}" == 1 ]] || TG_KIND_CLUSTER="$CLUSTER" bash hack/kind/cluster.sh down || true
+  KUBECONFIG="$(TG_KIND_CLUSTER="$CLUSTER" bash hack/kind/cluster.sh up | tail -n 1)"
+  [[ -f "$KUBECONFIG" ]] || die "hack/kind/cluster.sh up printed no kubeconfig path (got '$KUBECONFIG')"
+  export KUBECONFIG
   GPU_NODE="$(k get nodes -l nvidia.com/gpu.present=true -o jsonpath='{.items[0].metadata.name}')"
   [[ -n "$GPU_NODE" ]] || die "no node labelled nvidia.com/gpu.present=true"
   stamp cluster
-  log "loading images into the nodes"
-  TG_KIND_CLUSTER="$CLUSTER" bash hack/kind/load-image.sh "$OPERATOR_IMAGE" "$KUBERAY_IMAGE" "$RUNTIME_IMAGE"
+  # Only the workers run our pods (the control plane keeps its NoSchedule taint): the runtime
+  # image (several GB) goes to both, the operators' images to the untainted CPU worker.
+  CPU_NODE="$(k get nodes -l '!nvidia.com/gpu.present,!node-role.kubernetes.io/control-plane' -o jsonpath='{.items[0].metadata.name}')"
+  [[ -n "$CPU_NODE" ]] || die "no CPU worker node (a node that is neither the control plane nor labelled nvidia.com/gpu.present)"
+  # One node at a time, and each node then drops the imported layer tarballs it has already
+  # unpacked (containerd keeps both otherwise: 2 x the image's size per node), so the disk
+  # holds at most the image's size per node plus one archive in flight.
+  log "loading images into $GPU_NODE and $CPU_NODE"
+  for node in "$GPU_NODE" "$CPU_NODE"; do
+    TG_KIND_CLUSTER="$CLUSTER" TG_KIND_LOAD_NODES="$node" bash hack/kind/load-image.sh "$RUNTIME_IMAGE"
+    discard_unpacked_layers "$node" "$RUNTIME_IMAGE"
+  done
+  TG_KIND_CLUSTER="$CLUSTER" TG_KIND_LOAD_NODES="$CPU_NODE" bash hack/kind/load-image.sh "$OPERATOR_IMAGE" "$KUBERAY_IMAGE"
 else
   NODE="${CLUSTER}-control-plane"
   GPU_NODE="$NODE"

@@ -43,12 +43,6 @@ RUN /opt/venv/bin/pip install --no-cache-dir --no-deps --no-build-isolation . \
  && ! /opt/venv/bin/python -c "import ray" 2>/dev/null
 
 FROM ${BASE_IMAGE}
-ARG BASE_IMAGE
-LABEL org.opencontainers.image.title="trainergroup-operator" \
-      org.opencontainers.image.description="kopf operator: TrainerGroup -> KubeRay RayCluster + detached Megatron workers" \
-      org.opencontainers.image.version="0.1.0" \
-      org.opencontainers.image.licenses="Apache-2.0" \
-      org.opencontainers.image.base.name="${BASE_IMAGE}"
 RUN groupadd --system --gid 10001 trainergroup \
  && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
       --shell /usr/sbin/nologin trainergroup
@@ -63,3 +57,11 @@ WORKDIR /tmp
 # 8080: kopf liveness (/healthz); 9090: Prometheus metrics (/metrics). docs/contracts.md.
 EXPOSE 8080 9090
 ENTRYPOINT ["tg-operator"]
+# Last, so a retagged base (same content, new name) reuses every layer above: a build arg
+# in scope becomes part of each later RUN's cache key.
+ARG BASE_IMAGE
+LABEL org.opencontainers.image.title="trainergroup-operator" \
+      org.opencontainers.image.description="kopf operator: TrainerGroup -> KubeRay RayCluster + detached Megatron workers" \
+      org.opencontainers.image.version="0.1.0" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.base.name="${BASE_IMAGE}"

@@ -21,12 +21,6 @@
 ARG BASE_IMAGE=rayproject/ray:2.60.0-py312-gpu
 
 FROM ${BASE_IMAGE}
-ARG BASE_IMAGE
-LABEL org.opencontainers.image.title="trainergroup-runtime" \
-      org.opencontainers.image.description="Ray + torch + megatron-core runtime for TrainerGroup workers and clients" \
-      org.opencontainers.image.version="0.1.0" \
-      org.opencontainers.image.licenses="Apache-2.0" \
-      org.opencontainers.image.base.name="${BASE_IMAGE}"
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1
 # The base image runs as `ray` (uid 1000, gid 100) and its Python lives in ray's home.
 USER 1000:100
@@ -58,3 +52,11 @@ assert megatron.core.__version__ == '0.16.1', megatron.core.__version__" \
  && rm -rf /tmp/trainergroup-src
 WORKDIR /home/ray
 ENV PYTHONUNBUFFERED=1
+# Last, so a retagged base (same content, new name) reuses every layer above: a build arg
+# in scope becomes part of each later RUN's cache key.
+ARG BASE_IMAGE
+LABEL org.opencontainers.image.title="trainergroup-runtime" \
+      org.opencontainers.image.description="Ray + torch + megatron-core runtime for TrainerGroup workers and clients" \
+      org.opencontainers.image.version="0.1.0" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.base.name="${BASE_IMAGE}"

@@ -17,6 +17,7 @@
 #   TG_KIND_GPUS        nvidia.com/gpu count advertised by the GPU worker (default 8)
 #   TG_KIND_NODE_IMAGE  use this node image instead of building/reusing ours
 #   TG_KIND_TIMEOUT     seconds for each wait (default 300)
+#   TG_KIND_RECREATE=1  recreate a cluster that runs an older node image (default: reuse it)
 #   TG_KIND_GPU=1       real NVIDIA hosts: NOT IMPLEMENTED (TODO hook, see docs/kind-cluster.md)
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -135,10 +136,12 @@ cmd_up() {
   image_exists "$image" || die "node image $image not found (build it: bash hack/kind/build-node-image.sh)"
   if cluster_exists; then
     local have; have="$("$DOCKER" inspect -f '{{.Config.Image}}' "$CP_NODE" 2>/dev/null || true)"
-    if [[ "$have" != "$image" ]]; then
-      log "cluster $CLUSTER runs $have, not $image: recreating"
+    if [[ "$have" != "$image" && "${TG_KIND_RECREATE:-0}" == 1 ]]; then
+      log "cluster $CLUSTER runs $have, not $image: recreating (TG_KIND_RECREATE=1)"
       "$KIND" delete cluster --name "$CLUSTER" >&2
     else
+      # A running cluster is never replaced under its users just because the recipe moved on.
+      [[ "$have" == "$image" ]] || log "warning: cluster $CLUSTER runs node image $have, not the current $image; reusing it (TG_KIND_RECREATE=1 recreates)"
       "$KIND" get kubeconfig --name "$CLUSTER" >"$KUBECONFIG_OUT" 2>/dev/null || true
       if healthy; then
         log "reusing healthy cluster $CLUSTER ($image)"
@@ -189,9 +192,15 @@ cmd_down() {
   rm -f "$KUBECONFIG_OUT"
 }
 
+locked() {  # one up/down at a time per cluster name
+  exec 9>"$TG_KIND_CACHE/$CLUSTER.lock"
+  flock -w "$((WAIT * 3))" 9 || die "another cluster.sh holds $TG_KIND_CACHE/$CLUSTER.lock for more than $((WAIT * 3))s"
+  "$@"
+}
+
 case "${1:-}" in
-  up) cmd_up ;;
-  down) cmd_down ;;
+  up) locked cmd_up ;;
+  down) locked cmd_down ;;
   status) cmd_status ;;
   check) exec bash "$KIND_DIR/check.sh" ;;
   diag) tools; diag ;;

@@ -128,6 +128,20 @@ wait_ready() {
   log "kube-system ready after $((SECONDS - t0))s"
 }
 
+# kind drives its nodes with `docker exec` into privileged containers. On this VM that needs
+# the runc wrapper to drop CAP_SYS_RESOURCE from `runc exec --process` too, not only from
+# `runc create` (see docs/kind-cluster.md). Fail early and clearly if it does not.
+preflight_exec() {
+  local img; img="$(bash "$KIND_DIR/build-node-image.sh" --print-tags | sed -n 's/^NET_IMAGE=//p')"
+  image_exists "$img" || return 0
+  local c; c="$("$DOCKER" run -d --rm --privileged --entrypoint sleep "$img" 60 2>&1)" \
+    || die "docker cannot start a privileged container ($c); is hack/docker/up.sh's runc wrapper registered?"
+  local out; out="$("$DOCKER" exec "$c" true 2>&1)" || {
+    "$DOCKER" rm -f "$c" >/dev/null 2>&1 || true
+    die "docker exec into a privileged container fails here ($out): the runc wrapper must also strip CAP_SYS_RESOURCE from 'runc exec --process FILE'; see docs/kind-cluster.md"; }
+  "$DOCKER" rm -f "$c" >/dev/null 2>&1 || true
+}
+
 cmd_up() {
   [[ "${TG_KIND_GPU:-0}" == 0 ]] || die "TG_KIND_GPU=1 (real NVIDIA GPUs in kind) is not implemented yet: see docs/kind-cluster.md 'GPU hosts (TODO)'"
   tools
@@ -152,6 +166,7 @@ cmd_up() {
       "$KIND" delete cluster --name "$CLUSTER" >&2
     fi
   fi
+  preflight_exec
   local cfg; cfg="$(mktemp)"; kind_config >"$cfg"
   log "kind create cluster --name $CLUSTER --image $image"
   local t0=$SECONDS

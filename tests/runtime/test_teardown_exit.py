@@ -3,8 +3,8 @@
 
 Real parts: the session's local Ray, a real detached group, the entrypoint in its own OS
 process. The incomplete teardown is real too: while it runs, a concurrent creator takes a killed
-worker's name back at once (as a group re-created too early would), so that name is still
-bound at the deadline.
+worker's name back at once (as a group re-created too early would), so the name is bound
+again when teardown checks that everything stayed gone.
 """
 
 from __future__ import annotations
@@ -74,7 +74,10 @@ def test_incomplete_teardown_exits_non_zero_and_a_retry_completes(
     assert report["complete"] is False, (report, len(taken))
     assert proc.returncode == EXIT_INCOMPLETE == 3
     assert "not fully removed" in proc.stderr and "do not re-create" in proc.stderr
-    assert any("not everything was gone after 3s" in e for e in report["errors"]), report
+    # Seen during the wait (a loaded machine) or on the check that it stayed gone (a fast one).
+    assert any(e == "not everything was gone after 3s"
+               or f"still there after teardown (created again meanwhile?): actor {contested}" in e
+               for e in report["errors"]), report
     assert contested in report["actors_killed"]
     for handle in taken:
         ray.kill(handle, no_restart=True)

@@ -84,6 +84,15 @@ def teardown_group(
     complete = _wait_gone(namespace, killed, {p.id_hex for p in pgs}, timeout_s=timeout_s)
     if not complete:
         errors.append(f"not everything was gone after {timeout_s:g}s")
+    else:
+        # Gone, and still gone a moment later: a creator racing this teardown (a group
+        # re-created too early) would otherwise leave workers or placement groups behind
+        # a report that says complete.
+        time.sleep(_SETTLE_S)
+        left = _still_there(group_name=group_name, namespace=namespace, names=killed)
+        if left:
+            complete = False
+            errors.append(f"still there after teardown (created again meanwhile?): {', '.join(left)}")
     complete = complete and not failed
     return TeardownReport(
         group_name=group_name,
@@ -94,6 +103,26 @@ def teardown_group(
         complete=complete,
         errors=tuple(errors),
     )
+
+
+_SETTLE_S = 0.2
+
+
+def _still_there(*, group_name: str, namespace: str, names: Iterable[str]) -> list[str]:
+    """What of the group exists now: bound worker names, placement groups, KV keys."""
+    left = []
+    for name in sorted(names):
+        try:
+            ray.get_actor(name, namespace=namespace)
+            left.append(f"actor {name}")
+        except ValueError:
+            pass
+    left += [f"placement group {p.name}" for p in find_placement_groups(namespace=namespace, group_name=group_name)]
+    if registry.load_members(group_name=group_name, namespace=namespace) is not None:
+        left.append("members key")
+    if registry.load_record(group_name=group_name, namespace=namespace) is not None:
+        left.append("record")
+    return left
 
 
 def _actors_in_placement_groups(

@@ -18,7 +18,21 @@ DLOG="${TG_DOCKER_LOG:-/var/log/trainergroup-dockerd.log}"
 # PATH may want a buildx plugin that is not installed).
 DOCKER=/usr/bin/docker
 
+# Capability bit 24 is CAP_SYS_RESOURCE. The wrapper is (re)installed on every call, so an
+# updated wrapper takes effect for the next container without restarting dockerd.
+capbnd="$(awk '/^CapBnd:/ {print $2}' /proc/self/status)"
+NEED_WRAPPER=0
+if (( (16#$capbnd >> 24 & 1) == 0 )); then
+  NEED_WRAPPER=1
+  mkdir -p /usr/local/lib/trainergroup
+  cmp -s "$HERE/runc-dropcap" /usr/local/lib/trainergroup/runc-dropcap \
+    || install -m 0755 "$HERE/runc-dropcap" /usr/local/lib/trainergroup/runc-dropcap
+fi
+
 if [[ -x "$DOCKER" ]] && "$DOCKER" info >/dev/null 2>&1; then
+  if (( NEED_WRAPPER )) && [[ "$("$DOCKER" info --format '{{.DefaultRuntime}}')" != tg-runc ]]; then
+    die "dockerd runs without the runc wrapper this machine needs (privileged containers would fail with 'unable to apply caps'): stop dockerd and rerun $0"
+  fi
   log "engine already running: $("$DOCKER" version --format '{{.Server.Version}}')"
   exit 0
 fi
@@ -30,11 +44,7 @@ if ! command -v dockerd >/dev/null 2>&1 || [[ ! -x "$DOCKER" ]]; then
     || die "apt-get install docker.io failed"
 fi
 
-# Capability bit 24 is CAP_SYS_RESOURCE.
-capbnd="$(awk '/^CapBnd:/ {print $2}' /proc/self/status)"
-if (( (16#$capbnd >> 24 & 1) == 0 )); then
-  mkdir -p /usr/local/lib/trainergroup
-  install -m 0755 "$HERE/runc-dropcap" /usr/local/lib/trainergroup/runc-dropcap
+if (( NEED_WRAPPER )); then
   python3 - <<'PY'
 import json, os
 p = "/etc/docker/daemon.json"

@@ -25,6 +25,7 @@ REPO="$(cd "$HERE/../.." && pwd)"
 source "$REPO/hack/versions.env"
 DOCKER="${DOCKER:-/usr/bin/docker}"   # Debian's docker.io CLI: BuildKit built in (no buildx needed)
 export DOCKER_BUILDKIT=1
+# TG_BUILDKIT_KEEP=14GB: BuildKit cache kept after a build (docker builder prune --keep-storage).
 
 APP_VERSION="$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' "$REPO/charts/trainergroup/Chart.yaml")"
 OPERATOR_REPO="$(sed -n '/^image:/,/^[^ ]/s/^  repository: *//p' "$REPO/charts/trainergroup/values.yaml" | head -1)"
@@ -115,5 +116,10 @@ for t in "${targets[@]}"; do
   esac
 done
 log "times: $(IFS=';'; echo "${TIMES[*]}"); total $((SECONDS - T0)) s"
+# Disk: every rebuild of the runtime image leaves a multi-GB dangling image and build-cache
+# record behind. Drop dangling images, and cap BuildKit's cache (the wheel cache mount and
+# the newest layers are the most recently used, so they stay).
+"$DOCKER" image prune -f >/dev/null 2>&1 || true
+"$DOCKER" builder prune -f --keep-storage "${TG_BUILDKIT_KEEP:-14GB}" >/dev/null 2>&1 || true
 "$DOCKER" image ls --format '{{.Repository}}:{{.Tag}} {{.Size}}' \
   | grep -E "^(${OPERATOR_IMAGE}|${RUNTIME_IMAGE}|${KUBERAY_IMAGE}) " >&2 || true

@@ -148,30 +148,6 @@ wait_for() {  # <timeout s> <description> <command...>: until the command succee
   done
 }
 
-discard_unpacked_layers() {  # <node> <image>: remove the layer blobs of an unpacked image
-  # What containerd's CRI option discard_unpacked_layers does for pulled images: containers
-  # start from the unpacked snapshots; the manifest and config blobs stay.
-  local node="$1" image="$2" ref digests
-  ref="$image"; [[ "$ref" == */*/* || "$ref" == */*.*/* ]] || ref="docker.io/$ref"
-  digests="$(docker exec "$node" ctr -n k8s.io images ls "name==$ref" 2>/dev/null | awk 'NR==2 {print $3}')"
-  [[ -n "$digests" ]] || { log "discard: $image not found on $node (skipped)"; return 0; }
-  docker exec "$node" ctr -n k8s.io content get "$digests" | NODE="$node" python3 -c '
-import json, os, subprocess, sys
-node = os.environ["NODE"]
-def get(d):
-    return json.loads(subprocess.run(["docker", "exec", node, "ctr", "-n", "k8s.io", "content", "get", d],
-                                     capture_output=True, check=True).stdout)
-doc = json.load(sys.stdin)
-manifests = [m["digest"] for m in doc.get("manifests", [])] if "manifests" in doc else []
-layers = [l["digest"] for l in doc.get("layers", [])]
-for m in manifests:
-    layers += [l["digest"] for l in get(m).get("layers", [])]
-if layers:
-    subprocess.run(["docker", "exec", node, "ctr", "-n", "k8s.io", "content", "rm", *layers],
-                   capture_output=True, check=False)
-print(len(layers))' | { read -r n; log "discarded $n unpacked layer blobs of $image on $node"; }
-}
-
 # ---- 1. images ----------------------------------------------------------------------------------
 if [[ "${E2E_SKIP_BUILD:-0}" != 1 ]]; then
   if [[ "$MODE" == fake ]]; then
@@ -202,14 +178,10 @@ if [[ "$MODE" == fake ]]; then
   # image (several GB) goes to both, the operators' images to the untainted CPU worker.
   CPU_NODE="$(k get nodes -l '!nvidia.com/gpu.present,!node-role.kubernetes.io/control-plane' -o jsonpath='{.items[0].metadata.name}')"
   [[ -n "$CPU_NODE" ]] || die "no CPU worker node (a node that is neither the control plane nor labelled nvidia.com/gpu.present)"
-  # One node at a time, and each node then drops the imported layer tarballs it has already
-  # unpacked (containerd keeps both otherwise: 2 x the image's size per node), so the disk
-  # holds at most the image's size per node plus one archive in flight.
+  # (load-image.sh streams each image into one node at a time and drops the layer blobs a
+  # node has unpacked, so a node holds the image's size once, not twice.)
   log "loading images into $GPU_NODE and $CPU_NODE"
-  for node in "$GPU_NODE" "$CPU_NODE"; do
-    TG_KIND_CLUSTER="$CLUSTER" TG_KIND_LOAD_NODES="$node" bash hack/kind/load-image.sh "$RUNTIME_IMAGE"
-    discard_unpacked_layers "$node" "$RUNTIME_IMAGE"
-  done
+  TG_KIND_CLUSTER="$CLUSTER" TG_KIND_LOAD_NODES="$GPU_NODE,$CPU_NODE" bash hack/kind/load-image.sh "$RUNTIME_IMAGE"
   TG_KIND_CLUSTER="$CLUSTER" TG_KIND_LOAD_NODES="$CPU_NODE" bash hack/kind/load-image.sh "$OPERATOR_IMAGE" "$KUBERAY_IMAGE"
 else
   NODE="${CLUSTER}-control-plane"

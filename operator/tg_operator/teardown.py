@@ -97,17 +97,22 @@ async def teardown_group(
             return TeardownResult(
                 done=False, message=f"teardown job {tid} is {state}", submission_id=tid
             )
-        if job.status == "SUCCEEDED":
-            logs = await dash.job_logs(tid)
-            report = entrypoints.parse_teardown(logs) or {}
+        logs = await dash.job_logs(tid)
+        report = entrypoints.parse_teardown(logs) or {}
+        if job.status == "SUCCEEDED" and report.get("complete", True) is not False:
             return TeardownResult(
                 done=True,
                 message=f"teardown {tid}: {report or 'done'}",
                 report=report,
                 submission_id=tid,
             )
-        logs = await dash.job_logs(tid)
-        last_error = f"teardown job {tid} {job.status}: {entrypoints.tail(logs) or job.message}"
+        # An incomplete teardown (the entrypoint exits 3 and reports complete: false; an older
+        # runtime exited 0 with the same report) is never taken as done: the next attempt runs
+        # and the group is not re-created meanwhile.
+        why = f"incomplete: {report.get('errors') or report}" if report else ""
+        last_error = (
+            f"teardown job {tid} {job.status}: {why or entrypoints.tail(logs) or job.message}"
+        )
     return TeardownResult(
         done=False, message=f"teardown failed {MAX_ATTEMPTS} times; last: {last_error}"
     )

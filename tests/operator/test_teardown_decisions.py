@@ -1,0 +1,86 @@
+"""The operator never takes an incomplete teardown as done (pure decision logic, a fake Jobs API).
+
+The real teardown entrypoint's incomplete exit is exercised against a real Ray in
+tests/runtime/test_teardown_exit.py; here a small in-memory stand-in for the Jobs API plays
+back what Ray would answer, so every outcome is checked in milliseconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from tests.operator.helpers import trainergroup
+from tg_operator import names, teardown
+from tg_operator.dashboard import JobInfo
+
+
+class FakeJobs:
+    """Jobs API playback: each submitted teardown job ends as the next (status, report) says."""
+
+    base_url = "http://ray.invalid:8265"
+
+    def __init__(self, outcomes: list[tuple[str, dict[str, Any]]]) -> None:
+        self.outcomes = list(outcomes)
+        self.jobs: dict[str, JobInfo] = {}
+        self.logs: dict[str, str] = {}
+        self.submitted: list[str] = []
+
+    async def get_job(self, submission_id: str) -> JobInfo | None:
+        return self.jobs.get(submission_id)
+
+    async def stop_job(self, submission_id: str) -> bool:
+        return True
+
+    async def submit_job(self, *, submission_id: str, entrypoint: str, **_: Any) -> str:
+        status, report = self.outcomes.pop(0)
+        self.submitted.append(submission_id)
+        self.jobs[submission_id] = JobInfo(submission_id=submission_id, status=status)
+        self.logs[submission_id] = f"noise\nTG_TEARDOWN {json.dumps(report)}\n"
+        return submission_id
+
+    async def job_logs(self, submission_id: str) -> str:
+        return self.logs.get(submission_id, "")
+
+
+def run(outcomes: list[tuple[str, dict[str, Any]]]) -> tuple[teardown.TeardownResult, FakeJobs]:
+    tg = trainergroup()
+    dash = FakeJobs(outcomes)
+    result = asyncio.run(
+        teardown.teardown_group(
+            dash,  # type: ignore[arg-type]
+            tg,
+            python="python",
+            ray_namespace=tg.ray_namespace,
+            generation=0,
+        )
+    )
+    return result, dash
+
+
+COMPLETE = {"complete": True, "errors": [], "actors_killed": ["a"]}
+INCOMPLETE = {"complete": False, "errors": ["placement group tg:x:0 still exists"]}
+
+
+def test_a_complete_teardown_is_done() -> None:
+    result, dash = run([("SUCCEEDED", COMPLETE)])
+    assert result.done and result.report == COMPLETE
+    assert len(dash.submitted) == 1
+
+
+def test_an_incomplete_teardown_is_retried_under_the_next_attempt_id() -> None:
+    # the runtime exits 3 (FAILED) when incomplete; an older one exited 0 with the same report
+    result, dash = run([("FAILED", INCOMPLETE), ("SUCCEEDED", INCOMPLETE), ("SUCCEEDED", COMPLETE)])
+    assert result.done
+    tg = trainergroup()
+    assert dash.submitted == [
+        names.teardown_submission_id(tg, generation=0, attempt=a) for a in range(3)
+    ]
+
+
+def test_a_teardown_that_never_completes_is_never_done() -> None:
+    result, dash = run([("FAILED", INCOMPLETE)] * teardown.MAX_ATTEMPTS)
+    assert not result.done
+    assert len(dash.submitted) == teardown.MAX_ATTEMPTS
+    assert "still exists" in result.message

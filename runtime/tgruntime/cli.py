@@ -7,51 +7,236 @@
 
 The same TrainerGroup YAML as on Kubernetes; ``rayCluster``/``rayClusterRef`` are ignored.
 ``up`` runs the server entrypoint in its own process, which exits once the detached
-group exists: the group outlives it, exactly as on a cluster.
+group exists: the group outlives it, exactly as on a cluster. While it works, ``up``
+reports progress (head, placement, actors, init_model) read from the GCS.
+
+Output is for people by default; ``--json`` prints one JSON document on stdout instead
+(progress and notes stay on stderr). The Ray address: ``--address``, else RAY_ADDRESS
+(TG_RAY_ADDRESS still works, deprecated), else the head tgctl started.
+
+Fast paths: ``status`` is not a Ray driver (it reads the GCS directly); ``down`` and
+``train`` attach without importing the worker class (no torch/megatron for ``down``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import logging
-import os
+import re
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Mapping
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
 
 import tgspec
-from tgruntime import groups, local_ray
-from tgruntime.controller.errors import GroupNotFoundError, TrainerGroupError
+from tgruntime import local_ray
+from tgruntime.controller.errors import TrainerGroupError
 
 log = logging.getLogger("tgctl")
+
+READY_TAG = "TG_GROUP_READY"  # = groups.READY_TAG (groups imports the controller's creation code)
+FAILED_TAG = "TG_GROUP_FAILED"
 
 
 def _load(path: str) -> tgspec.TrainerGroup:
     return tgspec.load_file(path, local=True)
 
 
+def _emit_json(body: Mapping[str, Any]) -> None:
+    print(json.dumps(body, sort_keys=True, default=str), flush=True)
+
+
+def _parse_tagged(tag: str, text: str) -> dict[str, Any] | None:
+    found: dict[str, Any] | None = None
+    for line in text.splitlines():
+        if line.startswith(tag + " "):
+            found = json.loads(line[len(tag) + 1 :])
+    return found
+
+
+def _address(args: argparse.Namespace) -> str | None:
+    """--address, else RAY_ADDRESS (or the deprecated TG_RAY_ADDRESS), else None."""
+    from tgruntime.ray_connect import address_from_env
+
+    return args.address or address_from_env()
+
+
+def _known_address(args: argparse.Namespace) -> str | None:
+    """The explicit address, else the head tgctl started (None when neither is known)."""
+    address = _address(args)
+    if address:
+        return address
+    known = local_ray.load()
+    return known.gcs_address if known else None
+
+
+# ============================================================================ output filter
+# Lines that megatron-core prints on every import when Transformer Engine / Apex are not
+# installed (the CPU and stand-in images), and Megatron-FSDP's info lines: shown as one note.
+_NOTICE = re.compile(
+    r"Transformer Engine|\bApex\b|Megatron-FSDP|megatron_fsdp|^\s*warnings\.warn\(",
+)
+_RAY_CONNECT = re.compile(r"Connecting to existing Ray cluster|Connected to Ray cluster")
+_OWN_INFO = re.compile(r" INFO tgruntime\.")
+
+
+class ServerOutput:
+    """Reads the server's stderr as it comes: keeps all of it in a log file, passes on
+    what a person needs (warnings, errors, tracebacks), counts megatron's notices."""
+
+    def __init__(self, stream: IO[str], log_path: Path, *, verbose: bool) -> None:
+        self.notices = 0
+        self.text: list[str] = []
+        self._stream = stream
+        self._log_path = log_path
+        self._verbose = verbose
+        self._thread = threading.Thread(target=self._pump, name="tgctl-server-stderr", daemon=True)
+        self._thread.start()
+
+    def _pump(self) -> None:
+        self._log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self._log_path, "w") as out:
+            for line in self._stream:
+                out.write(line)
+                out.flush()
+                self.text.append(line)
+                if self._verbose:
+                    _err(line.rstrip("\n"))
+                elif _NOTICE.search(line):
+                    self.notices += 1
+                elif not (_RAY_CONNECT.search(line) or _OWN_INFO.search(line)):
+                    _err(line.rstrip("\n"))
+
+    def join(self, timeout_s: float) -> None:
+        self._thread.join(timeout=timeout_s)
+
+    def note(self) -> str:
+        if not self.notices:
+            return ""
+        return (
+            "note: megatron-core runs without Transformer Engine/Apex here (its PyTorch "
+            f"fallbacks); {self.notices} such lines hidden (--verbose shows them; full log "
+            f"{self._log_path})"
+        )
+
+
+_err_lock = threading.Lock()
+
+
+def _err(text: str) -> None:
+    with _err_lock:
+        print(text, file=sys.stderr, flush=True)
+
+
+class Progress:
+    """One line per step on stderr, each with the time since ``up`` began."""
+
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+        self.last = ""
+
+    def step(self, text: str) -> None:
+        if text != self.last:
+            self.last = text
+            _err(f"[{time.monotonic() - self.t0:6.1f}s] {text}")
+
+
+def _watch_creation(
+    view: Any, tg: tgspec.TrainerGroup, proc: subprocess.Popen[str], progress: Progress, deadline: float
+) -> None:
+    """Report placement / actors / init_model from the GCS until the server exits."""
+    from tgruntime.gcs_view import by_name
+
+    n = tg.spec.world_size
+    pgs = len(tg.spec.workers.processes_per_node)
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            record = view.record(group_name=tg.group_name, namespace=tg.ray_namespace)
+            members = view.members(group_name=tg.group_name, namespace=tg.ray_namespace)
+            if record is not None:
+                progress.step(f"actors: {n}/{n} alive")
+                progress.step("init_model: running on every worker")
+            elif members is not None:
+                actors = by_name(view.actors(namespace=tg.ray_namespace))
+                mine = [actors[w] for w in members.worker_names if w in actors]
+                if not mine:
+                    progress.step(f"placement: waiting for {pgs} placement group(s) of {n} bundle(s)")
+                else:
+                    progress.step(f"placement: {pgs} placement group(s) placed")
+                    alive = sum(a.state == "ALIVE" for a in mine)
+                    progress.step(f"actors: {alive}/{n} alive")
+            else:
+                progress.step("server: connected; checking the cluster, importing the worker class")
+        except TrainerGroupError:
+            pass  # a slow GCS answer: the server's own result decides
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=0.5)
+
+
+# ============================================================================ up
 def cmd_up(args: argparse.Namespace) -> int:
+    from tgruntime.gcs_view import GcsView
+
     tg = _load(args.file)
-    head = local_ray.ensure(address=args.address, num_cpus=args.num_cpus, num_gpus=args.num_gpus)
+    progress = Progress()
+    progress.step("head: looking for a Ray head")
+    head = local_ray.ensure(address=_address(args), num_cpus=args.num_cpus, num_gpus=args.num_gpus)
+    view = GcsView(head.gcs_address)
+    dashboard = view.dashboard_url()
+    progress.step(
+        f"head: {head.gcs_address}"
+        + (f", dashboard {dashboard}" if dashboard else " (no dashboard)")
+    )
     cmd = [sys.executable, "-m", "tgruntime.server", "-f", args.file, "--address", head.gcs_address]
-    log.info(
-        "creating group %s in Ray namespace %s (%d workers)",
-        tg.group_name,
-        tg.ray_namespace,
-        tg.spec.world_size,
+    progress.step(
+        f"server: creating group {tg.group_name} in Ray namespace {tg.ray_namespace} "
+        f"({tg.spec.world_size} workers)"
     )
-    proc = subprocess.run(
-        cmd, capture_output=True, text=True, timeout=tg.spec.timeouts.workers_ready_seconds + 120
+    log_path = local_ray.state_file().parent / "logs" / f"up-{tg.ray_namespace}-{tg.group_name}.log"
+    timeout_s = tg.spec.timeouts.workers_ready_seconds + 120
+    deadline = time.monotonic() + timeout_s
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1
     )
-    sys.stderr.write(proc.stderr)
-    ready = groups.parse_tagged(groups.READY_TAG, proc.stdout)
+    assert proc.stdout is not None and proc.stderr is not None
+    out_lines: list[str] = []
+    reader = threading.Thread(target=lambda: out_lines.extend(proc.stdout or ()), daemon=True)
+    reader.start()
+    errors = ServerOutput(proc.stderr, log_path, verbose=args.verbose)
+    try:
+        _watch_creation(view, tg, proc, progress, deadline)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+            print(
+                f"tgctl up: the server did not finish within {timeout_s:g}s "
+                "(spec.timeouts.workersReadySeconds + 120 s); log: " + str(log_path),
+                file=sys.stderr,
+            )
+            return 1
+    finally:
+        reader.join(timeout=10)
+        errors.join(timeout=10)
+    note = errors.note()
+    if note:
+        _err(note)
+    stdout = "".join(out_lines)
+    ready = _parse_tagged(READY_TAG, stdout)
     if proc.returncode != 0 or ready is None:
-        failed = groups.parse_tagged(groups.FAILED_TAG, proc.stdout) or {
-            "error": f"server exited {proc.returncode}"
-        }
-        print(f"tgctl up: {failed['error']}", file=sys.stderr)
+        failed = _parse_tagged(FAILED_TAG, stdout) or {"error": f"server exited {proc.returncode}"}
+        print(f"tgctl up: {failed['error']}\n  (server log: {log_path})", file=sys.stderr)
+        if args.json:
+            _emit_json({"ok": False, **failed, "serverLog": str(log_path)})
         return 1
+    progress.step(f"init_model: done, group {ready['groupName']} is up")
+    if args.json:
+        _emit_json({**ready, "rayAddress": head.gcs_address, "dashboardUrl": dashboard})
+        return 0
     print(
         f"group {ready['groupName']} is up in Ray namespace {ready['rayNamespace']} "
         f"(generation {ready['generation']}, mesh {ready['mesh']})"
@@ -59,6 +244,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     print(f"  device: {describe_device(ready.get('useGpu'), ready)}")
     for rank, name in enumerate(ready["workerNames"]):
         print(f"  rank {rank}: {name}")
+    if dashboard:
+        print(f"  Ray dashboard: {dashboard}")
     return 0
 
 
@@ -74,89 +261,188 @@ def describe_device(use_gpu: Any, device: Mapping[str, Any]) -> str:
     return text
 
 
-def _connect_existing(args: argparse.Namespace, tg: tgspec.TrainerGroup) -> None:
-    from tgruntime.ray_connect import connect
+# ============================================================================ status
+def _gcs_address(address: str) -> str:
+    """host:port for a driver-less GCS client ("auto": the newest head on this machine)."""
+    if address.startswith("ray://"):
+        raise TrainerGroupError(
+            f"--address {address}: tgctl status reads the GCS directly and needs its "
+            "host:port (the head's port 6379 on a RayCluster), not a ray:// client address"
+        )
+    if address == "auto":
+        from ray._private.services import canonicalize_bootstrap_address_or_die
 
-    address = args.address
-    if not address:
-        known = local_ray.load()
-        if known is None:
-            raise TrainerGroupError(
-                "no Ray cluster is known: run `tgctl up -f FILE` first, or pass --address"
-            )
-        address = known.gcs_address
-    connect(address=address, namespace=tg.ray_namespace)
+        return str(canonicalize_bootstrap_address_or_die("auto"))
+    return address
+
+
+def group_status(address: str, tg: tgspec.TrainerGroup) -> dict[str, Any]:
+    """The group's phase and workers, read from the GCS (no driver, no worker class)."""
+    from tgruntime.controller.health import death_cause_text
+    from tgruntime.gcs_view import GcsView, by_name
+
+    view = GcsView(_gcs_address(address))
+    record = view.record(group_name=tg.group_name, namespace=tg.ray_namespace)
+    base: dict[str, Any] = {
+        "groupName": tg.group_name,
+        "rayNamespace": tg.ray_namespace,
+        "rayAddress": view.address,
+    }
+    if record is None:
+        members = view.members(group_name=tg.group_name, namespace=tg.ray_namespace)
+        phase = "Creating" if members is not None else "NotFound"
+        return {**base, "phase": phase, "workers": []}
+    actors = by_name(view.actors(namespace=tg.ray_namespace))
+    workers = []
+    for rank, name in enumerate(record.worker_names):
+        a = actors.get(name)
+        if a is None:
+            state, cause, pid = "DEAD", "no such actor in the namespace (never created, or removed)", None
+        elif a.state == "ALIVE":
+            state, cause, pid = "ALIVE", "", a.pid
+        elif a.state == "DEAD":
+            state, cause, pid = "DEAD", death_cause_text(a.death_cause), a.pid
+        else:
+            state, cause, pid = "UNREACHABLE", f"actor is {a.state}", a.pid
+        workers.append({"rank": rank, "name": name, "state": state, "pid": pid, "cause": cause})
+    alive = sum(w["state"] == "ALIVE" for w in workers)
+    return {
+        **base,
+        "phase": "Ready" if alive == len(workers) else "Degraded",
+        "generation": record.generation,
+        "alive": alive,
+        "worldSize": len(workers),
+        "mesh": dict(record.mesh),
+        "useGpu": record.use_gpu,
+        "device": dict(record.device),
+        "workers": workers,
+        "dashboardUrl": view.dashboard_url(),
+    }
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from tgruntime.controller import WorkerGroup, load_record
-
     tg = _load(args.file)
-    _connect_existing(args, tg)
-    try:
-        wg = WorkerGroup.attach(group_name=tg.group_name, namespace=tg.ray_namespace, timeout_s=10)
-    except GroupNotFoundError as exc:
-        print(f"phase: NotFound\n{exc}\nRun `tgctl up -f {args.file}` to create it.")
-        return 1
-    health = wg.health(timeout_s=10)
-    alive = sum(h.state == "ALIVE" for h in health)
-    phase = "Ready" if alive == len(health) else "Degraded"
+    address = _known_address(args)
+    if address is None:
+        raise TrainerGroupError(
+            "no Ray cluster is known: run `tgctl up -f FILE` first, or pass --address "
+            "(or set RAY_ADDRESS)"
+        )
+    st = group_status(address, tg)
+    rc = {"Ready": 0, "NotFound": 1}.get(st["phase"], 3)
+    if args.json:
+        _emit_json(st)
+        return rc
+    if st["phase"] == "NotFound":
+        print(
+            f"phase: NotFound\ngroup {tg.group_name!r} is not in Ray namespace "
+            f"{tg.ray_namespace!r} at {st['rayAddress']}.\nRun `tgctl up -f {args.file}` to create it."
+        )
+        return rc
+    if st["phase"] == "Creating":
+        print(
+            f"phase: Creating  (group {tg.group_name} in Ray namespace {tg.ray_namespace}: "
+            "its workers are being created; ask again shortly)"
+        )
+        return rc
     print(
-        f"phase: {phase}  ({alive}/{len(health)} workers alive, generation {wg.generation}, "
-        f"Ray namespace {tg.ray_namespace})"
+        f"phase: {st['phase']}  ({st['alive']}/{st['worldSize']} workers alive, generation "
+        f"{st['generation']}, Ray namespace {tg.ray_namespace})"
     )
-    record = load_record(group_name=tg.group_name, namespace=tg.ray_namespace)
-    if record is not None:
-        print(f"device: {describe_device(record.use_gpu, record.device)}")
+    print(f"device: {describe_device(st['useGpu'], st['device'])}")
+    if st["dashboardUrl"]:
+        print(f"dashboard: {st['dashboardUrl']}")
     print(f"{'RANK':<5} {'STATE':<12} {'PID':<8} {'NAME':<40} CAUSE")
-    for h in health:
-        print(f"{h.rank:<5} {h.state:<12} {h.pid or '':<8} {h.name:<40} {h.cause or ''}")
-    return 0 if phase == "Ready" else 3
+    for w in st["workers"]:
+        print(f"{w['rank']:<5} {w['state']:<12} {w['pid'] or '':<8} {w['name']:<40} {w['cause']}")
+    return rc
 
 
+# ============================================================================ train, down
 def cmd_train(args: argparse.Namespace) -> int:
     from tgruntime import client
 
-    tg = _load(args.file)
-    known = local_ray.load()
-    address = args.address or (known.gcs_address if known else None)
+    address = _known_address(args)
     if address is None:
         print(
-            "tgctl train: no Ray cluster is known: run `tgctl up -f FILE` first, or pass --address",
+            "tgctl train: no Ray cluster is known: run `tgctl up -f FILE` first, or pass "
+            "--address (or set RAY_ADDRESS)",
             file=sys.stderr,
         )
         return 1
-    del tg
     argv = ["-f", args.file, "--steps", str(args.steps), "--address", address]
+    argv += ["--format", "tagged" if args.json else "human"]
     if args.fresh_batches:
         argv.append("--fresh-batches")
     if args.save_checkpoint:
         argv += ["--save-checkpoint", args.save_checkpoint]
+    if args.no_progress:
+        argv.append("--no-progress")
     return client.main(argv)
+
+
+def describe_teardown(body: Mapping[str, Any]) -> list[str]:
+    """The teardown report in words: what was removed, checked, not checked; complete or not."""
+    lines = [
+        f"group {body['group_name']} (Ray namespace {body['namespace']}): "
+        f"{len(body['actors_killed'])} worker(s) killed, "
+        f"{len(body['placement_groups_removed'])} placement group(s) removed, "
+        f"{len(body['keys_removed'])} key(s) deleted"
+    ]
+    if not (body["actors_killed"] or body["placement_groups_removed"] or body["keys_removed"]):
+        lines[0] += " (nothing was left)"
+    lines += [f"  checked: {c}" for c in body.get("checked", ())]
+    lines += [f"  NOT checked: {c}" for c in body.get("not_checked", ())]
+    if body["complete"]:
+        lines.append("complete: everything checked is gone")
+    else:
+        lines.append("INCOMPLETE: " + ("; ".join(body.get("errors", ())) or "see above"))
+    return lines
 
 
 def cmd_down(args: argparse.Namespace) -> int:
     from tgruntime import teardown
 
     tg = _load(args.file)
-    known = local_ray.load()
-    address = args.address or (known.gcs_address if known else None)
+    address = _known_address(args)
     rc = 0
+    out: dict[str, Any] = {"groupName": tg.group_name, "rayNamespace": tg.ray_namespace}
     if address is None:
-        print("tgctl down: no Ray cluster is known; nothing to tear down")
+        out["teardown"] = None
+        if not args.json:
+            print("tgctl down: no Ray cluster is known; nothing to tear down")
     else:
-        rc = teardown.main(
-            ["--group", tg.group_name, "--ray-namespace", tg.ray_namespace, "--address", address]
+        body = teardown.run(
+            group=tg.group_name, namespace=tg.ray_namespace, address=address, timeout_s=args.timeout
         )
+        out["teardown"] = body
+        if not body.get("complete", False):
+            rc = teardown.EXIT_INCOMPLETE
+            print(f"tgctl down: {teardown.incomplete_message(body)}", file=sys.stderr)
+        if not args.json:
+            print("\n".join(describe_teardown(body)))
     if args.stop_ray:
-        print(
-            "stopped the local Ray head"
-            if local_ray.stop()
-            else "no local Ray head started by tgctl to stop"
-        )
+        if address is not None:
+            _disconnect()
+        stopped = local_ray.stop()
+        out["stoppedLocalHead"] = stopped
+        if not args.json:
+            print(
+                "stopped the local Ray head" if stopped else "no local Ray head started by tgctl to stop"
+            )
+    if args.json:
+        _emit_json(out)
     return rc
 
 
+def _disconnect() -> None:
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+# ============================================================================ main
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="tgctl", description="Run a TrainerGroup on local Ray (the embedded default)."
@@ -168,9 +454,12 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("-f", "--file", required=True, help="TrainerGroup YAML")
         sp.add_argument(
             "--address",
-            default=os.environ.get("TG_RAY_ADDRESS"),
-            help="an existing Ray cluster's GCS address",
+            default=None,
+            help="an existing Ray cluster's GCS address (default: RAY_ADDRESS, else the "
+            "local head tgctl started; TG_RAY_ADDRESS is read too, deprecated)",
         )
+        sp.add_argument("--json", action="store_true", help="one JSON document on stdout")
+        sp.add_argument("-v", "--verbose", action="store_true", help="all log lines, unfiltered")
         return sp
 
     up = add("up", "start local Ray if needed and create the group")
@@ -191,18 +480,23 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--steps", type=int, default=5)
     tr.add_argument("--fresh-batches", action="store_true", help="a new random batch every step")
     tr.add_argument("--save-checkpoint", default=None)
+    tr.add_argument("--no-progress", action="store_true", help="no progress bar")
     dn = add("down", "tear the group down")
     dn.add_argument(
         "--stop-ray", action="store_true", help="also stop the local Ray head tgctl started"
+    )
+    dn.add_argument(
+        "--timeout", type=float, default=60.0, help="seconds to wait for the workers to be gone"
     )
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
     args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s" if args.verbose else "tgctl: %(message)s",
+    )
     handlers = {"up": cmd_up, "status": cmd_status, "train": cmd_train, "down": cmd_down}
     try:
         return handlers[args.command](args)

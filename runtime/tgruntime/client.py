@@ -6,8 +6,14 @@
 
 Attaches by group name (never by hard-coded worker names, though ``--worker-names`` is
 accepted), sends one batch per step through ``train_model`` and prints one
-``TG_STEP {json}`` line per step (loss, grad norm, tokens/s) with a progress bar on
-stderr. Exits non-zero with a clear message on failure.
+``TG_STEP {json}`` line per step (loss, grad norm, tokens/s; ``--format human``: a line
+for people instead) with a progress bar on stderr; step lines are written through the
+bar, so the two never garble each other on a terminal. Exits non-zero with a clear
+message on failure.
+
+Attaching imports neither the worker class nor megatron (``gcs_view.use_light_handles``).
+In a pod, ``--namespace`` defaults to the pod's own Kubernetes namespace (its service
+account's).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import tgspec
 from tgruntime import batches, groups
 from tgruntime.controller import DataProto, WorkerGroup
 from tgruntime.controller.errors import TrainerGroupError
+from tgruntime.gcs_view import use_light_handles
 from tgruntime.ray_connect import connect
 
 log = logging.getLogger("tgruntime.client")
@@ -157,8 +164,20 @@ def train_step(wg: WorkerGroup, tokens: np.ndarray, *, step: int) -> StepReport:
     )
 
 
+def human_step(report: StepReport, steps: int) -> str:
+    return (
+        f"step {report.step}/{steps}: loss {report.loss:.4f}, grad norm {report.grad_norm:.3f}, "
+        f"{report.tokens_per_s:,.0f} tokens/s, {report.step_time_s:.3f} s"
+    )
+
+
 def train(
-    wg: WorkerGroup, stream: Iterator[np.ndarray], *, steps: int, progress: bool = True
+    wg: WorkerGroup,
+    stream: Iterator[np.ndarray],
+    *,
+    steps: int,
+    progress: bool = True,
+    fmt: str = "tagged",
 ) -> list[StepReport]:
     from tqdm import tqdm
 
@@ -173,11 +192,30 @@ def train(
     for step in range(1, steps + 1):
         report = train_step(wg, next(stream), step=step)
         reports.append(report)
-        print(groups.tagged(groups.STEP_TAG, dataclasses.asdict(report)), flush=True)
+        line = (
+            human_step(report, steps)
+            if fmt == "human"
+            else groups.tagged(groups.STEP_TAG, dataclasses.asdict(report))
+        )
+        # Through the bar: it clears itself, writes the line, redraws below it.
+        bar.write(line, file=sys.stdout)
+        sys.stdout.flush()
         bar.set_postfix(loss=f"{report.loss:.4f}")
         bar.update(1)
     bar.close()
     return reports
+
+
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def default_k8s_namespace(path: str = SERVICE_ACCOUNT_NAMESPACE) -> str:
+    """The pod's Kubernetes namespace (its service account's) in a cluster, else "default"."""
+    try:
+        value = Path(path).read_text().strip()
+    except OSError:
+        return "default"
+    return value or "default"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -186,7 +224,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--trainergroup", help="read the target from this TrainerGroup's Kubernetes status"
     )
-    p.add_argument("--namespace", default="default", help="Kubernetes namespace of --trainergroup")
+    p.add_argument(
+        "--namespace",
+        default=None,
+        help="Kubernetes namespace of --trainergroup (default: this pod's namespace, from "
+        f"{SERVICE_ACCOUNT_NAMESPACE}, outside a pod 'default')",
+    )
     p.add_argument(
         "--kubeconfig", default=None, help="kubeconfig (default: in-cluster, then ~/.kube/config)"
     )
@@ -201,7 +244,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--address",
         default=None,
-        help="Ray address (default: status.rayAddress, RAY_ADDRESS or auto)",
+        help="Ray address (default: status.rayAddress, RAY_ADDRESS or auto; TG_RAY_ADDRESS "
+        "is read too, deprecated)",
     )
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--batch-size", type=int, default=None)
@@ -219,6 +263,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--attach-timeout", type=float, default=30.0)
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument(
+        "--format",
+        choices=("tagged", "human"),
+        default="tagged",
+        help="step lines: TG_STEP {json} (for machines, the default) or for people",
+    )
     return p
 
 
@@ -227,13 +277,17 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     args = build_parser().parse_args(argv)
+    if args.namespace is None:
+        args.namespace = default_k8s_namespace()
     if args.steps < 1:
         print("tgruntime.client: --steps must be at least 1", file=sys.stderr)
         return 2
     try:
         target = resolve_target(args)
-        connect(address=target.address, namespace=target.ray_namespace)
+        quiet = {"logging_level": logging.WARNING} if args.format == "human" else {}
+        connect(address=target.address, namespace=target.ray_namespace, **quiet)
         t0 = time.perf_counter()
+        use_light_handles()
         wg = attach(target, timeout_s=args.attach_timeout)
         log.info(
             "attached to %s (%d workers) in %.1f ms: %s",
@@ -243,7 +297,11 @@ def main(argv: list[str] | None = None) -> int:
             json.dumps(list(wg.worker_names)),
         )
         reports = train(
-            wg, batch_stream(args, target.spec), steps=args.steps, progress=not args.no_progress
+            wg,
+            batch_stream(args, target.spec),
+            steps=args.steps,
+            progress=not args.no_progress,
+            fmt=args.format,
         )
         if args.save_checkpoint:
             wg.save_checkpoint(args.save_checkpoint)

@@ -1,8 +1,9 @@
 """The embedded default: a local Ray head that tgctl starts on demand and remembers.
 
-The head's addresses are kept in ``~/.cache/trainergroup/local-ray.json`` so that later
+The head's addresses, its ``ray start`` pid and its temp (session) dir are kept in
+``~/.cache/trainergroup/local-ray.json`` (``$XDG_CACHE_HOME`` when set) so that later
 ``tgctl`` commands reach the same head and ``tgctl down --stop-ray`` stops only a head
-that tgctl itself started.
+that tgctl itself started: that pid and its descendants, no process-table scan.
 """
 
 from __future__ import annotations
@@ -28,14 +29,17 @@ def state_file() -> Path:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LocalRay:
     gcs_address: str
-    dashboard_url: str
+    dashboard_url: str  # "" when the head runs no dashboard (TG_RAY_INCLUDE_DASHBOARD=0)
     started_by_tgctl: bool
+    pid: int | None = None  # the head's `ray start --block` process (started_by_tgctl)
+    temp_dir: str = ""
 
 
 def load() -> LocalRay | None:
     try:
         data = json.loads(state_file().read_text())
-        return LocalRay(**data)
+        known = {f.name for f in dataclasses.fields(LocalRay)}
+        return LocalRay(**{k: v for k, v in data.items() if k in known})
     except (OSError, ValueError, TypeError):
         return None
 
@@ -120,7 +124,11 @@ def ensure(*, address: str | None, num_cpus: float | None, num_gpus: int | None)
     # Generous: on a busy 2-core laptop the head (dashboard included) can take minutes.
     head = ray_connect.start_local_head(num_cpus=num_cpus, num_gpus=num_gpus, timeout_s=300)
     local = LocalRay(
-        gcs_address=head.gcs_address, dashboard_url=head.dashboard_url, started_by_tgctl=True
+        gcs_address=head.gcs_address,
+        dashboard_url=head.dashboard_url,
+        started_by_tgctl=True,
+        pid=head.pid,
+        temp_dir=head.temp_dir,
     )
     save(local)
     log.info(
@@ -138,6 +146,6 @@ def stop() -> bool:
     known = load()
     if known is None or not known.started_by_tgctl:
         return False
-    ray_connect.stop_local_head(gcs_address=known.gcs_address)
+    ray_connect.stop_local_head(gcs_address=known.gcs_address, pid=known.pid)
     forget()
     return True

@@ -24,14 +24,21 @@
     ``ray start --head --block`` in its own session, with every port chosen free on this
     machine (several heads can coexist: other test sessions, other users), the dashboard
     on, and its own temp dir; ``env`` (e.g. ``{"RAY_AUTH_MODE": "disabled"}``) is passed to
-    it. Stop finds the head's ``ray start`` process by pid or by its GCS port and ends
-    exactly that session and its descendants (SIGTERM, then SIGKILL after a grace period).
+    it. Stop ends exactly that head: its ``ray start`` process (by the pid kept when it was
+    started; only by its GCS port for an old state file) and that process's descendants,
+    found through psutil (portable: Linux and macOS, no /proc), SIGTERM then SIGKILL.
+
+``address_from_env()``
+    The one environment variable for the Ray address, in every entrypoint (tgctl, server,
+    client, teardown): ``RAY_ADDRESS`` (Ray's own). ``TG_RAY_ADDRESS`` is still read when
+    RAY_ADDRESS is unset, with a deprecation note.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import signal
@@ -77,6 +84,31 @@ class LocalHead:
     owns_temp_dir: bool = False  # created by start_local_head: removed by stop_local_head
 
 
+log = logging.getLogger("tgruntime.ray_connect")
+
+ADDRESS_ENV = "RAY_ADDRESS"
+DEPRECATED_ADDRESS_ENV = "TG_RAY_ADDRESS"
+_warned_deprecated = False
+
+
+def address_from_env() -> str | None:
+    """The Ray address from the environment: RAY_ADDRESS, else the deprecated TG_RAY_ADDRESS."""
+    global _warned_deprecated
+    value = os.environ.get(ADDRESS_ENV, "").strip()
+    if value:
+        return value
+    old = os.environ.get(DEPRECATED_ADDRESS_ENV, "").strip()
+    if old:
+        if not _warned_deprecated:
+            _warned_deprecated = True
+            log.warning(
+                "%s is deprecated and will be removed: set %s=%s instead (the variable every "
+                "TrainerGroup entrypoint reads)", DEPRECATED_ADDRESS_ENV, ADDRESS_ENV, old,
+            )
+        return old
+    return None
+
+
 # ============================================================================ connect
 def parse_address(address: str) -> tuple[str, int]:
     host, sep, port = address.rpartition(":")
@@ -107,7 +139,8 @@ def connect(
     """Connect this process to Ray as a driver in ``namespace`` (explicit, never anonymous).
 
     ``address``: ``host:port`` of the GCS, ``auto`` (the cluster started on this machine),
-    ``ray://host:port`` (Ray client; a last resort), or None (RAY_ADDRESS, else ``auto``).
+    ``ray://host:port`` (Ray client; a last resort), or None (``address_from_env()``: RAY_ADDRESS,
+    else the deprecated TG_RAY_ADDRESS; else ``auto``).
     """
     validate_namespace(namespace)
     if ray.is_initialized():
@@ -118,7 +151,7 @@ def connect(
                 "call ray.shutdown() first"
             )
         return _connection(namespace)
-    raw = (address or os.environ.get("RAY_ADDRESS") or "auto").strip()
+    raw = (address or address_from_env() or "auto").strip()
     kwargs: dict[str, Any] = {"namespace": namespace, "log_to_driver": log_to_driver, **init_kwargs}
     if runtime_env is not None:
         kwargs["runtime_env"] = runtime_env
@@ -296,11 +329,13 @@ def start_local_head(
             cmd.append(f"--resources={json.dumps(resources)}")
         log_path = root / "ray-start.log"
         child_env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **_SLOW_MACHINE_DEFAULTS, **(env or {})}
-        child_env.pop("RAY_ADDRESS", None)
+        child_env.pop(ADDRESS_ENV, None)
+        child_env.pop(DEPRECATED_ADDRESS_ENV, None)
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env, start_new_session=True)
         gcs = f"127.0.0.1:{ports['port']}"
-        dashboard = f"http://127.0.0.1:{ports['dashboard-port']}"
+        # No dashboard (TG_RAY_INCLUDE_DASHBOARD=0): no URL, so nothing prints one.
+        dashboard = f"http://127.0.0.1:{ports['dashboard-port']}" if _dashboard_wanted() else ""
         head = LocalHead(
             gcs_address=gcs, dashboard_url=dashboard, temp_dir=str(root), pid=proc.pid,
             num_cpus=cpus, num_gpus=gpus, log_path=str(log_path), owns_temp_dir=owns,
@@ -380,54 +415,77 @@ def stop_local_head(
     head: LocalHead | None = None,
     *,
     gcs_address: str | None = None,
+    pid: int | None = None,
     timeout_s: float = 15,
     keep_temp_dir: bool = False,
 ) -> bool:
-    """Stop a head started by ``start_local_head`` (given the head, or only its GCS address).
+    """Stop a head started by ``start_local_head`` (given the head, or its pid / GCS address).
 
-    Ends that head's processes only: the ``ray start --block`` process (found by its pid,
-    or by ``--head`` and ``--port=<gcs port>`` on its command line), every process of its
-    session (it is a session leader), and their descendants (Ray's worker processes make
-    their own process groups). SIGTERM to the leader (it stops its children), then to the
-    rest, SIGKILL after ``timeout_s``. Returns False
+    Ends that head's processes only: its ``ray start --block`` process (``head.pid`` or
+    ``pid``, checked to be a ``ray start --head`` on that GCS port, so a reused pid is
+    never hit; without a pid, the process whose command line has ``--head`` and
+    ``--port=<gcs port>``) and all its descendants (GCS, raylet, dashboard, the workers,
+    which make their own process groups), collected before anything is signalled. SIGTERM
+    to the leader (it stops its children), then to the rest, SIGKILL after ``timeout_s``.
+    Uses psutil (shipped with Ray), so it works on Linux and macOS alike. Returns False
     when nothing of that head was running. Given the LocalHead, the temp dir that
     ``start_local_head`` created is removed too (logs included) unless ``keep_temp_dir``.
     """
-    if head is None and gcs_address is None:
-        raise ValueError("pass the LocalHead or its gcs_address")
-    port = parse_address(head.gcs_address if head else str(gcs_address))[1]
-    procs = _scan_processes()
-    leaders = {head.pid} if head is not None and head.pid in procs else set()
-    for pid, info in procs.items():
-        cmd = info["cmd"]
-        if "start" in cmd and "--head" in cmd and _has_flag(cmd, "--port", str(port)):
-            leaders.add(pid)
-    members = {pid for pid, info in procs.items() if info["sid"] in leaders or info["pgid"] in leaders}
-    victims = _with_descendants(leaders | members, procs) - {os.getpid()}
+    import psutil
+
+    if head is None and gcs_address is None and pid is None:
+        raise ValueError("pass the LocalHead, its pid or its gcs_address")
+    port = parse_address(head.gcs_address if head else str(gcs_address))[1] if (head or gcs_address) else None
+    leader_pid = head.pid if head is not None else pid
+    leaders: list[Any] = []
+    if leader_pid is not None:
+        with contextlib.suppress(psutil.Error):
+            proc = psutil.Process(leader_pid)
+            if _is_head_process(proc, port):
+                leaders.append(proc)
+    if not leaders and port is not None:
+        # An old state file without the pid: find the head by its command line.
+        for proc in psutil.process_iter():
+            with contextlib.suppress(psutil.Error):
+                if proc.uids().real == os.getuid() and _is_head_process(proc, port):
+                    leaders.append(proc)
+    victims: dict[int, Any] = {}
+    for leader in leaders:
+        victims[leader.pid] = leader
+        with contextlib.suppress(psutil.Error):
+            for child in leader.children(recursive=True):
+                victims[child.pid] = child
+    victims.pop(os.getpid(), None)
     if not victims:
         _remove_temp_dir(head, keep_temp_dir)
         return False
     # 'ray start --block' stops its own children promptly on SIGTERM (Ray's daemons
     # themselves may take their time over it): leader first, then the rest, then SIGKILL.
     deadline = time.monotonic() + timeout_s
-    for group in (leaders or victims, victims):
-        for pid in group:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGTERM)
-        phase_end = min(deadline, time.monotonic() + max(1.0, timeout_s / 2))
-        while time.monotonic() < phase_end and any(_alive(p) for p in victims):
-            time.sleep(0.1)
-        if not any(_alive(p) for p in victims):
+    everyone = list(victims.values())
+    for group in (leaders, everyone):
+        for proc in group:
+            with contextlib.suppress(psutil.Error):
+                proc.send_signal(signal.SIGTERM)
+        phase_s = max(0.1, min(deadline, time.monotonic() + max(1.0, timeout_s / 2)) - time.monotonic())
+        _, alive = psutil.wait_procs(everyone, timeout=phase_s)
+        if not alive:
             break
-    for pid in victims:
-        if _alive(pid):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-    for pid in victims:  # reap the ones that are our children (the ray start process)
-        with contextlib.suppress(ChildProcessError, OSError):
-            os.waitpid(pid, os.WNOHANG)
+    _, alive = psutil.wait_procs(everyone, timeout=0)
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=5)
     _remove_temp_dir(head, keep_temp_dir)
     return True
+
+
+def _is_head_process(proc: Any, port: int | None) -> bool:
+    """Whether ``proc`` is a ``ray start --head`` (on GCS ``port`` when given)."""
+    cmd = [str(c) for c in proc.cmdline()]
+    if "start" not in cmd or "--head" not in cmd:
+        return False
+    return port is None or _has_flag(cmd, "--port", str(port))
 
 
 def _remove_temp_dir(head: LocalHead | None, keep: bool) -> None:
@@ -439,47 +497,3 @@ def _has_flag(cmd: list[str], flag: str, value: str) -> bool:
     if f"{flag}={value}" in cmd:
         return True
     return any(arg == flag and i + 1 < len(cmd) and cmd[i + 1] == value for i, arg in enumerate(cmd))
-
-
-def _scan_processes() -> dict[int, dict[str, Any]]:
-    uid = os.getuid()
-    out: dict[int, dict[str, Any]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if entry.stat().st_uid != uid:
-                continue
-            cmd = (entry / "cmdline").read_bytes().split(b"\0")
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            ppid, pgid, sid = int(fields[1]), int(fields[2]), int(fields[3])
-        except (OSError, ValueError, IndexError):
-            continue
-        out[int(entry.name)] = {
-            "cmd": [c.decode(errors="replace") for c in cmd if c], "ppid": ppid, "pgid": pgid, "sid": sid,
-        }
-    return out
-
-
-def _with_descendants(roots: set[int], procs: dict[int, dict[str, Any]]) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for pid, info in procs.items():
-        children.setdefault(info["ppid"], []).append(pid)
-    out = set()
-    stack = list(roots)
-    while stack:
-        pid = stack.pop()
-        if pid in out:
-            continue
-        out.add(pid)
-        stack.extend(children.get(pid, []))
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-        return state not in ("Z", "X")
-    except (OSError, IndexError):
-        return False

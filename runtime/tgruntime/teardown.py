@@ -6,7 +6,10 @@ Prints ``TG_TEARDOWN {json}``. Exit status: 0 when the report says ``complete: t
 (everything found is gone; also when nothing was left to remove); 3 when it says
 ``complete: false`` (an actor or placement group was still there at the deadline: the
 group may still hold its resources, so a caller must retry, not re-create); 1 when Ray
-could not be reached.
+could not be reached. The report's ``checked`` / ``not_checked`` say what was looked at.
+
+It needs neither the worker class (actor handles come without importing it, see
+``gcs_view.use_light_handles``) nor the Ray dashboard (the GCS actor table is read).
 """
 
 from __future__ import annotations
@@ -15,16 +18,38 @@ import argparse
 import dataclasses
 import logging
 import sys
+from typing import Any
 
-from tgruntime import groups
-from tgruntime.controller import teardown_group
 from tgruntime.controller.errors import TrainerGroupError
-from tgruntime.ray_connect import connect
 
 EXIT_INCOMPLETE = 3
+TEARDOWN_TAG = "TG_TEARDOWN"  # = groups.TEARDOWN_TAG (not imported: groups pulls in more)
+
+
+def run(*, group: str, namespace: str, address: str | None, timeout_s: float) -> dict[str, Any]:
+    """Connect, tear the group down, return the report as a dict (raises TrainerGroupError)."""
+    from tgruntime import gcs_view
+    from tgruntime.controller.teardown import teardown_group
+    from tgruntime.ray_connect import connect
+
+    connect(address=address, namespace=namespace, logging_level=logging.WARNING)
+    gcs_view.use_light_handles()
+    report = teardown_group(group_name=group, namespace=namespace, timeout_s=timeout_s)
+    return dataclasses.asdict(report)
+
+
+def incomplete_message(body: dict[str, Any]) -> str:
+    errors = "; ".join(body.get("errors", ())) or "no details"
+    return (
+        f"group {body['group_name']!r} in Ray namespace {body['namespace']!r} is not fully "
+        f"removed ({errors}). Run the teardown again (a longer --timeout), and do not "
+        "re-create the group until it reports complete: true"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
+    import json
+
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -35,25 +60,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for actors to die")
     args = p.parse_args(argv)
     try:
-        connect(address=args.address, namespace=args.ray_namespace)
-        report = teardown_group(
-            group_name=args.group, namespace=args.ray_namespace, timeout_s=args.timeout
+        body = run(
+            group=args.group, namespace=args.ray_namespace, address=args.address,
+            timeout_s=args.timeout,
         )
     except TrainerGroupError as exc:
         print(f"tgruntime.teardown: {exc}", file=sys.stderr)
         return 1
-    body = (
-        dataclasses.asdict(report) if dataclasses.is_dataclass(report) else {"report": str(report)}
-    )
-    print(groups.tagged(groups.TEARDOWN_TAG, body), flush=True)
-    if not getattr(report, "complete", False):
-        errors = "; ".join(getattr(report, "errors", ())) or "no details"
-        print(
-            f"tgruntime.teardown: group {args.group!r} in Ray namespace {args.ray_namespace!r} "
-            f"is not fully removed ({errors}). Run the teardown again (a longer --timeout), "
-            "and do not re-create the group until it reports complete: true",
-            file=sys.stderr,
-        )
+    print(f"{TEARDOWN_TAG} {json.dumps(body, sort_keys=True)}", flush=True)
+    if not body.get("complete", False):
+        print(f"tgruntime.teardown: {incomplete_message(body)}", file=sys.stderr)
         return EXIT_INCOMPLETE
     return 0
 

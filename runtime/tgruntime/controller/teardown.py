@@ -5,7 +5,10 @@ still finds everything when the record (or some actors) are already gone:
 
 - worker names from the record and from the ``members`` key claimed before creation;
 - placement groups by their deterministic name prefix (all generations);
-- any live actor of the namespace placed in one of those placement groups (State API).
+- any live actor of the namespace placed in one of those placement groups (the GCS actor
+  table: no dashboard needed).
+
+The report lists what was checked and what could not be (``checked`` / ``not_checked``).
 
 Idempotent: a second call finds nothing and reports nothing removed.
 """
@@ -34,6 +37,8 @@ class TeardownReport:
     keys_removed: tuple[str, ...]
     complete: bool  # every actor found was killed and is gone, every placement group removed
     errors: tuple[str, ...] = ()
+    checked: tuple[str, ...] = ()  # what was looked at, in words
+    not_checked: tuple[str, ...] = ()  # what could not be looked at (and why)
 
     @property
     def removed_anything(self) -> bool:
@@ -52,10 +57,18 @@ def teardown_group(
     members = registry.load_members(group_name=group_name, namespace=namespace)
     if members is not None:
         names.update(members.worker_names)
+    checked = ["group record and members key (GCS KV)"]
+    not_checked: list[str] = []
     pgs = find_placement_groups(namespace=namespace, group_name=group_name)
+    checked.append(f"placement groups named tg:{namespace}:{group_name}:* (GCS)")
     pg_ids = {p.id_hex for p in pgs}
     if pg_ids:
-        names.update(_actors_in_placement_groups(namespace, pg_ids, timeout_s=min(10.0, timeout_s), errors=errors))
+        found = _actors_in_placement_groups(namespace, pg_ids, timeout_s=min(10.0, timeout_s), errors=errors)
+        if found is None:
+            not_checked.append("other actors in the group's placement groups (GCS actor table unreadable)")
+        else:
+            checked.append("actors in the group's placement groups (GCS actor table)")
+            names.update(found)
 
     killed: list[str] = []
     for name in sorted(names):
@@ -94,6 +107,7 @@ def teardown_group(
             complete = False
             errors.append(f"still there after teardown (created again meanwhile?): {', '.join(left)}")
     complete = complete and not failed
+    checked.append(f"every killed worker and removed placement group gone (waited up to {timeout_s:g}s)")
     return TeardownReport(
         group_name=group_name,
         namespace=namespace,
@@ -102,6 +116,8 @@ def teardown_group(
         keys_removed=tuple(keys),
         complete=complete,
         errors=tuple(errors),
+        checked=tuple(checked),
+        not_checked=tuple(not_checked),
     )
 
 
@@ -127,14 +143,16 @@ def _still_there(*, group_name: str, namespace: str, names: Iterable[str]) -> li
 
 def _actors_in_placement_groups(
     namespace: str, pg_ids: set[str], *, timeout_s: float, errors: list[str]
-) -> set[str]:
-    from tgruntime.controller.health import list_namespace_actors
+) -> set[str] | None:
+    """Live named actors of the namespace in those placement groups; None if unreadable."""
+    from tgruntime.gcs_view import actor_infos
 
     try:
-        actors = list_namespace_actors(namespace, timeout_s=timeout_s)
+        gcs = ray._private.worker.global_worker.gcs_client
+        actors = actor_infos(gcs, namespace=namespace, timeout_s=timeout_s)
     except Exception as exc:
-        errors.append(f"state API unavailable, relying on names only: {exc}")
-        return set()
+        errors.append(f"GCS actor table unreadable, relying on names only: {exc}")
+        return None
     return {a.name for a in actors if a.name and a.state != "DEAD" and a.placement_group_id in pg_ids}
 
 

@@ -1,0 +1,651 @@
+"""The cross-field rules of a TrainerGroup spec, each declared once.
+
+A rule is a small record (:class:`Rule`): the field it names, a condition that must
+hold, and the problem and fix sentences. Conditions and sentences are built from a
+tiny expression language (:class:`Expr`) with two back ends:
+
+* :meth:`Expr.eval` evaluates it in Python over the spec's wire form (camelCase,
+  defaults filled in, as ``to_wire`` writes it); ``validation.py`` runs every rule
+  this way for ``tgctl``, the runtime and the operator;
+* :meth:`Expr.cel` writes it as CEL; ``crd.py`` turns every rule into an
+  ``x-kubernetes-validations`` entry on ``.spec`` (``rule``, ``messageExpression``,
+  ``fieldPath``), so ``kubectl apply`` rejects the same mistakes with the same
+  sentence: ``<problem>. Fix: <fix>`` at the same field.
+
+``eval`` follows CEL's semantics where they differ from Python's: ``&&``/``||``
+absorb an error when the other side decides the result, ``==`` is false across
+types (``true != 1``, ``"auto" != true``), integer ``/`` and ``%`` truncate toward
+zero, and ``string(true)`` is ``"true"``. ``tests/spec/test_rules.py`` evaluates the
+generated CEL with cel-python on many specs and checks it agrees with ``eval``; the
+real API server tests (``tests/k8s/test_admission.py``) check the CRD itself.
+
+Only what a per-field OpenAPI schema cannot say lives here; types, bounds, enums and
+patterns are in the schema generated from ``model.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+MSG_CLUSTER_CHOICE = "set exactly one of rayCluster and rayClusterRef"
+
+Wire = Mapping[str, Any]
+"""A spec in its wire form (the object under ``.spec``), defaults applied."""
+
+
+class CelError(Exception):
+    """What CEL would report as an evaluation error (no such key, division by zero)."""
+
+
+class Expr:
+    """An expression over the spec (``self`` in CEL)."""
+
+    def cel(self, root: str = "self") -> str:
+        raise NotImplementedError
+
+    def eval(self, spec: Wire) -> Any:
+        raise NotImplementedError
+
+    # -- builders (Python operators where they read naturally; eq/ne as methods so that
+    # expressions stay hashable and `==` keeps its usual meaning) ----------------------
+    def __add__(self, other: object) -> Expr:
+        return Bin("+", self, lit(other))
+
+    def __sub__(self, other: object) -> Expr:
+        return Bin("-", self, lit(other))
+
+    def __mul__(self, other: object) -> Expr:
+        return Bin("*", self, lit(other))
+
+    def __rmul__(self, other: object) -> Expr:
+        return Bin("*", lit(other), self)
+
+    def __floordiv__(self, other: object) -> Expr:
+        return Bin("/", self, lit(other))
+
+    def __mod__(self, other: object) -> Expr:
+        return Bin("%", self, lit(other))
+
+    def __lt__(self, other: object) -> Expr:
+        return Bin("<", self, lit(other))
+
+    def __le__(self, other: object) -> Expr:
+        return Bin("<=", self, lit(other))
+
+    def __gt__(self, other: object) -> Expr:
+        return Bin(">", self, lit(other))
+
+    def __ge__(self, other: object) -> Expr:
+        return Bin(">=", self, lit(other))
+
+    def __and__(self, other: object) -> Expr:
+        return Bin("&&", self, lit(other))
+
+    def __or__(self, other: object) -> Expr:
+        return Bin("||", self, lit(other))
+
+    def __invert__(self) -> Expr:
+        return Not(self)
+
+    def eq(self, other: object) -> Expr:
+        return Bin("==", self, lit(other))
+
+    def ne(self, other: object) -> Expr:
+        return Bin("!=", self, lit(other))
+
+    def sum(self) -> Expr:
+        """Sum of a list of integers (the Kubernetes CEL list library's ``sum()``)."""
+        return Call("sum", self)
+
+    def size(self) -> Expr:
+        return Call("size", self)
+
+    def exists_above(self, bound: object) -> Expr:
+        """Whether any item of a list is greater than ``bound``."""
+        return Pick("exists", self, lit(bound))
+
+    def first_above(self, bound: object) -> Expr:
+        """The first item of a list greater than ``bound`` (an error when none is)."""
+        return Pick("first", self, lit(bound))
+
+
+def lit(value: object) -> Expr:
+    return value if isinstance(value, Expr) else Lit(value)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Lit(Expr):
+    value: object
+
+    def cel(self, root: str = "self") -> str:
+        v = self.value
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, int):
+            return str(v)
+        if isinstance(v, str):
+            return json.dumps(v)
+        raise TypeError(f"no CEL literal for {v!r}")
+
+    def eval(self, spec: Wire) -> Any:
+        return self.value
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Field(Expr):
+    """A field of the spec by its wire path, e.g. ``model.ffnHiddenSize``."""
+
+    path: str
+
+    def cel(self, root: str = "self") -> str:
+        return f"{root}.{self.path}"
+
+    def eval(self, spec: Wire) -> Any:
+        node: Any = spec
+        for key in self.path.split("."):
+            if not isinstance(node, Mapping) or node.get(key) is None:
+                raise CelError(f"no such key: {key}")
+            node = node[key]
+        return node
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Has(Expr):
+    """``has(self.<path>)``: the field is set (only the last step may be absent)."""
+
+    path: str
+
+    def cel(self, root: str = "self") -> str:
+        return f"has({root}.{self.path})"
+
+    def eval(self, spec: Wire) -> Any:
+        parent, _, key = self.path.rpartition(".")
+        node = Field(parent).eval(spec) if parent else spec
+        if not isinstance(node, Mapping):
+            raise CelError(f"has() on a non-object at {parent}")
+        return node.get(key) is not None
+
+
+def _cel_eq(a: Any, b: Any) -> bool:
+    # CEL's heterogeneous equality: values of different kinds are never equal
+    # (bool is its own kind, not an int as in Python); int and double compare by value.
+    if isinstance(a, bool) != isinstance(b, bool):
+        return False
+    if isinstance(a, str) != isinstance(b, str):
+        return False
+    return bool(a == b)
+
+
+def _ints(op: str, a: Any, b: Any) -> tuple[int, int]:
+    if (
+        not (isinstance(a, int) and isinstance(b, int))
+        or isinstance(a, bool)
+        or isinstance(b, bool)
+    ):
+        raise CelError(f"no such overload: {type(a).__name__} {op} {type(b).__name__}")
+    return a, b
+
+
+def _div(a: int, b: int) -> int:
+    if b == 0:
+        raise CelError("division by zero")
+    q = abs(a) // abs(b)
+    return q if (a >= 0) == (b >= 0) else -q
+
+
+def _mod(a: int, b: int) -> int:
+    if b == 0:
+        raise CelError("modulus by zero")
+    return a - b * _div(a, b)
+
+
+_ARITH: dict[str, Callable[[int, int], Any]] = {
+    "+": lambda a, b: a + b,
+    "-": lambda a, b: a - b,
+    "*": lambda a, b: a * b,
+    "/": _div,
+    "%": _mod,
+    "<": lambda a, b: a < b,
+    "<=": lambda a, b: a <= b,
+    ">": lambda a, b: a > b,
+    ">=": lambda a, b: a >= b,
+}
+
+
+def _truth(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise CelError(f"expected a bool, got {value!r}")
+    return value
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Bin(Expr):
+    op: str
+    left: Expr
+    right: Expr
+
+    def cel(self, root: str = "self") -> str:
+        return f"({self.left.cel(root)} {self.op} {self.right.cel(root)})"
+
+    def eval(self, spec: Wire) -> Any:
+        if self.op in ("&&", "||"):
+            return self._logic(spec)
+        a, b = self.left.eval(spec), self.right.eval(spec)
+        if self.op == "==":
+            return _cel_eq(a, b)
+        if self.op == "!=":
+            return not _cel_eq(a, b)
+        return _ARITH[self.op](*_ints(self.op, a, b))
+
+    def _logic(self, spec: Wire) -> bool:
+        # CEL's commutative && and ||: the side that decides wins over an error on the other.
+        decisive = self.op == "||"
+        try:
+            left: bool | CelError = _truth(self.left.eval(spec))
+        except CelError as e:
+            left = e
+        if left is decisive:
+            return decisive
+        right = _truth(self.right.eval(spec))
+        if right is decisive:
+            return decisive
+        if isinstance(left, CelError):
+            raise left
+        return right
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Not(Expr):
+    inner: Expr
+
+    def cel(self, root: str = "self") -> str:
+        return f"!{self.inner.cel(root)}"
+
+    def eval(self, spec: Wire) -> Any:
+        return not _truth(self.inner.eval(spec))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Cond(Expr):
+    """``test ? then : otherwise``."""
+
+    test: Expr
+    then: Expr
+    otherwise: Expr
+
+    def cel(self, root: str = "self") -> str:
+        return f"({self.test.cel(root)} ? {self.then.cel(root)} : {self.otherwise.cel(root)})"
+
+    def eval(self, spec: Wire) -> Any:
+        return self.then.eval(spec) if _truth(self.test.eval(spec)) else self.otherwise.eval(spec)
+
+
+def _list(value: Any) -> list[Any]:
+    if not isinstance(value, list):
+        raise CelError(f"expected a list, got {value!r}")
+    return value
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Call(Expr):
+    """``size(x)`` or ``x.sum()``."""
+
+    fn: str
+    arg: Expr
+
+    def cel(self, root: str = "self") -> str:
+        return (
+            f"size({self.arg.cel(root)})"
+            if self.fn == "size"
+            else f"{self.arg.cel(root)}.{self.fn}()"
+        )
+
+    def eval(self, spec: Wire) -> Any:
+        items = _list(self.arg.eval(spec))
+        if self.fn == "size":
+            return len(items)
+        return sum(_ints("+", 0, n)[1] for n in items)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Pick(Expr):
+    """``l.exists(n, n > b)`` or ``l.filter(n, n > b)[0]``."""
+
+    how: str
+    items: Expr
+    bound: Expr
+
+    def cel(self, root: str = "self") -> str:
+        items, bound = self.items.cel(root), self.bound.cel(root)
+        if self.how == "exists":
+            return f"{items}.exists(n, n > {bound})"
+        return f"{items}.filter(n, n > {bound})[0]"
+
+    def eval(self, spec: Wire) -> Any:
+        bound = self.bound.eval(spec)
+        over = [n for n in _list(self.items.eval(spec)) if _ARITH[">"](*_ints(">", n, bound))]
+        if self.how == "exists":
+            return bool(over)
+        if not over:
+            raise CelError("index out of bounds: 0")
+        return over[0]
+
+
+def _cel_string(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | str):
+        return str(value)
+    raise CelError(f"no string() for {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Text:
+    """A sentence with ``{}`` holes filled by expressions: ``Text("{} heads", heads)``."""
+
+    template: str
+    args: tuple[Expr, ...] = ()
+
+    def __init__(self, template: str, *args: Expr) -> None:
+        if template.count("{}") != len(args):
+            raise ValueError(f"{template!r} has {template.count('{}')} holes, {len(args)} args")
+        object.__setattr__(self, "template", template)
+        object.__setattr__(self, "args", tuple(args))
+
+    def parts(self) -> list[str | Expr]:
+        pieces = self.template.split("{}")
+        out: list[str | Expr] = [pieces[0]]
+        for arg, piece in zip(self.args, pieces[1:], strict=True):
+            out += [arg, piece]
+        return [p for p in out if p != ""]
+
+    def render(self, spec: Wire) -> str:
+        return "".join(p if isinstance(p, str) else _cel_string(p.eval(spec)) for p in self.parts())
+
+    def cel_format(self, root: str = "self") -> tuple[str, list[str]]:
+        """The sentence as a CEL ``format`` string (``%d`` per hole) and its arguments."""
+        text = "".join(p.replace("%", "%%") if isinstance(p, str) else "%d" for p in self.parts())
+        return text, [a.cel(root) for a in self.args]
+
+    def static(self) -> str:
+        """The sentence with each hole named by its CEL text (a fallback message)."""
+        return "".join(p if isinstance(p, str) else p.cel("spec") for p in self.parts())
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """One cross-field rule: ``holds`` must be true, else ``field`` is wrong."""
+
+    name: str
+    """Stable id (tests and docs refer to it)."""
+    field: str
+    """Wire path under ``spec`` that the error names, e.g. ``model.ffnHiddenSize``."""
+    holds: Expr
+    problem: Text
+    fix: Text
+    cluster: bool = False
+    """Only with Kubernetes: tgctl's local mode (no RayCluster) skips it."""
+
+    def broken_by(self, spec: Wire) -> bool:
+        """Whether ``spec`` breaks the rule (an evaluation error counts, as in CEL)."""
+        try:
+            return not _truth(self.holds.eval(spec))
+        except CelError:
+            return True
+
+    def sentences(self, spec: Wire) -> tuple[str, str]:
+        """(problem, fix) for ``spec``; the CRD's static message where a hole can't be filled."""
+        try:
+            return self.problem.render(spec), self.fix.render(spec)
+        except CelError:
+            return self.problem.static(), self.fix.static()
+
+    def message(self, spec: Wire) -> str:
+        """The sentence the user reads: tgspec's ``SpecError`` without the field."""
+        problem, fix = self.sentences(spec)
+        return f"{problem}. Fix: {fix}"
+
+    @property
+    def in_crd(self) -> bool:
+        """Whether the CRD's own CEL can state it: not when it reads an untyped field, which
+        the API server leaves out of the object CEL sees in a CRD (then it is a policy rule)."""
+        text = " ".join(
+            [self.holds.cel(), *(a.cel() for a in (*self.problem.args, *self.fix.args))]
+        )
+        return not any(f"self.{f}" in text for f in UNTYPED_FIELDS)
+
+    def cel_rule(self, root: str = "self") -> str:
+        return self.holds.cel(root)
+
+    def cel_message_expression(self, root: str = "self", prefix: str = "") -> str:
+        # One format() call rather than "..." + string(x): the API server's cost estimator
+        # takes string(int) as unbounded in size, so every concatenation with it blows the
+        # CRD's cost budget; format()'s estimate is bounded.
+        problem, problem_args = self.problem.cel_format(root)
+        fix, fix_args = self.fix.cel_format(root)
+        args = [*problem_args, *fix_args]
+        text = json.dumps(f"{prefix}{problem}. Fix: {fix}")
+        return f"{text}.format([{', '.join(args)}])" if args else text
+
+    def cel_static_message(self) -> str:
+        return f"{self.field}: {self.problem.static()}. Fix: {self.fix.static()}"
+
+    def validation(self) -> dict[str, str]:
+        """The CRD's ``x-kubernetes-validations`` entry (on ``.spec``)."""
+        return {
+            "rule": self.cel_rule(),
+            "messageExpression": self.cel_message_expression(),
+            "message": self.cel_static_message(),
+            "fieldPath": f".{self.field}",
+            "reason": "FieldValueInvalid",
+        }
+
+    def policy_validation(self) -> dict[str, str]:
+        """The ValidatingAdmissionPolicy's entry: over ``object.spec``; no fieldPath there,
+        so the message is tgspec's whole error, field first (``spec.x: problem. Fix: fix``)."""
+        root = "object.spec"
+        return {
+            "expression": self.cel_rule(root),
+            "messageExpression": self.cel_message_expression(root, prefix=f"spec.{self.field}: "),
+            "message": f"spec.{self.cel_static_message()}",
+            "reason": "Invalid",
+        }
+
+
+UNTYPED_FIELDS = ("workers.useGpu",)
+"""Fields the CRD schema leaves untyped (x-kubernetes-preserve-unknown-fields): true, false
+or "auto". CEL in a CRD does not see them; a ValidatingAdmissionPolicy sees the raw object."""
+
+
+# -- the spec's fields -------------------------------------------------------------------
+PPN = Field("workers.processesPerNode")
+WORLD = PPN.sum()
+TENSOR = Field("parallelism.tensor")
+PIPELINE = Field("parallelism.pipeline")
+CONTEXT = Field("parallelism.context")
+EXPERT = Field("parallelism.expert")
+MODEL_PARALLEL = TENSOR * PIPELINE * CONTEXT
+DATA_PARALLEL = WORLD // MODEL_PARALLEL
+HEADS = Field("model.numAttentionHeads")
+QUERY_GROUPS_RAW = Field("model.numQueryGroups")
+QUERY_GROUPS = Cond(QUERY_GROUPS_RAW.eq(0), HEADS, QUERY_GROUPS_RAW)
+VOCAB = Field("model.vocabSize")
+HIDDEN = Field("model.hiddenSize")
+FFN = Field("model.ffnHiddenSize")
+LAYERS = Field("model.numLayers")
+MAX_SEQ = Field("model.maxSequenceLength")
+SEQ = Field("training.sequenceLength")
+BATCH = Field("training.batchSize")
+USE_GPU = Field("workers.useGpu")
+"""true, false or "auto": untyped in the CRD schema, so compared with == only."""
+GPUS_PER_WORKER = Field("rayCluster.workers.gpusPerWorker")
+REPLICAS = Field("rayCluster.workers.replicas")
+HAS_CLUSTER = Has("rayCluster")
+# useGpu "auto" resolves against the cluster: GPU workers when its pods have GPUs.
+GPU = HAS_CLUSTER & (USE_GPU.eq(True) | (USE_GPU.eq("auto") & (GPUS_PER_WORKER > 0)))
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(
+        name="processes-listed",
+        field="workers.processesPerNode",
+        holds=PPN.size() > 0,
+        problem=Text("is empty"),
+        fix=Text("list the worker processes per node, e.g. [2]"),
+    ),
+    Rule(
+        name="model-parallel-divides-world",
+        field="parallelism",
+        holds=(WORLD % MODEL_PARALLEL).eq(0),
+        problem=Text(
+            "tensor x pipeline x context = {} x {} x {} = {} does not divide the world size {} "
+            "(sum of workers.processesPerNode)",
+            TENSOR,
+            PIPELINE,
+            CONTEXT,
+            MODEL_PARALLEL,
+            WORLD,
+        ),
+        fix=Text(
+            "make the world size a multiple of {} or lower the parallel sizes", MODEL_PARALLEL
+        ),
+    ),
+    Rule(
+        name="heads-by-tensor",
+        field="model.numAttentionHeads",
+        holds=(HEADS % TENSOR).eq(0),
+        problem=Text("{} heads are not divisible by tensor parallel size {}", HEADS, TENSOR),
+        fix=Text("use a head count that is a multiple of parallelism.tensor"),
+    ),
+    Rule(
+        name="vocab-by-tensor",
+        field="model.vocabSize",
+        holds=(VOCAB % TENSOR).eq(0),
+        problem=Text("{} is not divisible by tensor parallel size {}", VOCAB, TENSOR),
+        fix=Text("use a vocabulary size that is a multiple of parallelism.tensor"),
+    ),
+    Rule(
+        name="hidden-by-heads",
+        field="model.hiddenSize",
+        holds=(HIDDEN % HEADS).eq(0),
+        problem=Text("{} is not divisible by numAttentionHeads {}", HIDDEN, HEADS),
+        fix=Text("use a hidden size that is a multiple of the head count"),
+    ),
+    Rule(
+        name="ffn-by-tensor",
+        field="model.ffnHiddenSize",
+        holds=(FFN % TENSOR).eq(0),
+        problem=Text("{} is not divisible by tensor parallel size {}", FFN, TENSOR),
+        fix=Text("use an FFN size that is a multiple of parallelism.tensor"),
+    ),
+    Rule(
+        name="query-groups",
+        field="model.numQueryGroups",
+        holds=(HEADS % QUERY_GROUPS).eq(0) & (QUERY_GROUPS % TENSOR).eq(0),
+        problem=Text(
+            "{} query groups must divide {} heads and be divisible by tensor parallel size {}",
+            QUERY_GROUPS,
+            HEADS,
+            TENSOR,
+        ),
+        fix=Text("pick a compatible numQueryGroups (0 = heads)"),
+    ),
+    Rule(
+        name="layers-by-pipeline",
+        field="model.numLayers",
+        holds=(LAYERS % PIPELINE).eq(0),
+        problem=Text("{} layers are not divisible by pipeline parallel size {}", LAYERS, PIPELINE),
+        fix=Text("use a layer count that is a multiple of parallelism.pipeline"),
+    ),
+    Rule(
+        name="no-expert-parallel",
+        field="parallelism.expert",
+        holds=EXPERT <= 1,
+        problem=Text(
+            "expert parallelism needs a mixture-of-experts model, which the built-in trainer "
+            "does not build"
+        ),
+        fix=Text("set parallelism.expert to 1"),
+    ),
+    Rule(
+        name="sequence-by-context",
+        field="training.sequenceLength",
+        holds=(CONTEXT <= 1) | (SEQ % (2 * CONTEXT)).eq(0),
+        problem=Text("{} is not divisible by 2 x context parallel size {}", SEQ, CONTEXT),
+        fix=Text("use a sequence length that is a multiple of 2 x parallelism.context"),
+    ),
+    Rule(
+        name="sequence-fits-model",
+        field="training.sequenceLength",
+        holds=SEQ <= MAX_SEQ,
+        problem=Text("{} exceeds model.maxSequenceLength {}", SEQ, MAX_SEQ),
+        fix=Text("lower training.sequenceLength or raise model.maxSequenceLength"),
+    ),
+    Rule(
+        name="batch-by-data-parallel",
+        field="training.batchSize",
+        # Only when the data-parallel size is known (the world divides) and not 0.
+        holds=(WORLD % MODEL_PARALLEL).ne(0) | DATA_PARALLEL.eq(0) | (BATCH % DATA_PARALLEL).eq(0),
+        problem=Text("{} is not divisible by the data-parallel size {}", BATCH, DATA_PARALLEL),
+        fix=Text("use a batch size that is a multiple of {}", DATA_PARALLEL),
+    ),
+    Rule(
+        name="cluster-choice",
+        field="rayCluster",
+        holds=HAS_CLUSTER.ne(Has("rayClusterRef")),
+        problem=Text("exactly one of rayCluster and rayClusterRef must be set"),
+        fix=Text(MSG_CLUSTER_CHOICE),
+        cluster=True,
+    ),
+    Rule(
+        name="gpu-pods-have-gpus",
+        field="rayCluster.workers.gpusPerWorker",
+        holds=~GPU | (GPUS_PER_WORKER >= 1),
+        problem=Text("is 0 but workers.useGpu is true"),
+        fix=Text("give worker pods GPUs or set workers.useGpu: false"),
+        cluster=True,
+    ),
+    Rule(
+        name="gpu-nodes-fit-replicas",
+        field="workers.processesPerNode",
+        holds=~GPU | (PPN.size() <= REPLICAS),
+        problem=Text(
+            "lists {} nodes but the RayCluster has {} worker replicas", PPN.size(), REPLICAS
+        ),
+        fix=Text("raise rayCluster.workers.replicas or list fewer nodes"),
+        cluster=True,
+    ),
+    Rule(
+        name="gpu-processes-fit-pods",
+        field="workers.processesPerNode",
+        holds=~GPU | ~PPN.exists_above(GPUS_PER_WORKER),
+        problem=Text(
+            "{} GPU processes on one node exceed gpusPerWorker {}",
+            PPN.first_above(GPUS_PER_WORKER),
+            GPUS_PER_WORKER,
+        ),
+        fix=Text("lower processesPerNode or raise rayCluster.workers.gpusPerWorker"),
+        cluster=True,
+    ),
+)
+
+
+def crd_rules() -> list[Rule]:
+    return [r for r in RULES if r.in_crd]
+
+
+def policy_rules() -> list[Rule]:
+    return [r for r in RULES if not r.in_crd]
+
+
+def rules(*, local: bool = False) -> Sequence[Rule]:
+    """The rules that apply: all of them on Kubernetes, those without ``cluster`` locally."""
+    return [r for r in RULES if not (local and r.cluster)]
+
+
+def broken(spec: Wire, *, local: bool = False) -> list[Rule]:
+    """The rules a wire-form spec breaks, in declaration order."""
+    return [r for r in rules(local=local) if r.broken_by(spec)]

@@ -1,0 +1,235 @@
+"""Admission: the real API server rejects every class of cross-field mistake at apply time,
+with tgspec's own sentence at tgspec's field, and creates nothing.
+
+The CRD's ``x-kubernetes-validations`` are generated from ``tgspec.rules`` (one record per
+rule); here each mistake is sent to the API server of the local control plane, both with
+``kubectl apply`` (what a user runs) and with the kubernetes client (to compare the
+server's structured causes with tgspec's errors one for one).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+import tgspec
+from tests.fixtures_k8s import KubePlane, wait_until
+from tgspec import rules
+
+pytestmark = pytest.mark.k8s
+
+REPO = Path(__file__).resolve().parents[2]
+CRD = REPO / "manifests" / "crd" / "trainergroups.yaml"
+POLICY = REPO / "manifests" / "crd" / "admission-policy.yaml"
+CRD_NAME = f"{tgspec.PLURAL}.{tgspec.API_GROUP}"
+CLUSTER = {"rayCluster": {"workers": {"replicas": 2, "gpusPerWorker": 2}}}
+SMALL_MODEL = {"numAttentionHeads": 4, "hiddenSize": 64, "vocabSize": 64, "ffnHiddenSize": 128,
+               "numLayers": 4, "maxSequenceLength": 128}
+GOOD: dict[str, Any] = {
+    **CLUSTER,
+    "workers": {"processesPerNode": [2, 2]},
+    "parallelism": {"tensor": 2},
+    "model": SMALL_MODEL,
+    "training": {"batchSize": 4, "sequenceLength": 128},
+}
+
+
+def spec_with(**changes: dict[str, Any] | None) -> dict[str, Any]:
+    """GOOD with some sections merged (a None section is removed)."""
+    spec = json.loads(json.dumps(GOOD))
+    for key, value in changes.items():
+        if value is None:
+            spec.pop(key, None)
+        elif isinstance(spec.get(key), dict):
+            spec[key] = {**spec[key], **value}
+        else:
+            spec[key] = value
+    return spec
+
+
+# One spec per class of mistake: (the rule it breaks, the spec). Together they break every
+# rule in tgspec.rules (test_every_rule_has_a_case checks that).
+MISTAKES: list[tuple[str, dict[str, Any]]] = [
+    ("processes-listed", spec_with(workers={"processesPerNode": []})),
+    ("model-parallel-divides-world", spec_with(workers={"processesPerNode": [2, 1]})),
+    ("heads-by-tensor", spec_with(model={"numAttentionHeads": 3, "hiddenSize": 63})),
+    ("vocab-by-tensor", spec_with(model={"vocabSize": 65})),
+    ("hidden-by-heads", spec_with(model={"hiddenSize": 66})),
+    ("ffn-by-tensor", spec_with(model={"ffnHiddenSize": 127})),
+    ("query-groups", spec_with(model={"numQueryGroups": 3})),
+    ("query-groups", spec_with(model={"numQueryGroups": 1})),
+    ("layers-by-pipeline", spec_with(model={"numLayers": 3}, parallelism={"pipeline": 2})),
+    ("no-expert-parallel", spec_with(parallelism={"expert": 2})),
+    ("sequence-by-context", spec_with(parallelism={"context": 2}, training={"sequenceLength": 126})),
+    ("sequence-fits-model", spec_with(training={"sequenceLength": 256})),
+    ("batch-by-data-parallel", spec_with(training={"batchSize": 3})),
+    ("cluster-choice", spec_with(rayCluster=None)),
+    ("cluster-choice", spec_with(rayClusterRef={"name": "shared"})),
+    ("gpu-pods-have-gpus", spec_with(workers={"useGpu": True},
+                                     rayCluster={"workers": {"replicas": 2, "gpusPerWorker": 0}})),
+    ("gpu-nodes-fit-replicas", spec_with(workers={"processesPerNode": [1, 1, 2], "useGpu": "auto"})),
+    ("gpu-processes-fit-pods", spec_with(workers={"processesPerNode": [4]}, training={"batchSize": 2})),
+    # several at once: every one is reported, in tgspec's words
+    ("ffn-by-tensor", spec_with(model={"ffnHiddenSize": 127, "numQueryGroups": 3},
+                                parallelism={"expert": 4}, training={"batchSize": 5})),
+    ("gpu-processes-fit-pods", spec_with(workers={"processesPerNode": [4, 4, 4, 4]},
+                                         training={"batchSize": 8})),
+]
+
+# Accepted: useGpu in each of its three forms (the schema leaves it untyped), and the
+# GPU rules off when useGpu is false or "auto" finds no GPUs.
+ACCEPTED: list[dict[str, Any]] = [
+    GOOD,
+    spec_with(workers={"useGpu": True}),
+    spec_with(workers={"useGpu": False, "processesPerNode": [4, 4, 4, 4]},
+              rayCluster={"workers": {"replicas": 1, "gpusPerWorker": 0}},
+              training={"batchSize": 8}),
+    spec_with(workers={"useGpu": "auto", "processesPerNode": [4]},
+              rayCluster={"workers": {"replicas": 1, "gpusPerWorker": 0}}),
+    spec_with(rayCluster=None, rayClusterRef={"name": "shared"},
+              workers={"processesPerNode": [8, 8]}, training={"batchSize": 8}),
+]
+
+
+RULE_FIELD = {r.name: r.field for r in rules.RULES}
+
+
+def manifest(name: str, namespace: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": f"{tgspec.API_GROUP}/{tgspec.API_VERSION}", "kind": tgspec.KIND,
+            "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+
+
+def tgspec_errors(spec: dict[str, Any]) -> list[tgspec.SpecError]:
+    with pytest.raises(tgspec.SpecErrors) as info:
+        tgspec.parse_spec(spec, local=False)
+    return info.value.errors
+
+
+def expected_rejections(spec: dict[str, Any]) -> tuple[list[tgspec.SpecError], bool]:
+    """tgspec's errors that the API server reports for ``spec``, and whether they come from
+    the CRD (else from the ValidatingAdmissionPolicy). The CRD's rules run first: when one
+    of them fails, the request never reaches the policy, so its errors show up on the next
+    apply, once the CRD's are fixed; the policy reports the first of its own."""
+    errors = tgspec_errors(spec)
+    broken = rules.broken(tgspec.to_wire(_parse_unchecked(spec)))
+    assert [f"spec.{r.field}" for r in broken] == [e.field for e in errors]
+    in_crd = [e for e, r in zip(errors, broken, strict=True) if r.in_crd]
+    if in_crd:
+        return in_crd, True
+    return errors[:1], False  # the policy stops at its first failing validation
+
+
+@pytest.fixture(scope="module")
+def crd_plane(k8s_plane: KubePlane) -> KubePlane:
+    """The plane with the CRD and the admission policy applied (as `kubectl apply -f
+    manifests/crd/` does), and the policy in force."""
+    k8s_plane.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD),
+                      "-f", str(POLICY))
+    k8s_plane.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+    # A new binding takes a moment to reach the admission plugin: wait for a denial.
+    probe = spec_with(workers={"processesPerNode": [4]}, training={"batchSize": 2})
+    wait_until(lambda: _denied_by_policy(k8s_plane, probe), timeout=60,
+               what="the ValidatingAdmissionPolicy to take effect")
+    return k8s_plane
+
+
+def _denied_by_policy(plane: KubePlane, spec: dict[str, Any]) -> bool:
+    proc = plane.kubectl("create", "--dry-run=server", "-f", "-", check=False,
+                         input=yaml.safe_dump(manifest("probe", "default", spec)))
+    if proc.returncode == 0:
+        plane.kubectl("delete", "trainergroup", "probe", "-n", "default", "--ignore-not-found",
+                      check=False)
+        return False
+    return "denied request" in proc.stderr
+
+
+@pytest.fixture(scope="module")
+def custom_objects(crd_plane: KubePlane) -> Iterator[Any]:
+    kubernetes = pytest.importorskip("kubernetes", reason="the kubernetes client is not installed")
+    api = kubernetes.config.new_client_from_config(config_file=str(crd_plane.kubeconfig))
+    try:
+        yield kubernetes.client.CustomObjectsApi(api)
+    finally:
+        api.close()
+
+
+def test_every_rule_has_a_case() -> None:
+    assert {name for name, _ in MISTAKES} == {r.name for r in rules.RULES}
+    for name, spec in MISTAKES:
+        broken = {r.name for r in rules.broken(tgspec.to_wire(_parse_unchecked(spec)))}
+        assert name in broken, (name, broken)
+
+
+def _parse_unchecked(spec: dict[str, Any]) -> tgspec.TrainerGroupSpec:
+    from tgspec.parse import _Parser
+
+    parser = _Parser()
+    parsed = parser.parse_dataclass(tgspec.TrainerGroupSpec, spec, "spec")
+    assert parsed is not None and not parser.errors, parser.errors
+    return parsed
+
+
+@pytest.mark.parametrize(("rule", "spec"), MISTAKES,
+                         ids=[f"{i}-{name}" for i, (name, _) in enumerate(MISTAKES)])
+def test_kubectl_apply_rejects_with_tgspec_message(crd_plane: KubePlane, k8s_namespace: str,
+                                                   rule: str, spec: dict[str, Any]) -> None:
+    assert f"spec.{RULE_FIELD[rule]}" in {e.field for e in tgspec_errors(spec)}
+    expected, by_crd = expected_rejections(spec)
+    name = f"bad-{uuid.uuid4().hex[:8]}"
+    proc = crd_plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(
+        manifest(name, k8s_namespace, spec)), check=False)
+    assert proc.returncode != 0, f"the API server accepted a spec tgspec rejects:\n{expected}"
+    for err in expected:
+        if by_crd:  # '<field>: Invalid value: "object": <problem>. Fix: <fix>'
+            assert f"{err.field}: Invalid value" in proc.stderr, (err.field, proc.stderr)
+            assert f"{err.problem}. Fix: {err.fix}" in proc.stderr, (str(err), proc.stderr)
+        else:  # 'ValidatingAdmissionPolicy ... denied request: <tgspec's error>'
+            assert "denied request" in proc.stderr, proc.stderr
+            assert str(err) in proc.stderr, (str(err), proc.stderr)
+    got = crd_plane.kubectl("get", "trainergroup", name, "-n", k8s_namespace, check=False)
+    assert got.returncode != 0 and "NotFound" in got.stderr, got.stdout
+    listed = crd_plane.kubectl_json("get", "trainergroups", "-n", k8s_namespace)
+    assert listed["items"] == []
+
+
+@pytest.mark.parametrize(("rule", "spec"), MISTAKES,
+                         ids=[f"{i}-{name}" for i, (name, _) in enumerate(MISTAKES)])
+def test_server_causes_match_tgspec_errors(custom_objects: Any, k8s_namespace: str, rule: str,
+                                           spec: dict[str, Any]) -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    errors, by_crd = expected_rejections(spec)
+    with pytest.raises(ApiException) as info:
+        custom_objects.create_namespaced_custom_object(
+            tgspec.API_GROUP, tgspec.API_VERSION, k8s_namespace, tgspec.PLURAL,
+            manifest(f"bad-{uuid.uuid4().hex[:8]}", k8s_namespace, spec))
+    assert info.value.status == 422, info.value.body
+    status = json.loads(info.value.body)
+    if by_crd:
+        expected = sorted((e.field, f"{e.problem}. Fix: {e.fix}") for e in errors)
+        causes = sorted((c["field"], _detail(c["message"])) for c in status["details"]["causes"])
+        assert causes == expected
+    else:
+        # the policy stops at the first failing validation, in the declared order
+        assert status["message"].endswith(str(errors[0])), status["message"]
+
+
+def _detail(message: str) -> str:
+    # The server writes 'Invalid value: "object": <detail>' (the value CEL validated).
+    return message.split('": ', 1)[1] if message.startswith("Invalid value: ") else message
+
+
+@pytest.mark.parametrize("spec", ACCEPTED, ids=[f"ok-{i}" for i in range(len(ACCEPTED))])
+def test_valid_specs_are_accepted(crd_plane: KubePlane, k8s_namespace: str,
+                                  spec: dict[str, Any]) -> None:
+    tgspec.parse_spec(spec, local=False)  # tgspec agrees
+    name = f"ok-{uuid.uuid4().hex[:8]}"
+    crd_plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest(name, k8s_namespace, spec)))
+    stored = crd_plane.kubectl_json("get", "trainergroup", name, "-n", k8s_namespace)
+    assert stored["spec"]["workers"]["useGpu"] == spec["workers"].get("useGpu", "auto")

@@ -1,0 +1,170 @@
+"""The cross-field rule records (tgspec.rules): every rule has CEL in the CRD or in the
+admission policy, and the CEL text agrees with the Python evaluator on many specs
+(evaluated with cel-python, a pure-Python CEL interpreter; the real API server tests are
+tests/k8s/test_admission.py)."""
+
+from __future__ import annotations
+
+import functools
+import random
+import re
+from typing import Any
+
+import pytest
+import yaml
+
+import tgspec
+from tgspec import crd, rules
+from tgspec.parse import _Parser
+
+
+def _random_spec(rnd: random.Random) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "workers": {
+            "processesPerNode": [
+                rnd.choice([1, 2, 3, 4, 8]) for _ in range(rnd.choice([0, 1, 2, 3]))
+            ],
+            "useGpu": rnd.choice([True, False, "auto"]),
+        },
+        "parallelism": {
+            k: rnd.choice([1, 1, 2, 3, 4]) for k in ("tensor", "pipeline", "context", "expert")
+        },
+        "model": {
+            "numAttentionHeads": rnd.choice([1, 2, 3, 4, 8, 16]),
+            "hiddenSize": rnd.choice([48, 63, 64, 128]),
+            "vocabSize": rnd.choice([96, 255, 256]),
+            "ffnHiddenSize": rnd.choice([63, 64, 96, 5504]),
+            "numQueryGroups": rnd.choice([0, 0, 1, 2, 3, 4]),
+            "numLayers": rnd.choice([1, 2, 3, 4]),
+            "maxSequenceLength": rnd.choice([64, 1024]),
+        },
+        "training": {
+            "batchSize": rnd.choice([1, 2, 3, 4, 6, 16]),
+            "sequenceLength": rnd.choice([62, 64, 96, 1024, 2048]),
+        },
+    }
+    choice = rnd.random()
+    if choice < 0.6:
+        spec["rayCluster"] = {
+            "workers": {
+                "replicas": rnd.choice([1, 2, 3]),
+                "gpusPerWorker": rnd.choice([0, 1, 2, 4]),
+            }
+        }
+    if choice > 0.4:
+        spec["rayClusterRef"] = {"name": "x"}
+    return spec
+
+
+def _wire(spec: dict[str, Any]) -> dict[str, Any]:
+    parser = _Parser()
+    parsed = parser.parse_dataclass(tgspec.TrainerGroupSpec, spec, "spec")
+    assert parsed is not None and not parser.errors
+    wire: dict[str, Any] = tgspec.to_wire(parsed)
+    return wire
+
+
+SPECS = [_wire(_random_spec(random.Random(seed))) for seed in range(150)]
+
+
+def test_every_rule_is_in_the_crd_or_the_policy() -> None:
+    doc = yaml.safe_load(crd.render())
+    crd_rules = doc["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"][
+        "x-kubernetes-validations"
+    ]
+    policy = next(yaml.safe_load_all(crd.render_policy()))
+    assert [v["rule"] for v in crd_rules] == [r.cel_rule() for r in rules.crd_rules()]
+    assert [v["expression"] for v in policy["spec"]["validations"]] == [
+        r.cel_rule("object.spec") for r in rules.policy_rules()
+    ]
+    assert len(crd_rules) + len(policy["spec"]["validations"]) == len(rules.RULES)
+    names = [r.name for r in rules.RULES]
+    assert len(set(names)) == len(names)
+    for r in rules.crd_rules():  # the CRD can't see untyped fields
+        assert "useGpu" not in r.cel_rule() + r.cel_message_expression()
+    assert {r.name for r in rules.policy_rules()} == {
+        "gpu-pods-have-gpus",
+        "gpu-nodes-fit-replicas",
+        "gpu-processes-fit-pods",
+    }
+
+
+def test_messages_are_tgspec_errors() -> None:
+    spec = _wire(
+        {
+            "model": {"ffnHiddenSize": 127},
+            "parallelism": {"tensor": 2},
+            "workers": {"processesPerNode": [2]},
+            "rayClusterRef": {"name": "x"},
+        }
+    )
+    with pytest.raises(tgspec.SpecErrors) as info:
+        tgspec.parse_spec(spec)
+    (err,) = info.value.errors
+    assert str(err) == (
+        "spec.model.ffnHiddenSize: 127 is not divisible by tensor parallel size 2. "
+        "Fix: use an FFN size that is a multiple of parallelism.tensor"
+    )
+    (rule,) = rules.broken(spec)
+    assert rule.message(spec) == f"{err.problem}. Fix: {err.fix}"
+
+
+def test_every_rule_is_broken_by_some_spec() -> None:
+    broken = {r.name for s in SPECS for r in rules.broken(s)}
+    assert broken == {r.name for r in rules.RULES}
+
+
+def test_local_mode_skips_the_cluster_rules() -> None:
+    assert {r.name for r in rules.RULES} - {r.name for r in rules.rules(local=True)} == {
+        "cluster-choice",
+        "gpu-pods-have-gpus",
+        "gpu-nodes-fit-replicas",
+        "gpu-processes-fit-pods",
+    }
+
+
+# -- CEL, evaluated ------------------------------------------------------------------------
+celpy = pytest.importorskip("celpy", reason="cel-python (dev dependency) is not installed")
+from celpy import celtypes  # noqa: E402
+
+
+def _k8s_sum(items: Any) -> Any:  # the Kubernetes CEL list library's l.sum()
+    return celtypes.IntType(sum(int(i) for i in items))
+
+
+def _k8s_format(text: Any, args: Any) -> Any:  # the strings library's "%d".format([...]); %d only
+    values = iter(args)
+    return celtypes.StringType(
+        re.sub(r"%%|%d", lambda m: "%" if m.group() == "%%" else str(int(next(values))), str(text))
+    )
+
+
+_ENV = celpy.Environment()
+_FUNCTIONS = {"sum": _k8s_sum, "format": _k8s_format}
+
+
+@functools.cache
+def _program(expr: str) -> Any:
+    return _ENV.program(_ENV.compile(expr), functions=_FUNCTIONS)
+
+
+def _run(expr: str, activation: dict[str, Any]) -> Any:
+    return _program(expr).evaluate({k: celpy.json_to_cel(v) for k, v in activation.items()})
+
+
+@pytest.mark.parametrize("rule", rules.RULES, ids=[r.name for r in rules.RULES])
+def test_cel_agrees_with_python(rule: rules.Rule) -> None:
+    """CRD CEL over `self` (the spec) and policy CEL over `object.spec`: the same verdict
+    as Python on every spec, and the same sentence whenever the rule is broken."""
+    for spec in SPECS:
+        crd_verdict = _run(rule.cel_rule(), {"self": spec})
+        policy_verdict = _run(rule.cel_rule("object.spec"), {"object": {"spec": spec}})
+        broken = rule.broken_by(spec)
+        assert bool(crd_verdict) is (not broken) and bool(policy_verdict) is (not broken), spec
+        if broken:
+            assert str(_run(rule.cel_message_expression(), {"self": spec})) == rule.message(spec)
+            policy_message = _run(
+                rule.cel_message_expression("object.spec", f"spec.{rule.field}: "),
+                {"object": {"spec": spec}},
+            )
+            assert str(policy_message) == f"spec.{rule.field}: {rule.message(spec)}"

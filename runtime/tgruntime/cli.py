@@ -138,11 +138,12 @@ class Progress:
 
     def __init__(self) -> None:
         self.t0 = time.monotonic()
-        self.last = ""
+        self.shown: dict[str, str] = {}  # the last line shown per topic ("placement", ...)
 
     def step(self, text: str) -> None:
-        if text != self.last:
-            self.last = text
+        topic = text.split(":", 1)[0]
+        if self.shown.get(topic) != text:
+            self.shown[topic] = text
             _err(f"[{time.monotonic() - self.t0:6.1f}s] {text}")
 
 
@@ -221,7 +222,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             return 1
     finally:
         reader.join(timeout=10)
-        errors.join(timeout=10)
+        errors.join(10)
     note = errors.note()
     if note:
         _err(note)

@@ -284,7 +284,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         target = resolve_target(args)
-        quiet = {"logging_level": logging.WARNING} if args.format == "human" else {}
+        quiet: dict[str, Any] = (
+            {"logging_level": logging.WARNING} if args.format == "human" else {}
+        )
         connect(address=target.address, namespace=target.ray_namespace, **quiet)
         t0 = time.perf_counter()
         use_light_handles()
@@ -300,7 +302,8 @@ def main(argv: list[str] | None = None) -> int:
             wg,
             batch_stream(args, target.spec),
             steps=args.steps,
-            progress=not args.no_progress,
+            # A bar only on a terminal: in a log file its redraws are noise.
+            progress=not args.no_progress and sys.stderr.isatty(),
             fmt=args.format,
         )
         if args.save_checkpoint:

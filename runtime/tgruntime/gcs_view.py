@@ -161,7 +161,7 @@ def use_light_handles() -> bool:
     """
     if not light_handles_enabled():
         return False
-    from ray._private import function_manager
+    from ray._private import function_manager, ray_constants
 
     manager_cls = function_manager.FunctionActorManager
     if getattr(manager_cls, "_tg_light", False):
@@ -174,7 +174,7 @@ def use_light_handles() -> bool:
                 b"ActorClass", job_id, descriptor.function_id.binary()
             )
             raw = self._worker.gcs_client.internal_kv_get(
-                key, function_manager.KV_NAMESPACE_FUNCTION_TABLE
+                key, ray_constants.KV_NAMESPACE_FUNCTION_TABLE
             )
             # The export is a pickled dict of plain fields; the class itself inside it is a
             # further pickle, left unread here.
@@ -185,7 +185,7 @@ def use_light_handles() -> bool:
             return original(self, job_id, descriptor)
         return _stand_in_class(descriptor.class_name, descriptor.module_name, names)
 
-    manager_cls._load_actor_class_from_gcs = load_names_only
+    manager_cls._load_actor_class_from_gcs = load_names_only  # type: ignore[method-assign]
     manager_cls._tg_light = True  # type: ignore[attr-defined]
     return True
 

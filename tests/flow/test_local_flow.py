@@ -303,7 +303,9 @@ def test_tgctl_up_status_train_down(ray_cluster: RayCluster, tmp_path: Path) -> 
     status = run(ray_cluster, "-m", "tgruntime.cli", "status", "-f", str(path), *addr)
     assert "phase: Ready" in status.stdout and "2/2 workers alive" in status.stdout
     assert "device: cpu (gloo, float32)" in status.stdout
-    train = run(ray_cluster, "-m", "tgruntime.cli", "train", "-f", str(path), "--steps", "2", *addr)
+    train = run(
+        ray_cluster, "-m", "tgruntime.cli", "train", "-f", str(path), "--steps", "2", "--json", *addr
+    )
     assert len(tagged("TG_STEP", train.stdout)) == 2
     run(ray_cluster, "-m", "tgruntime.cli", "down", "-f", str(path), *addr)
     assert leftovers(ray_cluster, ns) == {"actors": [], "pgs": []}

@@ -148,7 +148,7 @@ def _actors_in_placement_groups(
     from tgruntime.gcs_view import actor_infos
 
     try:
-        gcs = ray._private.worker.global_worker.gcs_client
+        gcs = ray._private.worker.global_worker.gcs_client  # type: ignore[attr-defined]
         actors = actor_infos(gcs, namespace=namespace, timeout_s=timeout_s)
     except Exception as exc:
         errors.append(f"GCS actor table unreadable, relying on names only: {exc}")

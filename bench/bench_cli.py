@@ -56,6 +56,7 @@ def spec(tmp: Path, *, name: str, light: bool) -> Path:
     doc = yaml.safe_load(TINY.read_text())
     doc["metadata"]["name"] = name
     doc["spec"]["workers"]["rayNamespace"] = f"bench-{name}"
+    doc["spec"].setdefault("timeouts", {})["workersReadySeconds"] = 300  # fail, don't hang
     if light:
         doc["spec"]["workers"]["workerClass"] = "tests.runtime.light_workers:SpecEcho"
         doc["spec"]["workers"]["cpusPerProcess"] = 0.1

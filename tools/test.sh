@@ -6,9 +6,25 @@
 # tier (real pods, tests/e2e) runs here: this script starts the Docker engine it needs.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$ROOT"
+cd "$ROOT" || exit 2
 log() { printf '%s test: %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 T0=$(date +%s)
+
+# Real pods on kind need a Docker engine: install Debian's docker.io if absent and start
+# dockerd if it is not running (tests/e2e skips with the reason if this fails).
+log "Docker engine (hack/docker/up.sh)"
+PREBUILD_PID=""
+PREBUILD_LOG="${TMPDIR:-/tmp}/tg-images-prebuild.$$.log"
+if bash hack/docker/up.sh; then
+  # The images' builds download wheels and unpack them (network and disk) while the Go
+  # build below keeps the CPUs busy; the kind tests reuse what this builds (cached by Docker).
+  log "building the images in the background (log: $PREBUILD_LOG)"
+  bash hack/images/build.sh operator runtime > "$PREBUILD_LOG" 2>&1 &
+  PREBUILD_PID=$!
+  trap 'kill "$PREBUILD_PID" 2>/dev/null || true' EXIT   # an early exit stops it too
+else
+  log "no Docker engine: the kind tests will be skipped (see the messages above)"
+fi
 
 ./tools/install.sh || { log "install failed: see the messages above"; exit 2; }
 PY="$ROOT/.venv/bin/python"
@@ -19,10 +35,15 @@ if [ -x hack/build-tools.sh ] || [ -f hack/build-tools.sh ]; then
   bash hack/build-tools.sh || { log "control-plane build failed: see the messages above"; exit 2; }
 fi
 
-# Real pods on kind need a Docker engine: install Debian's docker.io if absent and start
-# dockerd if it is not running (tests/e2e skips with the reason if this fails).
-log "Docker engine (hack/docker/up.sh)"
-bash hack/docker/up.sh || log "no Docker engine: the kind tests will be skipped (see the messages above)"
+if [ -n "$PREBUILD_PID" ]; then
+  if wait "$PREBUILD_PID"; then
+    trap - EXIT
+    log "images built: $(grep -o 'times: .*' "$PREBUILD_LOG" | tail -n 1)"
+  else
+    log "the background image build failed (the kind test rebuilds and reports); its tail:"
+    tail -n 20 "$PREBUILD_LOG" >&2
+  fi
+fi
 
 status=0
 log "ruff"

@@ -133,11 +133,16 @@ class GcsView:
 
     def dashboard_url(self) -> str:
         """The dashboard's URL when the cluster runs one, else "" (TG_RAY_INCLUDE_DASHBOARD=0)."""
+        from tgruntime.ray_connect import _http_up
+
         raw = self.kv_get("dashboard", kv_namespace="dashboard")
         if not raw:
             return ""
         text = raw.decode()
-        return text if "://" in text else f"http://{text}"
+        url = text if "://" in text else f"http://{text}"
+        # A head started without the dashboard still publishes the address it would have
+        # had: only a dashboard that answers counts (refused at once when there is none).
+        return url if _http_up(f"{url}/api/version", timeout_s=1.0) else ""
 
 
 def by_name(actors: list[ActorInfo]) -> dict[str, ActorInfo]:

@@ -393,10 +393,10 @@ def _wait_head(proc: subprocess.Popen[bytes], head: LocalHead, *, timeout_s: flo
     )
 
 
-def _http_up(url: str) -> bool:
+def _http_up(url: str, timeout_s: float = 2.0) -> bool:
     """The server answers HTTP (401/403 count: a token-protected dashboard is up)."""
     try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
             return 200 <= int(resp.status) < 500
     except urllib.error.HTTPError as exc:
         return exc.code in (401, 403)

@@ -121,7 +121,7 @@ def test_tgctl_fast_quiet_paths_without_dashboard(tmp_path: Path) -> None:
         # Progress while it worked, one line per step; no dashboard anywhere.
         for step in ("head: ", "placement: ", "actors: 2/2 alive", "init_model: done"):
             assert step in up.stderr, up.stderr
-        assert "(no dashboard)" in up.stderr
+        assert "(no dashboard)" in up.stderr, up.stderr
         assert "dashboard" not in up.stdout.lower() and "http://" not in up.stdout + up.stderr
         assert "Connected to Ray cluster" not in up.stderr
         head = json.loads(state.read_text())

@@ -209,13 +209,17 @@ def train(
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
-def default_k8s_namespace(path: str = SERVICE_ACCOUNT_NAMESPACE) -> str:
-    """The pod's Kubernetes namespace (its service account's) in a cluster, else "default"."""
+def default_k8s_namespace(path: str = SERVICE_ACCOUNT_NAMESPACE) -> str | None:
+    """The pod's Kubernetes namespace (its service account's) in a cluster, else None.
+
+    None: outside a pod the kubeconfig context's namespace applies, else "default"
+    (``tg_operator.kube.default_namespace``, which ``wait_for_ready_sync`` calls).
+    """
     try:
         value = Path(path).read_text().strip()
     except OSError:
-        return "default"
-    return value or "default"
+        return None
+    return value or None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -228,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--namespace",
         default=None,
         help="Kubernetes namespace of --trainergroup (default: this pod's namespace, from "
-        f"{SERVICE_ACCOUNT_NAMESPACE}, outside a pod 'default')",
+        f"{SERVICE_ACCOUNT_NAMESPACE}; outside a pod the kubeconfig context's, else 'default')",
     )
     p.add_argument(
         "--kubeconfig", default=None, help="kubeconfig (default: in-cluster, then ~/.kube/config)"

@@ -54,7 +54,7 @@ def test_client_namespace_defaults_to_the_pods(tmp_path: Path) -> None:
     sa = tmp_path / "namespace"
     sa.write_text("team-a\n")
     assert client.default_k8s_namespace(str(sa)) == "team-a"
-    assert client.default_k8s_namespace(str(tmp_path / "absent")) == "default"
+    assert client.default_k8s_namespace(str(tmp_path / "absent")) is None  # kubeconfig's, then default
     assert client.build_parser().parse_args([]).namespace is None  # resolved in main()
 
 

@@ -172,7 +172,7 @@ def _watch_creation(
                     alive = sum(a.state == "ALIVE" for a in mine)
                     progress.step(f"actors: {alive}/{n} alive")
             else:
-                progress.step("server: connected; checking the cluster, importing the worker class")
+                progress.step("server: connecting, checking the cluster, importing the worker class")
         except TrainerGroupError:
             pass  # a slow GCS answer: the server's own result decides
         with contextlib.suppress(subprocess.TimeoutExpired):

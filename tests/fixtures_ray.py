@@ -35,6 +35,24 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
+def tgctl_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """Environment for a tgctl subprocess with no remembered head (it starts its own).
+
+    The repository on PYTHONPATH, a private cache dir, Ray's token auth off unless the caller's
+    environment sets it, and no RAY_ADDRESS / TG_RAY_ADDRESS leaking in; ``extra`` on top.
+    """
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
+        "XDG_CACHE_HOME": str(tmp_path / "cache"),
+        "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled"),
+        **extra,
+    }
+    for key in ("RAY_ADDRESS", "TG_RAY_ADDRESS"):
+        env.pop(key, None)
+    return env
+
+
 @dataclass(frozen=True)
 class RayCluster:
     """A running local Ray head."""

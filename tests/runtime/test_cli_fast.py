@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import subprocess
 import sys
 import textwrap
@@ -28,7 +27,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.fixtures_ray import REPO_ROOT
+from tests.fixtures_ray import REPO_ROOT, tgctl_env
 from tgruntime import client, ray_connect
 
 WORKER_MODULE = "tests.runtime.light_workers"
@@ -60,16 +59,7 @@ def test_client_namespace_defaults_to_the_pods(tmp_path: Path) -> None:
 
 # ----------------------------------------------------------------------------- real Ray
 def _env(tmp_path: Path) -> dict[str, str]:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
-        "XDG_CACHE_HOME": str(tmp_path / "cache"),  # no remembered head: tgctl starts one
-        "TG_RAY_INCLUDE_DASHBOARD": "0",
-        "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled"),
-    }
-    for key in ("RAY_ADDRESS", "TG_RAY_ADDRESS"):
-        env.pop(key, None)
-    return env
+    return tgctl_env(tmp_path, TG_RAY_INCLUDE_DASHBOARD="0")
 
 
 def _py(env: dict[str, str], code: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:

@@ -10,7 +10,6 @@ second head started by ``tgctl up`` itself with logical GPUs taken from CUDA_VIS
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -21,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.fixtures_ray import REPO_ROOT, RayCluster
+from tests.fixtures_ray import REPO_ROOT, RayCluster, tgctl_env
 from tests.runtime.light_workers import Counter
 from tgruntime.controller import PlacementInfeasibleError, ResourcePool, WorkerGroup, registry
 from tgruntime.controller.resource_pool import infeasibility
@@ -226,15 +225,7 @@ def test_tgctl_up_detects_gpus_for_a_new_head_and_auto_uses_them(tmp_path: Path)
     """No flags: `tgctl up` starts its own head with the GPUs it detects (here: two logical
     GPUs named by CUDA_VISIBLE_DEVICES), "auto" then puts the workers on GPUs."""
     path, _ = _spec(tmp_path, useGpu="auto")
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
-        "XDG_CACHE_HOME": str(tmp_path / "cache"),  # no remembered head: a new one
-        "CUDA_VISIBLE_DEVICES": "0,1",
-        "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled"),
-    }
-    for key in ("RAY_ADDRESS", "TG_RAY_ADDRESS"):
-        env.pop(key, None)
+    env = tgctl_env(tmp_path, CUDA_VISIBLE_DEVICES="0,1")  # no remembered head: a new one
     up = _run(env, "-m", "tgruntime.cli", "up", "-f", str(path), "--num-cpus", "2", timeout=600)
     try:
         assert up.returncode == 0, up.stdout + up.stderr[-4000:]

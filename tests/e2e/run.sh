@@ -171,6 +171,8 @@ if [[ "$MODE" == fake ]]; then
   KUBECONFIG="$(TG_KIND_CLUSTER="$CLUSTER" bash hack/kind/cluster.sh up | tail -n 1)"
   [[ -f "$KUBECONFIG" ]] || die "hack/kind/cluster.sh up printed no kubeconfig path (got '$KUBECONFIG')"
   export KUBECONFIG
+  log "network check: pod to pod across the GPU and CPU nodes, a Service through DNS"
+  TG_KIND_CLUSTER="$CLUSTER" TG_KIND_KUBECONFIG="$KUBECONFIG" bash hack/kind/check.sh
   GPU_NODE="$(k get nodes -l nvidia.com/gpu.present=true -o jsonpath='{.items[0].metadata.name}')"
   [[ -n "$GPU_NODE" ]] || die "no node labelled nvidia.com/gpu.present=true"
   stamp cluster

@@ -143,6 +143,7 @@ def test_run_sh_covers_the_flow() -> None:
     steps = [
         "hack/images/build.sh all",
         "hack/kind/cluster.sh up",
+        "hack/kind/check.sh",
         "nvidia-ctk runtime configure --runtime=containerd",
         "nvidia-device-plugin",
         "kind load docker-image",

@@ -12,11 +12,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from tg_operator.kube import KubeApi, api_client, default_namespace
-from tgspec import TrainerGroupSpec, TrainerGroupStatus, parse_resource, parse_status
+from tgspec import (
+    SpecErrors,
+    TimeoutsSpec,
+    TrainerGroupSpec,
+    TrainerGroupStatus,
+    parse_resource,
+    parse_status,
+)
 
 
 class ReadyGroup(NamedTuple):
@@ -76,7 +83,7 @@ def wait_for_ready_sync(
     name: str,
     namespace: str | None = None,
     kubeconfig: str | None = None,
-    timeout_s: float = 900.0,
+    timeout_s: float | None = None,
     poll_s: float = 2.0,
     on_progress: Callable[[TrainerGroupStatus], None] | None = None,
 ) -> ReadyGroup:
@@ -84,18 +91,23 @@ def wait_for_ready_sync(
 
     Raises :class:`TrainerGroupFailed` when the phase is Failed,
     :class:`TrainerGroupNotFound` when the object does not exist, and
-    :class:`TrainerGroupNotReady` after ``timeout_s``. ``on_progress`` is called
-    whenever the phase or message changes.
+    :class:`TrainerGroupNotReady` after ``timeout_s`` (default: the group's own Ready
+    deadline, ``spec.timeouts`` clusterReadySeconds + workersReadySeconds, read from the
+    object on the first poll). ``on_progress`` is called whenever the phase or message
+    changes.
     """
     ns = namespace or default_namespace(kubeconfig=kubeconfig)
     kube = KubeApi(api_client(kubeconfig=kubeconfig))
-    deadline = time.monotonic() + timeout_s
+    start = time.monotonic()
     last: TrainerGroupStatus | None = None
     try:
         while True:
             obj = kube.get_trainergroup_sync(namespace=ns, name=name)
             if obj is None:
                 raise TrainerGroupNotFound(f"TrainerGroup {ns}/{name} not found")
+            if timeout_s is None:
+                timeout_s = float(ready_deadline(obj))
+            deadline = start + timeout_s
             st = parse_status(obj.get("status"))
             if on_progress is not None and (
                 last is None or (st.phase, st.message) != (last.phase, last.message)
@@ -120,12 +132,20 @@ def wait_for_ready_sync(
         kube.close()
 
 
+def ready_deadline(obj: Mapping[str, Any]) -> int:
+    """A TrainerGroup object's Ready deadline in seconds (defaults when its spec is invalid)."""
+    try:
+        return parse_resource(obj).spec.timeouts.ready_seconds
+    except SpecErrors:
+        return TimeoutsSpec().ready_seconds
+
+
 async def wait_for_ready(
     *,
     name: str,
     namespace: str | None = None,
     kubeconfig: str | None = None,
-    timeout_s: float = 900.0,
+    timeout_s: float | None = None,
     poll_s: float = 2.0,
 ) -> ReadyGroup:
     """Async form of :func:`wait_for_ready_sync` (runs it in a worker thread)."""

@@ -238,7 +238,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--kubeconfig", default=None, help="kubeconfig (default: in-cluster, then ~/.kube/config)"
     )
     p.add_argument(
-        "--wait", type=float, default=600.0, help="seconds to wait for the TrainerGroup to be Ready"
+        "--wait",
+        type=float,
+        default=None,
+        help="seconds to wait for the TrainerGroup to be Ready (default: its Ready deadline, "
+        "spec.timeouts clusterReadySeconds + workersReadySeconds)",
     )
     p.add_argument("--group", help="group name in the Ray namespace")
     p.add_argument("--ray-namespace", help="Ray namespace of the group")

@@ -288,6 +288,16 @@ class TimeoutsSpec:
         minimum=1,
     )
 
+    @property
+    def ready_seconds(self) -> int:
+        """The one Ready deadline: how long a client waits for the group to be Ready.
+
+        The operator gives up on a cluster after ``clusterReadySeconds`` and on the workers
+        after ``workersReadySeconds``, so a client waiting their sum never gives up before
+        the operator has (the client module, the client Job and tgctl all use this).
+        """
+        return self.cluster_ready_seconds + self.workers_ready_seconds
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainerGroupSpec:

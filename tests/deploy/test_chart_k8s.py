@@ -201,7 +201,7 @@ def test_example_trainergroup_passes_the_crd_on_the_server(
     bad = copy.deepcopy(good)
     bad["spec"]["parallelism"]["tensor"] = 3  # 2 workers: TP 3 does not divide
     ok, out = dry_run(bad)
-    assert not ok and "must divide the world size" in out, out
+    assert not ok and "does not divide the world size" in out, out
     bad = copy.deepcopy(good)
     bad["spec"]["model"]["dtype"] = "fp8"
     ok, out = dry_run(bad)

@@ -37,6 +37,8 @@ class Counter(Worker):
             "pid": os.getpid(),
             "name": os.environ.get("TG_WORKER_NAME"),
             "master": (os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")),
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "local_rank": int(os.environ.get("LOCAL_RANK", "-1")),
         }
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE)
@@ -98,6 +100,35 @@ class VerlStyle(Worker):
         self.model["steps"] += 1
         loss = data.batch["input_ids"].float().mean(dim=-1)
         return DataProto.from_dict(tensors={"loss": loss})
+
+
+class MeshProbe(Worker):
+    """A mesh "train" given per rank (``dp_ranks[rank]``; the first rank of each dp rank
+    collects): ``step`` returns its shard tagged with the rank that computed it, and
+    ``seen`` what each rank received (tp peers must have got the same rows). torch is
+    imported only when a DataProto arrives."""
+
+    def __init__(self, dp_ranks: list[int]) -> None:
+        super().__init__()
+        dp = dp_ranks[self.rank]
+        self._register_dispatch_collect_info(
+            mesh_name="train", dp_rank=dp, is_collect=dp_ranks.index(dp) == self.rank
+        )
+        self._seen: list[int] = []
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="train"))
+    def step(self, data: Any) -> Any:
+        import torch
+
+        from tgruntime.controller.dataproto import DataProto
+
+        x = data.batch["x"]
+        self._seen = [int(v) for v in x.tolist()]
+        return DataProto.from_dict(tensors={"x": x, "rank": torch.full_like(x, self.rank)})
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def seen(self) -> list[int]:
+        return self._seen
 
 
 class SpecEcho(Worker):

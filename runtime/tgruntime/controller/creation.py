@@ -99,6 +99,12 @@ def launch(
         )
         if len(pgs) != len(counts):
             raise ValueError(f"{len(pgs)} placement groups given for {len(counts)} nodes")
+        for i, (pg, count) in enumerate(zip(pgs, counts, strict=True)):
+            if pg.bundle_count < count:
+                raise ValueError(
+                    f"placement group {i} has {pg.bundle_count} bundles for {count} processes "
+                    f"(process_on_nodes={list(counts)})"
+                )
         remote_cls = cls.remote_class()
         world_size = resource_pool.world_size
         rank = 0

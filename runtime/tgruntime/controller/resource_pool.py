@@ -6,6 +6,14 @@ a 2-core machine. Placement groups are named from (namespace, group, generation,
 and may be detached, so they outlive their creator and can be found and removed later.
 Waiting for placement is bounded; a timeout removes what was created and says what was
 asked and what the cluster has.
+
+Placement groups stay in spec order: placement group ``i`` holds ``process_on_nodes[i]``
+bundles and carries the ranks of entry ``i`` (and the ``_i:`` worker names). They used to
+be re-sorted by node IP after placement while the per-node counts stayed in spec order, so
+on a cluster whose nodes' IPs did not follow the spec, ``[2, 1]`` paired a one-bundle group
+with two ranks (and names and ranks pointed at the wrong node). ``node_resources`` pins an
+entry to a node: extra resources (e.g. a custom resource each node declares) added to
+every bundle of that entry's placement group.
 """
 
 from __future__ import annotations
@@ -54,6 +62,9 @@ class ResourcePool:
     # values let several groups share the same placement groups (verl's colocation).
     actor_num_cpus: float | None = None
     actor_num_gpus: float | None = None
+    # Per entry of process_on_nodes: extra resources in each bundle of that placement group
+    # (e.g. {"node_a": 0.01} where only node a declares "node_a"), to pin it to a node.
+    node_resources: Sequence[Mapping[str, float]] = ()
 
     def __post_init__(self) -> None:
         counts = tuple(int(c) for c in self.process_on_nodes)
@@ -63,6 +74,12 @@ class ResourcePool:
             )
         object.__setattr__(self, "process_on_nodes", counts)
         object.__setattr__(self, "strategy", PlacementStrategy(self.strategy))
+        extra = tuple({str(k): float(v) for k, v in r.items()} for r in self.node_resources)
+        if extra and len(extra) != len(counts):
+            raise ValueError(
+                f"node_resources has {len(extra)} entries for {len(counts)} entries of process_on_nodes"
+            )
+        object.__setattr__(self, "node_resources", extra)
         if self.cpus_per_process < 0 or self.gpus_per_process < 0:
             raise ValueError("resource amounts must not be negative")
         if not self.bundle():
@@ -83,7 +100,15 @@ class ResourcePool:
         return out
 
     def bundles(self) -> list[list[dict[str, float]]]:
-        return [[self.bundle() for _ in range(count)] for count in self.process_on_nodes]
+        """Per entry of process_on_nodes (in spec order), its placement group's bundles."""
+        out = []
+        for i, count in enumerate(self.process_on_nodes):
+            bundle = self.bundle()
+            if self.node_resources:
+                for k, v in self.node_resources[i].items():
+                    bundle[k] = bundle.get(k, 0.0) + v
+            out.append([dict(bundle) for _ in range(count)])
+        return out
 
     def actor_options(self) -> dict[str, Any]:
         """num_cpus / num_gpus / resources for each worker actor."""
@@ -198,7 +223,7 @@ def create_placement_groups(
     detached: bool,
     timeout_s: float,
 ) -> list[PlacementGroup]:
-    """Create and wait for the pool's placement groups, sorted by node address.
+    """Create and wait for the pool's placement groups, in spec order (never re-sorted).
 
     A pool the cluster's totals can never hold fails at once (PlacementInfeasibleError,
     before anything is created). On timeout every placement group created here is removed
@@ -232,21 +257,9 @@ def create_placement_groups(
         for pg in pgs:
             _remove_quietly(pg)
         raise
-    return sort_by_node(pgs)
-
-
-def sort_by_node(pgs: Sequence[PlacementGroup]) -> list[PlacementGroup]:
-    """Order placement groups by the address of their first bundle's node (stable ranks)."""
-    try:
-        addresses = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}  # type: ignore[no-untyped-call]
-        keyed = []
-        for i, pg in enumerate(pgs):
-            table = placement_group_table(pg)
-            node_id = (table.get("bundles_to_node_id") or {}).get(0, "")
-            keyed.append((addresses.get(node_id, ""), i, pg))
-        return [pg for _, _, pg in sorted(keyed, key=lambda t: (t[0], t[1]))]
-    except Exception:
-        return list(pgs)
+    # Spec order: entry i's ranks and names go to placement group i, which has exactly
+    # process_on_nodes[i] bundles. (Sorting by node IP here, as before, mismatched them.)
+    return pgs
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,15 @@ Differences, all on the safe side:
 - ``from_detached`` keeps strong references to the actors (verl's weak-reference bug
   cannot happen), and works without ``ray_cls_with_init`` for groups created here (the
   published group record describes their methods).
+- ``RayWorkerGroup(worker_env={...})`` adds variables to every worker's environment and,
+  as in verl, refuses (ValueError) to override the ones the group sets (``PROTECTED_ENV``).
+  Keyword arguments that verl does not know are a TypeError naming them (verl swallows
+  them). Workers see verl's RANK, WORLD_SIZE, MASTER_ADDR/PORT, WG_PREFIX, WG_BACKEND,
+  RAY_LOCAL_WORLD_SIZE and RAY_LOCAL_RANK (local to each node here; verl uses node 0's size).
+- DP_COMPUTE_PROTO always pads a batch that does not divide by the DP size and drops the
+  padding from the result, so ``DataProtoConfig.auto_padding`` (and ``VERL_AUTO_PADDING``)
+  is accepted and read but changes nothing: verl without it would fail the call.
+- ``tensordict_utils``: verl's ``verl.utils.tensordict_utils`` helpers.
 - Detached groups are published under ``name_prefix + ClassName`` and can be attached by
   that name (``WorkerGroup.attach``), checked (``health``) and removed (``teardown``).
 """
@@ -31,10 +40,11 @@ Differences, all on the safe side:
 from __future__ import annotations
 
 import logging
+import os
 import re
 import secrets
 import string
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import ray
@@ -60,8 +70,10 @@ from tgruntime.controller.worker_group import (
 )
 
 __all__ = [
+    "PROTECTED_ENV",
     "ClassWithInitArgs",
     "DataProto",  # noqa: F822 - provided lazily by __getattr__
+    "DataProtoConfig",
     "DataProtoFuture",
     "DataProtoItem",  # noqa: F822
     "Dispatch",
@@ -71,7 +83,10 @@ __all__ = [
     "RayWorkerGroup",
     "Worker",
     "make_nd_compute_dataproto_dispatch_fn",
+    "pad_dataproto_to_divisor",
     "register",
+    "tensordict_utils",  # noqa: F822
+    "unpad_dataproto",
 ]
 
 log = logging.getLogger("tgruntime.verl_compat")
@@ -83,7 +98,76 @@ def __getattr__(name: str) -> Any:
         from tgruntime.controller import dataproto
 
         return getattr(dataproto, name)
+    if name == "tensordict_utils":
+        from tgruntime import verl_tensordict_utils
+
+        return verl_tensordict_utils
     raise AttributeError(f"module 'tgruntime.verl_compat' has no attribute {name!r}")
+
+
+# ---------------------------------------------------------------------------- protocol
+class _DataProtoConfigMeta(type):
+    _auto_padding = False
+
+    @property
+    def auto_padding(cls) -> bool:
+        by_env = os.environ.get("VERL_AUTO_PADDING", "FALSE").upper() in ("TRUE", "1")
+        return by_env or cls._auto_padding
+
+    @auto_padding.setter
+    def auto_padding(cls, enabled: bool) -> None:
+        if not isinstance(enabled, bool):
+            raise TypeError(f"auto_padding must be a bool, got {enabled!r}")
+        cls._auto_padding = enabled
+
+
+class DataProtoConfig(metaclass=_DataProtoConfigMeta):
+    """verl's switch for DP_COMPUTE_PROTO padding (``DataProtoConfig.auto_padding = True``).
+
+    Here DP_COMPUTE_PROTO pads uneven batches (and removes the padding from the result)
+    whatever the setting, so the switch is kept only so that verl code runs unchanged.
+    """
+
+    auto_padding_key = "_verl_auto_padding"
+
+
+def pad_dataproto_to_divisor(data: Any, size_divisor: int) -> tuple[Any, int]:
+    """verl's ``pad_dataproto_to_divisor``: (padded copy, pad size); padding repeats leading rows."""
+    from tgruntime.controller.dataproto import DataProto
+
+    if not isinstance(data, DataProto):
+        raise TypeError(f"data must be a DataProto, got {type(data).__name__}")
+    if len(data) == 0:
+        log.warning("padding a DataProto with no rows: unchanged")
+    return data.pad_to_divisor(size_divisor)
+
+
+def unpad_dataproto(data: Any, pad_size: int) -> Any:
+    """verl's ``unpad_dataproto``: drop the last ``pad_size`` rows."""
+    return data.unpad(pad_size)
+
+
+# ---------------------------------------------------------------------------- workers
+#: What RayWorkerGroup sets in each worker's environment; ``worker_env`` may not override it.
+#: verl protects RANK, WORLD_SIZE, WG_PREFIX, WG_BACKEND, RAY_LOCAL_WORLD_SIZE and
+#: MASTER_ADDR/PORT; the rest are tgruntime's own (ranks, group identity).
+PROTECTED_ENV = frozenset(
+    {
+        "RANK",
+        "WORLD_SIZE",
+        "WG_PREFIX",
+        "WG_BACKEND",
+        "RAY_LOCAL_WORLD_SIZE",
+        "RAY_LOCAL_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+    }
+)
+
+#: verl's RayWorkerGroup keyword arguments that only affect profiling: accepted, ignored.
+_IGNORED_KWARGS = ("profile_steps", "worker_nsight_options")
 
 
 class RayResourcePool:
@@ -183,8 +267,26 @@ class RayWorkerGroup(WorkerGroup):
         worker_names: Sequence[str] | None = None,
         worker_handles: Sequence[Any] | None = None,
         ray_wait_register_center_timeout: int = 300,
+        *,
+        worker_env: Mapping[str, str] | None = None,
+        master_addr: str | None = None,
+        master_port: int | str | None = None,
+        use_gpu: bool | None = None,
+        device_name: str = "cuda",
         **kwargs: Any,
     ) -> None:
+        unknown = sorted(k for k in kwargs if k not in _IGNORED_KWARGS)
+        if unknown:
+            raise TypeError(f"RayWorkerGroup() got unexpected keyword argument(s): {', '.join(map(repr, unknown))}")
+        for key in _IGNORED_KWARGS:
+            if kwargs.get(key) is not None:
+                log.warning("RayWorkerGroup: %s is not supported here and is ignored", key)
+        env = _worker_env(worker_env, master_addr, master_port)
+        self.customized_worker_env = dict(worker_env or {})
+        self.device_name = device_name
+        self.use_gpu = use_gpu if use_gpu is not None else (resource_pool.use_gpu if resource_pool else True)
+        if resource_pool is not None and self.use_gpu and not resource_pool.use_gpu:
+            raise ValueError("use_gpu is True but resource_pool.use_gpu is False")
         self.ray_cls_with_init = ray_cls_with_init
         self.name_prefix = _random_prefix() if name_prefix is None else name_prefix
         self.fused_worker_used = False
@@ -213,7 +315,7 @@ class RayWorkerGroup(WorkerGroup):
             generation=0,
             pg_timeout_s=ray_wait_register_center_timeout,
             actor_timeout_s=ray_wait_register_center_timeout,
-            env=None,
+            env=env,
             mesh=None,
             placement_groups=pgs,
         )
@@ -290,6 +392,21 @@ class RayWorkerGroup(WorkerGroup):
 
 
 # ---------------------------------------------------------------------------- helpers
+def _worker_env(
+    worker_env: Mapping[str, str] | None, master_addr: str | None, master_port: int | str | None
+) -> dict[str, str]:
+    """The extra environment for every worker: ``worker_env`` plus a given master address."""
+    env = {str(k): str(v) for k, v in (worker_env or {}).items()}
+    conflicts = sorted(k for k in env if k in PROTECTED_ENV or k.startswith("TG_"))
+    if conflicts:
+        raise ValueError(f"Cannot override protected system env: {', '.join(conflicts)}")
+    if (master_addr is None) != (master_port is None):
+        raise ValueError("give both master_addr and master_port, or neither")
+    if master_addr is not None:
+        env["MASTER_ADDR"], env["MASTER_PORT"] = str(master_addr), str(master_port)
+    return env
+
+
 def _namespace() -> str:
     if not ray.is_initialized():
         raise RuntimeError("call ray.init(namespace=...) (or tgruntime.ray_connect.connect) first")

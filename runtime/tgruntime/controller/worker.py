@@ -3,7 +3,7 @@
 Before the subclass's ``__init__`` runs (in ``__new__``, so subclasses that never call
 ``super().__init__()`` are covered too) a worker created by a WorkerGroup has RANK,
 WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT in its
-environment, so ``torch.distributed.init_process_group(init_method="env://")`` works.
+environment (and verl's WG_PREFIX, WG_BACKEND, RAY_LOCAL_WORLD_SIZE, RAY_LOCAL_RANK), so ``torch.distributed.init_process_group(init_method="env://")`` works.
 
 Master port without the bind-then-close race: rank 0 binds a socket to a free port with
 SO_REUSEADDR and *keeps it bound* (not listening) for its whole life. While it is held,
@@ -86,6 +86,15 @@ def _setup_master_from_group() -> None:
     os.environ["MASTER_PORT"] = str(port)
 
 
+def _set_verl_env() -> None:
+    """verl's names for the local rank and size (verl's workers read RAY_LOCAL_*)."""
+    env = os.environ
+    if "LOCAL_WORLD_SIZE" in env:
+        env.setdefault("RAY_LOCAL_WORLD_SIZE", env["LOCAL_WORLD_SIZE"])
+    if "LOCAL_RANK" in env:
+        env.setdefault("RAY_LOCAL_RANK", env["LOCAL_RANK"])
+
+
 class Worker:
     """Base class for group members: rank/world info, master address, mesh registration."""
 
@@ -93,6 +102,7 @@ class Worker:
         instance = super().__new__(cls)
         if ENV_GROUP in os.environ and "RANK" in os.environ:
             _setup_master_from_group()
+            _set_verl_env()
         instance._tg_read_env()
         return instance
 

@@ -1,0 +1,251 @@
+"""verl's own single-controller usage, ported by changing imports only.
+
+The patterns follow verl's tests and workers: ``worker_env`` and the environment verl's
+workers read, ``DataProtoConfig.auto_padding`` with uneven DP_COMPUTE_PROTO batches (as
+args and as kwargs), and the ``tensordict_utils`` helpers.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import ray
+import torch
+from tensordict import TensorDict
+
+from tests.fixtures_ray import RayCluster
+from tgruntime.controller import teardown_group
+from tgruntime.verl_compat import (
+    PROTECTED_ENV,
+    DataProto,
+    DataProtoConfig,
+    Dispatch,
+    RayClassWithInitArgs,
+    RayResourcePool,
+    RayWorkerGroup,
+    Worker,
+    pad_dataproto_to_divisor,
+    register,
+    unpad_dataproto,
+)
+from tgruntime.verl_compat import tensordict_utils as tu
+
+ENV_KEYS = ("RANK", "WORLD_SIZE", "WG_PREFIX", "WG_BACKEND", "RAY_LOCAL_WORLD_SIZE", "RAY_LOCAL_RANK",
+            "MASTER_ADDR", "MASTER_PORT", "MY_FLAG")
+
+
+@ray.remote
+class EnvActor(Worker):
+    """verl's tests/single_controller TestActor: reads its environment."""
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def getenv(self, key: str) -> str:
+        return os.getenv(key, f"{key} not set")
+
+
+@ray.remote
+class PadActor(Worker):
+    """verl's test_auto_padding Actor, plus a worker that uses tensordict_utils."""
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def add(self, data: Any) -> Any:
+        data.batch["a"] += self.rank
+        return data
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def scale(self, data: Any) -> Any:
+        td = tu.contiguous(data.batch)
+        tu.assign_non_tensor(td, factor=data.meta_info["factor"])
+        factor = tu.get(td, "factor", 1.0)
+        out = tu.get_tensordict({"y": tu.pop(td, "x") * factor})
+        return DataProto(batch=out)
+
+
+def _prefix() -> str:
+    return f"v{uuid.uuid4().hex[:6]}"
+
+
+@pytest.fixture
+def cleanup() -> Iterator[list[str]]:
+    groups: list[str] = []
+    yield groups
+    namespace = ray.get_runtime_context().namespace
+    for g in groups:
+        teardown_group(group_name=g, namespace=namespace, timeout_s=60)
+
+
+# ---------------------------------------------------------------------------- worker_env
+@pytest.mark.ray
+def test_worker_env_and_verl_env_vars(ray_driver: RayCluster, cleanup: list[str]) -> None:
+    prefix = _prefix()
+    wg = RayWorkerGroup(
+        resource_pool=RayResourcePool([2], use_gpu=False),
+        ray_cls_with_init=RayClassWithInitArgs(cls=EnvActor),
+        name_prefix=prefix,
+        worker_env={"MY_FLAG": "on"},
+    )
+    cleanup.append(wg.group_name)
+    env = {key: wg.getenv(key) for key in ENV_KEYS}
+    assert env["RANK"] == ["0", "1"] and env["WORLD_SIZE"] == ["2", "2"]
+    assert env["WG_PREFIX"] == [prefix, prefix] and env["WG_BACKEND"] == ["ray", "ray"]
+    assert env["RAY_LOCAL_WORLD_SIZE"] == ["2", "2"] and env["RAY_LOCAL_RANK"] == ["0", "1"]
+    assert env["MY_FLAG"] == ["on", "on"]
+    assert len(set(env["MASTER_ADDR"])) == 1 and len(set(env["MASTER_PORT"])) == 1
+    assert int(env["MASTER_PORT"][0]) > 0
+    assert wg.customized_worker_env == {"MY_FLAG": "on"}
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("key", ["RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "WG_PREFIX", "WG_BACKEND",
+                                 "RAY_LOCAL_WORLD_SIZE", "TG_GROUP_NAME"])
+def test_worker_env_refuses_protected_variables(ray_driver: RayCluster, key: str) -> None:
+    with pytest.raises(ValueError, match=f"Cannot override protected system env: {key}"):
+        RayWorkerGroup(
+            resource_pool=RayResourcePool([2], use_gpu=False),
+            ray_cls_with_init=RayClassWithInitArgs(cls=EnvActor),
+            name_prefix=_prefix(),
+            worker_env={key: "x", "FINE": "1"},
+        )
+
+
+def test_protected_set_covers_verls() -> None:
+    verl = {"WORLD_SIZE", "RANK", "WG_PREFIX", "WG_BACKEND", "RAY_LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
+    assert verl <= PROTECTED_ENV
+
+
+def test_unknown_kwargs_are_a_type_error() -> None:
+    with pytest.raises(TypeError, match="'worker_evn'"):
+        RayWorkerGroup(resource_pool=None, ray_cls_with_init=None, worker_evn={"A": "1"})
+    with pytest.raises(TypeError, match="'bogus', 'other'"):
+        RayWorkerGroup(other=1, bogus=2)
+
+
+def test_use_gpu_must_match_the_pool() -> None:
+    with pytest.raises(ValueError, match="use_gpu is True"):
+        RayWorkerGroup(resource_pool=RayResourcePool([1], use_gpu=False),
+                       ray_cls_with_init=RayClassWithInitArgs(cls=EnvActor), use_gpu=True)
+
+
+def test_master_addr_needs_master_port() -> None:
+    with pytest.raises(ValueError, match="master_port"):
+        RayWorkerGroup(resource_pool=RayResourcePool([1], use_gpu=False),
+                       ray_cls_with_init=RayClassWithInitArgs(cls=EnvActor), master_addr="127.0.0.1")
+
+
+# ---------------------------------------------------------------------------- auto padding
+@pytest.mark.ray
+def test_auto_padding_dp_compute_proto(ray_driver: RayCluster, cleanup: list[str],
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(type(DataProtoConfig), "_auto_padding", False)
+    DataProtoConfig.auto_padding = True  # verl's switch (or VERL_AUTO_PADDING=1)
+    assert DataProtoConfig.auto_padding
+    wg = RayWorkerGroup(
+        resource_pool=RayResourcePool(process_on_nodes=[2], use_gpu=False),
+        ray_cls_with_init=RayClassWithInitArgs(cls=PadActor),
+        name_prefix=_prefix(),
+    )
+    cleanup.append(wg.group_name)
+    for size in (1, 3, 5, 8):
+        names = np.array([str(i) for i in range(size)], dtype=object)
+        for as_kwarg in (False, True):
+            data = DataProto.from_dict({"a": torch.zeros(size)}, {"na": names})
+            out = wg.add(data=data) if as_kwarg else wg.add(data)
+            assert len(out) == size, (size, as_kwarg)
+            assert list(out.non_tensor_batch["na"]) == list(names)
+            first = (size + 1) // 2  # rank 0 gets the first ceil(size/2) rows
+            assert out.batch["a"].tolist() == [0.0] * first + [1.0] * (size - first)
+    DataProtoConfig.auto_padding = False
+    out = wg.add(DataProto.from_single_dict({"a": torch.zeros(3), "na": np.array(["x"] * 3, dtype=object)}))
+    assert len(out) == 3  # padding here does not depend on the switch
+
+
+def test_auto_padding_env_and_type(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(type(DataProtoConfig), "_auto_padding", False)
+    monkeypatch.setenv("VERL_AUTO_PADDING", "true")
+    assert DataProtoConfig.auto_padding
+    monkeypatch.setenv("VERL_AUTO_PADDING", "0")
+    assert not DataProtoConfig.auto_padding
+    with pytest.raises(TypeError):
+        DataProtoConfig.auto_padding = 1  # type: ignore[assignment]
+    assert DataProtoConfig.auto_padding_key == "_verl_auto_padding"
+
+
+def test_pad_and_unpad_dataproto() -> None:
+    data = DataProto.from_dict({"a": torch.arange(5)}, {"n": np.arange(5)})
+    padded, pad = pad_dataproto_to_divisor(data, 4)
+    assert pad == 3 and len(padded) == 8 and padded.batch["a"].tolist() == [0, 1, 2, 3, 4, 0, 1, 2]
+    assert unpad_dataproto(padded, pad).batch["a"].tolist() == [0, 1, 2, 3, 4]
+    same, none = pad_dataproto_to_divisor(data, 5)
+    assert none == 0 and same is data
+    with pytest.raises(TypeError):
+        pad_dataproto_to_divisor(TensorDict({"a": torch.zeros(2)}, [2]), 2)
+
+
+@pytest.mark.ray
+def test_worker_uses_tensordict_utils(ray_driver: RayCluster, cleanup: list[str]) -> None:
+    wg = RayWorkerGroup(
+        resource_pool=RayResourcePool([2], use_gpu=False),
+        ray_cls_with_init=RayClassWithInitArgs(cls=PadActor),
+        name_prefix=_prefix(),
+    )
+    cleanup.append(wg.group_name)
+    x = torch.arange(6.0).reshape(3, 2).t()  # non-contiguous rows: (2, 3)
+    td = tu.get_tensordict({"x": x})
+    out = wg.scale(DataProto(batch=td, meta_info={"factor": 2.0}))
+    assert out.batch["y"].tolist() == (x * 2).tolist()
+
+
+# ---------------------------------------------------------------------------- tensordict_utils
+def test_tensordict_utils_get_pop_contiguous() -> None:
+    td = tu.get_tensordict(
+        {"obs": torch.arange(6).reshape(2, 3).t(), "turn_scores": [[], [0.5, 0.8], [0.9]]},
+        non_tensor_dict={"experiment": "run_001"},
+    )
+    assert td.batch_size == torch.Size([3])
+    assert tu.get(td, "experiment") == "run_001"
+    assert tu.get(td, "turn_scores") == [[], [0.5, 0.8], [0.9]]
+    assert tu.get(td, "missing", "d") == "d" and tu.pop(td, "missing") is None
+    assert not td["obs"].is_contiguous()
+    c = tu.contiguous(td)
+    assert c is not td and c["obs"].is_contiguous() and torch.equal(c["obs"], td["obs"])
+    assert tu.get(c, "experiment") == "run_001" and tu.get(c, "turn_scores") == [[], [0.5, 0.8], [0.9]]
+
+    assert tu.pop(td, "experiment") == "run_001" and "experiment" not in list(td.keys())
+    sub = tu.get_keys(td, ["obs"])
+    assert list(sub.keys()) == ["obs"] and "turn_scores" in list(td.keys())
+    popped = tu.pop_keys(td, ["turn_scores"])
+    assert tu.get(popped, "turn_scores") == [[], [0.5, 0.8], [0.9]] and list(td.keys()) == ["obs"]
+    with pytest.raises(KeyError):
+        tu.get_keys(td, ["nope"])
+
+
+def test_tensordict_utils_assign_pad_union() -> None:
+    td = TensorDict({"a": torch.arange(3)}, batch_size=[3])
+    tu.assign_non_tensor(td, config={"lr": 0.01}, per_row=[{"acc": 1.0}, {"acc": 0.0}, {}])
+    assert tu.get(td, "config") == {"lr": 0.01} and tu.get_non_tensor_data(td, "config", None) == {"lr": 0.01}
+    assert tu.get(td, "per_row") == [{"acc": 1.0}, {"acc": 0.0}, {}]
+    padded, pad = tu.pad_to_divisor(TensorDict({"a": torch.arange(5)}, [5]), 4)
+    assert pad == 3 and padded["a"].tolist() == [0, 1, 2, 3, 4, 0, 1, 2]
+    assert tu.unpad(padded, pad)["a"].tolist() == [0, 1, 2, 3, 4]
+    merged = tu.union_tensor_dict(TensorDict({"a": torch.ones(2)}, [2]),
+                                  TensorDict({"a": torch.ones(2), "b": torch.zeros(2)}, [2]))
+    assert sorted(merged.keys()) == ["a", "b"]
+    with pytest.raises(ValueError):
+        tu.union_tensor_dict(TensorDict({"a": torch.ones(2)}, [2]), TensorDict({"a": torch.zeros(2)}, [2]))
+    with pytest.raises(ValueError):
+        tu.get_tensordict({"a": torch.zeros(2), "b": [1, 2, 3]})
+    parts = tu.chunk_tensordict(TensorDict({"a": torch.arange(4)}, [4]), 2)
+    assert [p["a"].tolist() for p in parts] == [[0, 1], [2, 3]]
+    assert tu.concat_tensordict(parts)["a"].tolist() == [0, 1, 2, 3]
+    assert tu.index_select_tensor_dict(parts[1], [1])["a"].tolist() == [3]

@@ -58,13 +58,15 @@ tgctl down -f "$SPEC" --stop-ray >> "$LOG" 2>&1
 python3 - "$OUT" <<PY | tee "$OUT/flow.json"
 import json, sys
 out = sys.argv[1]
-def tagged(tag, name):
-    found = []
-    for line in open(f"{out}/{name}.out"):
-        if line.startswith(tag + " "):
-            found.append(json.loads(line[len(tag) + 1:]))
-    return found
-steps = tagged("TG_STEP", "train")
+import re
+# tgctl train's human step lines: "step 2/5: loss 5.9098, grad norm 12.820, 54,351 tokens/s, 0.301 s"
+STEP = re.compile(r"^step \d+/\d+: loss ([\d.]+), grad norm [\d.]+, ([\d,]+) tokens/s, ([\d.]+) s")
+steps = []
+for line in open(f"{out}/train.out"):
+    m = STEP.match(line.strip())
+    if m:
+        steps.append({"loss": float(m[1]), "tokens_per_s": float(m[2].replace(",", "")),
+                      "step_time_s": float(m[3])})
 print(json.dumps({
     "spec": "$SPEC",
     "seconds": {"up": ${SECS[up]}, "status": ${SECS[status]}, "train": ${SECS[train]},

@@ -309,8 +309,8 @@ conds = {c["type"]: c["status"] for c in st["conditions"]}
 check(conds.get("RayClusterReady") == "True" and conds.get("WorkersReady") == "True", "conditions")
 check(all(w.get("state") == "ALIVE" for w in st.get("workers", [])), "every worker ALIVE")
 want_device = "cpu" if os.environ["MODE"] == "fake" else "cuda"
-if "device" in st:
-    check(st["device"] == want_device, f"device {want_device}")
+check(st.get("device") == want_device, f"status.device {want_device}")
+check(st.get("backend") == ("gloo" if want_device == "cpu" else "nccl"), "status.backend")
 print(json.dumps({"workerNames": st["workerNames"], "generation": st.get("groupGeneration"),
                   "device": st.get("device"), "restarts": st.get("restarts")}))
 '

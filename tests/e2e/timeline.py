@@ -58,7 +58,7 @@ def _pod_condition(pod: dict[str, Any], ctype: str) -> float | None:
 
 def _first_event(events: list[dict[str, Any]], reason: str) -> float | None:
     times = [
-        _t(e.get("firstTimestamp") or e.get("eventTime", "")[:19] + "Z")
+        _t(e.get("firstTimestamp") or ((e.get("eventTime") or "")[:19] + "Z").lstrip("Z"))
         for e in events
         if e.get("reason") == reason
     ]

@@ -70,7 +70,7 @@ chart-lint: ## helm lint --strict, with the default and the namespaced values
 	"$(HELM)" lint --strict charts/trainergroup
 	"$(HELM)" lint --strict charts/trainergroup --set 'watchNamespaces={default}'
 
-chart-manifests: ## Re-render manifests/ from the chart (CRD: python -m tgspec.crd .)
+chart-manifests: ## Re-render manifests/ from the chart (CRD: python -m tgapi.crd .)
 	HELM="$(HELM)" $(PYTHON) charts/render_manifests.py
 
 chart-test: ## The chart/manifests/images tests, including the ones on the local control plane
@@ -92,8 +92,8 @@ test: ## Every test that can run here (what .ci/run runs)
 demo: ## tgctl up -> train (TP=2, CPU) -> down on a local Ray started on demand
 	./tools/demo.sh
 
-crd: ## Regenerate the CRD (manifests/crd and the chart's crds/) from spec/tgspec
-	$(PYTHON) -m tgspec.crd .
+crd: ## Regenerate the CRD (manifests/crd and the chart's crds/) from api/tgapi
+	$(PYTHON) -m tgapi.crd .
 
 lint: ## ruff + mypy --strict
 	$(PYTHON) -m ruff check . && $(PYTHON) -m mypy

@@ -31,18 +31,18 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_step
-import tgspec
+import tgapi
 from tgruntime import groups
 
 PY = sys.executable
 
 
-def _resource(spec: tgspec.TrainerGroupSpec, name: str) -> dict[str, Any]:
+def _resource(spec: tgapi.TrainerGroupSpec, name: str) -> dict[str, Any]:
     return {
         "apiVersion": "trainergroup.io/v1alpha1",
         "kind": "TrainerGroup",
         "metadata": {"name": name, "namespace": "bench"},
-        "spec": tgspec.to_wire(spec),
+        "spec": tgapi.to_wire(spec),
     }
 
 
@@ -54,7 +54,7 @@ def client_role(args: argparse.Namespace) -> int:
     from tgruntime.ray_connect import connect
     from tgruntime.trainer.steptime import bench_batch
 
-    spec = tgspec.parse_resource(json.loads(args.spec_json), local=True).spec
+    spec = tgapi.parse_resource(json.loads(args.spec_json), local=True).spec
     connect(address=args.address, namespace=args.ray_namespace)
     t0 = time.perf_counter()
     wg = WorkerGroup.attach(group_name=args.group, namespace=args.ray_namespace)
@@ -118,12 +118,12 @@ def _run(cmd: list[str], *, timeout: float, what: str) -> subprocess.CompletedPr
 
 
 def run_group(
-    spec: tgspec.TrainerGroupSpec, *, name: str, steps: int, warmup: int, gpus: int
+    spec: tgapi.TrainerGroupSpec, *, name: str, steps: int, warmup: int, gpus: int
 ) -> dict[str, Any]:
     from tgruntime.ray_connect import start_local_head, stop_local_head
 
     body = json.dumps(_resource(spec, name))
-    tg = tgspec.parse_resource(json.loads(body), local=True)
+    tg = tgapi.parse_resource(json.loads(body), local=True)
     cpus = max(2, int(spec.world_size * spec.workers.cpus_per_process) + 1)
     head = start_local_head(num_cpus=cpus, num_gpus=gpus)
     try:
@@ -189,7 +189,7 @@ def run_group(
         "dp": spec.data_parallel,
         "device": str(mesh.get("device", "?")).split(":")[0],
         "dtype": mesh.get("dtype", "?"),
-        "model": tgspec.to_wire(spec.model),
+        "model": tgapi.to_wire(spec.model),
         "batch": [spec.training.batch_size, spec.training.sequence_length],
         "steps": steps,
         "warmup": warmup,
@@ -259,11 +259,11 @@ def main(argv: list[str] | None = None) -> int:
             continue
         spec = bench_step.preset_spec(preset, gpu=gpu, tp=tp, world=world)
         if not gpu:
-            spec = tgspec.parse_spec(
+            spec = tgapi.parse_spec(
                 {
-                    **tgspec.to_wire(spec),
-                    "model": {**tgspec.to_wire(spec.model), "dtype": "float32"},
-                    "workers": {**tgspec.to_wire(spec.workers), "cpusPerProcess": 0.5},
+                    **tgapi.to_wire(spec),
+                    "model": {**tgapi.to_wire(spec.model), "dtype": "float32"},
+                    "workers": {**tgapi.to_wire(spec.workers), "cpusPerProcess": 0.5},
                 },
                 local=True,
             )

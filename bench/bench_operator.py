@@ -45,7 +45,7 @@ sys.path.insert(0, str(REPO))
 
 from tests.operator import k8s_support as ks  # noqa: E402
 from tg_operator import raycluster as rc_builder  # noqa: E402
-from tgspec import parse_resource  # noqa: E402
+from tgapi import parse_resource  # noqa: E402
 
 ACTOR_MB = 110  # RSS of one idle no-op worker process (measured ~95 MiB)
 DRIVER_MB = 300  # a Ray job driver (server/teardown entrypoint) while it runs

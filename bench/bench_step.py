@@ -25,10 +25,10 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import tgspec
+import tgapi
+from tgapi import TrainerGroupSpec
 from tgruntime.trainer.launch import launch
 from tgruntime.trainer.steptime import flops_per_step, summarize
-from tgspec import TrainerGroupSpec
 
 # Model/batch shapes (camelCase, as in a TrainerGroup's spec).
 PRESETS: dict[str, dict[str, Any]] = {
@@ -88,7 +88,7 @@ def preset_spec(
     if name not in PRESETS:
         raise SystemExit(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
     shape = PRESETS[name]
-    return tgspec.parse_spec(
+    return tgapi.parse_spec(
         {
             "workers": {"useGpu": gpu, "processesPerNode": [world or tp * pp]},
             "parallelism": {"tensor": tp, "pipeline": pp},
@@ -110,7 +110,7 @@ def _direct_rank(
     from tgruntime.trainer import TrainEngine
     from tgruntime.trainer.steptime import matmul_tflops, time_engine_steps
 
-    spec = tgspec.parse_spec(spec_wire, local=True)
+    spec = tgapi.parse_spec(spec_wire, local=True)
     if device != "cuda":  # share the cores between the ranks instead of oversubscribing
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec.world_size))
     engine = TrainEngine.create(spec=spec, device=device)
@@ -141,7 +141,7 @@ def run_direct(
         _direct_rank,
         world_size=spec.world_size,
         kwargs={
-            "spec_wire": tgspec.to_wire(spec),
+            "spec_wire": tgapi.to_wire(spec),
             "steps": steps,
             "warmup": warmup,
             "device": device,
@@ -170,7 +170,7 @@ def summarize_ranks(
         "dp": mesh["dp_size"],
         "device": mesh["device"].split(":")[0],
         "dtype": mesh["dtype"],
-        "model": tgspec.to_wire(spec.model),
+        "model": tgapi.to_wire(spec.model),
         "batch": [spec.training.batch_size, spec.training.sequence_length],
         "parameters": sum(r["mesh"]["parameters"] for r in ranks if r["mesh"]["dp_rank"] == 0),
         "steps": steps,
@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if args.spec:
-        spec = tgspec.load_file(args.spec, local=True).spec
+        spec = tgapi.load_file(args.spec, local=True).spec
     else:
         spec = preset_spec(
             args.preset, gpu=device == "cuda", tp=args.tp, pp=args.pp, world=args.world

@@ -14,7 +14,7 @@ What it writes (see docs/deploy.md for how to apply them):
     manifests/rbac/namespace-scoped.yaml      Role + RoleBinding in `default` (+ CRD read-only)
     manifests/client/rbac.yaml                client ServiceAccount + Role for the example
 
-Not written here: manifests/crd/trainergroups.yaml (`python -m tgspec.crd .`) and
+Not written here: manifests/crd/trainergroups.yaml (`python -m tgapi.crd .`) and
 manifests/examples/ (hand-written; tests check them against the CRD and the chart).
 
 Helm is found as $HELM, else `helm` on PATH, else in the local control plane's tool set

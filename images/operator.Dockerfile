@@ -1,4 +1,4 @@
-# The operator image: Python + kopf + the kubernetes client + tgspec/tg_operator.
+# The operator image: Python + kopf + the kubernetes client + tgapi/tg_operator.
 # No torch, no Ray, no megatron (the operator talks to Ray over HTTP only).
 #
 #   DOCKER_BUILDKIT=1 docker build -f images/operator.Dockerfile -t ghcr.io/trainergroup/operator:0.1.0 .
@@ -33,12 +33,12 @@ RUN --mount=type=cache,id=trainergroup-pip-operator,target=/root/.cache/pip \
  && /opt/venv/bin/pip install --no-index --find-links /root/.cache/pip/wheels --require-hashes -r /tmp/requirements-operator.txt
 WORKDIR /src
 COPY pyproject.toml ./
-COPY spec/ spec/
+COPY api/ api/
 COPY operator/ operator/
 COPY runtime/ runtime/
 # --no-deps: every dependency is already in the venv from the lock; nothing unpinned sneaks in.
 RUN /opt/venv/bin/pip install --no-cache-dir --no-deps --no-build-isolation . \
- && /opt/venv/bin/python -c "import tg_operator, tgspec, kopf" \
+ && /opt/venv/bin/python -c "import tg_operator, tgapi, kopf" \
  && ! /opt/venv/bin/python -c "import torch" 2>/dev/null \
  && ! /opt/venv/bin/python -c "import ray" 2>/dev/null
 

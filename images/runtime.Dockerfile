@@ -40,12 +40,12 @@ RUN --mount=type=cache,id=trainergroup-pip-runtime,target=/home/ray/.cache/pip,u
 RUN mkdir -p /tmp/trainergroup-src
 WORKDIR /tmp/trainergroup-src
 COPY --chown=1000:100 pyproject.toml ./
-COPY --chown=1000:100 spec/ spec/
+COPY --chown=1000:100 api/ api/
 COPY --chown=1000:100 operator/ operator/
 COPY --chown=1000:100 runtime/ runtime/
 # --no-deps: every dependency is in the lock above; the versions are checked right after.
 RUN pip install --no-cache-dir --no-deps --no-build-isolation . \
- && python -c "import ray, torch, tensordict, megatron.core, tgruntime, tgspec; \
+ && python -c "import ray, torch, tensordict, megatron.core, tgruntime, tgapi; \
 assert ray.__version__ == '2.60.0', ray.__version__; \
 assert torch.__version__.startswith('2.15.0'), torch.__version__; \
 assert megatron.core.__version__ == '0.16.1', megatron.core.__version__" \

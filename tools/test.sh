@@ -51,7 +51,7 @@ log "ruff"
 log "mypy --strict (spec, operator)"
 "$PY" -m mypy || status=1
 log "CRD is generated from the spec model"
-"$PY" -m tgspec.crd --check . || status=1
+"$PY" -m tgapi.crd --check . || status=1
 
 log "pytest"
 "$PY" -m pytest "$@"

@@ -2,7 +2,7 @@
 
 For the runtime's client (``tgruntime.client --trainergroup NAME``): it imports
 this module, waits for Ready and attaches with ``workerNames``, ``rayNamespace``
-and ``rayAddress``. Only the ``kubernetes`` client and tgspec are imported here
+and ``rayAddress``. Only the ``kubernetes`` client and tgapi are imported here
 (no kopf, no Ray). Credentials: ``kubeconfig`` if given, else the pod's service
 account, else ``$KUBECONFIG`` / ``~/.kube/config``. The client's service account
 needs ``get`` on ``trainergroups`` in its namespace, nothing more.
@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from tg_operator.kube import KubeApi, api_client, default_namespace
-from tgspec import (
+from tgapi import (
     SpecErrors,
     TimeoutsSpec,
     TrainerGroupSpec,

@@ -23,7 +23,7 @@ from tg_operator import status as status_mod
 from tg_operator.context import Context
 from tg_operator.dashboard import DashboardError
 from tg_operator.events import EventSink
-from tgspec import SpecErrors, TrainerGroup, TrainerGroupStatus, parse_resource, parse_status
+from tgapi import SpecErrors, TrainerGroup, TrainerGroupStatus, parse_resource, parse_status
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tg_operator import names
-from tgspec import TrainerGroup, to_wire
+from tgapi import TrainerGroup, to_wire
 
 READY_MARKER = "TG_GROUP_READY"
 FAILED_MARKER = "TG_GROUP_FAILED"

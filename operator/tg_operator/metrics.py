@@ -9,7 +9,7 @@ import threading
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
-from tgspec import PHASES
+from tgapi import PHASES
 
 RECONCILES = Counter(
     "tg_operator_reconciles_total",

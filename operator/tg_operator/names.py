@@ -6,7 +6,7 @@ a restarted operator finds what it created before instead of creating it twice.
 
 from __future__ import annotations
 
-from tgspec import API_GROUP, API_VERSION, KIND, PLURAL, TrainerGroup
+from tgapi import API_GROUP, API_VERSION, KIND, PLURAL, TrainerGroup
 
 GROUP = API_GROUP
 VERSION = API_VERSION

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from tg_operator import names
-from tgspec import TrainerGroup
+from tgapi import TrainerGroup
 
 GPU_RESOURCE = "nvidia.com/gpu"
 WORKER_GROUP = "workers"

@@ -4,7 +4,7 @@
 the world (RayCluster, pods, the Ray dashboard) and moves the group one stretch
 forward, writing the status as it goes:
 
-1. validate the spec with tgspec (bad spec: Failed, nothing created);
+1. validate the spec with tgapi (bad spec: Failed, nothing created);
 2. re-create the group if the spec fields it was built from changed;
 3. ensure the RayCluster (create it, owned, or find the referenced one) and wait
    for honest readiness (KubeRay conditions, every pod Ready, Unschedulable
@@ -37,7 +37,7 @@ from tg_operator.dashboard import ActorInfo, DashboardClient, DashboardError, Jo
 from tg_operator.entrypoints import GroupRecord
 from tg_operator.events import EventSink
 from tg_operator.teardown import teardown_group
-from tgspec import (
+from tgapi import (
     SpecErrors,
     TrainerGroup,
     TrainerGroupStatus,

@@ -15,7 +15,7 @@ import hashlib
 import json
 from typing import Any
 
-from tgspec import TrainerGroupSpec, TrainerGroupStatus, to_wire
+from tgapi import TrainerGroupSpec, TrainerGroupStatus, to_wire
 
 
 class SpecChange(enum.Enum):

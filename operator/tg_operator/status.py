@@ -19,7 +19,7 @@ from typing import Any
 from tg_operator import names, raycluster
 from tg_operator.dashboard import ActorInfo, JobInfo
 from tg_operator.entrypoints import GroupRecord
-from tgspec import Condition, MeshStatus, TrainerGroup, TrainerGroupStatus, WorkerStatus
+from tgapi import Condition, MeshStatus, TrainerGroup, TrainerGroupStatus, WorkerStatus
 
 RAY_CLUSTER_READY = "RayClusterReady"
 WORKERS_READY = "WorkersReady"

@@ -18,7 +18,7 @@ from typing import Any
 from tg_operator import entrypoints, names
 from tg_operator.dashboard import DashboardClient, JobInfo
 from tg_operator.job_slots import JobSlots
-from tgspec import TrainerGroup
+from tgapi import TrainerGroup
 
 MAX_ATTEMPTS = 20
 POLL_S = 0.5

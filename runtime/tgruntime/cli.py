@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
-import tgspec
+import tgapi
 from tgruntime import local_ray
 from tgruntime.controller.errors import TrainerGroupError
 
@@ -43,8 +43,8 @@ READY_TAG = "TG_GROUP_READY"  # = groups.READY_TAG (groups imports the controlle
 FAILED_TAG = "TG_GROUP_FAILED"
 
 
-def _load(path: str) -> tgspec.TrainerGroup:
-    return tgspec.load_file(path, local=True)
+def _load(path: str) -> tgapi.TrainerGroup:
+    return tgapi.load_file(path, local=True)
 
 
 def _emit_json(body: Mapping[str, Any]) -> None:
@@ -148,7 +148,7 @@ class Progress:
 
 
 def _watch_creation(
-    view: Any, tg: tgspec.TrainerGroup, proc: subprocess.Popen[str], progress: Progress, deadline: float
+    view: Any, tg: tgapi.TrainerGroup, proc: subprocess.Popen[str], progress: Progress, deadline: float
 ) -> None:
     """Report placement / actors / init_model from the GCS until the server exits."""
     from tgruntime.gcs_view import by_name
@@ -277,7 +277,7 @@ def _gcs_address(address: str) -> str:
     return address
 
 
-def group_status(address: str, tg: tgspec.TrainerGroup) -> dict[str, Any]:
+def group_status(address: str, tg: tgapi.TrainerGroup) -> dict[str, Any]:
     """The group's phase and workers, read from the GCS (no driver, no worker class)."""
     from tgruntime.controller.health import death_cause_text
     from tgruntime.gcs_view import GcsView, by_name
@@ -501,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
     handlers = {"up": cmd_up, "status": cmd_status, "train": cmd_train, "down": cmd_down}
     try:
         return handlers[args.command](args)
-    except tgspec.SpecErrors as exc:
+    except tgapi.SpecErrors as exc:
         print(f"tgctl {args.command}: {exc}", file=sys.stderr)
         return 2
     except (TrainerGroupError, ValueError) as exc:

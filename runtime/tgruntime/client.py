@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-import tgspec
+import tgapi
 from tgruntime import batches, groups
 from tgruntime.controller import DataProto, WorkerGroup
 from tgruntime.controller.errors import TrainerGroupError
@@ -48,7 +48,7 @@ class Target:
     group_name: str
     ray_namespace: str
     address: str | None
-    spec: tgspec.TrainerGroupSpec | None
+    spec: tgapi.TrainerGroupSpec | None
     worker_names: tuple[str, ...] = ()
 
 
@@ -65,7 +65,7 @@ class StepReport:
 
 def resolve_target(args: argparse.Namespace) -> Target:
     if args.file:
-        tg = tgspec.load_file(args.file, local=True)
+        tg = tgapi.load_file(args.file, local=True)
         return Target(
             group_name=tg.group_name,
             ray_namespace=tg.ray_namespace,
@@ -113,7 +113,7 @@ def attach(target: Target, *, timeout_s: float) -> WorkerGroup:
 
 
 def batch_stream(
-    args: argparse.Namespace, spec: tgspec.TrainerGroupSpec | None
+    args: argparse.Namespace, spec: tgapi.TrainerGroupSpec | None
 ) -> Iterator[np.ndarray]:
     vocab = args.vocab_size or (spec.model.vocab_size if spec else None)
     bsz = args.batch_size or (spec.training.batch_size if spec else None)
@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
             wg.save_checkpoint(args.save_checkpoint)
             log.info("checkpoint saved to %s", args.save_checkpoint)
     except (
-        tgspec.SpecErrors,
+        tgapi.SpecErrors,
         ValueError,
         LookupError,
         RuntimeError,

@@ -14,7 +14,7 @@ from typing import Any
 
 import ray
 
-import tgspec
+import tgapi
 from tgruntime.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
 from tgruntime.controller.resource_pool import check_feasible, cluster_nodes_resources
 
@@ -43,7 +43,7 @@ def import_worker_class(path: str) -> type:
     return cls
 
 
-def name_prefix(tg: tgspec.TrainerGroup, generation: int) -> str:
+def name_prefix(tg: tgapi.TrainerGroup, generation: int) -> str:
     """Worker-name prefix: the configured prefix, plus ``-g{N}-`` after the first generation.
 
     Generation 0 keeps verl's exact shape (``tinyMegatronTrainer_0:1``); a re-created group
@@ -58,20 +58,20 @@ def cluster_gpus() -> float:
     return float(ray.cluster_resources().get("GPU", 0.0))  # type: ignore[no-untyped-call]
 
 
-def resolve_gpu(tg: tgspec.TrainerGroup, *, gpus: float | None = None) -> tgspec.TrainerGroup:
+def resolve_gpu(tg: tgapi.TrainerGroup, *, gpus: float | None = None) -> tgapi.TrainerGroup:
     """``tg`` with ``workers.useGpu: auto`` resolved against the connected cluster.
 
     "auto" means GPU workers when the cluster has any GPU, else CPU workers (gloo). The
     server resolves it once, before creating the group: the workers get the resolved spec,
     and the record and the ready line carry the result (``useGpu``).
     """
-    if tg.spec.workers.use_gpu != tgspec.USE_GPU_AUTO:
+    if tg.spec.workers.use_gpu != tgapi.USE_GPU_AUTO:
         return tg
     resolved = tg.spec.with_gpu_resolved(cluster_gpus() if gpus is None else gpus)
     return dataclasses.replace(tg, spec=resolved)
 
 
-def _use_gpu(spec: tgspec.TrainerGroupSpec) -> bool:
+def _use_gpu(spec: tgapi.TrainerGroupSpec) -> bool:
     value = spec.workers.use_gpu
     if not isinstance(value, bool):
         raise ValueError(
@@ -80,7 +80,7 @@ def _use_gpu(spec: tgspec.TrainerGroupSpec) -> bool:
     return value
 
 
-def resource_pool(spec: tgspec.TrainerGroupSpec) -> ResourcePool:
+def resource_pool(spec: tgapi.TrainerGroupSpec) -> ResourcePool:
     w = spec.workers
     return ResourcePool(
         process_on_nodes=list(w.processes_per_node),
@@ -91,11 +91,11 @@ def resource_pool(spec: tgspec.TrainerGroupSpec) -> ResourcePool:
     )
 
 
-def spec_json(spec: tgspec.TrainerGroupSpec) -> str:
-    return json.dumps(tgspec.to_wire(spec), sort_keys=True)
+def spec_json(spec: tgapi.TrainerGroupSpec) -> str:
+    return json.dumps(tgapi.to_wire(spec), sort_keys=True)
 
 
-def infeasible_fix(spec: tgspec.TrainerGroupSpec, nodes: list[dict[str, float]]) -> str:
+def infeasible_fix(spec: tgapi.TrainerGroupSpec, nodes: list[dict[str, float]]) -> str:
     """What to change in the spec (or the head) when the cluster can never hold the group."""
     w = spec.workers
     gpus = sum(n.get("GPU", 0.0) for n in nodes)
@@ -123,7 +123,7 @@ def infeasible_fix(spec: tgspec.TrainerGroupSpec, nodes: list[dict[str, float]])
     )
 
 
-def create_group(tg: tgspec.TrainerGroup, *, generation: int) -> WorkerGroup:
+def create_group(tg: tgapi.TrainerGroup, *, generation: int) -> WorkerGroup:
     """Create the detached group for ``tg`` (no ``init_model`` yet).
 
     ``workers.useGpu: auto`` is resolved here if the caller has not (``resolve_gpu``). A
@@ -153,7 +153,7 @@ def create_group(tg: tgspec.TrainerGroup, *, generation: int) -> WorkerGroup:
     )
 
 
-def worker_env(spec: tgspec.TrainerGroupSpec) -> dict[str, str]:
+def worker_env(spec: tgapi.TrainerGroupSpec) -> dict[str, str]:
     """Environment for every worker actor.
 
     GPU workers see all GPUs of their node (each still uses only the one Ray assigned it,
@@ -163,7 +163,7 @@ def worker_env(spec: tgspec.TrainerGroupSpec) -> dict[str, str]:
     return {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"} if _use_gpu(spec) else {}
 
 
-def mesh_of(spec: tgspec.TrainerGroupSpec) -> dict[str, int]:
+def mesh_of(spec: tgapi.TrainerGroupSpec) -> dict[str, int]:
     """The group's parallel mesh sizes, derived from the spec (published in the record)."""
     p = spec.parallelism
     return {"tp": p.tensor, "pp": p.pipeline, "cp": p.context, "dp": spec.data_parallel}

@@ -19,7 +19,7 @@ import sys
 import time
 from typing import Any
 
-import tgspec
+import tgapi
 from tgruntime import groups
 from tgruntime.controller import WorkerGroup, registry, teardown_group
 from tgruntime.controller.errors import (
@@ -32,14 +32,14 @@ from tgruntime.ray_connect import connect
 log = logging.getLogger("tgruntime.server")
 
 
-def load_resource(args: argparse.Namespace) -> tgspec.TrainerGroup:
+def load_resource(args: argparse.Namespace) -> tgapi.TrainerGroup:
     if args.file:
-        return tgspec.load_file(args.file, local=True)
+        return tgapi.load_file(args.file, local=True)
     raw = base64.b64decode(args.spec_b64).decode() if args.spec_b64 else args.spec_json
-    return tgspec.parse_resource(json.loads(raw), local=True)
+    return tgapi.parse_resource(json.loads(raw), local=True)
 
 
-def existing_healthy(tg: tgspec.TrainerGroup, generation: int) -> WorkerGroup | None:
+def existing_healthy(tg: tgapi.TrainerGroup, generation: int) -> WorkerGroup | None:
     """A live group of the same generation (a retried job), or None after removing a stale one."""
     try:
         wg = WorkerGroup.attach(group_name=tg.group_name, namespace=tg.ray_namespace, timeout_s=10)
@@ -64,11 +64,11 @@ def existing_healthy(tg: tgspec.TrainerGroup, generation: int) -> WorkerGroup | 
     return None
 
 
-def run(tg: tgspec.TrainerGroup, *, generation: int, address: str | None) -> dict[str, Any]:
+def run(tg: tgapi.TrainerGroup, *, generation: int, address: str | None) -> dict[str, Any]:
     connect(address=address, namespace=tg.ray_namespace)
     asked = tg.spec.workers.use_gpu
     tg = groups.resolve_gpu(tg)
-    if asked == tgspec.USE_GPU_AUTO:
+    if asked == tgapi.USE_GPU_AUTO:
         log.info(
             "workers.useGpu auto -> %s (the cluster has %g GPUs)",
             str(tg.spec.workers.use_gpu).lower(),
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         tg = load_resource(args)
         payload = run(tg, generation=args.generation, address=args.address)
-    except (tgspec.SpecErrors, ValueError, TrainerGroupError) as exc:
+    except (tgapi.SpecErrors, ValueError, TrainerGroupError) as exc:
         print(
             groups.tagged(groups.FAILED_TAG, {"error": str(exc), "kind": type(exc).__name__}),
             flush=True,

@@ -174,7 +174,7 @@ def test_example_trainergroup_passes_the_crd_on_the_server(
     k8s_plane: KubePlane, crd: str, new_namespace: Callable[[str], str]
 ) -> None:
     """The real API server (OpenAPI schema + CEL rules of the CRD) accepts the example and
-    rejects what tgspec rejects, with the same message."""
+    rejects what tgapi rejects, with the same message."""
     ns = new_namespace("tg-example")
     good = trainergroup("llama-tp2", ns)
 

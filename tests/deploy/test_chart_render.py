@@ -17,7 +17,7 @@ import jsonschema
 import pytest
 import yaml
 
-import tgspec
+import tgapi
 from tests.deploy.chart import (
     CHART,
     CRD_FILE,
@@ -513,11 +513,11 @@ def test_manifests_are_rendered_from_the_chart(helm: str) -> None:
 
 
 def test_crd_copies_are_the_generated_one() -> None:
-    from tgspec import crd as crdgen
+    from tgapi import crd as crdgen
 
     generated = crdgen.render()
     for path in (CRD_FILE, MANIFESTS / "crd" / "trainergroups.yaml"):
-        assert path.read_text() == generated, f"{path} is stale: run `python -m tgspec.crd .`"
+        assert path.read_text() == generated, f"{path} is stale: run `python -m tgapi.crd .`"
 
 
 @pytest.mark.parametrize(
@@ -552,12 +552,12 @@ def _crd_schema() -> dict[str, Any]:
 
 def _validate_against_crd(doc: dict[str, Any]) -> None:
     """jsonschema over the CRD's openAPIV3Schema (CEL rules are checked by the API server in
-    test_chart_k8s.py, and by tgspec here)."""
+    test_chart_k8s.py, and by tgapi here)."""
     jsonschema.Draft4Validator(_crd_schema()).validate(doc)
 
 
 def test_example_trainergroup_is_the_seed_shape() -> None:
-    tg = tgspec.load_file(EXAMPLE_TG)
+    tg = tgapi.load_file(EXAMPLE_TG)
     s = tg.spec
     assert (tg.name, tg.namespace) == ("llama-tp2", "default")
     assert s.workers.processes_per_node == [2] and s.world_size == 2
@@ -598,7 +598,7 @@ def test_client_job_runs_the_client_against_the_example() -> None:
     kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate not installed")
     job = yaml.safe_load(EXAMPLE_JOB.read_text())
     kv.validate(job, K8S_VERSION, strict=True)
-    tg = tgspec.load_file(EXAMPLE_TG)
+    tg = tgapi.load_file(EXAMPLE_TG)
     pod = job["spec"]["template"]["spec"]
     assert job["metadata"]["namespace"] == tg.namespace
     (container,) = pod["containers"]

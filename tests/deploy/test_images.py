@@ -31,7 +31,7 @@ import pytest
 import yaml
 from packaging.requirements import Requirement
 
-import tgspec.model
+import tgapi.model
 from tests.deploy.chart import CHART, EXAMPLE_JOB, EXAMPLE_TG, REPO
 
 IMAGES = REPO / "images"
@@ -234,7 +234,7 @@ def test_runtime_versions_line_up() -> None:
     m = re.fullmatch(r"rayproject/ray:(\d+\.\d+\.\d+)-py(\d)(\d+)-gpu", base)
     assert m, f"runtime base {base!r}: want rayproject/ray:X.Y.Z-pyNN-gpu"
     ray_version = m.group(1)
-    assert pins["ray"] == ray_version == tgspec.model.DEFAULT_RAY_VERSION
+    assert pins["ray"] == ray_version == tgapi.model.DEFAULT_RAY_VERSION
     assert yaml.safe_load(EXAMPLE_TG.read_text())["spec"]["rayVersion"] == ray_version
     assert pins["megatron-core"] == "0.16.1"
     assert pins["torch"] == "2.15.0" and "tensordict" in pins
@@ -264,7 +264,7 @@ def test_images_line_up_with_the_chart_and_examples() -> None:
     assert values["image"]["repository"].endswith("/operator")
     # the TrainerGroup and the client Job use the runtime image of the same release
     tg = yaml.safe_load(EXAMPLE_TG.read_text())
-    assert tg["spec"]["image"] == tgspec.model.DEFAULT_IMAGE
+    assert tg["spec"]["image"] == tgapi.model.DEFAULT_IMAGE
     assert tg["spec"]["image"].endswith(f"/runtime:{chart['appVersion']}")
     job = yaml.safe_load(EXAMPLE_JOB.read_text())
     rt_user = [a for i, a in _instructions(DOCKERFILES["runtime"]) if i == "USER"][-1]
@@ -472,7 +472,7 @@ def test_operator_image_runs_non_root_on_a_read_only_root() -> None:
         image,
         "-c",
         "import tg_operator.handlers, tg_operator.health, tg_operator.__main__, kopf, "
-        "kubernetes, aiohttp, tgspec; import importlib.util as u; "
+        "kubernetes, aiohttp, tgapi; import importlib.util as u; "
         "assert u.find_spec('torch') is None and u.find_spec('ray') is None",
     )
     # Started for real without a cluster: kopf comes up and runs the operator's startup

@@ -1,10 +1,10 @@
 """Admission: the real API server rejects every class of cross-field mistake at apply time,
-with tgspec's own sentence at tgspec's field, and creates nothing.
+with tgapi's own sentence at tgapi's field, and creates nothing.
 
-The CRD's ``x-kubernetes-validations`` are generated from ``tgspec.rules`` (one record per
+The CRD's ``x-kubernetes-validations`` are generated from ``tgapi.rules`` (one record per
 rule); here each mistake is sent to the API server of the local control plane, both with
 ``kubectl apply`` (what a user runs) and with the kubernetes client (to compare the
-server's structured causes with tgspec's errors one for one).
+server's structured causes with tgapi's errors one for one).
 """
 
 from __future__ import annotations
@@ -18,16 +18,16 @@ from typing import Any
 import pytest
 import yaml
 
-import tgspec
+import tgapi
 from tests.fixtures_k8s import KubePlane, wait_until
-from tgspec import rules
+from tgapi import rules
 
 pytestmark = pytest.mark.k8s
 
 REPO = Path(__file__).resolve().parents[2]
 CRD = REPO / "manifests" / "crd" / "trainergroups.yaml"
 POLICY = REPO / "manifests" / "crd" / "admission-policy.yaml"
-CRD_NAME = f"{tgspec.PLURAL}.{tgspec.API_GROUP}"
+CRD_NAME = f"{tgapi.PLURAL}.{tgapi.API_GROUP}"
 CLUSTER = {"rayCluster": {"workers": {"replicas": 2, "gpusPerWorker": 2}}}
 SMALL_MODEL = {"numAttentionHeads": 4, "hiddenSize": 64, "vocabSize": 64, "ffnHiddenSize": 128,
                "numLayers": 4, "maxSequenceLength": 128}
@@ -54,7 +54,7 @@ def spec_with(**changes: dict[str, Any] | None) -> dict[str, Any]:
 
 
 # One spec per class of mistake: (the rule it breaks, the spec). Together they break every
-# rule in tgspec.rules (test_every_rule_has_a_case checks that).
+# rule in tgapi.rules (test_every_rule_has_a_case checks that).
 MISTAKES: list[tuple[str, dict[str, Any]]] = [
     ("processes-listed", spec_with(workers={"processesPerNode": []})),
     ("model-parallel-divides-world", spec_with(workers={"processesPerNode": [2, 1]})),
@@ -75,7 +75,7 @@ MISTAKES: list[tuple[str, dict[str, Any]]] = [
                                      rayCluster={"workers": {"replicas": 2, "gpusPerWorker": 0}})),
     ("gpu-nodes-fit-replicas", spec_with(workers={"processesPerNode": [1, 1, 2], "useGpu": "auto"})),
     ("gpu-processes-fit-pods", spec_with(workers={"processesPerNode": [4]}, training={"batchSize": 2})),
-    # several at once: every one is reported, in tgspec's words
+    # several at once: every one is reported, in tgapi's words
     ("ffn-by-tensor", spec_with(model={"ffnHiddenSize": 127, "numQueryGroups": 3},
                                 parallelism={"expert": 4}, training={"batchSize": 5})),
     ("gpu-processes-fit-pods", spec_with(workers={"processesPerNode": [4, 4, 4, 4]},
@@ -101,23 +101,23 @@ RULE_FIELD = {r.name: r.field for r in rules.RULES}
 
 
 def manifest(name: str, namespace: str, spec: dict[str, Any]) -> dict[str, Any]:
-    return {"apiVersion": f"{tgspec.API_GROUP}/{tgspec.API_VERSION}", "kind": tgspec.KIND,
+    return {"apiVersion": f"{tgapi.API_GROUP}/{tgapi.API_VERSION}", "kind": tgapi.KIND,
             "metadata": {"name": name, "namespace": namespace}, "spec": spec}
 
 
-def tgspec_errors(spec: dict[str, Any]) -> list[tgspec.SpecError]:
-    with pytest.raises(tgspec.SpecErrors) as info:
-        tgspec.parse_spec(spec, local=False)
+def tgapi_errors(spec: dict[str, Any]) -> list[tgapi.SpecError]:
+    with pytest.raises(tgapi.SpecErrors) as info:
+        tgapi.parse_spec(spec, local=False)
     return info.value.errors
 
 
-def expected_rejections(spec: dict[str, Any]) -> tuple[list[tgspec.SpecError], bool]:
-    """tgspec's errors that the API server reports for ``spec``, and whether they come from
+def expected_rejections(spec: dict[str, Any]) -> tuple[list[tgapi.SpecError], bool]:
+    """tgapi's errors that the API server reports for ``spec``, and whether they come from
     the CRD (else from the ValidatingAdmissionPolicy). The CRD's rules run first: when one
     of them fails, the request never reaches the policy, so its errors show up on the next
     apply, once the CRD's are fixed; the policy reports the first of its own."""
-    errors = tgspec_errors(spec)
-    broken = rules.broken(tgspec.to_wire(_parse_unchecked(spec)))
+    errors = tgapi_errors(spec)
+    broken = rules.broken(tgapi.to_wire(_parse_unchecked(spec)))
     assert [f"spec.{r.field}" for r in broken] == [e.field for e in errors]
     in_crd = [e for e, r in zip(errors, broken, strict=True) if r.in_crd]
     if in_crd:
@@ -162,34 +162,34 @@ def custom_objects(crd_plane: KubePlane) -> Iterator[Any]:
 def test_every_rule_has_a_case() -> None:
     assert {name for name, _ in MISTAKES} == {r.name for r in rules.RULES}
     for name, spec in MISTAKES:
-        broken = {r.name for r in rules.broken(tgspec.to_wire(_parse_unchecked(spec)))}
+        broken = {r.name for r in rules.broken(tgapi.to_wire(_parse_unchecked(spec)))}
         assert name in broken, (name, broken)
 
 
-def _parse_unchecked(spec: dict[str, Any]) -> tgspec.TrainerGroupSpec:
-    from tgspec.parse import _Parser
+def _parse_unchecked(spec: dict[str, Any]) -> tgapi.TrainerGroupSpec:
+    from tgapi.parse import _Parser
 
     parser = _Parser()
-    parsed = parser.parse_dataclass(tgspec.TrainerGroupSpec, spec, "spec")
+    parsed = parser.parse_dataclass(tgapi.TrainerGroupSpec, spec, "spec")
     assert parsed is not None and not parser.errors, parser.errors
     return parsed
 
 
 @pytest.mark.parametrize(("rule", "spec"), MISTAKES,
                          ids=[f"{i}-{name}" for i, (name, _) in enumerate(MISTAKES)])
-def test_kubectl_apply_rejects_with_tgspec_message(crd_plane: KubePlane, k8s_namespace: str,
+def test_kubectl_apply_rejects_with_tgapi_message(crd_plane: KubePlane, k8s_namespace: str,
                                                    rule: str, spec: dict[str, Any]) -> None:
-    assert f"spec.{RULE_FIELD[rule]}" in {e.field for e in tgspec_errors(spec)}
+    assert f"spec.{RULE_FIELD[rule]}" in {e.field for e in tgapi_errors(spec)}
     expected, by_crd = expected_rejections(spec)
     name = f"bad-{uuid.uuid4().hex[:8]}"
     proc = crd_plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(
         manifest(name, k8s_namespace, spec)), check=False)
-    assert proc.returncode != 0, f"the API server accepted a spec tgspec rejects:\n{expected}"
+    assert proc.returncode != 0, f"the API server accepted a spec tgapi rejects:\n{expected}"
     for err in expected:
         if by_crd:  # '<field>: Invalid value: "object": <problem>. Fix: <fix>'
             assert f"{err.field}: Invalid value" in proc.stderr, (err.field, proc.stderr)
             assert f"{err.problem}. Fix: {err.fix}" in proc.stderr, (str(err), proc.stderr)
-        else:  # 'ValidatingAdmissionPolicy ... denied request: <tgspec's error>'
+        else:  # 'ValidatingAdmissionPolicy ... denied request: <tgapi's error>'
             assert "denied request" in proc.stderr, proc.stderr
             assert str(err) in proc.stderr, (str(err), proc.stderr)
     got = crd_plane.kubectl("get", "trainergroup", name, "-n", k8s_namespace, check=False)
@@ -200,14 +200,14 @@ def test_kubectl_apply_rejects_with_tgspec_message(crd_plane: KubePlane, k8s_nam
 
 @pytest.mark.parametrize(("rule", "spec"), MISTAKES,
                          ids=[f"{i}-{name}" for i, (name, _) in enumerate(MISTAKES)])
-def test_server_causes_match_tgspec_errors(custom_objects: Any, k8s_namespace: str, rule: str,
+def test_server_causes_match_tgapi_errors(custom_objects: Any, k8s_namespace: str, rule: str,
                                            spec: dict[str, Any]) -> None:
     from kubernetes.client.exceptions import ApiException
 
     errors, by_crd = expected_rejections(spec)
     with pytest.raises(ApiException) as info:
         custom_objects.create_namespaced_custom_object(
-            tgspec.API_GROUP, tgspec.API_VERSION, k8s_namespace, tgspec.PLURAL,
+            tgapi.API_GROUP, tgapi.API_VERSION, k8s_namespace, tgapi.PLURAL,
             manifest(f"bad-{uuid.uuid4().hex[:8]}", k8s_namespace, spec))
     assert info.value.status == 422, info.value.body
     status = json.loads(info.value.body)
@@ -228,7 +228,7 @@ def _detail(message: str) -> str:
 @pytest.mark.parametrize("spec", ACCEPTED, ids=[f"ok-{i}" for i in range(len(ACCEPTED))])
 def test_valid_specs_are_accepted(crd_plane: KubePlane, k8s_namespace: str,
                                   spec: dict[str, Any]) -> None:
-    tgspec.parse_spec(spec, local=False)  # tgspec agrees
+    tgapi.parse_spec(spec, local=False)  # tgapi agrees
     name = f"ok-{uuid.uuid4().hex[:8]}"
     crd_plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest(name, k8s_namespace, spec)))
     stored = crd_plane.kubectl_json("get", "trainergroup", name, "-n", k8s_namespace)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from tgspec import TrainerGroup, parse_resource
+from tgapi import TrainerGroup, parse_resource
 
 BASE_SPEC: dict[str, Any] = {
     "image": "ghcr.io/trainergroup/runtime:0.1.0",

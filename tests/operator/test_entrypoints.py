@@ -8,7 +8,7 @@ import shlex
 
 from tests.operator.helpers import trainergroup
 from tg_operator import entrypoints, names
-from tgspec import parse_resource, to_wire
+from tgapi import parse_resource, to_wire
 
 
 def test_server_entrypoint_carries_the_whole_object() -> None:

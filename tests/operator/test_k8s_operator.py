@@ -118,9 +118,9 @@ def test_invalid_spec_ends_failed_and_creates_nothing(
     k8s_plane: Any, ns: str, operator: ks.OperatorProcess, ray_endpoint: RayEndpoint
 ) -> None:
     # Every cross-field rule is refused at admission now (tests/k8s/test_admission.py); what
-    # still passes the API server and fails tgspec is a wrongly typed untyped field.
+    # still passes the API server and fails tgapi is a wrongly typed untyped field.
     body = ks.noop("badexpert", ns)
-    body["spec"]["workers"]["useGpu"] = "yes"  # passes the schema (untyped), not tgspec
+    body["spec"]["workers"]["useGpu"] = "yes"  # passes the schema (untyped), not tgapi
     k8s_plane.apply(body)
     st = ks.wait_phase(k8s_plane, ns, "badexpert", {"Failed"}, timeout=120, op=operator)
     assert "spec.workers.useGpu" in st["message"]

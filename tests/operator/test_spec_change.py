@@ -10,7 +10,7 @@ import pytest
 
 from tests.operator.helpers import body
 from tg_operator.spec_change import SpecChange, classify, cluster_hash, group_hash
-from tgspec import TrainerGroupStatus, parse_resource
+from tgapi import TrainerGroupStatus, parse_resource
 
 
 def _running(b: dict[str, Any]) -> TrainerGroupStatus:

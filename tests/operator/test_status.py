@@ -9,7 +9,7 @@ from tests.operator.helpers import pod, raycluster_obj, trainergroup
 from tg_operator import status as S
 from tg_operator.dashboard import ActorInfo, JobInfo, describe_death_cause
 from tg_operator.entrypoints import GroupRecord
-from tgspec import TrainerGroupStatus
+from tgapi import TrainerGroupStatus
 
 T0 = datetime.datetime(2026, 1, 1, 12, 0, 0, tzinfo=datetime.UTC)
 NAMES = ("demoTrainer_0:0", "demoTrainer_0:1")

@@ -1,7 +1,7 @@
 """Bad specs: every class of mistake names the field and the fix (operator side).
 
 The CRD's schema and CEL rules reject most of these at ``kubectl apply`` (see the
-k8s tests); the operator validates again with tgspec and sets phase Failed with
+k8s tests); the operator validates again with tgapi and sets phase Failed with
 this message, creating nothing.
 """
 
@@ -14,7 +14,7 @@ import pytest
 
 from tests.operator.helpers import body
 from tg_operator.reconcile import format_spec_errors
-from tgspec import SpecErrors, parse_resource
+from tgapi import SpecErrors, parse_resource
 
 
 def _mut(path: str, value: Any) -> dict[str, Any]:

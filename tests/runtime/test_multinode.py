@@ -225,12 +225,12 @@ def test_node_resources_must_match_entries() -> None:
 @pytest.mark.megatron
 def test_megatron_tp2_across_nodes(two_nodes: TwoNodes, tmp_path: Path) -> None:
     pytest.importorskip("megatron.core")
-    import tgspec
+    import tgapi
     from tests.trainer.scenarios import fixed_batch, tiny_spec
     from tgruntime.controller import DataProto
     from tgruntime.trainer.worker import MegatronTrainer
 
-    wire = json.dumps(tgspec.to_wire(tiny_spec(tp=2, checkpoint_dir=str(tmp_path / "ckpt"))))
+    wire = json.dumps(tgapi.to_wire(tiny_spec(tp=2, checkpoint_dir=str(tmp_path / "ckpt"))))
     prefix = f"t{uuid.uuid4().hex[:6]}"
     wg = WorkerGroup.create(
         group_name=f"mn-{prefix}", namespace=f"t-{prefix}", name_prefix=prefix,

@@ -11,15 +11,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-import tgspec
+import tgapi
 
 VOCAB, HIDDEN, LAYERS, HEADS, FFN, SEQ, BATCH = 128, 64, 2, 4, 128, 32, 4
 
 
 def tiny_spec(
     *, tp: int = 1, pp: int = 1, world: int = 2, checkpoint_dir: str = "", **model: Any
-) -> tgspec.TrainerGroupSpec:
-    return tgspec.parse_spec(
+) -> tgapi.TrainerGroupSpec:
+    return tgapi.parse_spec(
         {
             "workers": {"useGpu": False, "processesPerNode": [world]},
             "parallelism": {"tensor": tp, "pipeline": pp},
@@ -53,7 +53,7 @@ def _quiet() -> None:
 
 
 def _run(
-    spec: tgspec.TrainerGroupSpec,
+    spec: tgapi.TrainerGroupSpec,
     steps: int,
     *,
     data: torch.Tensor,
@@ -141,7 +141,7 @@ def gpu_train_and_resume(*, checkpoint_dir: str) -> dict[str, Any]:
     from tgruntime.trainer.distributed import init_process_group
     from tgruntime.trainer.settings import resolve_settings
 
-    spec = tgspec.parse_spec(
+    spec = tgapi.parse_spec(
         {
             "workers": {"useGpu": True, "processesPerNode": [1]},
             "model": {

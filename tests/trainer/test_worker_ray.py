@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-import tgspec
+import tgapi
 
 ray = pytest.importorskip("ray")
 pytest.importorskip("megatron.core")
@@ -44,7 +44,7 @@ def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[WorkerGrou
             namespace=f"tg-trainer-{uuid.uuid4().hex[:8]}",
         )
     spec = tiny_spec(tp=2, checkpoint_dir=str(ckpt))
-    wire = json.dumps(tgspec.to_wire(spec))
+    wire = json.dumps(tgapi.to_wire(spec))
     wg = WorkerGroup.create(
         group_name=f"trainer-{uuid.uuid4().hex[:8]}",
         namespace=ray.get_runtime_context().namespace,

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
 
+from tgapi import TrainerGroupSpec, to_wire
 from tgruntime.trainer import checkpoint as ckpt
 from tgruntime.trainer.batch import lm_batch, split_microbatches
 from tgruntime.trainer.distributed import (
@@ -41,7 +42,6 @@ from tgruntime.trainer.schedule import (
     select_forward_backward,
 )
 from tgruntime.trainer.settings import RuntimeSettings, resolve_settings
-from tgspec import TrainerGroupSpec, to_wire
 
 __all__ = ["StepResult", "TrainEngine"]
 

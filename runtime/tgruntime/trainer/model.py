@@ -19,10 +19,10 @@ from megatron.core import parallel_state, tensor_parallel
 from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from tgapi import ModelSpec, ParallelismSpec
 from tgruntime.trainer.layer_spec import gpt_layer_spec
 from tgruntime.trainer.rotary import make_rotary_cpu_safe
 from tgruntime.trainer.settings import RuntimeSettings
-from tgspec import ModelSpec, ParallelismSpec
 
 __all__ = ["build_gpt_model", "count_parameters", "seed_everything", "transformer_config"]
 

@@ -35,9 +35,9 @@ from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 from megatron.core.transformer.module import param_is_not_shared
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from tgapi import OptimizerSpec
 from tgruntime.trainer.schedule import finalize_grads_local
 from tgruntime.trainer.settings import RuntimeSettings
-from tgspec import OptimizerSpec
 
 __all__ = [
     "LocalOptimizer",

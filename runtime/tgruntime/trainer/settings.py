@@ -16,7 +16,7 @@ import dataclasses
 
 import torch
 
-from tgspec import TrainerGroupSpec
+from tgapi import TrainerGroupSpec
 
 __all__ = ["RuntimeSettings", "resolve_settings"]
 

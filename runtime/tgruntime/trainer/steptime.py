@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tgspec import TrainerGroupSpec
+from tgapi import TrainerGroupSpec
 
 if TYPE_CHECKING:
     from tgruntime.trainer.engine import TrainEngine

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
 
+from tgapi import TrainerGroupSpec, parse_spec
 from tgruntime.controller import (
     DataProto,
     Dispatch,
@@ -32,7 +33,6 @@ from tgruntime.controller import (
     register,
 )
 from tgruntime.trainer.engine import StepResult, TrainEngine
-from tgspec import TrainerGroupSpec, parse_spec
 
 __all__ = ["TRAIN_MESH", "MegatronTrainer"]
 

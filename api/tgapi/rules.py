@@ -15,7 +15,7 @@ tiny expression language (:class:`Expr`) with two back ends:
 ``eval`` follows CEL's semantics where they differ from Python's: ``&&``/``||``
 absorb an error when the other side decides the result, ``==`` is false across
 types (``true != 1``, ``"auto" != true``), integer ``/`` and ``%`` truncate toward
-zero, and ``string(true)`` is ``"true"``. ``tests/spec/test_rules.py`` evaluates the
+zero, and ``string(true)`` is ``"true"``. ``tests/api/test_rules.py`` evaluates the
 generated CEL with cel-python on many specs and checks it agrees with ``eval``; the
 real API server tests (``tests/k8s/test_admission.py``) check the CRD itself.
 
@@ -404,7 +404,7 @@ class Rule:
             return self.problem.static(), self.fix.static()
 
     def message(self, spec: Wire) -> str:
-        """The sentence the user reads: tgspec's ``SpecError`` without the field."""
+        """The sentence the user reads: tgapi's ``SpecError`` without the field."""
         problem, fix = self.sentences(spec)
         return f"{problem}. Fix: {fix}"
 
@@ -445,7 +445,7 @@ class Rule:
 
     def policy_validation(self) -> dict[str, str]:
         """The ValidatingAdmissionPolicy's entry: over ``object.spec``; no fieldPath there,
-        so the message is tgspec's whole error, field first (``spec.x: problem. Fix: fix``)."""
+        so the message is tgapi's whole error, field first (``spec.x: problem. Fix: fix``)."""
         root = "object.spec"
         return {
             "expression": self.cel_rule(root),

@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from tgspec.fields import field_meta, spec_field
+from tgapi.fields import field_meta, spec_field
 
 PHASES = (
     "Pending",

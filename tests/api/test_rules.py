@@ -1,4 +1,4 @@
-"""The cross-field rule records (tgspec.rules): every rule has CEL in the CRD or in the
+"""The cross-field rule records (tgapi.rules): every rule has CEL in the CRD or in the
 admission policy, and the CEL text agrees with the Python evaluator on many specs
 (evaluated with cel-python, a pure-Python CEL interpreter; the real API server tests are
 tests/k8s/test_admission.py)."""
@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import yaml
 
-import tgspec
-from tgspec import crd, rules
-from tgspec.parse import _Parser
+import tgapi
+from tgapi import crd, rules
+from tgapi.parse import _Parser
 
 
 def _random_spec(rnd: random.Random) -> dict[str, Any]:
@@ -58,9 +58,9 @@ def _random_spec(rnd: random.Random) -> dict[str, Any]:
 
 def _wire(spec: dict[str, Any]) -> dict[str, Any]:
     parser = _Parser()
-    parsed = parser.parse_dataclass(tgspec.TrainerGroupSpec, spec, "spec")
+    parsed = parser.parse_dataclass(tgapi.TrainerGroupSpec, spec, "spec")
     assert parsed is not None and not parser.errors
-    wire: dict[str, Any] = tgspec.to_wire(parsed)
+    wire: dict[str, Any] = tgapi.to_wire(parsed)
     return wire
 
 
@@ -89,7 +89,7 @@ def test_every_rule_is_in_the_crd_or_the_policy() -> None:
     }
 
 
-def test_messages_are_tgspec_errors() -> None:
+def test_messages_are_tgapi_errors() -> None:
     spec = _wire(
         {
             "model": {"ffnHiddenSize": 127},
@@ -98,8 +98,8 @@ def test_messages_are_tgspec_errors() -> None:
             "rayClusterRef": {"name": "x"},
         }
     )
-    with pytest.raises(tgspec.SpecErrors) as info:
-        tgspec.parse_spec(spec)
+    with pytest.raises(tgapi.SpecErrors) as info:
+        tgapi.parse_spec(spec)
     (err,) = info.value.errors
     assert str(err) == (
         "spec.model.ffnHiddenSize: 127 is not divisible by tensor parallel size 2. "

@@ -7,15 +7,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-import tgspec
-from tgspec import crd
+import tgapi
+from tgapi import crd
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _errors(spec: dict[str, object], *, local: bool = True) -> list[tgspec.SpecError]:
-    with pytest.raises(tgspec.SpecErrors) as info:
-        tgspec.parse_spec(spec, local=local)
+def _errors(spec: dict[str, object], *, local: bool = True) -> list[tgapi.SpecError]:
+    with pytest.raises(tgapi.SpecErrors) as info:
+        tgapi.parse_spec(spec, local=local)
     return info.value.errors
 
 
@@ -24,17 +24,17 @@ def _fields(spec: dict[str, object], *, local: bool = True) -> list[str]:
 
 
 def test_defaults_fill_everything() -> None:
-    spec = tgspec.parse_spec({}, local=True)
+    spec = tgapi.parse_spec({}, local=True)
     assert spec.world_size == 1
     assert spec.parallelism.tensor == 1
     assert spec.model.dtype == "bfloat16"
-    assert spec.workers.worker_class == tgspec.DEFAULT_WORKER_CLASS
+    assert spec.workers.worker_class == tgapi.DEFAULT_WORKER_CLASS
     assert spec.restart_policy == "OnFailure"
 
 
 def test_wire_round_trip() -> None:
-    tg = tgspec.load_file(ROOT / "examples/local/seed-gpu.yaml", local=True)
-    again = tgspec.parse_spec(tgspec.to_wire(tg.spec), local=True)
+    tg = tgapi.load_file(ROOT / "examples/local/seed-gpu.yaml", local=True)
+    again = tgapi.parse_spec(tgapi.to_wire(tg.spec), local=True)
     assert again == tg.spec
     assert tg.ray_namespace == "tg-default-seed"
     assert tg.name_prefix == "seed"
@@ -42,7 +42,7 @@ def test_wire_round_trip() -> None:
 
 @pytest.mark.parametrize("path", sorted((ROOT / "examples/local").glob("*.yaml")))
 def test_local_examples_parse(path: Path) -> None:
-    tg = tgspec.load_file(path, local=True)
+    tg = tgapi.load_file(path, local=True)
     assert tg.spec.world_size % tg.spec.parallelism.tensor == 0
 
 
@@ -118,7 +118,7 @@ def test_cluster_choice_required_in_kubernetes_mode() -> None:
     assert "spec.rayCluster" in _fields(
         {"rayCluster": {}, "rayClusterRef": {"name": "x"}}, local=False
     )
-    tgspec.parse_spec({"rayClusterRef": {"name": "shared"}}, local=False)
+    tgapi.parse_spec({"rayClusterRef": {"name": "shared"}}, local=False)
 
 
 def test_gpu_processes_must_fit_the_pods() -> None:
@@ -130,8 +130,8 @@ def test_gpu_processes_must_fit_the_pods() -> None:
 
 
 def test_resource_errors_cover_metadata_and_kind() -> None:
-    with pytest.raises(tgspec.SpecErrors) as info:
-        tgspec.parse_resource(
+    with pytest.raises(tgapi.SpecErrors) as info:
+        tgapi.parse_resource(
             {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "Bad_Name"}, "spec": {}},
             local=True,
         )
@@ -144,19 +144,19 @@ def test_bad_yaml_file_says_where(tmp_path: Path) -> None:
     p.write_text(
         "apiVersion: trainergroup.io/v1alpha1\nkind: TrainerGroup\nspec:\n  model: [unclosed\n"
     )
-    with pytest.raises(tgspec.SpecErrors) as info:
-        tgspec.load_file(p, local=True)
+    with pytest.raises(tgapi.SpecErrors) as info:
+        tgapi.load_file(p, local=True)
     assert "line" in str(info.value)
-    with pytest.raises(tgspec.SpecErrors, match="cannot read"):
-        tgspec.load_file(tmp_path / "missing.yaml")
+    with pytest.raises(tgapi.SpecErrors, match="cannot read"):
+        tgapi.load_file(tmp_path / "missing.yaml")
 
 
 def test_committed_crd_matches_the_generator() -> None:
     text = crd.render()
     for target in crd.TARGETS:
         path = ROOT / target
-        assert path.exists(), f"{target} missing: run `python -m tgspec.crd .`"
-        assert path.read_text() == text, f"{target} is stale: run `python -m tgspec.crd .`"
+        assert path.exists(), f"{target} missing: run `python -m tgapi.crd .`"
+        assert path.read_text() == text, f"{target} is stale: run `python -m tgapi.crd .`"
 
 
 def test_crd_schema_covers_status_contract() -> None:

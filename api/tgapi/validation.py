@@ -10,10 +10,10 @@ Every rule is checked (none hides another), so one pass reports every mistake.
 
 from __future__ import annotations
 
-from tgspec.errors import SpecError
-from tgspec.model import TrainerGroupSpec
-from tgspec.parse import to_wire
-from tgspec.rules import MSG_CLUSTER_CHOICE, broken
+from tgapi.errors import SpecError
+from tgapi.model import TrainerGroupSpec
+from tgapi.parse import to_wire
+from tgapi.rules import MSG_CLUSTER_CHOICE, broken
 
 __all__ = ["MSG_CLUSTER_CHOICE", "cross_field_errors"]
 

@@ -1,11 +1,11 @@
-"""tgspec: the one model of the TrainerGroup resource (parse, defaults, validation, CRD).
+"""tgapi: the one model of the TrainerGroup resource (parse, defaults, validation, CRD).
 
 Dependency-light on purpose (standard library + PyYAML): the operator, the Ray
 runtime and ``tgctl`` all import it.
 """
 
-from tgspec.errors import SpecError, SpecErrors
-from tgspec.model import (
+from tgapi.errors import SpecError, SpecErrors
+from tgapi.model import (
     API_GROUP,
     API_VERSION,
     DEFAULT_WORKER_CLASS,
@@ -23,8 +23,8 @@ from tgspec.model import (
     TrainingSpec,
     WorkersSpec,
 )
-from tgspec.parse import load_file, parse_resource, parse_spec, to_wire
-from tgspec.status import (
+from tgapi.parse import load_file, parse_resource, parse_spec, to_wire
+from tgapi.status import (
     PHASES,
     Condition,
     MeshStatus,

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import MISSING
 from typing import Any
 
-_META_KEY = "tgspec"
+_META_KEY = "tgapi"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from tgspec.fields import spec_field
+from tgapi.fields import spec_field
 
 API_GROUP = "trainergroup.io"
 API_VERSION = "v1alpha1"

@@ -2,7 +2,7 @@
 
 ``parse_spec`` checks types, enums, bounds and unknown keys field by field and then
 runs the cross-field rules in ``validation.py``; all problems are collected into one
-:class:`~tgspec.errors.SpecErrors` so a user sees every mistake at once.
+:class:`~tgapi.errors.SpecErrors` so a user sees every mistake at once.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import Any, TypeVar
 
 import yaml
 
-from tgspec.errors import SpecError, SpecErrors
-from tgspec.fields import default_value, field_meta, has_default
-from tgspec.model import (
+from tgapi.errors import SpecError, SpecErrors
+from tgapi.fields import default_value, field_meta, has_default
+from tgapi.model import (
     API_GROUP,
     API_VERSION,
     KIND,
@@ -204,7 +204,7 @@ def parse_spec(
     ``local=True`` is tgctl's mode: no Kubernetes, so the rayCluster/rayClusterRef
     choice is not required.
     """
-    from tgspec.validation import cross_field_errors
+    from tgapi.validation import cross_field_errors
 
     parser = _Parser()
     spec = parser.parse_dataclass(TrainerGroupSpec, data or {}, path)

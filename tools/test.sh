@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command: installs what is needed, then runs every check and test that can run here.
 #   ./tools/test.sh            everything (lint, types, unit, Ray, Megatron-on-CPU, Kubernetes plane)
-#   ./tools/test.sh -k spec    extra arguments go to pytest
+#   ./tools/test.sh -k api     extra arguments go to pytest
 # Tiers that cannot run on this machine (GPU) are skipped by pytest with their reason. The kind
 # tier (real pods, tests/e2e) runs here: this script starts the Docker engine it needs.
 set -uo pipefail

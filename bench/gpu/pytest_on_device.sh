@@ -7,7 +7,7 @@ SITE=/tmp/tgsite
 if [ ! -d "$SITE/ray" ]; then
   mkdir -p "$SITE" && tar -C "$SITE" -xJf .whl/carry/site-py312.tar.xz || { echo "unpack failed"; exit 2; }
 fi
-export PYTHONPATH="$SITE:$PWD:$PWD/spec:$PWD/runtime"
+export PYTHONPATH="$SITE:$PWD:$PWD/api:$PWD/runtime"
 export PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0
 unset RAY_ADDRESS TG_RAY_ADDRESS
 PYDIR="$(dirname "$(python3 -c 'import sys; print(sys.executable)')")"

@@ -33,13 +33,14 @@ from tgruntime.controller import (
     register,
 )
 from tgruntime.trainer.engine import StepResult, TrainEngine
+from tgruntime.trainer.hf_worker import HFWeightsMixin
 
 __all__ = ["TRAIN_MESH", "MegatronTrainer"]
 
 TRAIN_MESH = "train"
 
 
-class MegatronTrainer(Worker):
+class MegatronTrainer(HFWeightsMixin, Worker):
     """One rank of a Megatron GPT training job inside a TrainerGroup."""
 
     def __init__(self, spec_json: str) -> None:

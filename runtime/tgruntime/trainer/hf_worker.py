@@ -301,7 +301,7 @@ def import_hf_checkpoint(
                     f"tensor rank {mesh.tp_rank}; the parameter is {tuple(param.shape)}"
                 )
             param.copy_(shard)
-    engine.state.zero_grad()
+    engine.zero_grad()  # a new starting point: no accumulated gradient
     if reset_optimizer:
         _reset_optimizer(engine)
     reload = getattr(engine.state.optimizer, "reload_model_params", None)

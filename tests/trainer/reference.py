@@ -79,7 +79,7 @@ def forward_logits(
         qkv = (h @ w[p + "self_attention.linear_qkv.weight"].T).view(
             b, s, groups, (per_group + 2) * hn
         )
-        q, k, v = qkv.split([per_group * hn, hn, hn], dim=-1)
+        q, k, v = torch.split(qkv, [per_group * hn, hn, hn], dim=-1)
         q = q.reshape(b, s, heads, hn).transpose(1, 2)  # [b, heads, s, hn]
         k = k.transpose(1, 2).repeat_interleave(per_group, dim=1)
         v = v.transpose(1, 2).repeat_interleave(per_group, dim=1)

@@ -93,7 +93,8 @@ def _ids() -> torch.Tensor:
 
 def _group_log_probs(wg: WorkerGroup) -> torch.Tensor:
     out = wg.compute_log_prob(DataProto.from_dict(tensors={"input_ids": _ids()}))
-    return out.batch["log_probs"].clone()
+    log_probs: torch.Tensor = out.batch["log_probs"].clone()
+    return log_probs
 
 
 def _hf_log_probs(path: Path) -> torch.Tensor:

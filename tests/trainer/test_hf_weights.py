@@ -52,7 +52,8 @@ def _random_hf(shape: LlamaShape, seed: int = 0) -> dict[str, torch.Tensor]:
 def _hf_model(shape: LlamaShape) -> torch.nn.Module:
     config = transformers.LlamaConfig.from_dict(shape.hf_config(dtype=torch.float32))
     torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(config)
+    model: torch.nn.Module = transformers.LlamaForCausalLM(config)
+    return model
 
 
 def test_names_and_shapes_are_transformers_own() -> None:
@@ -127,7 +128,7 @@ def test_pipeline_stages_convert_on_their_own() -> None:
     stage1_names = megatron_names(layers=range(2, 4), first_stage=False, last_stage=True)
     stage1 = {n: full[n] for n in stage1_names}
     local = renumber_layers(stage1, offset=-2)
-    assert sorted({layer_of(n) for n in local} - {None}) == [0, 1]  # type: ignore[type-var]
+    assert sorted({layer_of(n) for n in local} - {None}) == [0, 1]
     back = megatron_to_hf(renumber_layers(local, offset=2), shape)
     assert list(back) == hf_names(layers=range(2, 4), first_stage=False, last_stage=True)
     assert all(torch.equal(back[n], hf[n]) for n in back)

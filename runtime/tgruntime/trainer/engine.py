@@ -15,12 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
-from megatron.core import parallel_state
 
 from tgapi import TrainerGroupSpec, to_wire
 from tgruntime.trainer import checkpoint as ckpt
-from tgruntime.trainer.batch import lm_batch, split_microbatches
 from tgruntime.trainer.distributed import (
     Mesh,
     current_mesh,
@@ -36,12 +33,13 @@ from tgruntime.trainer.model import (
     transformer_config,
 )
 from tgruntime.trainer.optim import TrainingState, apply_optimizer_spec, build_training_state
-from tgruntime.trainer.schedule import (
-    ForwardBackwardFunc,
-    lm_forward_step,
-    select_forward_backward,
+from tgruntime.trainer.primitives import (  # noqa: F401 (tests import the helper from here)
+    Primitives,
+    _default_micro_batch_size,
 )
+from tgruntime.trainer.schedule import ForwardBackwardFunc, select_forward_backward
 from tgruntime.trainer.settings import RuntimeSettings, resolve_settings
+from tgruntime.trainer.token_batch import token_batch
 
 __all__ = ["StepResult", "TrainEngine"]
 
@@ -66,18 +64,7 @@ class StepResult:
         return out
 
 
-def _default_micro_batch_size(local_batch: int, pp: int) -> int:
-    """Whole batch without pipelining; with it, enough micro-batches (2 x stages) to fill it."""
-    if pp == 1:
-        return local_batch
-    target = min(local_batch, 2 * pp)
-    size = max(1, local_batch // target)
-    while local_batch % size:
-        size -= 1
-    return size
-
-
-class TrainEngine:
+class TrainEngine(Primitives):
     """One rank of a tensor/pipeline/data-parallel GPT training job."""
 
     def __init__(
@@ -172,72 +159,29 @@ class TrainEngine:
         return out
 
     # -- training -------------------------------------------------------------------
-    def _sync(self) -> None:
-        if self.settings.on_gpu:
-            torch.cuda.synchronize(self.device)
-
     def train_step(self, input_ids: torch.Tensor) -> StepResult:
-        """Forward, next-token loss, backward and one optimizer step on ``input_ids`` [B, S]."""
+        """Forward, next-token loss, backward and one optimizer step on ``input_ids`` [B, S]:
+        ``zero_grad`` -> ``forward_backward("cross_entropy")`` -> ``optim_step``."""
         self._check_open()
         self._sync()
         start = time.perf_counter()
-        batch = lm_batch(input_ids, device=self.device, vocab_size=self.spec.model.vocab_size)
-        mbs = self._micro_batch_size or _default_micro_batch_size(
-            batch.batch_size, self._mesh.pp_size
+        batch = token_batch(
+            {"input_ids": input_ids}, device=self.device, vocab_size=self.spec.model.vocab_size
         )
-        micro = split_microbatches(batch, mbs)
-        self.state.zero_grad()
-        store = self._forward_backward(
-            forward_step_func=lm_forward_step,
-            data_iterator=iter(micro),
-            model=[self.state.model],
-            num_microbatches=len(micro),
-            seq_length=batch.seq_length,
-            micro_batch_size=mbs,
-            forward_only=False,
-        )
-        ok, grad_norm, _ = self.state.optimizer.step()
-        if grad_norm is None:  # megatron skips the norm when clipping is off
-            grad_norm = self.state.optimizer.get_grad_norm()
-        sums, counts = self._sample_losses(store, batch.batch_size)
+        self.zero_grad()
+        fb = self.forward_backward(batch, loss="cross_entropy")
+        opt = self.optim_step()
         self._sync()
-        elapsed = time.perf_counter() - start
-        if ok:
-            self.step += 1
-        total = float(counts.sum())
-        per_sample = (sums / counts.clamp(min=1)).tolist()
         return StepResult(
-            step=self.step,
-            per_sample_loss=tuple(per_sample),
-            loss=float(sums.sum()) / max(total, 1.0),
-            grad_norm=float(grad_norm),
+            step=opt.step,
+            per_sample_loss=fb.per_sample_loss,
+            loss=fb.local_loss,
+            grad_norm=opt.grad_norm,
             tokens=batch.batch_size * batch.seq_length,
-            step_time_s=elapsed,
-            lr=float(self.state.optimizer.param_groups[0]["lr"]),
-            skipped=not ok,
+            step_time_s=time.perf_counter() - start,
+            lr=opt.lr,
+            skipped=opt.skipped,
         )
-
-    def _sample_losses(
-        self, store: list[dict[str, torch.Tensor]], batch_size: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-sample loss sums and token counts, from the last stage to every stage."""
-        if parallel_state.is_pipeline_last_stage():
-            both = torch.stack(
-                [
-                    torch.cat([r["sample_loss_sum"] for r in store]),
-                    torch.cat([r["sample_tokens"] for r in store]),
-                ]
-            ).float()
-        else:
-            both = torch.zeros((2, batch_size), dtype=torch.float32, device=self.device)
-        if self._mesh.pp_size > 1:
-            dist.broadcast(
-                both,
-                src=parallel_state.get_pipeline_model_parallel_last_rank(),
-                group=parallel_state.get_pipeline_model_parallel_group(),
-            )
-        both = both.cpu()
-        return both[0], both[1]
 
     # -- checkpoints ----------------------------------------------------------------
     def default_checkpoint_path(self) -> Path | None:
@@ -304,6 +248,7 @@ class TrainEngine:
         apply_optimizer_spec(self.state.optimizer, self.spec.optimizer)
         ckpt.restore_rng(payload["rng"])
         self.step = int(payload["step"])
+        self._accumulated, self._grads_stale = 0.0, True  # a loaded state has no gradient
         ckpt.barrier()
         return self.step
 

@@ -17,9 +17,11 @@ Both paths use a constant learning rate ``optimizer.lr`` (the spec has no schedu
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 import torch
@@ -45,6 +47,7 @@ __all__ = [
     "TrainingState",
     "apply_optimizer_spec",
     "build_training_state",
+    "step_overrides",
     "use_fused_adamw",
 ]
 
@@ -151,6 +154,16 @@ class TrainingState:
             self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
 
+    @torch.no_grad()
+    def scale_grads(self, factor: float) -> None:
+        """Multiply the accumulated gradient by ``factor`` (DDP buffers or ``.grad``)."""
+        if isinstance(self.model, DistributedDataParallel):
+            self.model.scale_gradients(factor)
+            return
+        for p in self.module.parameters():
+            if p.grad is not None:
+                p.grad.mul_(factor)
+
 
 def apply_optimizer_spec(optimizer: OptimizerLike, spec: OptimizerSpec) -> None:
     """Set every group's lr and weight decay from the spec and the group's multipliers.
@@ -226,3 +239,51 @@ def build_training_state(
     config.finalize_model_grads_func = finalize_model_grads
     config.grad_scale_func = optimizer.scale_loss
     return TrainingState(model=model, module=module, optimizer=optimizer)
+
+
+def _configs(optimizer: Any) -> list[Any]:
+    """megatron's OptimizerConfig objects (one per chained optimizer); none on CPU."""
+    parts = getattr(optimizer, "chained_optimizers", [optimizer])
+    return [p.config for p in parts if getattr(p, "config", None) is not None]
+
+
+@contextlib.contextmanager
+def step_overrides(
+    optimizer: OptimizerLike,
+    *,
+    lr: float | None = None,
+    clip_grad: float | None = None,
+    weight_decay: float | None = None,
+) -> Iterator[None]:
+    """Apply per-step overrides (lr, clip_grad, weight_decay) and restore them afterwards.
+
+    ``lr`` and ``weight_decay`` are scaled by each group's ``lr_mult``/``wd_mult`` as the
+    spec's values are; ``clip_grad`` 0 turns clipping off for the step.
+    """
+    for name, value in (("lr", lr), ("grad_clip", clip_grad), ("weight_decay", weight_decay)):
+        if value is not None and (not math.isfinite(value) or value < 0):
+            raise ValueError(f"optim_step({name}={value!r}): must be a finite number >= 0")
+    groups = optimizer.param_groups
+    saved = [(g["lr"], g["weight_decay"]) for g in groups]
+    configs = _configs(optimizer)
+    saved_clip = [c.clip_grad for c in configs]
+    local_clip = getattr(optimizer, "clip_grad", None)
+    try:
+        for g in groups:
+            if lr is not None:
+                g["lr"] = lr * g.get("lr_mult", 1.0)
+            if weight_decay is not None:
+                g["weight_decay"] = weight_decay * g.get("wd_mult", 1.0)
+        if clip_grad is not None:
+            for c in configs:
+                c.clip_grad = clip_grad
+            if local_clip is not None:
+                optimizer.clip_grad = clip_grad  # type: ignore[attr-defined]
+        yield
+    finally:
+        for g, (old_lr, old_wd) in zip(groups, saved, strict=True):
+            g["lr"], g["weight_decay"] = old_lr, old_wd
+        for c, old in zip(configs, saved_clip, strict=True):
+            c.clip_grad = old
+        if local_clip is not None:
+            optimizer.clip_grad = local_clip  # type: ignore[attr-defined]

@@ -69,10 +69,15 @@ def lm_forward_step(
 def _scaled_loss(
     loss_func: Callable[[torch.Tensor], Any], output: torch.Tensor, num_microbatches: int
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    loss_sum, num_tokens, reported = loss_func(output)
-    # Same scaling as megatron's forward_step_calc_loss with calculate_per_token_loss=False.
-    loss = loss_sum / torch.clamp(num_tokens, min=1) / num_microbatches
-    return loss, reported
+    outputs = loss_func(output)
+    # Same scaling as megatron's forward_step_calc_loss with calculate_per_token_loss=False:
+    # a 3-tuple (sum, tokens, reported) is divided by its tokens, a 2-tuple is taken as is;
+    # both by the number of micro-batches.
+    if len(outputs) == 3:
+        loss_sum, num_tokens, reported = outputs
+        return loss_sum / torch.clamp(num_tokens, min=1) / num_microbatches, reported
+    loss, reported = outputs
+    return loss / num_microbatches, reported
 
 
 def local_forward_backward(

@@ -16,6 +16,7 @@ batch), ``grad_norm``, ``tokens`` (global), ``step_time_s``, ``step``, ``lr``, `
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from typing import Any
@@ -33,13 +34,16 @@ from tgruntime.controller import (
     register,
 )
 from tgruntime.trainer.engine import StepResult, TrainEngine
+from tgruntime.trainer.hf_worker import HFWeightsMixin
+from tgruntime.trainer.losses import LossFn
+from tgruntime.trainer.token_batch import TokenBatch, token_batch
 
 __all__ = ["TRAIN_MESH", "MegatronTrainer"]
 
 TRAIN_MESH = "train"
 
 
-class MegatronTrainer(Worker):
+class MegatronTrainer(HFWeightsMixin, Worker):
     """One rank of a Megatron GPT training job inside a TrainerGroup."""
 
     def __init__(self, spec_json: str) -> None:
@@ -112,6 +116,81 @@ class MegatronTrainer(Worker):
             loss_tokens, tokens = totals.tolist()
             metrics.update(loss=loss_tokens / tokens, tokens=int(tokens))
         return metrics
+
+    # -- RL primitives (docs/trainer.md, "Training primitives") -----------------------
+    def _token_batch(self, engine: TrainEngine, data: DataProto, method: str) -> TokenBatch:
+        keys = [] if data.batch is None else [str(k) for k in data.batch.keys()]  # noqa: SIM118
+        if data.batch is None or "input_ids" not in keys:
+            raise ValueError(
+                f"{method} needs a DataProto with batch['input_ids'] (int64 [B, S])"
+            )
+        tensors = {k: data.batch[k] for k in keys}
+        return token_batch(tensors, device=engine.device, vocab_size=self.spec.model.vocab_size)
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name=TRAIN_MESH))
+    def compute_log_prob(self, data: DataProto) -> DataProto:
+        """Per-token log-probs ``[B, S-1]`` (``meta_info={"entropy": True}``: and entropy)."""
+        engine = self._engine()
+        entropy = bool(data.meta_info.get("entropy", False))
+        result = engine.compute_log_prob(
+            self._token_batch(engine, data, "compute_log_prob"), entropy=entropy
+        )
+        meta = {"rank": self.rank, "dp_rank": engine.mesh_info.dp_rank, "entropy": entropy}
+        if result.log_probs is None:  # not the last pipeline stage: not collected
+            return DataProto(meta_info=meta)
+        tensors = {"log_probs": result.log_probs}
+        if result.entropy is not None:
+            tensors["entropy"] = result.entropy
+        return DataProto.from_dict(tensors=tensors, meta_info=meta)
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name=TRAIN_MESH))
+    def forward_backward(
+        self,
+        data: DataProto,
+        loss: str | LossFn = "cross_entropy",
+        loss_config: dict[str, Any] | None = None,
+    ) -> DataProto:
+        """Accumulate the gradient of ``loss`` on this shard's part of the batch (no step)."""
+        engine = self._engine()
+        result = engine.forward_backward(
+            self._token_batch(engine, data, "forward_backward"),
+            loss=loss,
+            loss_config=loss_config,
+        )
+        meta = result.meta()
+        meta.update(rank=self.rank, dp_rank=engine.mesh_info.dp_rank, step=engine.step)
+        return DataProto.from_dict(
+            tensors={"loss": torch.tensor(result.per_sample_loss, dtype=torch.float32)},
+            meta_info=meta,
+        )
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def optim_step(
+        self,
+        lr: float | None = None,
+        grad_clip: float | None = None,
+        weight_decay: float | None = None,
+    ) -> dict[str, Any]:
+        """Apply the accumulated gradient; overrides hold for this step only."""
+        engine = self._engine()
+        result = engine.optim_step(lr=lr, grad_clip=grad_clip, weight_decay=weight_decay)
+        return {**dataclasses.asdict(result), "rank": self.rank}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def zero_grad(self) -> bool:
+        """Discard the accumulated gradient."""
+        self._engine().zero_grad()
+        return True
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_state(self, path: str) -> str:
+        """Model, optimizer, step and RNG, one file per (tp, pp) shard under ``path``."""
+        return self._engine().save_checkpoint(path)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_state(self, path: str) -> int:
+        """Restore what ``save_state`` wrote (same tp and pp); returns the restored step."""
+        return self._engine().load_checkpoint(path)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def last_step(self) -> dict[str, Any] | None:

@@ -1,0 +1,277 @@
+"""The training primitives of :class:`TrainEngine`: log-probs, forward/backward, step.
+
+``compute_log_prob`` runs the model forward only. ``forward_backward`` adds the gradient
+of a loss to the accumulated gradient; ``optim_step`` applies it (then discards it) and
+``zero_grad`` discards it. ``TrainEngine.train_step`` is ``zero_grad`` ->
+``forward_backward("cross_entropy")`` -> ``optim_step``.
+
+Normalisation: the accumulated gradient is always the gradient of the **token mean** of
+the loss over every loss token (``loss_mask``-weighted) fed since the last step: over
+micro-batches, data-parallel ranks and calls. A call with ``N`` new loss tokens, after
+``M`` accumulated ones, rescales the gradient so far by ``M / (M + N)`` and backpropagates
+``sum(loss_mask * loss) / (M + N)``. So two calls then a step equal one call on the
+concatenated batch (up to float rounding), and one call equals megatron's mean loss.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+
+from tgruntime.trainer.distributed import Mesh
+from tgruntime.trainer.losses import LossFn, resolve_loss
+from tgruntime.trainer.optim import TrainingState, step_overrides
+from tgruntime.trainer.schedule import ForwardBackwardFunc
+from tgruntime.trainer.settings import RuntimeSettings
+from tgruntime.trainer.token_batch import TokenBatch, split_token_batch
+from tgruntime.trainer.token_steps import dry_run_loss, logprob_forward_step, loss_forward_step
+
+__all__ = ["ForwardBackwardResult", "LogProbResult", "OptimStepResult", "Primitives"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LogProbResult:
+    """Per-token values of the local batch, ``[b, S-1]`` float32 on the CPU (0 on padding).
+
+    Only the last pipeline stage has them: elsewhere both are None.
+    """
+
+    log_probs: torch.Tensor | None
+    entropy: torch.Tensor | None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ForwardBackwardResult:
+    """One ``forward_backward`` call, identical on every rank of a data shard."""
+
+    per_sample_loss: tuple[float, ...]  # loss_mask-weighted mean per local sample (0: no weight)
+    local_loss: float  # token mean over this shard's part of the call
+    loss: float  # token mean over the call's global batch
+    local_tokens: float  # sum of loss_mask on this shard
+    tokens: float  # sum of loss_mask over the call's global batch
+    accumulated_tokens: float  # global, since the last optimizer step (this call included)
+    metrics: dict[str, float]  # the loss's metrics, token means over the global batch
+    elapsed_s: float
+
+    def meta(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out.pop("per_sample_loss")
+        metrics = out.pop("metrics")
+        out.update({f"metrics/{k}": v for k, v in metrics.items()})
+        return out
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OptimStepResult:
+    step: int  # optimizer steps taken so far (this one included unless skipped)
+    grad_norm: float  # global L2 norm before clipping
+    lr: float  # the rate used (group 0, with its lr_mult)
+    skipped: bool  # non-finite gradient (or fp16 overflow): no update
+    tokens: float  # the loss tokens whose gradient was applied
+
+
+def _default_micro_batch_size(local_batch: int, pp: int) -> int:
+    """Whole batch without pipelining; with it, enough micro-batches (2 x stages) to fill it."""
+    if pp == 1:
+        return local_batch
+    target = min(local_batch, 2 * pp)
+    size = max(1, local_batch // target)
+    while local_batch % size:
+        size -= 1
+    return size
+
+
+class Primitives:
+    """Mixed into ``TrainEngine`` (which sets these attributes)."""
+
+    settings: RuntimeSettings
+    device: torch.device
+    state: TrainingState
+    step: int
+    _mesh: Mesh
+    _forward_backward: ForwardBackwardFunc
+    _micro_batch_size: int | None
+    _accumulated: float = 0.0  # global loss tokens in the gradient since the last step
+    _grads_stale: bool = True  # the gradient buffers hold a discarded gradient
+
+    def _check_open(self) -> None:  # overridden by TrainEngine
+        pass
+
+    def _sync(self) -> None:
+        if self.settings.on_gpu:
+            torch.cuda.synchronize(self.device)
+
+    def _micro(self, batch: TokenBatch) -> tuple[list[TokenBatch], int]:
+        mbs = self._micro_batch_size or _default_micro_batch_size(
+            batch.batch_size, self._mesh.pp_size
+        )
+        return split_token_batch(batch, mbs), mbs
+
+    def _dp_sum(self, values: list[float]) -> list[float]:
+        if self._mesh.dp_size == 1:
+            return values
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, group=parallel_state.get_data_parallel_group())
+        return [float(x) for x in t.cpu().tolist()]
+
+    def _from_last_stage(self, payload: Any) -> Any:
+        """Broadcast a small Python object from the last pipeline stage to the others."""
+        if self._mesh.pp_size == 1:
+            return payload
+        box = [payload]
+        dist.broadcast_object_list(
+            box,
+            src=parallel_state.get_pipeline_model_parallel_last_rank(),
+            group=parallel_state.get_pipeline_model_parallel_group(),
+            device=self.device if self.settings.on_gpu else None,
+        )
+        return box[0]
+
+    # -- log-probs -------------------------------------------------------------------
+    @torch.no_grad()
+    def compute_log_prob(self, batch: TokenBatch, *, entropy: bool = False) -> LogProbResult:
+        """Per-token log-probs (and entropy) of ``batch``; forward only, gradient untouched."""
+        self._check_open()
+        micro, mbs = self._micro(batch)
+        store = self._forward_backward(
+            forward_step_func=logprob_forward_step(entropy),
+            data_iterator=iter(micro),
+            model=[self.state.model],
+            num_microbatches=len(micro),
+            seq_length=batch.seq_length,
+            micro_batch_size=mbs,
+            forward_only=True,
+        )
+        if not parallel_state.is_pipeline_last_stage():
+            return LogProbResult(log_probs=None, entropy=None)
+        log_probs = torch.cat([r["log_probs"] for r in store]).float().cpu()
+        ent = torch.cat([r["entropy"] for r in store]).float().cpu() if entropy else None
+        return LogProbResult(log_probs=log_probs, entropy=ent)
+
+    # -- gradients -------------------------------------------------------------------
+    def zero_grad(self) -> None:
+        """Discard the accumulated gradient (local: no communication)."""
+        self._check_open()
+        self.state.zero_grad()
+        self._accumulated = 0.0
+        self._grads_stale = False
+
+    def forward_backward(
+        self,
+        batch: TokenBatch,
+        *,
+        loss: str | LossFn = "cross_entropy",
+        loss_config: Mapping[str, Any] | None = None,
+    ) -> ForwardBackwardResult:
+        """Add the gradient of ``loss`` on ``batch`` to the accumulated one (no step)."""
+        self._check_open()
+        start = time.perf_counter()
+        spec = resolve_loss(loss)
+        config = dict(loss_config or {})
+        micro, mbs = self._micro(batch)
+        dry_run_loss(spec, config, micro[0])
+        local_tokens = float(batch.weights.sum())
+        (tokens,) = self._dp_sum([local_tokens])
+        if tokens <= 0:
+            raise ValueError(
+                "forward_backward got no loss tokens: loss_mask x attention_mask[:, 1:] is all "
+                "zero over the global batch"
+            )
+        if self._grads_stale:
+            self.zero_grad()
+        before = self._accumulated
+        total = before + tokens
+        if before > 0:
+            self.state.scale_grads(before / total)
+        store = self._forward_backward(
+            forward_step_func=loss_forward_step(
+                spec=spec,
+                config=config,
+                scale=self._mesh.dp_size / total,  # DP averages: x dp gives the global sum
+                num_microbatches=len(micro),
+            ),
+            data_iterator=iter(micro),
+            model=[self.state.model],
+            num_microbatches=len(micro),
+            seq_length=batch.seq_length,
+            micro_batch_size=mbs,
+            forward_only=False,
+        )
+        self._accumulated = total
+        summary = self._summarise(store) if parallel_state.is_pipeline_last_stage() else None
+        per_sample, local_sum, loss_sum, metrics = self._from_last_stage(summary)
+        self._sync()
+        return ForwardBackwardResult(
+            per_sample_loss=tuple(per_sample),
+            local_loss=local_sum / local_tokens if local_tokens > 0 else 0.0,
+            loss=loss_sum / tokens,
+            local_tokens=local_tokens,
+            tokens=tokens,
+            accumulated_tokens=total,
+            metrics=metrics,
+            elapsed_s=time.perf_counter() - start,
+        )
+
+    def _summarise(
+        self, store: list[dict[str, torch.Tensor]]
+    ) -> tuple[list[float], float, float, dict[str, float]]:
+        sums = torch.cat([r["sample_loss_sum"] for r in store]).float()
+        weights = torch.cat([r["sample_weight"] for r in store]).float()
+        names = sorted(k for k in store[0] if k.startswith("metric/"))
+        parts = [sums.sum().reshape(1)]
+        parts += [torch.stack([r[k] for r in store]).sum(dim=0) for k in names]
+        packed = torch.cat(parts)
+        local = packed.double().cpu().tolist()
+        local_sum = local[0]
+        reduced = self._dp_sum(local)
+        per_sample = (sums / weights.clamp(min=1e-12)).cpu()
+        per_sample = torch.where(weights.cpu() > 0, per_sample, torch.zeros_like(per_sample))
+        metrics = {}
+        for i, key in enumerate(names):
+            total, weight = reduced[1 + 2 * i], reduced[2 + 2 * i]
+            metrics[key.removeprefix("metric/")] = total / weight if weight > 0 else 0.0
+        return per_sample.tolist(), local_sum, reduced[0], metrics
+
+    # -- optimizer -------------------------------------------------------------------
+    def optim_step(
+        self,
+        *,
+        lr: float | None = None,
+        grad_clip: float | None = None,
+        weight_decay: float | None = None,
+    ) -> OptimStepResult:
+        """Apply the accumulated gradient (AdamW), then discard it.
+
+        ``lr``, ``grad_clip`` (0: off), ``weight_decay``: for this step only; the spec's
+        values are restored afterwards.
+        """
+        self._check_open()
+        if self._accumulated <= 0:
+            raise RuntimeError(
+                "optim_step: no gradient accumulated since the last step or zero_grad; "
+                "call forward_backward first"
+            )
+        optimizer = self.state.optimizer
+        with step_overrides(optimizer, lr=lr, clip_grad=grad_clip, weight_decay=weight_decay):
+            used_lr = float(optimizer.param_groups[0]["lr"])
+            ok, grad_norm, _ = optimizer.step()
+            if grad_norm is None:  # megatron skips the norm when clipping is off
+                grad_norm = optimizer.get_grad_norm()
+        if ok:
+            self.step += 1
+        tokens = self._accumulated
+        self._accumulated = 0.0
+        self._grads_stale = True  # zeroed lazily by the next forward_backward / zero_grad
+        return OptimStepResult(
+            step=self.step,
+            grad_norm=float(grad_norm),
+            lr=used_lr,
+            skipped=not ok,
+            tokens=tokens,
+        )

@@ -1,0 +1,136 @@
+"""Per-token batches for ``compute_log_prob`` and ``forward_backward``.
+
+Alignment (one rule everywhere): for ``input_ids`` ``[B, S]`` the trainer's per-token
+values have ``T = S - 1`` columns and column ``j`` belongs to token ``j + 1``:
+``log_probs[:, j] = log p(input_ids[:, j + 1] | input_ids[:, :j + 1])``. Per-token inputs
+(``loss_mask``, ``advantages``, ``old_log_probs``, ``ref_log_probs``, a user loss's own
+tensors) are accepted either ``[B, S - 1]`` (aligned with ``log_probs``) or ``[B, S]``
+(aligned with ``input_ids``; column 0, the first token, which has no log-prob, is dropped).
+
+``attention_mask`` ``[B, S]`` (1 = real token) must be right-padded (each row: ones, then
+zeros). Padded targets get log-prob 0 and weight 0; real tokens never attend to padding
+(causal attention), so their log-probs are those of the unpadded sequence.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+import torch
+
+__all__ = ["PER_TOKEN", "RESERVED", "TokenBatch", "split_token_batch", "token_batch"]
+
+RESERVED = frozenset({"input_ids", "attention_mask", "loss_mask", "position_ids"})
+PER_TOKEN = frozenset({"advantages", "old_log_probs", "ref_log_probs"})  # always [B, S(-1)]
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenBatch:
+    tokens: torch.Tensor  # int64 [b, S]: the model input
+    position_ids: torch.Tensor  # int64 [b, S]
+    labels: torch.Tensor  # int64 [b, S]: labels[:, t] = tokens[:, t + 1]; the last column is 0
+    valid: torch.Tensor  # float32 [b, T]: 1 where the target token is real (attention_mask)
+    weights: torch.Tensor  # float32 [b, T]: loss weights (loss_mask x valid)
+    extras: dict[str, torch.Tensor]  # per-token [b, T] (or per-sample [b, ...]) loss inputs
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def seq_length(self) -> int:
+        return int(self.tokens.shape[1])
+
+    def rows(self, start: int, stop: int) -> TokenBatch:
+        return TokenBatch(
+            tokens=self.tokens[start:stop],
+            position_ids=self.position_ids[start:stop],
+            labels=self.labels[start:stop],
+            valid=self.valid[start:stop],
+            weights=self.weights[start:stop],
+            extras={k: v[start:stop] for k, v in self.extras.items()},
+        )
+
+
+def _per_token(name: str, value: torch.Tensor, b: int, s: int) -> torch.Tensor:
+    """A per-token tensor in log-prob alignment [b, S-1] (from [b, S-1] or [b, S])."""
+    if value.dim() == 2 and value.shape[0] == b and value.shape[1] == s - 1:
+        return value
+    if value.dim() == 2 and value.shape[0] == b and value.shape[1] == s:
+        return value[:, 1:]
+    raise ValueError(
+        f"batch[{name!r}] has shape {tuple(value.shape)}; a per-token tensor must be "
+        f"[B, S-1] = [{b}, {s - 1}] (aligned with log_probs) or [B, S] = [{b}, {s}] "
+        "(aligned with input_ids)"
+    )
+
+
+def token_batch(
+    tensors: Mapping[str, torch.Tensor], *, device: torch.device, vocab_size: int
+) -> TokenBatch:
+    """Validate a DataProto's tensors and build the batch on ``device``."""
+    if "input_ids" not in tensors:
+        raise ValueError(
+            f"the DataProto needs batch['input_ids'] (int64 [B, S]); it holds {sorted(tensors)}"
+        )
+    input_ids = tensors["input_ids"]
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be [batch, seq], got shape {tuple(input_ids.shape)}")
+    if input_ids.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"input_ids must be int64, got {input_ids.dtype}")
+    b, s = (int(x) for x in input_ids.shape)
+    if s < 2:
+        raise ValueError("input_ids needs at least 2 tokens per sequence (log-probs start at 1)")
+    lo, hi = int(input_ids.min()), int(input_ids.max())
+    if lo < 0 or hi >= vocab_size:
+        raise ValueError(f"token ids must lie in [0, {vocab_size}), got [{lo}, {hi}]")
+    tokens = input_ids.to(device=device, dtype=torch.int64)
+    labels = torch.zeros_like(tokens)
+    labels[:, :-1] = tokens[:, 1:]
+
+    valid = torch.ones((b, s - 1), dtype=torch.float32)
+    if "attention_mask" in tensors:
+        mask = tensors["attention_mask"]
+        if tuple(mask.shape) != (b, s):
+            raise ValueError(
+                f"attention_mask must be [B, S] = [{b}, {s}], got {tuple(mask.shape)}"
+            )
+        m = mask.to(torch.float32)
+        if bool(((m != 0) & (m != 1)).any()):
+            raise ValueError("attention_mask must hold only 0 and 1")
+        if bool((m[:, 1:] > m[:, :-1]).any()):
+            raise ValueError(
+                "attention_mask must be right-padded (each row: ones, then zeros); "
+                "left padding is not supported: move the padding to the end"
+            )
+        valid = m[:, 1:].contiguous()
+    weights = valid.clone()
+    if "loss_mask" in tensors:
+        weights = weights * _per_token("loss_mask", tensors["loss_mask"], b, s).float()
+    extras: dict[str, torch.Tensor] = {}
+    for name, value in tensors.items():
+        if name in RESERVED:
+            continue
+        if name in PER_TOKEN or (value.dim() == 2 and value.shape[1] in (s, s - 1)):
+            value = _per_token(name, value, b, s)
+        extras[name] = value.to(device)
+    return TokenBatch(
+        tokens=tokens,
+        position_ids=torch.arange(s, device=device, dtype=torch.int64).unsqueeze(0).expand(b, s),
+        labels=labels,
+        valid=valid.to(device),
+        weights=weights.to(device),
+        extras=extras,
+    )
+
+
+def split_token_batch(batch: TokenBatch, micro_batch_size: int) -> list[TokenBatch]:
+    if batch.batch_size % micro_batch_size != 0:
+        raise ValueError(
+            f"local batch {batch.batch_size} is not divisible by micro-batch size "
+            f"{micro_batch_size}"
+        )
+    return [
+        batch.rows(i, i + micro_batch_size) for i in range(0, batch.batch_size, micro_batch_size)
+    ]

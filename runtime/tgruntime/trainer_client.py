@@ -1,0 +1,283 @@
+"""``TrainerClient``: drive a running trainer group from Python, one future per call.
+
+    from tgruntime import TrainerClient
+
+    client = TrainerClient.connect(trainergroup="tiny", k8s_namespace="default")  # Kubernetes
+    client = TrainerClient.connect_local(group_name="tiny", ray_namespace="tg-default-tiny")
+
+    lp = client.compute_log_prob({"input_ids": ids}).result()       # batch["log_probs"] [B, S-1]
+    fb = client.forward_backward(batch, loss="ppo", loss_config={"clip_eps": 0.2})
+    step = client.optim_step(lr=1e-5)                               # queued behind fb
+    print(fb.result().meta_info["loss"], step.result()["grad_norm"])
+
+Every method submits its call at once and returns a :class:`TrainerFuture`. Calls from one
+client run on the workers in the order they were made (Ray keeps a caller's actor calls in
+order), so a loop can submit the next batch's ``forward_backward`` before the current
+``optim_step`` finishes: the next batch's transfer then overlaps the current step.
+Attaching imports neither megatron nor the worker class.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any, Generic, TypeVar
+
+import ray
+
+from tgruntime.controller import DataProto, DataProtoFuture, WorkerGroup
+from tgruntime.controller.calls import CallContext, resolve
+
+__all__ = ["TRAIN_MESH", "TrainerClient", "TrainerFuture"]
+
+T = TypeVar("T")
+TRAIN_MESH = "train"  # the mesh MegatronTrainer registers (trainer/worker.py)
+_PRIMITIVES = (
+    "compute_log_prob",
+    "forward_backward",
+    "optim_step",
+    "zero_grad",
+    "train_model",
+    "save_state",
+    "load_state",
+    "export_hf",
+    "import_hf",
+)
+
+
+class TrainerFuture(Generic[T]):
+    """The pending result of one group call; ``result(timeout=)`` waits (and caches)."""
+
+    def __init__(self, refs: list[Any], fetch: Callable[[float | None], T]) -> None:
+        self._refs = refs
+        self._fetch = fetch
+        self._done = False
+        self._value: T | None = None
+
+    def done(self) -> bool:
+        """Whether every worker has finished (never blocks)."""
+        if self._done:
+            return True
+        ready, _ = ray.wait(self._refs, num_returns=len(self._refs), timeout=0)
+        return len(ready) == len(self._refs)
+
+    def result(self, timeout: float | None = None) -> T:
+        """The call's value; raises the worker's error (WorkerMethodError, WorkerDiedError) or
+        CallTimeoutError after ``timeout`` seconds (None: wait as long as it takes)."""
+        if not self._done:
+            self._value = self._fetch(timeout)
+            self._done = True
+        return self._value  # type: ignore[return-value]
+
+
+def _k8s_target(
+    *, trainergroup: str, k8s_namespace: str | None, kubeconfig: str | None, wait_s: float | None
+) -> tuple[str, str, str | None]:
+    """(group name, Ray namespace, Ray address) from the TrainerGroup's Kubernetes status.
+
+    The one place this module reads Kubernetes (the same reader ``tgruntime.client`` uses).
+    """
+    from tg_operator.client_status import wait_for_ready_sync
+
+    status, _spec = wait_for_ready_sync(
+        name=trainergroup, namespace=k8s_namespace, kubeconfig=kubeconfig, timeout_s=wait_s
+    )
+    return status.group_name or trainergroup, status.ray_namespace, status.ray_address or None
+
+
+def _as_proto(data: DataProto | Mapping[str, Any], meta: Mapping[str, Any]) -> DataProto:
+    if isinstance(data, DataProto):
+        if not meta:
+            return data
+        return DataProto(
+            batch=data.batch,
+            non_tensor_batch=data.non_tensor_batch,
+            meta_info={**data.meta_info, **meta},
+        )
+    if isinstance(data, Mapping):
+        return DataProto.from_dict(tensors=dict(data), meta_info=dict(meta))
+    raise TypeError(f"data must be a DataProto or a dict of tensors, got {type(data).__name__}")
+
+
+class TrainerClient:
+    """A client of one trainer group (``MegatronTrainer`` workers, or compatible)."""
+
+    def __init__(self, group: WorkerGroup) -> None:
+        self.group = group
+        methods = {}
+        for name in _PRIMITIVES:
+            bound = getattr(group, name, None) if name in group.method_names else None
+            if bound is not None:
+                methods[name] = dataclasses.replace(bound.spec, blocking=False)
+        # The same actors, every primitive non-blocking: calls return references at once.
+        self._async = WorkerGroup(
+            group_name=group.group_name,
+            namespace=group.namespace,
+            worker_names=group.worker_names,
+            handles=group.workers,
+            methods=methods,
+            generation=group.generation,
+            record=group.record,
+            call_timeout_s=group.call_timeout_s,
+        )
+        self._dp_size: int | None = None
+
+    # -- connecting -------------------------------------------------------------------
+    @classmethod
+    def connect(
+        cls,
+        *,
+        trainergroup: str,
+        k8s_namespace: str | None = None,
+        kubeconfig: str | None = None,
+        address: str | None = None,
+        wait_s: float | None = None,
+        attach_timeout_s: float = 30.0,
+    ) -> TrainerClient:
+        """Attach to the group of a Kubernetes TrainerGroup (waits until it is Ready).
+
+        ``k8s_namespace``: default the pod's own, else the kubeconfig context's; ``address``
+        overrides ``status.rayAddress``; ``wait_s`` default: the TrainerGroup's Ready deadline.
+        """
+        group_name, ray_namespace, status_address = _k8s_target(
+            trainergroup=trainergroup,
+            k8s_namespace=k8s_namespace,
+            kubeconfig=kubeconfig,
+            wait_s=wait_s,
+        )
+        return cls.connect_local(
+            group_name=group_name,
+            ray_namespace=ray_namespace,
+            address=address or status_address,
+            attach_timeout_s=attach_timeout_s,
+        )
+
+    @classmethod
+    def connect_local(
+        cls,
+        *,
+        group_name: str,
+        ray_namespace: str,
+        address: str | None = None,
+        attach_timeout_s: float = 30.0,
+    ) -> TrainerClient:
+        """Attach by group name in a Ray namespace (``tgctl up`` prints both)."""
+        from tgruntime.gcs_view import use_light_handles
+        from tgruntime.ray_connect import connect
+
+        connect(address=address, namespace=ray_namespace)
+        use_light_handles()
+        group = WorkerGroup.attach(
+            group_name=group_name, namespace=ray_namespace, timeout_s=attach_timeout_s
+        )
+        return cls(group)
+
+    # -- plumbing ---------------------------------------------------------------------
+    def _method(self, name: str) -> None:
+        if name not in self._async.method_names:
+            raise AttributeError(
+                f"the workers of group {self.group.group_name!r} have no method {name!r} "
+                f"(registered: {self.group.method_names}); the trainer image may be older "
+                "than this client"
+            )
+
+    def _proto_call(self, name: str, *args: Any, **kwargs: Any) -> TrainerFuture[DataProto]:
+        self._method(name)
+        future = self._async.call(name, *args, **kwargs)
+        assert isinstance(future, DataProtoFuture)
+        return TrainerFuture(list(future.refs), lambda timeout: future.get(timeout_s=timeout))
+
+    def _all_call(self, name: str, *args: Any, **kwargs: Any) -> TrainerFuture[Any]:
+        """A ONE_TO_ALL call; the future's value is rank 0's (every rank returns the same)."""
+        self._method(name)
+        refs = list(self._async.call(name, *args, **kwargs))
+        handles = self.group.workers
+        ctx = CallContext(
+            self.group.group_name,
+            name,
+            tuple(range(len(refs))),
+            tuple(self.group.worker_names),
+            tuple(getattr(getattr(h, "_actor_id", None), "hex", lambda: "")() for h in handles),
+        )
+        return TrainerFuture(refs, lambda timeout: resolve(refs, ctx, timeout_s=timeout)[0])
+
+    def dp_size(self) -> int:
+        """Data-parallel size of the group's ``train`` mesh (queried once)."""
+        if self._dp_size is None:
+            self._dp_size = max(self.group.mesh_dispatch_info(TRAIN_MESH)) + 1
+        return self._dp_size
+
+    def _check_divisible(self, data: DataProto, method: str) -> None:
+        dp = self.dp_size()
+        if len(data) % dp:
+            raise ValueError(
+                f"{method}: the batch has {len(data)} samples, not a multiple of the group's "
+                f"data-parallel size {dp}; padding rows would be trained on: send a multiple"
+            )
+
+    # -- the primitives ---------------------------------------------------------------
+    def compute_log_prob(
+        self, data: DataProto | Mapping[str, Any], *, entropy: bool = False
+    ) -> TrainerFuture[DataProto]:
+        """``batch["log_probs"]`` float32 ``[B, S-1]`` (column j: token j+1), ``entropy``."""
+        return self._proto_call("compute_log_prob", _as_proto(data, {"entropy": entropy}))
+
+    def forward_backward(
+        self,
+        data: DataProto | Mapping[str, Any],
+        *,
+        loss: str | Callable[..., Any] = "cross_entropy",
+        loss_config: Mapping[str, Any] | None = None,
+    ) -> TrainerFuture[DataProto]:
+        """Accumulate the gradient of ``loss``: ``batch["loss"]`` per sample, metrics in
+        ``meta_info`` (``loss``, ``tokens``, ``accumulated_tokens``, ``metrics/<name>``)."""
+        proto = _as_proto(data, {})
+        self._check_divisible(proto, "forward_backward")
+        self._precheck(loss, proto)
+        return self._proto_call(
+            "forward_backward", proto, loss=loss, loss_config=dict(loss_config or {})
+        )
+
+    @staticmethod
+    def _precheck(loss: str | Callable[..., Any], data: DataProto) -> None:
+        """Fail here, before sending, when a built-in loss's tensors are missing."""
+        from tgruntime.trainer.losses import registered_losses, resolve_loss
+
+        if isinstance(loss, str) and loss in registered_losses() and data.batch is not None:
+            keys = [str(k) for k in data.batch.keys()]  # noqa: SIM118 (TensorDict)
+            resolve_loss(loss).check([*keys, "loss_mask"])
+
+    def optim_step(
+        self,
+        *,
+        lr: float | None = None,
+        grad_clip: float | None = None,
+        weight_decay: float | None = None,
+    ) -> TrainerFuture[dict[str, Any]]:
+        """Apply the accumulated gradient: ``{step, grad_norm, lr, skipped, tokens}``."""
+        return self._all_call("optim_step", lr=lr, grad_clip=grad_clip, weight_decay=weight_decay)
+
+    def zero_grad(self) -> TrainerFuture[bool]:
+        return self._all_call("zero_grad")
+
+    def train_step(self, data: DataProto | Mapping[str, Any]) -> TrainerFuture[DataProto]:
+        """``train_model``: zero_grad -> forward_backward(cross_entropy) -> optim_step."""
+        proto = _as_proto(data, {})
+        self._check_divisible(proto, "train_step")
+        return self._proto_call("train_model", proto)
+
+    def save_state(self, path: str) -> TrainerFuture[str]:
+        """Model, optimizer and step, sharded by (tp, pp), into ``path`` (shared storage)."""
+        return self._all_call("save_state", path)
+
+    def load_state(self, path: str) -> TrainerFuture[int]:
+        """Restore ``save_state``'s files (same tp and pp); the value is the restored step."""
+        return self._all_call("load_state", path)
+
+    def export_hf(self, path: str, **kwargs: Any) -> TrainerFuture[Any]:
+        """Hugging Face Llama safetensors + config into ``path`` (the workers' export_hf)."""
+        return self._all_call("export_hf", path, **kwargs)
+
+    def import_hf(self, path: str, **kwargs: Any) -> TrainerFuture[Any]:
+        """Load Hugging Face Llama weights from ``path`` (the workers' import_hf)."""
+        return self._all_call("import_hf", path, **kwargs)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tomllib
@@ -27,7 +28,7 @@ from tests.deploy.chart import (
     REPO,
     by_kind,
     client_job_script,
-    client_job_wait_snippet,
+    client_job_wait_command,
     contract_env_vars,
     crd,
     find_helm,
@@ -37,6 +38,8 @@ from tests.deploy.chart import (
     run_helm,
     template,
 )
+from tg_operator import rbac
+from tgruntime import client as tg_client
 
 K8S_VERSION = "1.34.0"  # hack/versions.env KUBERNETES_VERSION's minor
 
@@ -468,6 +471,8 @@ def test_client_rbac_reads_named_trainergroups_only(helm: str) -> None:
         ("RoleBinding", "trainergroup-system", "tg-client-2"),
     }
     role = by[("Role", "team-a", "tg-client")]
+    # the operator's CLIENT_RULES (what the client's waiter needs), limited to the named groups
+    assert role["rules"] == [{**rule, "resourceNames": ["a", "b"]} for rule in rbac.CLIENT_RULES]
     assert role["rules"] == [
         {
             "apiGroups": ["trainergroup.io"],
@@ -608,14 +613,19 @@ def test_client_job_runs_the_client_against_the_example() -> None:
     # waits for Ready, joins the Ray cluster as a resource-less node, then runs the client
     assert 'ray start --address="$ADDR" --num-cpus=0 --num-gpus=0' in script
     assert (
-        'python -m tgruntime.client --trainergroup "$TG_NAME" --namespace "$POD_NAMESPACE"'
+        'python -m tgruntime.client --trainergroup "$TG_NAME" --k8s-namespace "$POD_NAMESPACE"'
         in script
     )
     assert '--steps "$TG_STEPS"' in script
-    assert script.index("ray start") < script.index("python -m tgruntime.client")
+    assert script.index("ray start") < script.index("python -m tgruntime.client --trainergroup")
     proc = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True, check=False)
     assert proc.returncode == 0, proc.stderr
-    compile(client_job_wait_snippet(), "client-job wait snippet", "exec")
+    # the address comes from the client's own `wait` subcommand, whose flags exist
+    wait = shlex.split(client_job_wait_command())
+    assert wait[:4] == ["python", "-m", "tgruntime.client", "wait"], wait
+    wait_args = tg_client.build_wait_parser().parse_args(wait[4:])
+    assert wait_args.print_address and wait_args.trainergroup == "$TG_NAME"
+    assert wait_args.k8s_namespace == "$POD_NAMESPACE"
     # The client runs in the runtime image the workers run (same Ray, same Python).
     assert container["image"] == tg.spec.image
     # Its ServiceAccount is the one manifests/client/rbac.yaml lets read this TrainerGroup.

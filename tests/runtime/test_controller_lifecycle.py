@@ -205,7 +205,7 @@ def test_failing_constructor_is_reported_and_cleaned(ray_driver: RayCluster, uni
 def test_lookup_errors_name_what_exists(ray_driver: RayCluster, unique_namespace: str) -> None:
     other = unique_namespace + "-other"
     record = registry.GroupRecord(
-        group_name="elsewhere", namespace=other, worker_names=("x_0:0",), world_size=1, mesh={},
+        group_name="elsewhere", ray_namespace=other, worker_names=("x_0:0",), world_size=1, mesh={},
         worker_class="m:C", generation=0, created_at=0.0,
     )
     registry.publish_record(record)

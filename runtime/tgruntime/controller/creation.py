@@ -147,7 +147,7 @@ def launch(
         )
         record = registry.GroupRecord(
             group_name=group_name,
-            namespace=namespace,
+            ray_namespace=namespace,
             worker_names=tuple(names),
             world_size=world_size,
             mesh=dict(mesh or {}),

@@ -332,10 +332,6 @@ def client_wait(
 
 
 def run_client(name: str, ns: str, kubeconfig: Path, tmp_path: Path) -> list[dict[str, Any]]:
-    try:
-        import tgruntime.client  # noqa: F401
-    except ImportError as exc:  # pragma: no cover - the runtime is a sibling component
-        pytest.skip(f"tgruntime.client is not importable yet ({exc})")
     env = {**os.environ, "PYTHONPATH": str(ks.REPO)}
     env.pop("RAY_ADDRESS", None)
     proc = subprocess.run(

@@ -115,8 +115,9 @@ def _probe(*, worker_names: Sequence[str], handles: Sequence[Any | None], timeou
     for rank, name in enumerate(worker_names):
         ref = refs.get(rank)
         if ref is None:
-            state, cause = describe_worker(ray_state=None)
-            out.append(WorkerHealth(rank, name, state, cause, "", -1))
+            # no handle: the name is free, so the actor died or never was (a probe cannot tell)
+            cause = "no live actor of that name"
+            out.append(WorkerHealth(rank, name, WorkerState.DEAD, cause, "", -1))
         elif ref in pending_set:
             cause = f"no answer within {timeout_s:g}s (busy or hung)"
             out.append(WorkerHealth(rank, name, WorkerState.UNREACHABLE, cause, "", -1))

@@ -161,7 +161,7 @@ class WorkerGroup:
 
         Waits up to ``timeout_s`` only while the group is being created; an unknown name
         fails at once. ``strict``: a missing worker raises WorkerDiedError (else its handle
-        is None, health() reports it DEAD and calls raise when they reach it).
+        is None, health() reports it NOT_FOUND or DEAD and calls raise when they reach it).
         """
         deadline = time.monotonic() + timeout_s
         while True:

@@ -53,7 +53,7 @@ fi
 status=0
 log "ruff"
 "$PY" -m ruff check . || status=1
-log "mypy --strict (spec, operator)"
+log "mypy --strict (api, operator, runtime)"
 "$PY" -m mypy || status=1
 log "CRD is generated from the spec model"
 "$PY" -m tgapi.crd --check . || status=1

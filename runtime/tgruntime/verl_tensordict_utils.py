@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from tensordict import TensorDict
@@ -50,7 +50,8 @@ def _require_td(value: Any) -> None:
 
 
 def _stack(values: Sequence[Any]) -> NonTensorStack:
-    return NonTensorStack.from_list([NonTensorData(v) for v in values])
+    items: list[Any] = [NonTensorData(v) for v in values]
+    return NonTensorStack.from_list(items)
 
 
 def _native(value: Any) -> Any:
@@ -109,6 +110,7 @@ def get_tensordict(
     """
     source: dict[str, Any] = {}
     batch: int | None = None
+    stored: Any
     for key, val in tensor_dict.items():
         if isinstance(val, list):
             if any(isinstance(v, torch.Tensor) for v in val):
@@ -117,7 +119,7 @@ def get_tensordict(
         elif isinstance(val, NonTensorStack):
             size, stored = len(val), val
         elif isinstance(val, torch.Tensor):
-            size, stored = int(val.size(0)), val
+            size, stored = int(val.shape[0]), val
         else:
             raise TypeError(f"{key!r}: expected a tensor or a list, got {type(val).__name__}")
         if batch is None:
@@ -175,8 +177,9 @@ def contiguous(data: TensorDict) -> TensorDict:
     """A new TensorDict with contiguous tensors; non-tensor values kept as they are."""
     per_row: dict[str, Any] = {}
     whole: dict[str, Any] = {}
-    for key in data.keys():
-        val = data.get(key)
+    for raw_key in data.keys():
+        key = str(raw_key)  # top-level keys of a flat TensorDict are strings
+        val = data.get(raw_key)
         if isinstance(val, NonTensorData):
             whole[key] = val.data
         elif isinstance(val, NonTensorStack):
@@ -218,7 +221,7 @@ def chunk_tensordict(td: TensorDict, chunks: int) -> list[TensorDict]:
 def concat_tensordict(data: Sequence[TensorDict]) -> TensorDict:
     if not data:
         raise ValueError("nothing to concatenate")
-    return torch.cat(list(data), dim=0) if len(data) > 1 else data[0]
+    return cast(TensorDict, torch.cat(list(data), dim=0)) if len(data) > 1 else data[0]
 
 
 def pad_to_divisor(data: TensorDict, size_divisor: int) -> tuple[TensorDict, int]:
@@ -231,7 +234,7 @@ def pad_to_divisor(data: TensorDict, size_divisor: int) -> tuple[TensorDict, int
     if pad == 0:
         return data, 0
     index = torch.arange(pad) % n
-    return torch.cat([data, data[index]], dim=0), pad
+    return cast(TensorDict, torch.cat([data, data[index]], dim=0)), pad
 
 
 def unpad(data: TensorDict, pad_size: int) -> TensorDict:

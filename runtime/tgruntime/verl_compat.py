@@ -64,9 +64,9 @@ from tgruntime.controller.resource_pool import ResourcePool, create_placement_gr
 from tgruntime.controller.worker import Worker
 from tgruntime.controller.worker_group import (
     WorkerGroup,
-    _get_actor,
-    _methods_from,
-    _raise_missing_worker,
+    get_actor,
+    methods_from,
+    raise_missing_worker,
 )
 
 __all__ = [
@@ -339,9 +339,9 @@ class RayWorkerGroup(WorkerGroup):
             names = list(worker_names)
             handles = []
             for name in names:
-                handle = _get_actor(name, namespace)
+                handle = get_actor(name, namespace)
                 if handle is None:
-                    _raise_missing_worker(name, namespace, None)
+                    raise_missing_worker(name, namespace, None)
                 handles.append(handle)
         from tgruntime.controller import registry
 
@@ -351,7 +351,7 @@ class RayWorkerGroup(WorkerGroup):
             namespace=namespace,
             worker_names=names,
             handles=handles,
-            methods=_methods_from(self.ray_cls_with_init, record),
+            methods=methods_from(self.ray_cls_with_init, record),
             generation=record.generation if record else 0,
             record=record,
         )
@@ -372,6 +372,16 @@ class RayWorkerGroup(WorkerGroup):
             worker_names=worker_names,
             worker_handles=worker_handles,
         )
+
+    def _init_subclass_defaults(self) -> None:
+        """verl's attributes for a group built by WorkerGroup's create/attach/from_*."""
+        self.customized_worker_env = {}
+        self.device_name = "cuda"
+        self.use_gpu = bool(self.record.use_gpu) if self.record is not None else True
+        self.ray_cls_with_init = None
+        self.name_prefix = ""
+        self.fused_worker_used = False
+        self.sub_cls_name = ""
 
     # verl's attribute names
     @property

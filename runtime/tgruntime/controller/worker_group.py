@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 import ray
@@ -94,6 +94,19 @@ class WorkerGroup:
 
     # ================================================================== construction
     @classmethod
+    def _from_parts(cls, **parts: Any) -> Self:
+        """An instance of ``cls`` from WorkerGroup's own fields, whatever the subclass's
+        constructor takes (create/attach/from_* build through this, so a subclass with
+        another constructor, like verl_compat.RayWorkerGroup, keeps them working)."""
+        group = cls.__new__(cls)
+        WorkerGroup.__init__(group, **parts)
+        group._init_subclass_defaults()
+        return group
+
+    def _init_subclass_defaults(self) -> None:
+        """Set a subclass's own attributes when built by :meth:`_from_parts` (none here)."""
+
+    @classmethod
     def create(
         group_cls,  # ``cls`` is the worker-class argument of the public API
         *,
@@ -110,7 +123,7 @@ class WorkerGroup:
         mesh: Mapping[str, Any] | None = None,
         call_timeout_s: float | None = None,
         placement_groups: list[Any] | None = None,
-    ) -> WorkerGroup:
+    ) -> Self:
         """Place and start a new group, publish its record, return it.
 
         ``cls``: the worker class with its constructor arguments (a bare class is wrapped).
@@ -133,7 +146,7 @@ class WorkerGroup:
             mesh=mesh,
             placement_groups=placement_groups,
         )
-        group = group_cls(
+        group = group_cls._from_parts(
             group_name=group_name,
             namespace=namespace,
             worker_names=launched.worker_names,
@@ -156,7 +169,7 @@ class WorkerGroup:
         strict: bool = True,
         worker_cls: Any = None,
         call_timeout_s: float | None = None,
-    ) -> WorkerGroup:
+    ) -> Self:
         """Attach to a published group by name (one KV read plus one lookup per worker).
 
         Waits up to ``timeout_s`` only while the group is being created; an unknown name
@@ -172,7 +185,7 @@ class WorkerGroup:
             if not creating or time.monotonic() > deadline:
                 _raise_not_found(group_name, namespace, creating=creating, timeout_s=timeout_s)
             time.sleep(0.05)
-        handles = [_get_actor(name, namespace) for name in record.worker_names]
+        handles = [get_actor(name, namespace) for name in record.worker_names]
         if strict:
             for rank, (name, handle) in enumerate(zip(record.worker_names, handles, strict=True)):
                 if handle is None:
@@ -185,7 +198,7 @@ class WorkerGroup:
             if worker_cls is not None
             else {n: MethodSpec.from_description(d) for n, d in record.methods.items()}
         )
-        return cls(
+        return cls._from_parts(
             group_name=group_name,
             namespace=namespace,
             worker_names=record.worker_names,
@@ -205,7 +218,7 @@ class WorkerGroup:
         worker_cls: Any = None,
         group_name: str | None = None,
         call_timeout_s: float | None = None,
-    ) -> WorkerGroup:
+    ) -> Self:
         """Attach to named workers (rank order = the order given).
 
         The methods come from ``worker_cls`` (a class, ray.remote class or
@@ -214,17 +227,17 @@ class WorkerGroup:
         ns = namespace or ray.get_runtime_context().namespace
         handles = []
         for name in worker_names:
-            handle = _get_actor(name, ns)
+            handle = get_actor(name, ns)
             if handle is None:
-                _raise_missing_worker(name, ns, group_name)
+                raise_missing_worker(name, ns, group_name)
             handles.append(handle)
         record = (
             registry.load_record(group_name=group_name, namespace=ns)
             if group_name
             else registry.with_names(worker_names, ns)
         )
-        methods = _methods_from(worker_cls, record)
-        return cls(
+        methods = methods_from(worker_cls, record)
+        return cls._from_parts(
             group_name=group_name or (record.group_name if record else ""),
             namespace=ns,
             worker_names=worker_names,
@@ -245,17 +258,17 @@ class WorkerGroup:
         namespace: str | None = None,
         group_name: str | None = None,
         call_timeout_s: float | None = None,
-    ) -> WorkerGroup:
+    ) -> Self:
         """A group over actor handles you already hold (strong references are kept)."""
         ns = namespace or ray.get_runtime_context().namespace
         names = list(worker_names) if worker_names is not None else [f"rank{i}" for i in range(len(handles))]
         record = registry.load_record(group_name=group_name, namespace=ns) if group_name else None
-        return cls(
+        return cls._from_parts(
             group_name=group_name or "",
             namespace=ns,
             worker_names=names,
             handles=handles,
-            methods=_methods_from(worker_cls, record),
+            methods=methods_from(worker_cls, record),
             generation=record.generation if record else 0,
             record=record,
             call_timeout_s=call_timeout_s,
@@ -455,7 +468,8 @@ def _plain(worker_cls: Any) -> Any:
     return worker_cls.cls if isinstance(worker_cls, ClassWithInitArgs) else worker_cls
 
 
-def _methods_from(worker_cls: Any, record: registry.GroupRecord | None) -> dict[str, MethodSpec]:
+def methods_from(worker_cls: Any, record: registry.GroupRecord | None) -> dict[str, MethodSpec]:
+    """The registered methods: from the worker class if given, else from the group record."""
     if worker_cls is not None:
         return registered_methods(unwrap_actor_class(_plain(worker_cls))[0])
     if record is not None:
@@ -463,7 +477,8 @@ def _methods_from(worker_cls: Any, record: registry.GroupRecord | None) -> dict[
     raise TypeError("pass worker_cls=<the worker class>: no group record describes these workers")
 
 
-def _get_actor(name: str, namespace: str) -> Any | None:
+def get_actor(name: str, namespace: str) -> Any | None:
+    """The named actor's handle in ``namespace``, or None when there is none."""
     try:
         return ray.get_actor(name, namespace=namespace)
     except ValueError:
@@ -482,7 +497,8 @@ def _raise_not_found(group_name: str, namespace: str, *, creating: bool, timeout
     raise GroupNotFoundError(group_name=group_name, namespace=namespace, existing=registry.groups_in(namespace))
 
 
-def _raise_missing_worker(name: str, namespace: str, group_name: str | None) -> None:
+def raise_missing_worker(name: str, namespace: str, group_name: str | None) -> None:
+    """Raise the WorkerDiedError / lookup error that names a missing worker and what exists."""
     label = group_name or name
     try:
         everywhere = ray.util.list_named_actors(all_namespaces=True)

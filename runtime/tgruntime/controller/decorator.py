@@ -20,22 +20,15 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from tgruntime.controller import dispatch
+
+# re-exported: users import them from here (verl's place); defined in modes.py
+from tgruntime.controller.modes import TRIM_KWARG as TRIM_KWARG
+from tgruntime.controller.modes import Dispatch as Dispatch
+
 SPEC_ATTR = "__tg_method_spec__"
-TRIM_KWARG = "__tg_trim__"
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-class Dispatch(enum.Enum):
-    """How a group call's arguments are spread over the workers (verl's names)."""
-
-    RANK_ZERO = "RANK_ZERO"
-    ONE_TO_ALL = "ONE_TO_ALL"
-    ALL_TO_ALL = "ALL_TO_ALL"
-    DP_COMPUTE = "DP_COMPUTE"
-    DP_COMPUTE_PROTO = "DP_COMPUTE_PROTO"
-    DP_COMPUTE_PROTO_WITH_FUNC = "DP_COMPUTE_PROTO_WITH_FUNC"
-    DP_COMPUTE_METRIC = "DP_COMPUTE_METRIC"
 
 
 class Execute(enum.Enum):
@@ -80,8 +73,6 @@ class MeshDispatch(Mapping[str, Callable[..., Any]]):
     mesh_name: str
 
     def __getitem__(self, key: str) -> Callable[..., Any]:
-        from tgruntime.controller import dispatch
-
         if key == "dispatch_fn":
             return functools.partial(dispatch.dispatch_nd_proto, self.mesh_name)
         if key == "collect_fn":

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from tgruntime.controller.decorator import TRIM_KWARG, Dispatch
 from tgruntime.controller.futures import DataProtoFuture, is_object_ref
+from tgruntime.controller.modes import TRIM_KWARG, Dispatch
 from tgruntime.controller.partition import chunk_lengths, is_dataproto
 
 if TYPE_CHECKING:

@@ -334,9 +334,7 @@ class WorkerGroup:
         if isinstance(mode, Dispatch):
             dispatch_fn, collect_fn = dispatch_mod.BUILTIN[mode]
         elif isinstance(mode, MeshDispatch):
-            mesh = mode.mesh_name
-            dispatch_fn = lambda g, *a, **k: dispatch_mod.dispatch_nd_proto(mesh, g, *a, **k)  # noqa: E731
-            collect_fn = lambda g, o: dispatch_mod.collect_nd_proto(mesh, g, o)  # noqa: E731
+            dispatch_fn, collect_fn = mode["dispatch_fn"], mode["collect_fn"]  # written once there
         else:
             assert isinstance(mode, CustomDispatch)
             dispatch_fn, collect_fn = mode.dispatch_fn, mode.collect_fn

@@ -41,7 +41,6 @@ from tgruntime.controller.errors import TrainerGroupError
 log = logging.getLogger("tgctl")
 
 
-
 def _load(path: str) -> tgapi.TrainerGroup:
     return tgapi.load_file(path, local=True)
 
@@ -139,7 +138,11 @@ class Progress:
 
 
 def _watch_creation(
-    view: Any, tg: tgapi.TrainerGroup, proc: subprocess.Popen[str], progress: Progress, deadline: float
+    view: Any,
+    tg: tgapi.TrainerGroup,
+    proc: subprocess.Popen[str],
+    progress: Progress,
+    deadline: float,
 ) -> None:
     """Report placement / actors / init_model from the GCS until the server exits."""
     from tgruntime.gcs_view import by_name
@@ -157,13 +160,17 @@ def _watch_creation(
                 actors = by_name(view.actors(namespace=tg.ray_namespace))
                 mine = [actors[w] for w in members.worker_names if w in actors]
                 if not mine:
-                    progress.step(f"placement: waiting for {pgs} placement group(s) of {n} bundle(s)")
+                    progress.step(
+                        f"placement: waiting for {pgs} placement group(s) of {n} bundle(s)"
+                    )
                 else:
                     progress.step(f"placement: {pgs} placement group(s) placed")
                     alive = sum(a.state == "ALIVE" for a in mine)
                     progress.step(f"actors: {alive}/{n} alive")
             else:
-                progress.step("server: connecting, checking the cluster, importing the worker class")
+                progress.step(
+                    "server: connecting, checking the cluster, importing the worker class"
+                )
         except TrainerGroupError:
             pass  # a slow GCS answer: the server's own result decides
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -426,7 +433,9 @@ def cmd_down(args: argparse.Namespace) -> int:
         out["stoppedLocalHead"] = stopped
         if not args.json:
             print(
-                "stopped the local Ray head" if stopped else "no local Ray head started by tgctl to stop"
+                "stopped the local Ray head"
+                if stopped
+                else "no local Ray head started by tgctl to stop"
             )
     if args.json:
         _emit_json(out)
@@ -470,7 +479,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="GPUs for a new local head (default: detected without torch: CUDA_VISIBLE_DEVICES "
         "when set, else /proc/driver/nvidia/gpus, else `nvidia-smi -L`; 0 on a machine "
-        "without NVIDIA GPUs). workers.useGpu \"auto\" (the default) then picks GPU or CPU "
+        'without NVIDIA GPUs). workers.useGpu "auto" (the default) then picks GPU or CPU '
         "workers from what the head has",
     )
     add("status", "show the group's phase and workers")
@@ -493,7 +502,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s" if args.verbose else "tgctl: %(message)s",
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        if args.verbose
+        else "tgctl: %(message)s",
     )
     handlers = {"up": cmd_up, "status": cmd_status, "train": cmd_train, "down": cmd_down}
     try:

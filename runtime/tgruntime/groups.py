@@ -100,7 +100,7 @@ def infeasible_fix(spec: tgapi.TrainerGroupSpec, nodes: list[dict[str, float]]) 
     if w.use_gpu is True and gpus < spec.world_size:
         if gpus == 0:
             return (
-                "set workers.useGpu: false (CPU workers, gloo) or \"auto\", or start the Ray "
+                'set workers.useGpu: false (CPU workers, gloo) or "auto", or start the Ray '
                 "head with GPUs (`tgctl down --stop-ray`, then `tgctl up`, which detects them, "
                 "or `tgctl up --num-gpus N`)"
             )

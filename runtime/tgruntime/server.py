@@ -64,9 +64,7 @@ def existing_healthy(tg: tgapi.TrainerGroup, generation: int) -> WorkerGroup | N
     return None
 
 
-def run(
-    tg: tgapi.TrainerGroup, *, generation: int, address: str | None
-) -> markers.GroupReady:
+def run(tg: tgapi.TrainerGroup, *, generation: int, address: str | None) -> markers.GroupReady:
     connect(address=address, namespace=tg.ray_namespace)
     asked = tg.spec.workers.use_gpu
     tg = groups.resolve_gpu(tg)

@@ -114,7 +114,9 @@ def get_tensordict(
     for key, val in tensor_dict.items():
         if isinstance(val, list):
             if any(isinstance(v, torch.Tensor) for v in val):
-                raise TypeError(f"{key!r}: a list becomes a NonTensorStack, which cannot hold tensors")
+                raise TypeError(
+                    f"{key!r}: a list becomes a NonTensorStack, which cannot hold tensors"
+                )
             size, stored = len(val), _stack(val)
         elif isinstance(val, NonTensorStack):
             size, stored = len(val), val
@@ -187,28 +189,42 @@ def contiguous(data: TensorDict) -> TensorDict:
         elif isinstance(val, torch.Tensor):
             per_row[key] = val.contiguous()
         else:
-            raise TypeError(f"{key!r}: expected a tensor or non-tensor data, got {type(val).__name__}")
+            raise TypeError(
+                f"{key!r}: expected a tensor or non-tensor data, got {type(val).__name__}"
+            )
     return get_tensordict(per_row, whole)
 
 
 def union_tensor_dict(tensor_dict1: TensorDict, tensor_dict2: TensorDict) -> TensorDict:
     """Add ``tensor_dict2``'s keys to ``tensor_dict1`` (in place); shared keys must be equal."""
     if tensor_dict1.batch_size != tensor_dict2.batch_size:
-        raise ValueError(f"batch sizes differ: {tensor_dict1.batch_size} and {tensor_dict2.batch_size}")
+        raise ValueError(
+            f"batch sizes differ: {tensor_dict1.batch_size} and {tensor_dict2.batch_size}"
+        )
     for key in tensor_dict2.keys():
         if key not in tensor_dict1.keys():
             tensor_dict1[key] = tensor_dict2.get(key)
             continue
         a, b = tensor_dict1.get(key), tensor_dict2.get(key)
-        same = a.equal(b) if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) else _native(a) == _native(b)
+        same = (
+            a.equal(b)
+            if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+            else _native(a) == _native(b)
+        )
         if not same:
             raise ValueError(f"{key!r} differs between the two TensorDicts")
     return tensor_dict1
 
 
 # ---------------------------------------------------------------------------- batch ops
-def index_select_tensor_dict(batch: TensorDict, indices: torch.Tensor | Sequence[int]) -> TensorDict:
-    index = indices if isinstance(indices, torch.Tensor) else torch.as_tensor(list(indices), dtype=torch.long)
+def index_select_tensor_dict(
+    batch: TensorDict, indices: torch.Tensor | Sequence[int]
+) -> TensorDict:
+    index = (
+        indices
+        if isinstance(indices, torch.Tensor)
+        else torch.as_tensor(list(indices), dtype=torch.long)
+    )
     return batch[index]
 
 

@@ -44,9 +44,13 @@ def dashboard_url() -> str:
     from ray._private import ray_constants
     from ray.experimental import internal_kv
 
-    raw = internal_kv._internal_kv_get(ray_constants.DASHBOARD_ADDRESS, namespace=ray_constants.KV_NAMESPACE_DASHBOARD)
+    raw = internal_kv._internal_kv_get(
+        ray_constants.DASHBOARD_ADDRESS, namespace=ray_constants.KV_NAMESPACE_DASHBOARD
+    )
     if not raw:
-        raise RuntimeError("this Ray cluster publishes no dashboard address (started without the dashboard?)")
+        raise RuntimeError(
+            "this Ray cluster publishes no dashboard address (started without the dashboard?)"
+        )
     text = raw.decode() if isinstance(raw, bytes) else str(raw)
     return text if "://" in text else f"http://{text}"
 
@@ -101,7 +105,9 @@ def _from_state(rank: int, name: str, entry: Any) -> WorkerHealth:
     return WorkerHealth(rank, name, state, cause, entry.node_id or "", int(entry.pid or -1))
 
 
-def _probe(*, worker_names: Sequence[str], handles: Sequence[Any | None], timeout_s: float) -> list[WorkerHealth]:
+def _probe(
+    *, worker_names: Sequence[str], handles: Sequence[Any | None], timeout_s: float
+) -> list[WorkerHealth]:
     refs: dict[int, Any] = {}
     for rank, handle in enumerate(handles):
         if handle is not None:
@@ -109,7 +115,9 @@ def _probe(*, worker_names: Sequence[str], handles: Sequence[Any | None], timeou
     deadline = time.monotonic() + timeout_s
     pending = list(refs.values())
     while pending and time.monotonic() < deadline:
-        _, pending = ray.wait(pending, num_returns=len(pending), timeout=max(0.0, deadline - time.monotonic()))
+        _, pending = ray.wait(
+            pending, num_returns=len(pending), timeout=max(0.0, deadline - time.monotonic())
+        )
     pending_set = set(pending)
     out = []
     for rank, name in enumerate(worker_names):

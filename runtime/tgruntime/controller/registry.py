@@ -152,7 +152,9 @@ def delete_group_keys(*, group_name: str, namespace: str) -> list[str]:
     return removed
 
 
-def publish_master(*, group_name: str, namespace: str, generation: int, addr: str, port: int) -> None:
+def publish_master(
+    *, group_name: str, namespace: str, generation: int, addr: str, port: int
+) -> None:
     internal_kv._internal_kv_put(
         naming.master_key(namespace=namespace, group_name=group_name, generation=generation),
         json.dumps({"addr": addr, "port": port}),

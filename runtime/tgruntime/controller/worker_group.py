@@ -84,7 +84,9 @@ class WorkerGroup:
         self._methods: dict[str, MethodSpec] = dict(methods)
         self._dispatch_info: dict[str, list[int]] = {}
         self._collect_info: dict[str, list[bool]] = {}
-        self._actor_ids: tuple[str, ...] = tuple(h._actor_id.hex() if h is not None else "" for h in handles)
+        self._actor_ids: tuple[str, ...] = tuple(
+            h._actor_id.hex() if h is not None else "" for h in handles
+        )
         self._all_ctx: dict[str, CallContext] = {}
         self._placement_groups: list[Any] = []
         reserved = set(dir(type(self)))
@@ -190,7 +192,9 @@ class WorkerGroup:
             for rank, (name, handle) in enumerate(zip(record.worker_names, handles, strict=True)):
                 if handle is None:
                     raise WorkerDiedError(
-                        group_name=group_name, rank=rank, worker_name=name,
+                        group_name=group_name,
+                        rank=rank,
+                        worker_name=name,
                         cause=f"no live actor named {name!r} in namespace {namespace!r}",
                     )
         methods = (
@@ -261,7 +265,11 @@ class WorkerGroup:
     ) -> Self:
         """A group over actor handles you already hold (strong references are kept)."""
         ns = namespace or ray.get_runtime_context().namespace
-        names = list(worker_names) if worker_names is not None else [f"rank{i}" for i in range(len(handles))]
+        names = (
+            list(worker_names)
+            if worker_names is not None
+            else [f"rank{i}" for i in range(len(handles))]
+        )
         record = registry.load_record(group_name=group_name, namespace=ns) if group_name else None
         return cls._from_parts(
             group_name=group_name or "",
@@ -326,10 +334,14 @@ class WorkerGroup:
         """Call a registered method by name (also those whose names clash with this class)."""
         spec = self._methods.get(method)
         if spec is None:
-            raise AttributeError(f"group {self._group_name!r} has no method {method!r}; registered: {sorted(self._methods)}")
+            raise AttributeError(
+                f"group {self._group_name!r} has no method {method!r}; registered: {sorted(self._methods)}"
+            )
         return self._invoke(method, spec, args, kwargs)
 
-    def _invoke(self, name: str, spec: MethodSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _invoke(
+        self, name: str, spec: MethodSpec, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
         mode = spec.dispatch_mode
         if isinstance(mode, Dispatch):
             dispatch_fn, collect_fn = dispatch_mod.BUILTIN[mode]
@@ -354,7 +366,11 @@ class WorkerGroup:
         return result
 
     def _submit(
-        self, name: str, ranks: list[int], per_args: Sequence[Sequence[Any]], per_kwargs: Mapping[str, Sequence[Any]]
+        self,
+        name: str,
+        ranks: list[int],
+        per_args: Sequence[Sequence[Any]],
+        per_kwargs: Mapping[str, Sequence[Any]],
     ) -> list[Any]:
         shared = _put_shared(ranks, per_args, per_kwargs)
         refs = []
@@ -362,7 +378,9 @@ class WorkerGroup:
             handle = self._handles[rank]
             if handle is None:
                 raise WorkerDiedError(
-                    group_name=self._group_name, rank=rank, worker_name=self._worker_names[rank],
+                    group_name=self._group_name,
+                    rank=rank,
+                    worker_name=self._worker_names[rank],
                     cause="this handle is gone (the group was torn down here, or the worker was missing when attached)",
                     method=name,
                 )
@@ -375,12 +393,17 @@ class WorkerGroup:
         if len(ranks) == self.world_size:
             ctx = self._all_ctx.get(method)
             if ctx is None:
-                ctx = CallContext(self._group_name, method, tuple(ranks), self._worker_names, self._actor_ids)
+                ctx = CallContext(
+                    self._group_name, method, tuple(ranks), self._worker_names, self._actor_ids
+                )
                 self._all_ctx[method] = ctx
             return ctx
         return CallContext(
-            self._group_name, method, tuple(ranks),
-            tuple(self._worker_names[r] for r in ranks), tuple(self._actor_ids[r] for r in ranks),
+            self._group_name,
+            method,
+            tuple(ranks),
+            tuple(self._worker_names[r] for r in ranks),
+            tuple(self._actor_ids[r] for r in ranks),
         )
 
     @staticmethod
@@ -390,7 +413,8 @@ class WorkerGroup:
         if any(i is None for i in idx):
             return None
         return CallContext(
-            ctx.group_name, ctx.method,
+            ctx.group_name,
+            ctx.method,
             tuple(ctx.ranks[i] for i in idx if i is not None),
             tuple(ctx.worker_names[i] for i in idx if i is not None),
             tuple(ctx.actor_ids[i] for i in idx if i is not None),
@@ -403,21 +427,43 @@ class WorkerGroup:
 
     def execute_rank_zero(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """verl's raw call on rank 0: one ObjectRef."""
-        return self._submit(method, [0], [[a] for a in args], {k: [v] for k, v in kwargs.items()})[0]
+        return self._submit(method, [0], [[a] for a in args], {k: [v] for k, v in kwargs.items()})[
+            0
+        ]
 
     # ================================================================== meshes
     def mesh_dispatch_info(self, mesh_name: str) -> list[int]:
         """dp rank of every rank in ``mesh_name`` (queried once from the workers, then cached)."""
         if mesh_name not in self._dispatch_info:
-            refs = self._submit("_query_dispatch_info", list(range(self.world_size)), [[mesh_name] * self.world_size], {})
-            self._dispatch_info[mesh_name] = [int(x) for x in resolve(refs, self._context("_query_dispatch_info", list(range(self.world_size))))]
+            refs = self._submit(
+                "_query_dispatch_info",
+                list(range(self.world_size)),
+                [[mesh_name] * self.world_size],
+                {},
+            )
+            self._dispatch_info[mesh_name] = [
+                int(x)
+                for x in resolve(
+                    refs, self._context("_query_dispatch_info", list(range(self.world_size)))
+                )
+            ]
         return self._dispatch_info[mesh_name]
 
     def mesh_collect_info(self, mesh_name: str) -> list[bool]:
         """Whether each rank's output is collected in ``mesh_name``."""
         if mesh_name not in self._collect_info:
-            refs = self._submit("_query_collect_info", list(range(self.world_size)), [[mesh_name] * self.world_size], {})
-            self._collect_info[mesh_name] = [bool(x) for x in resolve(refs, self._context("_query_collect_info", list(range(self.world_size))))]
+            refs = self._submit(
+                "_query_collect_info",
+                list(range(self.world_size)),
+                [[mesh_name] * self.world_size],
+                {},
+            )
+            self._collect_info[mesh_name] = [
+                bool(x)
+                for x in resolve(
+                    refs, self._context("_query_collect_info", list(range(self.world_size)))
+                )
+            ]
         return self._collect_info[mesh_name]
 
     def _query_dispatch_info(self, mesh_name: str) -> list[int]:  # verl's name
@@ -441,8 +487,14 @@ class WorkerGroup:
         """Kill the workers, remove the placement groups and the record."""
         if self._group_name:
             report = teardown_group(
-                group_name=self._group_name, namespace=self._namespace, timeout_s=timeout_s,
-                extra_worker_names=[n for n, h in zip(self._worker_names, self._handles, strict=True) if h is not None],
+                group_name=self._group_name,
+                namespace=self._namespace,
+                timeout_s=timeout_s,
+                extra_worker_names=[
+                    n
+                    for n, h in zip(self._worker_names, self._handles, strict=True)
+                    if h is not None
+                ],
             )
         else:
             killed = []
@@ -486,13 +538,17 @@ def get_actor(name: str, namespace: str) -> Any | None:
 def _raise_not_found(group_name: str, namespace: str, *, creating: bool, timeout_s: float) -> None:
     if creating:
         raise GroupNotFoundError(
-            group_name=group_name, namespace=namespace, existing=registry.groups_in(namespace),
+            group_name=group_name,
+            namespace=namespace,
+            existing=registry.groups_in(namespace),
             detail=f"still being created after {timeout_s:g}s",
         )
     elsewhere = [ns for ns in registry.namespaces_with_group(group_name) if ns != namespace]
     if elsewhere:
         raise NamespaceMismatchError(group_name=group_name, namespace=namespace, found_in=elsewhere)
-    raise GroupNotFoundError(group_name=group_name, namespace=namespace, existing=registry.groups_in(namespace))
+    raise GroupNotFoundError(
+        group_name=group_name, namespace=namespace, existing=registry.groups_in(namespace)
+    )
 
 
 def raise_missing_worker(name: str, namespace: str, group_name: str | None) -> None:
@@ -502,19 +558,27 @@ def raise_missing_worker(name: str, namespace: str, group_name: str | None) -> N
         everywhere = ray.util.list_named_actors(all_namespaces=True)
     except Exception:
         everywhere = []
-    found_in = sorted({a["namespace"] for a in everywhere if isinstance(a, dict) and a.get("name") == name})
+    found_in = sorted(
+        {a["namespace"] for a in everywhere if isinstance(a, dict) and a.get("name") == name}
+    )
     if found_in:
         raise NamespaceMismatchError(
             group_name=label, namespace=namespace, found_in=found_in, detail=f"worker {name!r}"
         )
     stem = naming.parse_worker_name(name)[0] if "_" in name and ":" in name else name
     similar = sorted(
-        a["name"] for a in everywhere
-        if isinstance(a, dict) and a.get("namespace") == namespace and str(a.get("name", "")).startswith(stem[:8])
+        a["name"]
+        for a in everywhere
+        if isinstance(a, dict)
+        and a.get("namespace") == namespace
+        and str(a.get("name", "")).startswith(stem[:8])
     )
     raise GroupNotFoundError(
-        group_name=label, namespace=namespace, existing=registry.groups_in(namespace),
-        detail=f"no live actor named {name!r}" + (f"; similar names: {similar[:10]}" if similar else ""),
+        group_name=label,
+        namespace=namespace,
+        existing=registry.groups_in(namespace),
+        detail=f"no live actor named {name!r}"
+        + (f"; similar names: {similar[:10]}" if similar else ""),
     )
 
 

@@ -59,7 +59,7 @@ images-lock: ## Re-pin the images' Python dependencies (hash-checked, universal:
 	uv pip compile pyproject.toml images/operator.in --extra operator --universal --python-version 3.11 \
 	  --generate-hashes --no-header \
 	  --custom-compile-command "make images-lock" -o images/requirements-operator.txt
-	uv pip compile pyproject.toml images/runtime.in --extra runtime --extra operator --universal --python-version 3.11 \
+	uv pip compile pyproject.toml images/runtime.in --extra runtime --extra client --universal --python-version 3.11 \
 	  --generate-hashes --no-header \
 	  --custom-compile-command "make images-lock" -o images/requirements-runtime.txt
 

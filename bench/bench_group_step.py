@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_step
 import tgapi
-from tgruntime import groups
+from tgapi import markers
 
 PY = sys.executable
 
@@ -134,7 +134,7 @@ def run_group(
             what="server (creates the detached group, exits)",
         )
         server_s = time.perf_counter() - t0
-        ready = groups.parse_tagged(groups.READY_TAG, server.stdout)
+        ready = markers.parse_last(markers.GroupReady, server.stdout)
         assert ready is not None, server.stdout[-2000:]
         client = _run(
             [
@@ -158,7 +158,14 @@ def run_group(
             timeout=1800,
             what="client (attaches by name)",
         )
-        measured = groups.parse_tagged("BENCH_CLIENT", client.stdout)
+        measured = next(
+            (
+                json.loads(ln.split(" ", 1)[1])
+                for ln in reversed(client.stdout.splitlines())
+                if ln.startswith("BENCH_CLIENT ")
+            ),
+            None,
+        )
         assert measured is not None, client.stdout[-2000:]
         _run(
             [
@@ -204,7 +211,7 @@ def run_group(
         "first_loss": measured["losses"][0],
         "final_loss": measured["losses"][-1],
         "server_s": server_s,
-        "worker_names": ready["workerNames"],
+        "worker_names": list(ready.worker_names),
         "attach_ms_first": measured["attach_ms_first"],
         "attach_ms_warm": measured["attach_ms_warm"],
         "first_call_ms": measured["first_call_ms"],

@@ -30,9 +30,14 @@ fi
 PY="$ROOT/.venv/bin/python"
 export PATH="$ROOT/.venv/bin:$PATH"
 
-if [ -x hack/build-tools.sh ] || [ -f hack/build-tools.sh ]; then
+# No Go toolchain (the same search as hack/build-tools.sh): nothing is built and pytest skips
+# the Kubernetes tiers (k8s, deploy on the plane) with that reason. A Go that is there but
+# fails to build is a hard failure (exit 2): docs/control-plane.md, "Tests".
+if [ -n "${GO:-}" ] || command -v go >/dev/null 2>&1 || [ -x /usr/local/go/bin/go ]; then
   log "building the local Kubernetes control plane tools (cached by version after the first build)"
   bash hack/build-tools.sh || { log "control-plane build failed: see the messages above"; exit 2; }
+else
+  log "no Go toolchain: the Kubernetes control-plane tests will be skipped with that reason"
 fi
 
 if [ -n "$PREBUILD_PID" ]; then
@@ -48,7 +53,7 @@ fi
 status=0
 log "ruff"
 "$PY" -m ruff check . || status=1
-log "mypy --strict (spec, operator)"
+log "mypy --strict (api, operator, runtime)"
 "$PY" -m mypy || status=1
 log "CRD is generated from the spec model"
 "$PY" -m tgapi.crd --check . || status=1

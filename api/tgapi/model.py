@@ -389,7 +389,3 @@ class TrainerGroup:
     def group_name(self) -> str:
         """The group's lookup name inside its Ray namespace."""
         return self.name
-
-    @property
-    def worker_class_name(self) -> str:
-        return self.spec.workers.worker_class.rsplit(":", 1)[1]

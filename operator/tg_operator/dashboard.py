@@ -21,6 +21,8 @@ from typing import Any
 
 import aiohttp
 
+from tgapi.workers import death_cause_text
+
 TERMINAL_JOB_STATES = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
 STATE_API_LIMIT = 10000
 
@@ -115,21 +117,9 @@ class ActorInfo:
 
 
 def describe_death_cause(cause: Any) -> str:
-    """A one-line reason from the State API's nested ``death_cause`` (empty if none)."""
-    if not cause:
-        return ""
-    if isinstance(cause, str):
-        return cause
-    if isinstance(cause, Mapping):
-        for key in ("error_message", "errorMessage"):
-            value = cause.get(key)
-            if isinstance(value, str) and value:
-                return _first_meaningful_line(value)
-        for value in cause.values():
-            found = describe_death_cause(value)
-            if found:
-                return found
-    return ""
+    """A one-line reason from the State API's nested ``death_cause`` (empty if none): the
+    summary ``tgctl status`` prints too (``tgapi.workers``)."""
+    return death_cause_text(cause)
 
 
 class DashboardClient:

@@ -2,41 +2,21 @@
 
 Commands and output lines are the contract in ``docs/contracts.md``: the server
 prints ``TG_GROUP_READY {json}`` (or ``TG_GROUP_FAILED {json}``), the teardown
-prints ``TG_TEARDOWN {json}``. The operator only builds command lines and parses
-those lines; it never imports the runtime.
+prints ``TG_TEARDOWN {json}`` (payloads and parsers: ``tgapi.markers``, shared with the
+runtime). The operator only builds command lines and parses those lines; it never imports
+the runtime.
 """
 
 from __future__ import annotations
 
 import base64
-import dataclasses
 import json
 import shlex
-from collections.abc import Mapping
-from typing import Any
 
 from tg_operator import names
-from tgapi import TrainerGroup, to_wire
+from tgapi import TrainerGroup, markers, to_wire
 
-READY_MARKER = "TG_GROUP_READY"
-FAILED_MARKER = "TG_GROUP_FAILED"
-TEARDOWN_MARKER = "TG_TEARDOWN"
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class GroupRecord:
-    """What the server entrypoint reports about the group it created."""
-
-    group_name: str
-    ray_namespace: str
-    generation: int
-    worker_names: tuple[str, ...]
-    world_size: int
-    mesh: Mapping[str, int]
-    worker_class: str = ""
-    device: str = ""
-    """What the workers run on ("cuda"/"cpu"; "" when the worker class reports nothing)."""
-    backend: str = ""
+READY_MARKER = markers.GROUP_READY
 
 
 def spec_b64(tg: TrainerGroup) -> str:
@@ -88,53 +68,22 @@ def job_metadata(tg: TrainerGroup, *, generation: int) -> dict[str, str]:
     }
 
 
-def _last_marked(logs: str, marker: str) -> dict[str, Any] | None:
-    """The JSON after the last line that starts with ``marker`` (None if absent/broken)."""
-    prefix = marker + " "
-    for line in reversed(logs.splitlines()):
-        line = line.strip()
-        if not line.startswith(prefix):
-            continue
-        try:
-            data = json.loads(line[len(prefix) :])
-        except ValueError:
-            return None
-        return data if isinstance(data, dict) else None
-    return None
-
-
-def parse_group_ready(logs: str) -> GroupRecord | None:
-    data = _last_marked(logs, READY_MARKER)
-    if data is None:
-        return None
-    names_ = data.get("workerNames")
-    if not isinstance(names_, list) or not all(isinstance(n, str) for n in names_):
-        return None
-    mesh_raw = data.get("mesh") or {}
-    mesh = {k: int(v) for k, v in mesh_raw.items() if isinstance(v, int | float)}
-    return GroupRecord(
-        group_name=str(data.get("groupName") or ""),
-        ray_namespace=str(data.get("rayNamespace") or ""),
-        generation=int(data.get("generation") or 0),
-        worker_names=tuple(names_),
-        world_size=int(data.get("worldSize") or len(names_)),
-        mesh=mesh,
-        worker_class=str(data.get("workerClass") or ""),
-        device=str(data.get("device") or ""),
-        backend=str(data.get("backend") or ""),
-    )
+def parse_group_ready(logs: str) -> markers.GroupReady | None:
+    """The last ``TG_GROUP_READY`` payload in a job's logs (None if absent or broken)."""
+    return markers.parse_last(markers.GroupReady, logs)
 
 
 def parse_group_failed(logs: str) -> str | None:
     """The server's one-line error, or None when it printed none."""
-    data = _last_marked(logs, FAILED_MARKER)
-    if data is None:
+    failed = markers.parse_last(markers.GroupFailed, logs)
+    if failed is None:
         return None
-    return str(data.get("error") or "the server reported a failure without a message")
+    return failed.error or "the server reported a failure without a message"
 
 
-def parse_teardown(logs: str) -> dict[str, Any] | None:
-    return _last_marked(logs, TEARDOWN_MARKER)
+def parse_teardown(logs: str) -> markers.Teardown | None:
+    """The last ``TG_TEARDOWN`` report in a job's logs (None if absent or broken)."""
+    return markers.parse_last(markers.Teardown, logs)
 
 
 def tail(logs: str, *, lines: int = 3) -> str:

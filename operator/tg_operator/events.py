@@ -2,7 +2,7 @@
 
 The reconcile flow reports through an :class:`EventSink`; in the operator that is
 :class:`KopfEvents`, which posts with ``kopf.event`` (so events show in
-``kubectl describe trainergroup``). Tests use :class:`RecordedEvents`.
+``kubectl describe trainergroup``).
 """
 
 from __future__ import annotations
@@ -28,16 +28,6 @@ class KopfEvents:
 
     def post(self, *, type: str, reason: str, message: str) -> None:
         kopf.event(dict(self.body), type=type, reason=reason, message=message[:1000])  # type: ignore[arg-type]
-
-
-@dataclasses.dataclass
-class RecordedEvents:
-    """Keeps events in memory (unit tests, and the benchmark)."""
-
-    events: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)
-
-    def post(self, *, type: str, reason: str, message: str) -> None:
-        self.events.append((type, reason, message))
 
 
 def phase_changed(sink: EventSink, *, old: str, new: str, message: str) -> None:

@@ -6,8 +6,10 @@ account token. ``python -m tg_operator.rbac`` prints them as YAML.
 
 Cluster-wide operator (``TG_NAMESPACES`` empty): one ClusterRole with
 :data:`OPERATOR_RULES`. Namespaced operator: a Role with the same rules in each
-watched namespace. The client (``tgruntime.client --trainergroup``) needs
-:data:`CLIENT_RULES` in the TrainerGroup's namespace.
+watched namespace. The client (``tgruntime.client --trainergroup``, ``tgruntime.client wait``)
+needs :data:`CLIENT_RULES` in the TrainerGroup's namespace: ``get`` and ``watch`` (the waiter in
+``tgapi.client`` reads the object, then watches it by name). The chart's client Role is these
+rules restricted by ``resourceNames`` (tests/deploy/test_chart_render.py compares them).
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ OPERATOR_RULES: list[dict[str, Any]] = [
 ]
 
 CLIENT_RULES: list[dict[str, Any]] = [
-    {"apiGroups": [names.GROUP], "resources": [names.TG_PLURAL], "verbs": ["get"]},
+    {"apiGroups": [names.GROUP], "resources": [names.TG_PLURAL], "verbs": ["get", "watch"]},
 ]
 
 

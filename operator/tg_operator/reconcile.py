@@ -34,13 +34,13 @@ from tg_operator import entrypoints, errors, events, metrics, names, raycluster,
 from tg_operator import status as status_mod
 from tg_operator.context import Context, Step
 from tg_operator.dashboard import ActorInfo, DashboardClient, DashboardError, JobInfo
-from tg_operator.entrypoints import GroupRecord
 from tg_operator.events import EventSink
 from tg_operator.teardown import teardown_group
 from tgapi import (
     SpecErrors,
     TrainerGroup,
     TrainerGroupStatus,
+    markers,
     parse_resource,
     parse_status,
     to_wire,
@@ -134,7 +134,7 @@ class _Pass:
         readiness: status_mod.ClusterReadiness,
         *,
         job: JobInfo | None = None,
-        record: GroupRecord | None = None,
+        record: markers.GroupReady | None = None,
         actors: list[ActorInfo] | None = None,
         actors_error: str = "",
     ) -> status_mod.Observation:
@@ -261,7 +261,7 @@ class _Pass:
         sid = names.server_submission_id(tg, generation=gen)
         job: JobInfo | None = None
         if st.submission_id == sid and st.worker_names:
-            record = GroupRecord(
+            record = markers.GroupReady(
                 group_name=st.group_name or tg.group_name,
                 ray_namespace=st.ray_namespace or tg.ray_namespace,
                 generation=gen,
@@ -376,7 +376,7 @@ class _Pass:
         *,
         st: TrainerGroupStatus,
         job: JobInfo | None,
-        record: GroupRecord,
+        record: markers.GroupReady,
     ) -> Step:
         tg = self.tg
         base = self._booked(st)

@@ -18,16 +18,14 @@ from typing import Any
 
 from tg_operator import names, raycluster
 from tg_operator.dashboard import ActorInfo, JobInfo
-from tg_operator.entrypoints import GroupRecord
-from tgapi import Condition, MeshStatus, TrainerGroup, TrainerGroupStatus, WorkerStatus
+from tgapi import Condition, MeshStatus, TrainerGroup, TrainerGroupStatus, WorkerStatus, markers
+from tgapi.workers import WorkerState, describe_worker, is_dead
 
 RAY_CLUSTER_READY = "RayClusterReady"
 WORKERS_READY = "WorkersReady"
 DEGRADED = "Degraded"
 
-ALIVE = "ALIVE"
-DEAD = "DEAD"
-NOT_FOUND = "NOT_FOUND"
+ALIVE = WorkerState.ALIVE
 
 
 def rfc3339(now: datetime.datetime) -> str:
@@ -176,23 +174,15 @@ def worker_statuses(
     for rank, name in enumerate(worker_names):
         found = by_name.get(name)
         if found is None:
-            out.append(
-                WorkerStatus(
-                    name=name,
-                    rank=rank,
-                    state=NOT_FOUND,
-                    cause="no such actor in the Ray namespace",
-                )
-            )
+            state, cause = describe_worker(ray_state=None)
+            out.append(WorkerStatus(name=name, rank=rank, state=state, cause=cause))
             continue
-        cause = found.death_cause if found.state == DEAD else ""
-        if found.state == DEAD and not cause:
-            cause = "the actor died (Ray gave no cause)"
+        state, cause = describe_worker(ray_state=found.state, death_cause=found.death_cause)
         out.append(
             WorkerStatus(
                 name=name,
                 rank=rank,
-                state=found.state,
+                state=state,
                 node=found.node_id,
                 pid=found.pid,
                 cause=cause,
@@ -208,7 +198,7 @@ def _prefer(new: ActorInfo, old: ActorInfo) -> bool:
 
 
 def dead_workers(workers: Sequence[WorkerStatus]) -> list[WorkerStatus]:
-    return [w for w in workers if w.state in (DEAD, NOT_FOUND)]
+    return [w for w in workers if is_dead(w.state)]
 
 
 def describe_dead(workers: Sequence[WorkerStatus], *, cause_chars: int = 240) -> str:
@@ -269,7 +259,7 @@ class Observation:
     ray_address: str
     readiness: ClusterReadiness
     job: JobInfo | None = None
-    record: GroupRecord | None = None
+    record: markers.GroupReady | None = None
     actors: Sequence[ActorInfo] | None = None
     """None when the actors could not be read (see ``actors_error``)."""
     actors_error: str = ""

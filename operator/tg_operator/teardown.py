@@ -13,12 +13,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from typing import Any
 
 from tg_operator import entrypoints, names
 from tg_operator.dashboard import DashboardClient, JobInfo
 from tg_operator.job_slots import JobSlots
-from tgapi import TrainerGroup
+from tgapi import TrainerGroup, markers
 
 MAX_ATTEMPTS = 20
 POLL_S = 0.5
@@ -28,7 +27,7 @@ POLL_S = 0.5
 class TeardownResult:
     done: bool
     message: str
-    report: dict[str, Any] = dataclasses.field(default_factory=dict)
+    report: markers.Teardown | None = None
     submission_id: str = ""
 
 
@@ -98,18 +97,21 @@ async def teardown_group(
                 done=False, message=f"teardown job {tid} is {state}", submission_id=tid
             )
         logs = await dash.job_logs(tid)
-        report = entrypoints.parse_teardown(logs) or {}
-        if job.status == "SUCCEEDED" and report.get("complete", True) is not False:
+        report = entrypoints.parse_teardown(logs)
+        if job.status == "SUCCEEDED" and (report is None or report.complete):
+            summary = (
+                f"{len(report.actors_killed)} actor(s) killed, "
+                f"{len(report.placement_groups_removed)} placement group(s) removed"
+                if report is not None
+                else "done"
+            )
             return TeardownResult(
-                done=True,
-                message=f"teardown {tid}: {report or 'done'}",
-                report=report,
-                submission_id=tid,
+                done=True, message=f"teardown {tid}: {summary}", report=report, submission_id=tid
             )
         # An incomplete teardown (the entrypoint exits 3 and reports complete: false; an older
         # runtime exited 0 with the same report) is never taken as done: the next attempt runs
         # and the group is not re-created meanwhile.
-        why = f"incomplete: {report.get('errors') or report}" if report else ""
+        why = f"incomplete: {'; '.join(report.errors) or report}" if report else ""
         last_error = (
             f"teardown job {tid} {job.status}: {why or entrypoints.tail(logs) or job.message}"
         )

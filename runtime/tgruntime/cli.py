@@ -34,13 +34,11 @@ from pathlib import Path
 from typing import IO, Any
 
 import tgapi
+from tgapi import markers
 from tgruntime import local_ray
 from tgruntime.controller.errors import TrainerGroupError
 
 log = logging.getLogger("tgctl")
-
-READY_TAG = "TG_GROUP_READY"  # = groups.READY_TAG (groups imports the controller's creation code)
-FAILED_TAG = "TG_GROUP_FAILED"
 
 
 def _load(path: str) -> tgapi.TrainerGroup:
@@ -49,14 +47,6 @@ def _load(path: str) -> tgapi.TrainerGroup:
 
 def _emit_json(body: Mapping[str, Any]) -> None:
     print(json.dumps(body, sort_keys=True, default=str), flush=True)
-
-
-def _parse_tagged(tag: str, text: str) -> dict[str, Any] | None:
-    found: dict[str, Any] | None = None
-    for line in text.splitlines():
-        if line.startswith(tag + " "):
-            found = json.loads(line[len(tag) + 1 :])
-    return found
 
 
 def _address(args: argparse.Namespace) -> str | None:
@@ -148,7 +138,11 @@ class Progress:
 
 
 def _watch_creation(
-    view: Any, tg: tgapi.TrainerGroup, proc: subprocess.Popen[str], progress: Progress, deadline: float
+    view: Any,
+    tg: tgapi.TrainerGroup,
+    proc: subprocess.Popen[str],
+    progress: Progress,
+    deadline: float,
 ) -> None:
     """Report placement / actors / init_model from the GCS until the server exits."""
     from tgruntime.gcs_view import by_name
@@ -166,13 +160,17 @@ def _watch_creation(
                 actors = by_name(view.actors(namespace=tg.ray_namespace))
                 mine = [actors[w] for w in members.worker_names if w in actors]
                 if not mine:
-                    progress.step(f"placement: waiting for {pgs} placement group(s) of {n} bundle(s)")
+                    progress.step(
+                        f"placement: waiting for {pgs} placement group(s) of {n} bundle(s)"
+                    )
                 else:
                     progress.step(f"placement: {pgs} placement group(s) placed")
                     alive = sum(a.state == "ALIVE" for a in mine)
                     progress.step(f"actors: {alive}/{n} alive")
             else:
-                progress.step("server: connecting, checking the cluster, importing the worker class")
+                progress.step(
+                    "server: connecting, checking the cluster, importing the worker class"
+                )
         except TrainerGroupError:
             pass  # a slow GCS answer: the server's own result decides
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -227,23 +225,28 @@ def cmd_up(args: argparse.Namespace) -> int:
     if note:
         _err(note)
     stdout = "".join(out_lines)
-    ready = _parse_tagged(READY_TAG, stdout)
+    ready = markers.parse_last(markers.GroupReady, stdout)
     if proc.returncode != 0 or ready is None:
-        failed = _parse_tagged(FAILED_TAG, stdout) or {"error": f"server exited {proc.returncode}"}
-        print(f"tgctl up: {failed['error']}\n  (server log: {log_path})", file=sys.stderr)
+        failed = markers.parse_last(markers.GroupFailed, stdout) or markers.GroupFailed(
+            error=f"server exited {proc.returncode}"
+        )
+        print(f"tgctl up: {failed.error}\n  (server log: {log_path})", file=sys.stderr)
         if args.json:
-            _emit_json({"ok": False, **failed, "serverLog": str(log_path)})
+            body = {"ok": False, **markers.to_wire(failed), "serverLog": str(log_path)}
+            _emit_json(body)
         return 1
-    progress.step(f"init_model: done, group {ready['groupName']} is up")
+    progress.step(f"init_model: done, group {ready.group_name} is up")
     if args.json:
-        _emit_json({**ready, "rayAddress": head.gcs_address, "dashboardUrl": dashboard})
+        wire = markers.to_wire(ready)
+        _emit_json({**wire, "rayAddress": head.gcs_address, "dashboardUrl": dashboard})
         return 0
     print(
-        f"group {ready['groupName']} is up in Ray namespace {ready['rayNamespace']} "
-        f"(generation {ready['generation']}, mesh {ready['mesh']})"
+        f"group {ready.group_name} is up in Ray namespace {ready.ray_namespace} "
+        f"(generation {ready.generation}, mesh {dict(ready.mesh)})"
     )
-    print(f"  device: {describe_device(ready.get('useGpu'), ready)}")
-    for rank, name in enumerate(ready["workerNames"]):
+    device = {"device": ready.device, "backend": ready.backend, "dtype": ready.dtype}
+    print(f"  device: {describe_device(ready.use_gpu, device)}")
+    for rank, name in enumerate(ready.worker_names):
         print(f"  rank {rank}: {name}")
     if dashboard:
         print(f"  Ray dashboard: {dashboard}")
@@ -279,7 +282,7 @@ def _gcs_address(address: str) -> str:
 
 def group_status(address: str, tg: tgapi.TrainerGroup) -> dict[str, Any]:
     """The group's phase and workers, read from the GCS (no driver, no worker class)."""
-    from tgruntime.controller.health import death_cause_text
+    from tgapi.workers import WorkerState, describe_worker
     from tgruntime.gcs_view import GcsView, by_name
 
     view = GcsView(_gcs_address(address))
@@ -297,16 +300,14 @@ def group_status(address: str, tg: tgapi.TrainerGroup) -> dict[str, Any]:
     workers = []
     for rank, name in enumerate(record.worker_names):
         a = actors.get(name)
-        if a is None:
-            state, cause, pid = "DEAD", "no such actor in the namespace (never created, or removed)", None
-        elif a.state == "ALIVE":
-            state, cause, pid = "ALIVE", "", a.pid
-        elif a.state == "DEAD":
-            state, cause, pid = "DEAD", death_cause_text(a.death_cause), a.pid
-        else:
-            state, cause, pid = "UNREACHABLE", f"actor is {a.state}", a.pid
-        workers.append({"rank": rank, "name": name, "state": state, "pid": pid, "cause": cause})
-    alive = sum(w["state"] == "ALIVE" for w in workers)
+        state, cause = describe_worker(
+            ray_state=a.state if a else None, death_cause=a.death_cause if a else None
+        )
+        pid = a.pid if a else None
+        workers.append(
+            {"rank": rank, "name": name, "state": str(state), "pid": pid, "cause": cause}
+        )
+    alive = sum(w["state"] == WorkerState.ALIVE for w in workers)
     return {
         **base,
         "phase": "Ready" if alive == len(workers) else "Degraded",
@@ -382,22 +383,22 @@ def cmd_train(args: argparse.Namespace) -> int:
     return client.main(argv)
 
 
-def describe_teardown(body: Mapping[str, Any]) -> list[str]:
+def describe_teardown(body: markers.Teardown) -> list[str]:
     """The teardown report in words: what was removed, checked, not checked; complete or not."""
     lines = [
-        f"group {body['group_name']} (Ray namespace {body['namespace']}): "
-        f"{len(body['actors_killed'])} worker(s) killed, "
-        f"{len(body['placement_groups_removed'])} placement group(s) removed, "
-        f"{len(body['keys_removed'])} key(s) deleted"
+        f"group {body.group_name} (Ray namespace {body.ray_namespace}): "
+        f"{len(body.actors_killed)} worker(s) killed, "
+        f"{len(body.placement_groups_removed)} placement group(s) removed, "
+        f"{len(body.keys_removed)} key(s) deleted"
     ]
-    if not (body["actors_killed"] or body["placement_groups_removed"] or body["keys_removed"]):
+    if not (body.actors_killed or body.placement_groups_removed or body.keys_removed):
         lines[0] += " (nothing was left)"
-    lines += [f"  checked: {c}" for c in body.get("checked", ())]
-    lines += [f"  NOT checked: {c}" for c in body.get("not_checked", ())]
-    if body["complete"]:
+    lines += [f"  checked: {c}" for c in body.checked]
+    lines += [f"  NOT checked: {c}" for c in body.not_checked]
+    if body.complete:
         lines.append("complete: everything checked is gone")
     else:
-        lines.append("INCOMPLETE: " + ("; ".join(body.get("errors", ())) or "see above"))
+        lines.append("INCOMPLETE: " + ("; ".join(body.errors) or "see above"))
     return lines
 
 
@@ -414,10 +415,13 @@ def cmd_down(args: argparse.Namespace) -> int:
             print("tgctl down: no Ray cluster is known; nothing to tear down")
     else:
         body = teardown.run(
-            group=tg.group_name, namespace=tg.ray_namespace, address=address, timeout_s=args.timeout
+            group=tg.group_name,
+            ray_namespace=tg.ray_namespace,
+            address=address,
+            timeout_s=args.timeout,
         )
-        out["teardown"] = body
-        if not body.get("complete", False):
+        out["teardown"] = markers.to_wire(body)
+        if not body.complete:
             rc = teardown.EXIT_INCOMPLETE
             print(f"tgctl down: {teardown.incomplete_message(body)}", file=sys.stderr)
         if not args.json:
@@ -429,7 +433,9 @@ def cmd_down(args: argparse.Namespace) -> int:
         out["stoppedLocalHead"] = stopped
         if not args.json:
             print(
-                "stopped the local Ray head" if stopped else "no local Ray head started by tgctl to stop"
+                "stopped the local Ray head"
+                if stopped
+                else "no local Ray head started by tgctl to stop"
             )
     if args.json:
         _emit_json(out)
@@ -473,7 +479,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="GPUs for a new local head (default: detected without torch: CUDA_VISIBLE_DEVICES "
         "when set, else /proc/driver/nvidia/gpus, else `nvidia-smi -L`; 0 on a machine "
-        "without NVIDIA GPUs). workers.useGpu \"auto\" (the default) then picks GPU or CPU "
+        'without NVIDIA GPUs). workers.useGpu "auto" (the default) then picks GPU or CPU '
         "workers from what the head has",
     )
     add("status", "show the group's phase and workers")
@@ -496,7 +502,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s" if args.verbose else "tgctl: %(message)s",
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        if args.verbose
+        else "tgctl: %(message)s",
     )
     handlers = {"up": cmd_up, "status": cmd_status, "train": cmd_train, "down": cmd_down}
     try:

@@ -2,7 +2,8 @@
 
     python -m tgruntime.client -f tg.yaml --steps 5
     python -m tgruntime.client --group tiny --ray-namespace tg-default-tiny --steps 5
-    python -m tgruntime.client --trainergroup tiny --namespace default --steps 5   # reads k8s status
+    python -m tgruntime.client --trainergroup tiny --k8s-namespace default --steps 5  # k8s status
+    python -m tgruntime.client wait --trainergroup tiny --print-address   # wait for Ready only
 
 Attaches by group name (never by hard-coded worker names, though ``--worker-names`` is
 accepted), sends one batch per step through ``train_model`` and prints one
@@ -12,8 +13,10 @@ bar, so the two never garble each other on a terminal. Exits non-zero with a cle
 message on failure.
 
 Attaching imports neither the worker class nor megatron (``gcs_view.use_light_handles``).
-In a pod, ``--namespace`` defaults to the pod's own Kubernetes namespace (its service
-account's).
+In a pod, ``--k8s-namespace`` defaults to the pod's own Kubernetes namespace (its service
+account's). ``wait`` watches the TrainerGroup until it is Ready and prints its Ray address
+(``--json``: address, Ray namespace, group and worker names); it exits 1 with the status's
+message when the group is Failed, not found or not Ready in time.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ from typing import Any
 import numpy as np
 
 import tgapi
-from tgruntime import batches, groups
+from tgapi import markers
+from tgruntime import batches
 from tgruntime.controller import DataProto, WorkerGroup
 from tgruntime.controller.errors import TrainerGroupError
 from tgruntime.gcs_view import use_light_handles
@@ -52,17 +56,6 @@ class Target:
     worker_names: tuple[str, ...] = ()
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class StepReport:
-    step: int
-    loss: float
-    grad_norm: float
-    tokens: int
-    step_time_s: float
-    tokens_per_s: float
-    tp_losses: tuple[float, ...] = ()
-
-
 def resolve_target(args: argparse.Namespace) -> Target:
     if args.file:
         tg = tgapi.load_file(args.file, local=True)
@@ -73,12 +66,12 @@ def resolve_target(args: argparse.Namespace) -> Target:
             spec=tg.spec,
         )
     if args.trainergroup:
-        # The Kubernetes API is only needed in this mode; import lazily.
-        from tg_operator.client_status import wait_for_ready_sync
+        # The Kubernetes client is only needed in this mode; import lazily.
+        from tgapi.client import wait_for_ready
 
-        status, spec = wait_for_ready_sync(
+        status, spec = wait_for_ready(
             name=args.trainergroup,
-            namespace=args.namespace,
+            k8s_namespace=args.k8s_namespace,
             kubeconfig=args.kubeconfig,
             timeout_s=args.wait,
         )
@@ -142,7 +135,7 @@ def _metric(meta: dict[str, Any], key: str, default: float = math.nan) -> float:
     return float(value)
 
 
-def train_step(wg: WorkerGroup, tokens: np.ndarray, *, step: int) -> StepReport:
+def train_step(wg: WorkerGroup, tokens: np.ndarray, *, step: int) -> markers.Step:
     import torch
 
     data = DataProto.from_dict(tensors={"input_ids": torch.from_numpy(tokens)})
@@ -153,7 +146,7 @@ def train_step(wg: WorkerGroup, tokens: np.ndarray, *, step: int) -> StepReport:
     meta = dict(out.meta_info)
     tp_losses = tuple(float(x) for x in meta.get("tp_losses", ()))
     ntok = int(tokens.size)
-    return StepReport(
+    return markers.Step(
         step=step,
         loss=float(per_sample.mean()),
         grad_norm=_metric(meta, "grad_norm"),
@@ -164,7 +157,7 @@ def train_step(wg: WorkerGroup, tokens: np.ndarray, *, step: int) -> StepReport:
     )
 
 
-def human_step(report: StepReport, steps: int) -> str:
+def human_step(report: markers.Step, steps: int) -> str:
     return (
         f"step {report.step}/{steps}: loss {report.loss:.4f}, grad norm {report.grad_norm:.3f}, "
         f"{report.tokens_per_s:,.0f} tokens/s, {report.step_time_s:.3f} s"
@@ -178,10 +171,10 @@ def train(
     steps: int,
     progress: bool = True,
     fmt: str = "tagged",
-) -> list[StepReport]:
+) -> list[markers.Step]:
     from tqdm import tqdm
 
-    reports: list[StepReport] = []
+    reports: list[markers.Step] = []
     bar = tqdm(
         total=steps,
         desc=f"train {wg.group_name}",
@@ -195,7 +188,7 @@ def train(
         line = (
             human_step(report, steps)
             if fmt == "human"
-            else groups.tagged(groups.STEP_TAG, dataclasses.asdict(report))
+            else markers.line(report)
         )
         # Through the bar: it clears itself, writes the line, redraws below it.
         bar.write(line, file=sys.stdout)
@@ -209,27 +202,13 @@ def train(
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
-def default_k8s_namespace(path: str = SERVICE_ACCOUNT_NAMESPACE) -> str | None:
-    """The pod's Kubernetes namespace (its service account's) in a cluster, else None.
-
-    None: outside a pod the kubeconfig context's namespace applies, else "default"
-    (``tg_operator.kube.default_namespace``, which ``wait_for_ready_sync`` calls).
-    """
-    try:
-        value = Path(path).read_text().strip()
-    except OSError:
-        return None
-    return value or None
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tgruntime.client", description=__doc__.splitlines()[0])
-    p.add_argument("-f", "--file", help="TrainerGroup YAML (local mode)")
+def add_k8s_arguments(p: argparse.ArgumentParser, *, timeout_flag: str) -> None:
+    """--trainergroup, --k8s-namespace, --kubeconfig and the Ready timeout flag."""
     p.add_argument(
         "--trainergroup", help="read the target from this TrainerGroup's Kubernetes status"
     )
     p.add_argument(
-        "--namespace",
+        "--k8s-namespace",
         default=None,
         help="Kubernetes namespace of --trainergroup (default: this pod's namespace, from "
         f"{SERVICE_ACCOUNT_NAMESPACE}; outside a pod the kubeconfig context's, else 'default')",
@@ -238,12 +217,89 @@ def build_parser() -> argparse.ArgumentParser:
         "--kubeconfig", default=None, help="kubeconfig (default: in-cluster, then ~/.kube/config)"
     )
     p.add_argument(
-        "--wait",
+        timeout_flag,
+        dest="wait",
         type=float,
         default=None,
         help="seconds to wait for the TrainerGroup to be Ready (default: its Ready deadline, "
         "spec.timeouts clusterReadySeconds + workersReadySeconds)",
     )
+
+
+def build_wait_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="tgruntime.client wait",
+        description="Wait (a watch) until a TrainerGroup is Ready; print its Ray address.",
+    )
+    add_k8s_arguments(p, timeout_flag="--timeout")
+    p.add_argument(
+        "--print-address",
+        action="store_true",
+        help="print status.rayAddress on stdout when Ready (the default output)",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print {rayAddress, rayNamespace, groupName, workerNames} as one JSON line instead",
+    )
+    return p
+
+
+def wait_main(argv: list[str]) -> int:
+    """``tg-client wait``: exit 0 and print the address when Ready, 1 with the cause if not."""
+    from tgapi.client import wait_for_ready
+
+    args = build_wait_parser().parse_args(argv)
+    if not args.trainergroup:
+        print("tgruntime.client wait: --trainergroup NAME is required", file=sys.stderr)
+        return 2
+
+    def progress(st: tgapi.TrainerGroupStatus) -> None:
+        print(
+            f"TrainerGroup {args.trainergroup}: {st.phase or 'Pending'} {st.message}".rstrip(),
+            file=sys.stderr,
+        )
+
+    try:
+        status, _ = wait_for_ready(
+            name=args.trainergroup,
+            k8s_namespace=args.k8s_namespace,
+            kubeconfig=args.kubeconfig,
+            timeout_s=args.wait,
+            on_progress=progress,
+        )
+    except (LookupError, RuntimeError, TimeoutError, PermissionError) as exc:
+        print(f"tgruntime.client wait: {exc}", file=sys.stderr)
+        return 1
+    if not status.ray_address:
+        print(
+            f"tgruntime.client wait: TrainerGroup {args.trainergroup} is Ready but its "
+            "status.rayAddress is empty",
+            file=sys.stderr,
+        )
+        return 1
+    if args.json:
+        out = {
+            "rayAddress": status.ray_address,
+            "rayNamespace": status.ray_namespace,
+            "groupName": status.group_name,
+            "workerNames": list(status.worker_names),
+        }
+        print(json.dumps(out))
+    else:
+        print(status.ray_address)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="tgruntime.client",
+        description=__doc__.splitlines()[0],
+        epilog="subcommand: `tgruntime.client wait --trainergroup NAME --print-address` "
+        "(--help there)",
+    )
+    p.add_argument("-f", "--file", help="TrainerGroup YAML (local mode)")
+    add_k8s_arguments(p, timeout_flag="--wait")
     p.add_argument("--group", help="group name in the Ray namespace")
     p.add_argument("--ray-namespace", help="Ray namespace of the group")
     p.add_argument(
@@ -284,17 +340,16 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["wait"]:
+        return wait_main(argv[1:])
     args = build_parser().parse_args(argv)
-    if args.namespace is None:
-        args.namespace = default_k8s_namespace()
     if args.steps < 1:
         print("tgruntime.client: --steps must be at least 1", file=sys.stderr)
         return 2
     try:
         target = resolve_target(args)
-        quiet: dict[str, Any] = (
-            {"logging_level": logging.WARNING} if args.format == "human" else {}
-        )
+        quiet: dict[str, Any] = {"logging_level": logging.WARNING} if args.format == "human" else {}
         connect(address=target.address, namespace=target.ray_namespace, **quiet)
         t0 = time.perf_counter()
         use_light_handles()
@@ -324,6 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         RuntimeError,
         TrainerGroupError,
         TimeoutError,
+        PermissionError,
     ) as exc:
         print(f"tgruntime.client: {exc}", file=sys.stderr)
         return 1

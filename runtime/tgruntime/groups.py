@@ -2,7 +2,8 @@
 
 The server entrypoint, ``tgctl`` and the tests share this: how a spec maps to a
 resource pool, a worker class with its init arguments, worker-name prefixes per
-group generation, and the JSON line that announces a ready group.
+group generation, and the payload of the line that announces a ready group
+(``tgapi.markers``).
 """
 
 from __future__ import annotations
@@ -15,13 +16,9 @@ from typing import Any
 import ray
 
 import tgapi
+from tgapi import markers
 from tgruntime.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
 from tgruntime.controller.resource_pool import check_feasible, cluster_nodes_resources
-
-READY_TAG = "TG_GROUP_READY"
-FAILED_TAG = "TG_GROUP_FAILED"
-TEARDOWN_TAG = "TG_TEARDOWN"
-STEP_TAG = "TG_STEP"
 
 
 def import_worker_class(path: str) -> type:
@@ -103,7 +100,7 @@ def infeasible_fix(spec: tgapi.TrainerGroupSpec, nodes: list[dict[str, float]]) 
     if w.use_gpu is True and gpus < spec.world_size:
         if gpus == 0:
             return (
-                "set workers.useGpu: false (CPU workers, gloo) or \"auto\", or start the Ray "
+                'set workers.useGpu: false (CPU workers, gloo) or "auto", or start the Ray '
                 "head with GPUs (`tgctl down --stop-ray`, then `tgctl up`, which detects them, "
                 "or `tgctl up --num-gpus N`)"
             )
@@ -196,37 +193,24 @@ def ready_payload(
     worker_class: str,
     use_gpu: bool | None = None,
     device: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The body of the ``TG_GROUP_READY`` line (docs/contracts.md).
+) -> markers.GroupReady:
+    """The body of the ``TG_GROUP_READY`` line (tgapi.markers, docs/contracts.md).
 
-    ``useGpu``: workers.useGpu as resolved ("auto" decided against the cluster); ``device``
+    ``use_gpu``: workers.useGpu as resolved ("auto" decided against the cluster); ``device``
     / ``backend`` / ``dtype``: what the workers actually run on (``device_summary``), e.g.
     a GPU request that found no CUDA in the workers falls back to "cpu" / "gloo".
     """
     dev = device or {}
-    return {
-        "groupName": wg.group_name,
-        "rayNamespace": wg.namespace,
-        "generation": wg.generation,
-        "workerNames": list(wg.worker_names),
-        "worldSize": wg.world_size,
-        "mesh": mesh or {},
-        "workerClass": worker_class,
-        "useGpu": use_gpu,
-        "device": dev.get("device", ""),
-        "backend": dev.get("backend", ""),
-        "dtype": dev.get("dtype", ""),
-    }
-
-
-def tagged(tag: str, payload: dict[str, Any]) -> str:
-    return f"{tag} {json.dumps(payload, sort_keys=True)}"
-
-
-def parse_tagged(tag: str, text: str) -> dict[str, Any] | None:
-    """Find the last ``TAG {json}`` line in ``text`` (e.g. a Ray job's log)."""
-    found: dict[str, Any] | None = None
-    for line in text.splitlines():
-        if line.startswith(tag + " "):
-            found = json.loads(line[len(tag) + 1 :])
-    return found
+    return markers.GroupReady(
+        group_name=wg.group_name,
+        ray_namespace=wg.namespace,
+        generation=wg.generation,
+        worker_names=tuple(wg.worker_names),
+        world_size=wg.world_size,
+        mesh=mesh or {},
+        worker_class=worker_class,
+        use_gpu=use_gpu,
+        device=str(dev.get("device", "")),
+        backend=str(dev.get("backend", "")),
+        dtype=str(dev.get("dtype", "")),
+    )

@@ -5,7 +5,7 @@
     "Failed to connect to Ray cluster at <node ip>:<port>" after a long wait:
 
     1. the GCS port must answer a TCP connect (else: nothing listens there);
-    2. token authentication (the cause of the DESIGN field note): since Ray 2.5x, ``ray
+    2. token authentication (the field note in docs/design.md): since Ray 2.5x, ``ray
        start`` turns token auth on whenever a token exists (~/.ray/auth_token is written
        by any new local ``ray.init()`` on the machine), and ``ray.init`` looks for the
        token only for ``address="auto"``/None. A driver given ``127.0.0.1:<port>`` then

@@ -17,9 +17,9 @@ import json
 import logging
 import sys
 import time
-from typing import Any
 
 import tgapi
+from tgapi import markers
 from tgruntime import groups
 from tgruntime.controller import WorkerGroup, registry, teardown_group
 from tgruntime.controller.errors import (
@@ -64,7 +64,7 @@ def existing_healthy(tg: tgapi.TrainerGroup, generation: int) -> WorkerGroup | N
     return None
 
 
-def run(tg: tgapi.TrainerGroup, *, generation: int, address: str | None) -> dict[str, Any]:
+def run(tg: tgapi.TrainerGroup, *, generation: int, address: str | None) -> markers.GroupReady:
     connect(address=address, namespace=tg.ray_namespace)
     asked = tg.spec.workers.use_gpu
     tg = groups.resolve_gpu(tg)
@@ -141,23 +141,16 @@ def main(argv: list[str] | None = None) -> int:
         tg = load_resource(args)
         payload = run(tg, generation=args.generation, address=args.address)
     except (tgapi.SpecErrors, ValueError, TrainerGroupError) as exc:
-        print(
-            groups.tagged(groups.FAILED_TAG, {"error": str(exc), "kind": type(exc).__name__}),
-            flush=True,
-        )
+        failed = markers.GroupFailed(error=str(exc), kind=type(exc).__name__)
+        print(markers.line(failed), flush=True)
         print(f"tgruntime.server: {exc}", file=sys.stderr)
         return 1
     except Exception as exc:
         log.exception("server failed")
-        print(
-            groups.tagged(
-                groups.FAILED_TAG,
-                {"error": f"{type(exc).__name__}: {exc}", "kind": type(exc).__name__},
-            ),
-            flush=True,
-        )
+        name = type(exc).__name__
+        print(markers.line(markers.GroupFailed(error=f"{name}: {exc}", kind=name)), flush=True)
         return 1
-    print(groups.tagged(groups.READY_TAG, payload), flush=True)
+    print(markers.line(payload), flush=True)
     return 0
 
 

@@ -2,11 +2,11 @@
 
     python -m tgruntime.teardown --group NAME --ray-namespace NS
 
-Prints ``TG_TEARDOWN {json}``. Exit status: 0 when the report says ``complete: true``
+Prints ``TG_TEARDOWN {json}`` (``tgapi.markers.Teardown``, camelCase keys). Exit status: 0 when the report says ``"complete": true``
 (everything found is gone; also when nothing was left to remove); 3 when it says
-``complete: false`` (an actor or placement group was still there at the deadline: the
+``"complete": false`` (an actor or placement group was still there at the deadline: the
 group may still hold its resources, so a caller must retry, not re-create); 1 when Ray
-could not be reached. The report's ``checked`` / ``not_checked`` say what was looked at.
+could not be reached. The report's ``checked`` / ``notChecked`` say what was looked at.
 
 It needs neither the worker class (actor handles come without importing it, see
 ``gcs_view.use_light_handles``) nor the Ray dashboard (the GCS actor table is read).
@@ -15,41 +15,59 @@ It needs neither the worker class (actor handles come without importing it, see
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
+from tgapi import markers
 from tgruntime.controller.errors import TrainerGroupError
 
+if TYPE_CHECKING:
+    from tgruntime.controller.teardown import TeardownReport
+
 EXIT_INCOMPLETE = 3
-TEARDOWN_TAG = "TG_TEARDOWN"  # = groups.TEARDOWN_TAG (not imported: groups pulls in more)
 
 
-def run(*, group: str, namespace: str, address: str | None, timeout_s: float) -> dict[str, Any]:
-    """Connect, tear the group down, return the report as a dict (raises TrainerGroupError)."""
+def run(
+    *, group: str, ray_namespace: str, address: str | None, timeout_s: float
+) -> markers.Teardown:
+    """Connect, tear the group down, return the ``TG_TEARDOWN`` report (raises
+    TrainerGroupError)."""
     from tgruntime import gcs_view
     from tgruntime.controller.teardown import teardown_group
     from tgruntime.ray_connect import connect
 
-    connect(address=address, namespace=namespace, logging_level=logging.WARNING)
+    connect(address=address, namespace=ray_namespace, logging_level=logging.WARNING)
     gcs_view.use_light_handles()
-    report = teardown_group(group_name=group, namespace=namespace, timeout_s=timeout_s)
-    return dataclasses.asdict(report)
+    report = teardown_group(group_name=group, namespace=ray_namespace, timeout_s=timeout_s)
+    return to_marker(report)
 
 
-def incomplete_message(body: dict[str, Any]) -> str:
-    errors = "; ".join(body.get("errors", ())) or "no details"
+def to_marker(report: TeardownReport) -> markers.Teardown:
+    """The controller's report as the ``TG_TEARDOWN`` payload."""
+    return markers.Teardown(
+        group_name=report.group_name,
+        ray_namespace=report.namespace,
+        actors_killed=report.actors_killed,
+        placement_groups_removed=report.placement_groups_removed,
+        keys_removed=report.keys_removed,
+        complete=report.complete,
+        errors=report.errors,
+        checked=report.checked,
+        not_checked=report.not_checked,
+    )
+
+
+def incomplete_message(body: markers.Teardown) -> str:
+    errors = "; ".join(body.errors) or "no details"
     return (
-        f"group {body['group_name']!r} in Ray namespace {body['namespace']!r} is not fully "
+        f"group {body.group_name!r} in Ray namespace {body.ray_namespace!r} is not fully "
         f"removed ({errors}). Run the teardown again (a longer --timeout), and do not "
         "re-create the group until it reports complete: true"
     )
 
 
 def main(argv: list[str] | None = None) -> int:
-    import json
-
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -61,14 +79,16 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         body = run(
-            group=args.group, namespace=args.ray_namespace, address=args.address,
+            group=args.group,
+            ray_namespace=args.ray_namespace,
+            address=args.address,
             timeout_s=args.timeout,
         )
     except TrainerGroupError as exc:
         print(f"tgruntime.teardown: {exc}", file=sys.stderr)
         return 1
-    print(f"{TEARDOWN_TAG} {json.dumps(body, sort_keys=True)}", flush=True)
-    if not body.get("complete", False):
+    print(markers.line(body), flush=True)
+    if not body.complete:
         print(f"tgruntime.teardown: {incomplete_message(body)}", file=sys.stderr)
         return EXIT_INCOMPLETE
     return 0

@@ -64,9 +64,9 @@ from tgruntime.controller.resource_pool import ResourcePool, create_placement_gr
 from tgruntime.controller.worker import Worker
 from tgruntime.controller.worker_group import (
     WorkerGroup,
-    _get_actor,
-    _methods_from,
-    _raise_missing_worker,
+    get_actor,
+    methods_from,
+    raise_missing_worker,
 )
 
 __all__ = [
@@ -219,7 +219,9 @@ class RayResourcePool:
             cpus_per_process=bundle_cpus,
             strategy=strategy,
             detached=self.detached,
-            resources_per_process={f"accelerator_type:{self.accelerator_type}": 0.001} if self.accelerator_type else {},
+            resources_per_process={f"accelerator_type:{self.accelerator_type}": 0.001}
+            if self.accelerator_type
+            else {},
             actor_num_cpus=bundle_cpus / self.max_colocate_count,
             actor_num_gpus=(1.0 / self.max_colocate_count) if self.use_gpu else 0.0,
         )
@@ -229,7 +231,9 @@ class RayResourcePool:
     ) -> list[PlacementGroup]:
         """Create (once) and return the pool's placement groups; bounded wait."""
         if self.pgs is None:
-            group = _safe_name(name or f"{self.name_prefix}verl_group_{'_'.join(map(str, self._store))}")
+            group = _safe_name(
+                name or f"{self.name_prefix}verl_group_{'_'.join(map(str, self._store))}"
+            )
             self.pgs = create_placement_groups(
                 self.to_resource_pool(strategy),
                 group_name=group,
@@ -277,14 +281,18 @@ class RayWorkerGroup(WorkerGroup):
     ) -> None:
         unknown = sorted(k for k in kwargs if k not in _IGNORED_KWARGS)
         if unknown:
-            raise TypeError(f"RayWorkerGroup() got unexpected keyword argument(s): {', '.join(map(repr, unknown))}")
+            raise TypeError(
+                f"RayWorkerGroup() got unexpected keyword argument(s): {', '.join(map(repr, unknown))}"
+            )
         for key in _IGNORED_KWARGS:
             if kwargs.get(key) is not None:
                 log.warning("RayWorkerGroup: %s is not supported here and is ignored", key)
         env = _worker_env(worker_env, master_addr, master_port)
         self.customized_worker_env = dict(worker_env or {})
         self.device_name = device_name
-        self.use_gpu = use_gpu if use_gpu is not None else (resource_pool.use_gpu if resource_pool else True)
+        self.use_gpu = (
+            use_gpu if use_gpu is not None else (resource_pool.use_gpu if resource_pool else True)
+        )
         if resource_pool is not None and self.use_gpu and not resource_pool.use_gpu:
             raise ValueError("use_gpu is True but resource_pool.use_gpu is False")
         self.ray_cls_with_init = ray_cls_with_init
@@ -296,7 +304,9 @@ class RayWorkerGroup(WorkerGroup):
             self._init_detached(namespace, worker_names, worker_handles)
             return
         if resource_pool is None or ray_cls_with_init is None:
-            raise TypeError("RayWorkerGroup needs resource_pool and ray_cls_with_init (or worker_names to attach)")
+            raise TypeError(
+                "RayWorkerGroup needs resource_pool and ray_cls_with_init (or worker_names to attach)"
+            )
         cia = ray_cls_with_init
         group_name = _safe_name(f"{self.name_prefix}{cia.class_name}")
         strategy = "STRICT_PACK" if bin_pack else "PACK"
@@ -329,19 +339,26 @@ class RayWorkerGroup(WorkerGroup):
         )
 
     def _init_detached(
-        self, namespace: str, worker_names: Sequence[str] | None, worker_handles: Sequence[Any] | None
+        self,
+        namespace: str,
+        worker_names: Sequence[str] | None,
+        worker_handles: Sequence[Any] | None,
     ) -> None:
         if worker_handles is not None:
             handles = list(worker_handles)
-            names = list(worker_names) if worker_names is not None else [f"rank{i}" for i in range(len(handles))]
+            names = (
+                list(worker_names)
+                if worker_names is not None
+                else [f"rank{i}" for i in range(len(handles))]
+            )
         else:
             assert worker_names is not None
             names = list(worker_names)
             handles = []
             for name in names:
-                handle = _get_actor(name, namespace)
+                handle = get_actor(name, namespace)
                 if handle is None:
-                    _raise_missing_worker(name, namespace, None)
+                    raise_missing_worker(name, namespace, None)
                 handles.append(handle)
         from tgruntime.controller import registry
 
@@ -351,7 +368,7 @@ class RayWorkerGroup(WorkerGroup):
             namespace=namespace,
             worker_names=names,
             handles=handles,
-            methods=_methods_from(self.ray_cls_with_init, record),
+            methods=methods_from(self.ray_cls_with_init, record),
             generation=record.generation if record else 0,
             record=record,
         )
@@ -372,6 +389,16 @@ class RayWorkerGroup(WorkerGroup):
             worker_names=worker_names,
             worker_handles=worker_handles,
         )
+
+    def _init_subclass_defaults(self) -> None:
+        """verl's attributes for a group built by WorkerGroup's create/attach/from_*."""
+        self.customized_worker_env = {}
+        self.device_name = "cuda"
+        self.use_gpu = bool(self.record.use_gpu) if self.record is not None else True
+        self.ray_cls_with_init = None
+        self.name_prefix = ""
+        self.fused_worker_used = False
+        self.sub_cls_name = ""
 
     # verl's attribute names
     @property
@@ -440,6 +467,9 @@ def _bundle_cpus(max_colocate_count: int, processes: int) -> float:
     log.warning(
         "verl's bundles of max_colocate_count=%d CPUs cannot be placed here (largest node: %g CPUs for %d "
         "processes); using %.3g CPUs per bundle",
-        max_colocate_count, largest, processes, fit,
+        max_colocate_count,
+        largest,
+        processes,
+        fit,
     )
     return round(fit, 3)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from tensordict import TensorDict
@@ -50,7 +50,8 @@ def _require_td(value: Any) -> None:
 
 
 def _stack(values: Sequence[Any]) -> NonTensorStack:
-    return NonTensorStack.from_list([NonTensorData(v) for v in values])
+    items: list[Any] = [NonTensorData(v) for v in values]
+    return NonTensorStack.from_list(items)
 
 
 def _native(value: Any) -> Any:
@@ -109,15 +110,18 @@ def get_tensordict(
     """
     source: dict[str, Any] = {}
     batch: int | None = None
+    stored: Any
     for key, val in tensor_dict.items():
         if isinstance(val, list):
             if any(isinstance(v, torch.Tensor) for v in val):
-                raise TypeError(f"{key!r}: a list becomes a NonTensorStack, which cannot hold tensors")
+                raise TypeError(
+                    f"{key!r}: a list becomes a NonTensorStack, which cannot hold tensors"
+                )
             size, stored = len(val), _stack(val)
         elif isinstance(val, NonTensorStack):
             size, stored = len(val), val
         elif isinstance(val, torch.Tensor):
-            size, stored = int(val.size(0)), val
+            size, stored = int(val.shape[0]), val
         else:
             raise TypeError(f"{key!r}: expected a tensor or a list, got {type(val).__name__}")
         if batch is None:
@@ -175,8 +179,9 @@ def contiguous(data: TensorDict) -> TensorDict:
     """A new TensorDict with contiguous tensors; non-tensor values kept as they are."""
     per_row: dict[str, Any] = {}
     whole: dict[str, Any] = {}
-    for key in data.keys():
-        val = data.get(key)
+    for raw_key in data.keys():
+        key = str(raw_key)  # top-level keys of a flat TensorDict are strings
+        val = data.get(raw_key)
         if isinstance(val, NonTensorData):
             whole[key] = val.data
         elif isinstance(val, NonTensorStack):
@@ -184,28 +189,42 @@ def contiguous(data: TensorDict) -> TensorDict:
         elif isinstance(val, torch.Tensor):
             per_row[key] = val.contiguous()
         else:
-            raise TypeError(f"{key!r}: expected a tensor or non-tensor data, got {type(val).__name__}")
+            raise TypeError(
+                f"{key!r}: expected a tensor or non-tensor data, got {type(val).__name__}"
+            )
     return get_tensordict(per_row, whole)
 
 
 def union_tensor_dict(tensor_dict1: TensorDict, tensor_dict2: TensorDict) -> TensorDict:
     """Add ``tensor_dict2``'s keys to ``tensor_dict1`` (in place); shared keys must be equal."""
     if tensor_dict1.batch_size != tensor_dict2.batch_size:
-        raise ValueError(f"batch sizes differ: {tensor_dict1.batch_size} and {tensor_dict2.batch_size}")
+        raise ValueError(
+            f"batch sizes differ: {tensor_dict1.batch_size} and {tensor_dict2.batch_size}"
+        )
     for key in tensor_dict2.keys():
         if key not in tensor_dict1.keys():
             tensor_dict1[key] = tensor_dict2.get(key)
             continue
         a, b = tensor_dict1.get(key), tensor_dict2.get(key)
-        same = a.equal(b) if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) else _native(a) == _native(b)
+        same = (
+            a.equal(b)
+            if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+            else _native(a) == _native(b)
+        )
         if not same:
             raise ValueError(f"{key!r} differs between the two TensorDicts")
     return tensor_dict1
 
 
 # ---------------------------------------------------------------------------- batch ops
-def index_select_tensor_dict(batch: TensorDict, indices: torch.Tensor | Sequence[int]) -> TensorDict:
-    index = indices if isinstance(indices, torch.Tensor) else torch.as_tensor(list(indices), dtype=torch.long)
+def index_select_tensor_dict(
+    batch: TensorDict, indices: torch.Tensor | Sequence[int]
+) -> TensorDict:
+    index = (
+        indices
+        if isinstance(indices, torch.Tensor)
+        else torch.as_tensor(list(indices), dtype=torch.long)
+    )
     return batch[index]
 
 
@@ -218,7 +237,7 @@ def chunk_tensordict(td: TensorDict, chunks: int) -> list[TensorDict]:
 def concat_tensordict(data: Sequence[TensorDict]) -> TensorDict:
     if not data:
         raise ValueError("nothing to concatenate")
-    return torch.cat(list(data), dim=0) if len(data) > 1 else data[0]
+    return cast(TensorDict, torch.cat(list(data), dim=0)) if len(data) > 1 else data[0]
 
 
 def pad_to_divisor(data: TensorDict, size_divisor: int) -> tuple[TensorDict, int]:
@@ -231,7 +250,7 @@ def pad_to_divisor(data: TensorDict, size_divisor: int) -> tuple[TensorDict, int
     if pad == 0:
         return data, 0
     index = torch.arange(pad) % n
-    return torch.cat([data, data[index]], dim=0), pad
+    return cast(TensorDict, torch.cat([data, data[index]], dim=0)), pad
 
 
 def unpad(data: TensorDict, pad_size: int) -> TensorDict:

@@ -63,10 +63,12 @@ def client_job_script() -> str:
     return str(container["args"][0])
 
 
-def client_job_wait_snippet() -> str:
-    """The Python the client Job runs first: wait for Ready, print status.rayAddress."""
+def client_job_wait_command() -> str:
+    """The command the client Job runs first (wait for Ready, print status.rayAddress), as the
+    shell line inside ``ADDR="$(...)"``."""
     script = client_job_script()
-    return script.split("<<'PY'\n", 1)[1].split("\nPY\n", 1)[0] + "\n"
+    inner = script.split('ADDR="$(', 1)[1].split(')"\n', 1)[0]
+    return inner.replace("\\\n", " ")
 
 
 def find_helm() -> str:

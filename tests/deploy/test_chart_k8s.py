@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
+import tgapi.client
 from tests.deploy.chart import (
     CHART,
     CRD_DISCOVERY,
@@ -35,7 +36,7 @@ from tests.deploy.chart import (
     OPERATOR_NEEDS,
     ChartRelease,
     access,
-    client_job_wait_snippet,
+    client_job_wait_command,
     install_chart,
     template,
     whoami,
@@ -476,8 +477,10 @@ def test_client_reads_its_trainergroup_and_nothing_else(
             {
                 "status": {
                     "phase": "Ready",
+                    "observedGeneration": 1,
                     "rayNamespace": "r-ns",
                     "rayAddress": "mine-head-svc:6379",
+                    "workerNames": ["w0", "w1"],
                 }
             }
         ),
@@ -522,30 +525,56 @@ def test_client_reads_its_trainergroup_and_nothing_else(
         assert not any(answers.values()), answers
 
         # the client's real code path (tgruntime.client --trainergroup uses this reader)
-        client_status = pytest.importorskip("tg_operator.client_status")
-        status = client_status.read_status(name="mine", namespace=ns, kubeconfig=str(kc))
+        status = tgapi.client.read_status(name="mine", k8s_namespace=ns, kubeconfig=str(kc))
         assert status.phase == "Ready" and status.ray_namespace == "r-ns"
-        with pytest.raises(Exception, match=r"(?i)forbidden|403"):
-            client_status.read_status(name="other", namespace=ns, kubeconfig=str(kc))
+        with pytest.raises(tgapi.client.TrainerGroupForbidden, match="get and watch"):
+            tgapi.client.read_status(name="other", k8s_namespace=ns, kubeconfig=str(kc))
 
         # the example client Job's first step (wait for Ready, print rayAddress), as the pod
         # would run it, with the client's token
-        def job_wait(name: str) -> subprocess.CompletedProcess[str]:
+        def job_wait(name: str) -> subprocess.Popen[str]:
             env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
-            env.update(KUBECONFIG=str(kc), TG_NAME=name, POD_NAMESPACE=ns)
-            return subprocess.run(
-                [sys.executable, "-c", client_job_wait_snippet()],
+            env.update(KUBECONFIG=str(kc), TG_NAME=name, POD_NAMESPACE=ns, TG_PYTHON=sys.executable)
+            command = client_job_wait_command().replace("python ", '"$TG_PYTHON" ', 1)
+            return subprocess.Popen(
+                ["bash", "-ceu", command + " --timeout 60"],
                 env=env,
-                capture_output=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
                 text=True,
-                timeout=60,
-                check=False,
             )
 
-        proc = job_wait("mine")
-        assert proc.returncode == 0 and proc.stdout == "mine-head-svc:6379\n", proc
-        proc = job_wait("other")
-        assert proc.returncode != 0 and "Forbidden" in proc.stderr, proc
+        def finished(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
+            out, err = proc.communicate(timeout=90)
+            return proc.returncode, out, err
+
+        code, out, err = finished(job_wait("mine"))
+        assert (code, out) == (0, "mine-head-svc:6379\n"), err
+        code, _, err = finished(job_wait("other"))
+        assert code == 1 and "Forbidden" in err and "get and watch" in err, err
+
+        # the wait is a watch: started while 'mine' is Pending, it returns when 'mine' turns
+        # Ready (a status it first sees after it has printed the Pending one)
+        def set_phase(phase: str) -> None:
+            k8s_plane.kubectl(
+                "patch",
+                "tg",
+                "mine",
+                "-n",
+                ns,
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                json.dumps({"status": {"phase": phase, "message": phase.lower()}}),
+            )
+
+        set_phase("Pending")
+        waiting = job_wait("mine")
+        assert waiting.stderr is not None
+        assert "Pending" in waiting.stderr.readline()  # it has read the object: now watching
+        set_phase("Ready")
+        code, out, _ = finished(waiting)
+        assert (code, out) == (0, "mine-head-svc:6379\n")
         k8s_plane.kubectl(
             "patch",
             "tg",
@@ -557,8 +586,8 @@ def test_client_reads_its_trainergroup_and_nothing_else(
             "-p",
             '{"status": {"phase": "Failed", "message": "boom"}}',
         )
-        proc = job_wait("mine")
-        assert proc.returncode != 0 and "is Failed: boom" in proc.stderr, proc
+        code, out, err = finished(job_wait("mine"))
+        assert (code, out) == (1, "") and "failed: boom" in err, err
     finally:
         k8s_plane.kubectl(
             "delete", "tg", "mine", "other", "-n", ns, "--ignore-not-found", check=False

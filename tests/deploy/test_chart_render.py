@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tomllib
@@ -27,7 +28,7 @@ from tests.deploy.chart import (
     REPO,
     by_kind,
     client_job_script,
-    client_job_wait_snippet,
+    client_job_wait_command,
     contract_env_vars,
     crd,
     find_helm,
@@ -37,6 +38,8 @@ from tests.deploy.chart import (
     run_helm,
     template,
 )
+from tg_operator import rbac
+from tgruntime import client as tg_client
 
 K8S_VERSION = "1.34.0"  # hack/versions.env KUBERNETES_VERSION's minor
 
@@ -198,7 +201,8 @@ def test_values_yaml_keys_all_declared_and_valid() -> None:
 def test_rendered_objects_match_kubernetes_schemas(helm: str, variant: str) -> None:
     """Every object `helm template` renders is valid (strict: no unknown fields) against the
     Kubernetes 1.34 OpenAPI schemas; the ServiceMonitor (a CRD) is checked by shape."""
-    kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate not installed")
+    import kubernetes_validate as kv
+
     docs = template(helm, VARIANTS[variant])
     assert isinstance(docs, list) and docs
     for doc in docs:
@@ -403,7 +407,7 @@ def test_deployment_env_is_the_contract(helm: str) -> None:
         "metrics": 9191,
     }
     # The operator's own parser accepts what the chart renders.
-    settings = pytest.importorskip("tg_operator.settings")
+    from tg_operator import settings
     config = settings.OperatorConfig.from_env({k: v for k, v in env.items() if v is not None})
     assert config.namespaces == ("ns-x", "ns-y")
     assert config.liveness_port == 8181 and config.metrics_port == 9191
@@ -468,6 +472,8 @@ def test_client_rbac_reads_named_trainergroups_only(helm: str) -> None:
         ("RoleBinding", "trainergroup-system", "tg-client-2"),
     }
     role = by[("Role", "team-a", "tg-client")]
+    # the operator's CLIENT_RULES (what the client's waiter needs), limited to the named groups
+    assert role["rules"] == [{**rule, "resourceNames": ["a", "b"]} for rule in rbac.CLIENT_RULES]
     assert role["rules"] == [
         {
             "apiGroups": ["trainergroup.io"],
@@ -526,7 +532,8 @@ def test_crd_copies_are_the_generated_one() -> None:
 def test_every_manifest_is_valid(path: str) -> None:
     """Every object under manifests/ is valid: built-in kinds against the Kubernetes schemas
     (strict), TrainerGroups against the CRD's schema, the CRD against apiextensions/v1."""
-    kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate not installed")
+    import kubernetes_validate as kv
+
     docs = [d for d in yaml.safe_load_all((MANIFESTS / path).read_text()) if d]
     assert docs, f"{path} is empty"
     for doc in docs:
@@ -595,7 +602,8 @@ def test_example_trainergroup_matches_the_crd_schema() -> None:
 
 
 def test_client_job_runs_the_client_against_the_example() -> None:
-    kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate not installed")
+    import kubernetes_validate as kv
+
     job = yaml.safe_load(EXAMPLE_JOB.read_text())
     kv.validate(job, K8S_VERSION, strict=True)
     tg = tgapi.load_file(EXAMPLE_TG)
@@ -608,14 +616,19 @@ def test_client_job_runs_the_client_against_the_example() -> None:
     # waits for Ready, joins the Ray cluster as a resource-less node, then runs the client
     assert 'ray start --address="$ADDR" --num-cpus=0 --num-gpus=0' in script
     assert (
-        'python -m tgruntime.client --trainergroup "$TG_NAME" --namespace "$POD_NAMESPACE"'
+        'python -m tgruntime.client --trainergroup "$TG_NAME" --k8s-namespace "$POD_NAMESPACE"'
         in script
     )
     assert '--steps "$TG_STEPS"' in script
-    assert script.index("ray start") < script.index("python -m tgruntime.client")
+    assert script.index("ray start") < script.index("python -m tgruntime.client --trainergroup")
     proc = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True, check=False)
     assert proc.returncode == 0, proc.stderr
-    compile(client_job_wait_snippet(), "client-job wait snippet", "exec")
+    # the address comes from the client's own `wait` subcommand, whose flags exist
+    wait = shlex.split(client_job_wait_command())
+    assert wait[:4] == ["python", "-m", "tgruntime.client", "wait"], wait
+    wait_args = tg_client.build_wait_parser().parse_args(wait[4:])
+    assert wait_args.print_address and wait_args.trainergroup == "$TG_NAME"
+    assert wait_args.k8s_namespace == "$POD_NAMESPACE"
     # The client runs in the runtime image the workers run (same Ray, same Python).
     assert container["image"] == tg.spec.image
     # Its ServiceAccount is the one manifests/client/rbac.yaml lets read this TrainerGroup.

@@ -202,7 +202,7 @@ def test_locks_agree_with_pyproject() -> None:
     base = PYPROJECT["project"]["dependencies"]
     wanted = {
         "operator": base + extras["operator"],
-        "runtime": base + extras["runtime"] + extras["operator"],
+        "runtime": base + extras["runtime"] + extras["client"],
     }
     for image, reqs in wanted.items():
         pins = _lock(image)
@@ -224,6 +224,16 @@ def test_operator_image_has_no_torch_or_ray() -> None:
     assert not heavy, f"the operator lock pulls in {sorted(heavy)}"
     text = DOCKERFILES["operator"].read_text()
     assert "[runtime" not in text and ".[" not in text
+
+
+def test_images_do_not_need_each_others_dependencies() -> None:
+    """The runtime image reads Kubernetes with the kubernetes client only (tgapi.client); the
+    operator's kopf is not in its lock, and the operator's lock has no Ray."""
+    runtime, operator = _lock("runtime"), _lock("operator")
+    assert "kubernetes" in runtime and "kopf" not in runtime
+    assert "kopf" in operator and "ray" not in operator
+    text = DOCKERFILES["runtime"].read_text()
+    assert "tgapi.client" in text and '! python -c "import kopf"' in text
 
 
 def test_runtime_versions_line_up() -> None:

@@ -137,7 +137,7 @@ def test_server_exits_then_client_attaches_by_name_and_trains(
 
     down = run(ray_cluster, "-m", "tgruntime.teardown", "--group", name, "--ray-namespace", ns)
     (report,) = tagged("TG_TEARDOWN", down.stdout)
-    assert sorted(report["actors_killed"]) == sorted(ready["workerNames"])
+    assert sorted(report["actorsKilled"]) == sorted(ready["workerNames"])
     assert leftovers(ray_cluster, ns) == {"actors": [], "pgs": []}
     # Idempotent: a second teardown finds nothing and still succeeds.
     run(ray_cluster, "-m", "tgruntime.teardown", "--group", name, "--ray-namespace", ns)

@@ -151,7 +151,8 @@ def _denied_by_policy(plane: KubePlane, spec: dict[str, Any]) -> bool:
 
 @pytest.fixture(scope="module")
 def custom_objects(crd_plane: KubePlane) -> Iterator[Any]:
-    kubernetes = pytest.importorskip("kubernetes", reason="the kubernetes client is not installed")
+    import kubernetes
+
     api = kubernetes.config.new_client_from_config(config_file=str(crd_plane.kubeconfig))
     try:
         yield kubernetes.client.CustomObjectsApi(api)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from pathlib import Path
 
 import pytest
@@ -49,11 +50,15 @@ def ray_endpoint(request: pytest.FixtureRequest) -> RayEndpoint:
     if not gcs:
         pytest.fail(f"ray_cluster has no gcs_address: {cluster!r}")
     if not url or os.environ.get("TG_RAY_INCLUDE_DASHBOARD", "1") == "0":
-        pytest.skip(
+        why = (
             "the local Ray runs without its dashboard (TG_RAY_INCLUDE_DASHBOARD=0, or no "
-            "TG_TEST_DASHBOARD_URL with TG_TEST_RAY_ADDRESS): the operator talks to Ray only "
-            "through the dashboard's Jobs and State APIs"
+            "TG_TEST_DASHBOARD_URL with TG_TEST_RAY_ADDRESS): EVERY operator-on-Kubernetes "
+            "test is skipped, since the operator talks to Ray only through the dashboard's "
+            "Jobs and State APIs. Unset TG_RAY_INCLUDE_DASHBOARD to run them."
         )
+        # loud: a warning in the session summary as well as the skip reason
+        warnings.warn(pytest.PytestWarning(why), stacklevel=1)
+        pytest.skip(why)
     if not url.startswith("http"):
         url = f"http://{url}"
     return RayEndpoint(dashboard_url=url.rstrip("/"), gcs_address=gcs)

@@ -27,6 +27,7 @@ from typing import Any
 import aiohttp
 import yaml
 
+import tgapi.client
 from tg_operator import rbac
 from tg_operator.dashboard import ActorInfo, DashboardClient
 from tg_operator.settings import ray_auth_token
@@ -327,16 +328,23 @@ def wait_phase(
     timeout: float,
     op: OperatorProcess | None = None,
 ) -> dict[str, Any]:
-    def check() -> dict[str, Any] | None:
+    """Watch the TrainerGroup (tgapi.client's waiter, as the client does) until its phase is
+    one of ``phases``; its status then. AssertionError with the last status and the operator's
+    log on timeout or deletion."""
+    try:
+        obj = tgapi.client.wait_until(
+            name=name,
+            k8s_namespace=namespace,
+            kubeconfig=str(plane.kubeconfig),
+            timeout_s=timeout,
+            done=lambda o: (o.get("status") or {}).get("phase") in phases,
+            what=f"phase in {sorted(phases)}",
+        )
+    except (tgapi.client.TrainerGroupNotReady, tgapi.client.TrainerGroupNotFound) as exc:
         st = status_of(plane, namespace, name)
-        return st if st.get("phase") in phases else None
-
-    def detail() -> str:
-        st = status_of(plane, namespace, name)
-        text = f"last status: {json.dumps(st, indent=1)[:3000]}"
-        return text + (f"\noperator log:\n{op.tail()}" if op else "")
-
-    return dict(wait_for(check, timeout=timeout, what=f"{name} in {sorted(phases)}", detail=detail))
+        text = f"{exc}\nlast status: {json.dumps(st, indent=1)[:3000]}"
+        raise AssertionError(text + (f"\noperator log:\n{op.tail()}" if op else "")) from exc
+    return dict(obj.get("status") or {})
 
 
 def events_of(plane: Any, namespace: str, name: str) -> list[dict[str, Any]]:

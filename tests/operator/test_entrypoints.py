@@ -52,38 +52,9 @@ def test_submission_ids_are_deterministic_and_per_object() -> None:
     )
 
 
-def test_group_ready_line_is_parsed_from_noisy_logs() -> None:
-    payload = {
-        "groupName": "demo",
-        "rayNamespace": "tg-team-a-demo",
-        "generation": 2,
-        "workerNames": ["demoTrainer_0:0", "demoTrainer_0:1"],
-        "worldSize": 2,
-        "mesh": {"tp": 1, "pp": 1, "cp": 1, "dp": 2},
-        "workerClass": "tests.x:Noop",
-    }
-    logs = "\n".join(
-        [
-            "2026-01-01 INFO worker.py: Connecting to existing Ray cluster",
-            "TG_GROUP_READY not-json-from-an-older-attempt",
-            f"TG_GROUP_READY {json.dumps(payload)}",
-            "(raylet) some trailing noise",
-        ]
-    )
-    rec = entrypoints.parse_group_ready(logs)
-    assert rec is not None
-    assert rec.worker_names == ("demoTrainer_0:0", "demoTrainer_0:1")
-    assert (rec.generation, rec.world_size, rec.mesh["dp"]) == (2, 2, 2)
-    assert entrypoints.parse_group_ready("nothing here") is None
+# The TG_GROUP_READY / TG_GROUP_FAILED / TG_TEARDOWN parsers are tested on the runtime's
+# real lines in tests/operator/test_markers_contract.py.
 
 
-def test_failure_and_teardown_lines() -> None:
-    assert entrypoints.parse_group_failed('x\nTG_GROUP_FAILED {"error": "no GPUs"}\n') == "no GPUs"
-    assert entrypoints.parse_group_failed("Traceback ...") is None
-    assert entrypoints.parse_teardown(
-        'TG_TEARDOWN {"actorsKilled": 2, "placementGroupsRemoved": 1}'
-    ) == {
-        "actorsKilled": 2,
-        "placementGroupsRemoved": 1,
-    }
+def test_tail_of_the_logs() -> None:
     assert entrypoints.tail("a\n\nb\nc\nd\n", lines=2) == "c | d"

@@ -1,4 +1,12 @@
-"""The operator never imports Ray, torch, Megatron or the runtime (DESIGN.md)."""
+"""Import contracts between the three packages (docs/design.md, "Components"):
+
+- the operator never imports Ray, torch, Megatron or the runtime;
+- no runtime module imports the operator or its dependencies (kopf, aiohttp,
+  prometheus_client; the last two are in the runtime image only because Ray's dashboard
+  needs them); the runtime reads Kubernetes through ``tgapi.client``;
+- ``import tgapi`` needs PyYAML and the standard library only; ``tgapi.client`` adds the
+  ``kubernetes`` client and nothing else.
+"""
 
 from __future__ import annotations
 
@@ -9,33 +17,67 @@ import sys
 from pathlib import Path
 
 import tg_operator
+import tgruntime
 
-FORBIDDEN = ("ray", "torch", "megatron", "tgruntime", "tensordict")
+RUNTIME_HEAVY = ("ray", "torch", "megatron", "tgruntime", "tensordict")
+OPERATOR_ONLY = ("tg_operator", "kopf", "aiohttp", "prometheus_client")
 
 
 def _modules_after(code: str) -> set[str]:
     probe = code + "\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))\n"
     out = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=300
     ).stdout
     return set(json.loads(out.strip().splitlines()[-1]))
 
 
-def _heavy(mods: set[str]) -> list[str]:
-    return sorted(m for m in mods if m.split(".")[0] in FORBIDDEN)
+def _tops(mods: set[str]) -> set[str]:
+    return {m.split(".")[0] for m in mods}
+
+
+def _modules_of(pkg: object) -> list[str]:
+    pkg_dir = Path(str(getattr(pkg, "__file__", ""))).parent
+    name = str(getattr(pkg, "__name__", ""))
+    return [
+        m.name for m in pkgutil.walk_packages([str(pkg_dir)], prefix=f"{name}.") if not m.ispkg
+    ]
 
 
 def test_every_operator_module_imports_without_ray_torch_megatron_or_runtime() -> None:
-    pkg_dir = Path(tg_operator.__file__).parent
-    names = [f"tg_operator.{m.name}" for m in pkgutil.iter_modules([str(pkg_dir)])]
+    names = _modules_of(tg_operator)
     assert "tg_operator.handlers" in names and "tg_operator.reconcile" in names
     code = "\n".join(f"import {n}" for n in ["tg_operator", *names])
     mods = _modules_after(code)
     assert set(names) <= mods
-    assert _heavy(mods) == []
+    assert sorted(_tops(mods) & set(RUNTIME_HEAVY)) == []
 
 
-def test_client_helper_needs_neither_kopf_nor_ray() -> None:
-    mods = _modules_after("import tg_operator.client_status")
-    assert _heavy(mods) == []
-    assert "kopf" not in mods
+def test_no_runtime_module_imports_the_operator_or_its_dependencies() -> None:
+    names = _modules_of(tgruntime)
+    assert "tgruntime.client" in names and "tgruntime.cli" in names
+    # the client's Kubernetes path too (imported lazily by --trainergroup and `wait`)
+    code = "\n".join(f"import {n}" for n in ["tgruntime", *names, "tgapi.client"])
+    mods = _modules_after(code)
+    assert set(names) <= mods
+    assert sorted(_tops(mods) & set(OPERATOR_ONLY)) == []
+
+
+def _third_party_added(code: str) -> set[str]:
+    """Top-level non-stdlib modules ``code`` imports beyond a bare interpreter's."""
+    added = _tops(_modules_after(code)) - _tops(_modules_after("pass"))
+    # PyYAML's C extension is built with Cython, whose runtime registers these two names
+    return {
+        m
+        for m in added - set(sys.stdlib_module_names)
+        if m != "cython_runtime" and not m.startswith("_cython_")
+    }
+
+
+def test_tgapi_imports_only_pyyaml_and_the_standard_library() -> None:
+    assert sorted(_third_party_added("import tgapi, tgapi.crd")) == ["tgapi", "yaml"]
+
+
+def test_tgapi_client_adds_only_the_kubernetes_client() -> None:
+    added = _third_party_added("import tgapi.client") - _third_party_added("import tgapi")
+    assert "kubernetes" in added
+    assert sorted(added & {*RUNTIME_HEAVY, *OPERATOR_ONLY}) == []

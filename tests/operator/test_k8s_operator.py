@@ -22,9 +22,10 @@ from typing import Any
 
 import pytest
 
+import tgapi.client
 from tests.operator import k8s_support as ks
 from tests.operator.conftest import RayEndpoint
-from tg_operator import client_status, rbac
+from tg_operator import rbac
 
 pytestmark = [pytest.mark.k8s, pytest.mark.ray]
 READY_TIMEOUT = 900.0
@@ -138,14 +139,18 @@ def test_invalid_spec_ends_failed_and_creates_nothing(
     client = ks.grant(
         k8s_plane, namespace=ns, account="tg-client", rules=rbac.CLIENT_RULES, cluster_wide=False
     )
-    with pytest.raises(client_status.TrainerGroupFailed, match=r"spec\.workers\.useGpu"):
-        client_status.wait_for_ready_sync(
-            name="badexpert", namespace=ns, kubeconfig=str(client), timeout_s=30
+    with pytest.raises(tgapi.client.TrainerGroupFailed, match=r"spec\.workers\.useGpu"):
+        tgapi.client.wait_for_ready(
+            name="badexpert", k8s_namespace=ns, kubeconfig=str(client), timeout_s=30
         )
-    with pytest.raises(client_status.TrainerGroupNotFound):
-        client_status.wait_for_ready_sync(
-            name="nosuch", namespace=ns, kubeconfig=str(client), timeout_s=30
+    with pytest.raises(tgapi.client.TrainerGroupNotFound):
+        tgapi.client.wait_for_ready(
+            name="nosuch", k8s_namespace=ns, kubeconfig=str(client), timeout_s=30
         )
+    # ... and so is the client Job's `wait` step, on stderr with a non-zero exit
+    proc = client_wait("badexpert", ns, client)
+    assert (proc.returncode, proc.stdout) == (1, ""), proc
+    assert "failed" in proc.stderr and "spec.workers.useGpu" in proc.stderr, proc.stderr
     delete_and_wait(k8s_plane, ns, "badexpert", operator, timeout=60)
 
 
@@ -245,6 +250,14 @@ def test_lifecycle_train_kill_restart_delete(
     client_kubeconfig = ks.grant(
         k8s_plane, namespace=ns, account="tg-client", rules=rbac.CLIENT_RULES, cluster_wide=False
     )
+    proc = client_wait(name, ns, client_kubeconfig, "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == {
+        "rayAddress": st["rayAddress"],
+        "rayNamespace": st["rayNamespace"],
+        "groupName": name,
+        "workerNames": st["workerNames"],
+    }
     steps = run_client(name, ns, client_kubeconfig, tmp_path)
     assert len(steps) == 3, steps
     assert steps[-1]["loss"] < steps[0]["loss"], steps
@@ -272,7 +285,17 @@ def test_lifecycle_train_kill_restart_delete(
 
     # labels are not a reason to re-create the group
     k8s_plane.kubectl("label", "trainergroup", name, "-n", ns, "team=ml")
-    time.sleep(6)
+
+    def label_handled() -> bool:
+        # kopf records the configuration it last handled (labels included) in this annotation:
+        # once it holds the label, the operator has processed the change
+        obj = ks.get_tg(k8s_plane, ns, name) or {}
+        notes = obj.get("metadata", {}).get("annotations") or {}
+        raw = notes.get("kopf.trainergroup.io/last-handled-configuration") or "{}"
+        return bool(json.loads(raw).get("metadata", {}).get("labels", {}).get("team") == "ml")
+
+    ks.wait_for(label_handled, timeout=60, what="the operator to handle the label change",
+                detail=operator.tail)
     st3 = ks.status_of(k8s_plane, ns, name)
     assert (st3["phase"], st3["groupGeneration"]) == ("Ready", st2["groupGeneration"])
 
@@ -293,11 +316,22 @@ def test_lifecycle_train_kill_restart_delete(
     assert "CleanedUp" in [e["reason"] for e in ks.events_of(k8s_plane, ns, name)]
 
 
+def client_wait(
+    name: str, ns: str, kubeconfig: Path, *extra: str
+) -> subprocess.CompletedProcess[str]:
+    """``tgruntime.client wait --print-address`` (the client Job's first step)."""
+    argv = ["--trainergroup", name, "--k8s-namespace", ns, "--kubeconfig", str(kubeconfig)]
+    return subprocess.run(
+        [sys.executable, "-m", "tgruntime.client", "wait", *argv, "--print-address", *extra],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ks.REPO)},
+        check=False,
+    )
+
+
 def run_client(name: str, ns: str, kubeconfig: Path, tmp_path: Path) -> list[dict[str, Any]]:
-    try:
-        import tgruntime.client  # noqa: F401
-    except ImportError as exc:  # pragma: no cover - the runtime is a sibling component
-        pytest.skip(f"tgruntime.client is not importable yet ({exc})")
     env = {**os.environ, "PYTHONPATH": str(ks.REPO)}
     env.pop("RAY_ADDRESS", None)
     proc = subprocess.run(
@@ -307,7 +341,7 @@ def run_client(name: str, ns: str, kubeconfig: Path, tmp_path: Path) -> list[dic
             "tgruntime.client",
             "--trainergroup",
             name,
-            "--namespace",
+            "--k8s-namespace",
             ns,
             "--kubeconfig",
             str(kubeconfig),

@@ -8,8 +8,8 @@ import datetime
 from tests.operator.helpers import pod, raycluster_obj, trainergroup
 from tg_operator import status as S
 from tg_operator.dashboard import ActorInfo, JobInfo, describe_death_cause
-from tg_operator.entrypoints import GroupRecord
 from tgapi import TrainerGroupStatus
+from tgapi.markers import GroupReady
 
 T0 = datetime.datetime(2026, 1, 1, 12, 0, 0, tzinfo=datetime.UTC)
 NAMES = ("demoTrainer_0:0", "demoTrainer_0:1")
@@ -33,8 +33,8 @@ def obs(readiness: S.ClusterReadiness, **kw: object) -> S.Observation:
     )
 
 
-def record() -> GroupRecord:
-    return GroupRecord(
+def record() -> GroupReady:
+    return GroupReady(
         group_name="demo",
         ray_namespace="tg-team-a-demo",
         generation=1,
@@ -283,5 +283,7 @@ def test_death_cause_is_flattened() -> None:
             "reason": "RAY_KILL",
         }
     }
-    assert describe_death_cause(cause) == "The actor is dead because it was killed by `ray.kill`."
+    assert describe_death_cause(cause) == (
+        "The actor is dead because it was killed by `ray.kill`. [RAY_KILL]"
+    )
     assert describe_death_cause(None) == ""

@@ -8,12 +8,12 @@ back what Ray would answer, so every outcome is checked in milliseconds.
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 from tests.operator.helpers import trainergroup
 from tg_operator import names, teardown
 from tg_operator.dashboard import JobInfo
+from tgapi import markers
 
 
 class FakeJobs:
@@ -21,7 +21,7 @@ class FakeJobs:
 
     base_url = "http://ray.invalid:8265"
 
-    def __init__(self, outcomes: list[tuple[str, dict[str, Any]]]) -> None:
+    def __init__(self, outcomes: list[tuple[str, markers.Teardown]]) -> None:
         self.outcomes = list(outcomes)
         self.jobs: dict[str, JobInfo] = {}
         self.logs: dict[str, str] = {}
@@ -37,14 +37,14 @@ class FakeJobs:
         status, report = self.outcomes.pop(0)
         self.submitted.append(submission_id)
         self.jobs[submission_id] = JobInfo(submission_id=submission_id, status=status)
-        self.logs[submission_id] = f"noise\nTG_TEARDOWN {json.dumps(report)}\n"
+        self.logs[submission_id] = f"noise\n{markers.line(report)}\n"
         return submission_id
 
     async def job_logs(self, submission_id: str) -> str:
         return self.logs.get(submission_id, "")
 
 
-def run(outcomes: list[tuple[str, dict[str, Any]]]) -> tuple[teardown.TeardownResult, FakeJobs]:
+def run(outcomes: list[tuple[str, markers.Teardown]]) -> tuple[teardown.TeardownResult, FakeJobs]:
     tg = trainergroup()
     dash = FakeJobs(outcomes)
     result = asyncio.run(
@@ -59,8 +59,12 @@ def run(outcomes: list[tuple[str, dict[str, Any]]]) -> tuple[teardown.TeardownRe
     return result, dash
 
 
-COMPLETE = {"complete": True, "errors": [], "actors_killed": ["a"]}
-INCOMPLETE = {"complete": False, "errors": ["placement group tg:x:0 still exists"]}
+COMPLETE = markers.Teardown(
+    group_name="x", ray_namespace="tg-x", complete=True, actors_killed=("a",)
+)
+INCOMPLETE = markers.Teardown(
+    group_name="x", ray_namespace="tg-x", errors=("placement group tg:x:0 still exists",)
+)
 
 
 def test_a_complete_teardown_is_done() -> None:

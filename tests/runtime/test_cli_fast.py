@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 import yaml
 
+import tgapi.client
 from tests.fixtures_ray import REPO_ROOT, tgctl_env
 from tgruntime import client, ray_connect
 
@@ -44,7 +45,9 @@ def test_ray_address_is_one_variable_and_the_old_one_is_deprecated(
     monkeypatch.setattr(ray_connect, "_warned_deprecated", False)
     with caplog.at_level(logging.WARNING, logger="tgruntime.ray_connect"):
         assert ray_connect.address_from_env() == "10.0.0.1:6379"
-    assert "TG_RAY_ADDRESS is deprecated" in caplog.text and "RAY_ADDRESS=10.0.0.1:6379" in caplog.text
+    assert (
+        "TG_RAY_ADDRESS is deprecated" in caplog.text and "RAY_ADDRESS=10.0.0.1:6379" in caplog.text
+    )
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.2:6379")
     assert ray_connect.address_from_env() == "10.0.0.2:6379"  # RAY_ADDRESS wins
 
@@ -52,9 +55,29 @@ def test_ray_address_is_one_variable_and_the_old_one_is_deprecated(
 def test_client_namespace_defaults_to_the_pods(tmp_path: Path) -> None:
     sa = tmp_path / "namespace"
     sa.write_text("team-a\n")
-    assert client.default_k8s_namespace(str(sa)) == "team-a"
-    assert client.default_k8s_namespace(str(tmp_path / "absent")) is None  # kubeconfig's, then default
-    assert client.build_parser().parse_args([]).namespace is None  # resolved in main()
+    assert tgapi.client.default_k8s_namespace(service_account_file=str(sa)) == "team-a"
+    # outside a pod: the kubeconfig context's namespace, else "default"
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "contexts: [{name: c, context: {cluster: x, user: u, namespace: team-b}}]\n"
+        "clusters: [{name: x, cluster: {server: 'https://127.0.0.1:1'}}]\nusers: [{name: u, user: {token: t}}]\n"
+    )
+    assert tgapi.client.default_k8s_namespace(kubeconfig=str(kubeconfig)) == "team-b"
+    absent = str(tmp_path / "absent")
+    assert tgapi.client.default_k8s_namespace(kubeconfig=absent, service_account_file=absent) == (
+        "default"
+    )
+    assert client.build_parser().parse_args([]).k8s_namespace is None  # resolved when waiting
+
+
+def test_client_wait_needs_a_trainergroup(capsys: pytest.CaptureFixture[str]) -> None:
+    assert client.main(["wait", "--print-address"]) == 2
+    assert "--trainergroup NAME is required" in capsys.readouterr().err
+    args = client.build_wait_parser().parse_args(
+        ["--trainergroup", "t", "--k8s-namespace", "n", "--timeout", "5", "--json"]
+    )
+    assert (args.trainergroup, args.k8s_namespace, args.wait, args.json) == ("t", "n", 5.0, True)
 
 
 # ----------------------------------------------------------------------------- real Ray
@@ -64,15 +87,27 @@ def _env(tmp_path: Path) -> dict[str, str]:
 
 def _py(env: dict[str, str], code: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], cwd=REPO_ROOT, env=env,
-        capture_output=True, text=True, timeout=timeout, check=False,
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
 
 
-def _tgctl(env: dict[str, str], *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def _tgctl(
+    env: dict[str, str], *args: str, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "tgruntime.cli", *args], cwd=REPO_ROOT, env=env,
-        capture_output=True, text=True, timeout=timeout, check=False,
+        [sys.executable, "-m", "tgruntime.cli", *args],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
 
 
@@ -84,13 +119,22 @@ def _spec(tmp_path: Path, cls: str) -> tuple[Path, dict[str, Any]]:
         "metadata": {"name": name},
         "spec": {
             "workers": {
-                "processesPerNode": [2], "cpusPerProcess": 0.1, "useGpu": False,
-                "workerClass": f"{WORKER_MODULE}:{cls}", "rayNamespace": f"ns-{name}",
+                "processesPerNode": [2],
+                "cpusPerProcess": 0.1,
+                "useGpu": False,
+                "workerClass": f"{WORKER_MODULE}:{cls}",
+                "rayNamespace": f"ns-{name}",
             },
             "parallelism": {"tensor": 2},
-            "model": {"vocabSize": 128, "hiddenSize": 64, "numLayers": 2,
-                      "numAttentionHeads": 4, "ffnHiddenSize": 128, "maxSequenceLength": 64,
-                      "dtype": "float32"},
+            "model": {
+                "vocabSize": 128,
+                "hiddenSize": 64,
+                "numLayers": 2,
+                "numAttentionHeads": 4,
+                "ffnHiddenSize": 128,
+                "maxSequenceLength": 64,
+                "dtype": "float32",
+            },
             "training": {"batchSize": 8, "sequenceLength": 32},
         },
     }
@@ -118,25 +162,33 @@ def test_tgctl_fast_quiet_paths_without_dashboard(tmp_path: Path) -> None:
         assert head["dashboard_url"] == "" and isinstance(head["pid"], int)
 
         # status: no Ray driver, no torch, no worker module; --json for machines.
-        st = _py(env, f"""
+        st = _py(
+            env,
+            f"""
             import json, sys
             from tgruntime import cli
             rc = cli.main(["status", "-f", {str(path)!r}, "--json"])
             import ray
             print("PROBE " + json.dumps({{"rc": rc, "driver": ray.is_initialized(),
                 "torch": "torch" in sys.modules, "worker_module": {WORKER_MODULE!r} in sys.modules}}))
-        """)
+        """,
+        )
         assert st.returncode == 0, st.stderr[-3000:]
         body = json.loads(st.stdout.splitlines()[0])
         probe = json.loads(st.stdout.split("PROBE ", 1)[1])
         assert probe == {"rc": 0, "driver": False, "torch": False, "worker_module": False}
         assert body["phase"] == "Ready" and body["alive"] == 2 and body["dashboardUrl"] == ""
-        assert [w["name"] for w in body["workers"]] == [f"{name}SpecEcho_0:0", f"{name}SpecEcho_0:1"]
+        assert [w["name"] for w in body["workers"]] == [
+            f"{name}SpecEcho_0:0",
+            f"{name}SpecEcho_0:1",
+        ]
         human = _tgctl(env, "status", "-f", str(path))
         assert "phase: Ready" in human.stdout and "dashboard" not in human.stdout
 
         # Attach as the client does: light handles, and calls still reach the workers.
-        att = _py(env, f"""
+        att = _py(
+            env,
+            f"""
             import json, sys
             from tgruntime.ray_connect import connect
             from tgruntime.gcs_view import use_light_handles
@@ -147,27 +199,36 @@ def test_tgctl_fast_quiet_paths_without_dashboard(tmp_path: Path) -> None:
             out = wg.init_model()
             print("PROBE " + json.dumps({{"ranks": [r["rank"] for r in out],
                 "worker_module": {WORKER_MODULE!r} in sys.modules}}))
-        """)
+        """,
+        )
         assert att.returncode == 0, att.stderr[-3000:]
-        assert json.loads(att.stdout.split("PROBE ", 1)[1]) == {"ranks": [0, 1], "worker_module": False}
+        assert json.loads(att.stdout.split("PROBE ", 1)[1]) == {
+            "ranks": [0, 1],
+            "worker_module": False,
+        }
 
         # down: no worker module, everything checked through the GCS, said plainly.
-        dn = _py(env, f"""
+        dn = _py(
+            env,
+            f"""
             import json, sys
             from tgruntime import cli
             rc = cli.main(["down", "-f", {str(path)!r}, "--json"])
             print("PROBE " + json.dumps({{"rc": rc, "torch": "torch" in sys.modules,
                 "worker_module": {WORKER_MODULE!r} in sys.modules}}))
-        """)
+        """,
+        )
         assert dn.returncode == 0, dn.stderr[-3000:]
         report = json.loads(dn.stdout.splitlines()[0])["teardown"]
         assert json.loads(dn.stdout.split("PROBE ", 1)[1]) == {
-            "rc": 0, "torch": False, "worker_module": False,
+            "rc": 0,
+            "torch": False,
+            "worker_module": False,
         }
         assert report["complete"] is True and report["errors"] == []
-        assert report["not_checked"] == []
+        assert report["notChecked"] == []
         assert any("GCS actor table" in c for c in report["checked"]), report
-        assert sorted(report["actors_killed"]) == [f"{name}SpecEcho_0:0", f"{name}SpecEcho_0:1"]
+        assert sorted(report["actorsKilled"]) == [f"{name}SpecEcho_0:0", f"{name}SpecEcho_0:1"]
         again = _tgctl(env, "down", "-f", str(path))
         assert again.returncode == 0 and "nothing was left" in again.stdout, again.stdout
         assert "complete: everything checked is gone" in again.stdout

@@ -62,7 +62,7 @@ def test_reconnecting_with_another_namespace_is_refused(ray_driver: RayCluster) 
 
 
 def test_token_auth_cluster_with_explicit_address() -> None:
-    """The DESIGN field note, reproduced: a token-auth head (what ``ray start`` makes whenever
+    """The field note of docs/design.md, reproduced: a token-auth head (what ``ray start`` makes whenever
     ~/.ray/auth_token exists), a driver given an explicit loopback address. Plain
     ``ray.init(address=...)`` fails with "Failed to connect to Ray cluster at <node ip>:<port>";
     ``connect`` uses the token and works."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import json
 import pickle
 from typing import Any
 
@@ -209,11 +210,14 @@ def test_naming() -> None:
 
 def test_group_record_json_round_trip() -> None:
     record = GroupRecord(
-        group_name="g", namespace="ns", worker_names=("gW_0:0", "gW_0:1"), world_size=2,
+        group_name="g", ray_namespace="ns", worker_names=("gW_0:0", "gW_0:1"), world_size=2,
         mesh={"tp": 2}, worker_class="m:W", generation=1, created_at=1.5,
         methods={"f": MethodSpec(dispatch_mode=Dispatch.ONE_TO_ALL).describe()}, placement_groups=("tg:ns:g:g1:0",),
     )
     assert GroupRecord.from_json(record.to_json()) == record
+    legacy = json.loads(record.to_json())
+    legacy["namespace"] = legacy.pop("ray_namespace")  # a record published before the rename
+    assert GroupRecord.from_json(json.dumps(legacy)) == record
 
 
 def test_errors_name_group_rank_cause_and_pickle() -> None:

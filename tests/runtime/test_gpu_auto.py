@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -139,7 +138,8 @@ def test_infeasible_group_fails_at_once_and_leaves_nothing(
     import ray
 
     pool = ResourcePool(process_on_nodes=[2], use_gpu=True, cpus_per_process=1)
-    t0 = time.monotonic()
+    # PlacementInfeasibleError comes from the check before any placement group is made (a
+    # wait for placement would end in PlacementTimeoutError after the 600 s instead)
     with pytest.raises(PlacementInfeasibleError) as info:
         WorkerGroup.create(
             group_name="gpus",
@@ -148,7 +148,6 @@ def test_infeasible_group_fails_at_once_and_leaves_nothing(
             cls=Counter,
             pg_timeout_s=600,
         )
-    assert time.monotonic() - t0 < 30  # not the 600 s placement wait
     text = str(info.value)
     cpus = ray.cluster_resources()["CPU"]  # type: ignore[no-untyped-call]
     assert "asked 2 bundles of {CPU=1, GPU=1}" in text, text
@@ -208,16 +207,14 @@ def test_server_with_gpu_workers_on_a_cpu_cluster_fails_at_once(
     path, doc = _spec(tmp_path, useGpu=True, cpusPerProcess=1)
     (doc["spec"].setdefault("timeouts", {}))["workersReadySeconds"] = 600
     path.write_text(yaml.safe_dump(doc))
-    t0 = time.monotonic()
+    # timeout=200: far below the spec's 600 s wait, so the refusal must come up front
     server = _run(ray_cluster.env(), "-m", "tgruntime.server", "-f", str(path), timeout=200)
-    elapsed = time.monotonic() - t0
     failed = _tagged("TG_GROUP_FAILED", server.stdout)
     assert server.returncode == 1 and failed is not None, server.stderr[-3000:]
     assert failed["kind"] == "PlacementInfeasibleError"
     error = failed["error"]
     assert "asked 2 bundles of {CPU=1, GPU=1}" in error and "GPU=0}" in error, error
     assert "set workers.useGpu: false" in error and "start the Ray head with GPUs" in error
-    assert elapsed < 120, elapsed  # far below the spec's 600 s wait
 
 
 @pytest.mark.ray

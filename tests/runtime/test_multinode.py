@@ -25,13 +25,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import ray
+from ray.util.placement_group import placement_group_table
 
-ray = pytest.importorskip("ray")
-
-from ray.util.placement_group import placement_group_table  # noqa: E402
-
-from tests.runtime.light_workers import Counter, MeshProbe  # noqa: E402
-from tgruntime.controller import ClassWithInitArgs, ResourcePool, WorkerGroup  # noqa: E402
+from tests.runtime.light_workers import Counter, MeshProbe
+from tgruntime.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
 
 pytestmark = pytest.mark.ray
 
@@ -224,7 +222,6 @@ def test_node_resources_must_match_entries() -> None:
 
 @pytest.mark.megatron
 def test_megatron_tp2_across_nodes(two_nodes: TwoNodes, tmp_path: Path) -> None:
-    pytest.importorskip("megatron.core")
     import tgapi
     from tests.trainer.scenarios import fixed_batch, tiny_spec
     from tgruntime.controller import DataProto

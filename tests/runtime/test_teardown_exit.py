@@ -78,7 +78,7 @@ def test_incomplete_teardown_exits_non_zero_and_a_retry_completes(
     assert any(e == "not everything was gone after 3s"
                or f"still there after teardown (created again meanwhile?): actor {contested}" in e
                for e in report["errors"]), report
-    assert contested in report["actors_killed"]
+    assert contested in report["actorsKilled"]
     for handle in taken:
         ray.kill(handle, no_restart=True)
     # Retried once the name is free: complete, exit 0, and idempotent.

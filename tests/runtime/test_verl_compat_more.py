@@ -204,6 +204,38 @@ def test_worker_uses_tensordict_utils(ray_driver: RayCluster, cleanup: list[str]
     td = tu.get_tensordict({"x": x})
     out = wg.scale(DataProto(batch=td, meta_info={"factor": 2.0}))
     assert out.batch["y"].tolist() == (x * 2).tolist()
+    # WorkerGroup's alternate constructors, inherited, build a RayWorkerGroup (its parent's
+    # contract): attach by name and by worker names, with verl's attributes set
+    for again in (
+        RayWorkerGroup.attach(group_name=wg.group_name, namespace=wg.namespace),
+        RayWorkerGroup.from_worker_names(worker_names=wg.worker_names, namespace=wg.namespace),
+    ):
+        assert type(again) is RayWorkerGroup and again.device_name == "cuda"
+        assert again.use_gpu is False and again.fused_worker_used is False
+        assert again.scale(DataProto(batch=td, meta_info={"factor": 3.0})).batch["y"].tolist() == (
+            x * 3
+        ).tolist()
+
+
+def test_ray_worker_group_keeps_its_parents_signatures() -> None:
+    """Every WorkerGroup method RayWorkerGroup overrides accepts the parent's arguments."""
+    import inspect
+
+    from tgruntime.controller import WorkerGroup
+
+    overridden = [
+        name
+        for name, value in vars(RayWorkerGroup).items()
+        if callable(value) and name in vars(WorkerGroup) and name != "__init__"
+    ]
+    for name in overridden:
+        parent = inspect.signature(getattr(WorkerGroup, name)).parameters
+        child = inspect.signature(getattr(RayWorkerGroup, name)).parameters
+        takes_any = any(p.kind is p.VAR_KEYWORD for p in child.values())
+        for pname, param in parent.items():
+            assert pname in child or takes_any, f"RayWorkerGroup.{name} drops {pname!r}"
+            if pname in child and param.default is not param.empty:
+                assert child[pname].default is not param.empty, f"{name}({pname}) lost its default"
 
 
 # ---------------------------------------------------------------------------- tensordict_utils

@@ -6,10 +6,9 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from tests.trainer import scenarios  # noqa: E402
+from tests.trainer import scenarios
 
 pytestmark = [
     pytest.mark.gpu,

@@ -17,7 +17,7 @@ from tests.trainer import scenarios
 
 pytestmark = pytest.mark.megatron
 
-launch = pytest.importorskip("tgruntime.trainer.launch").launch
+from tgruntime.trainer.launch import launch  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -7,16 +7,15 @@ import json
 import math
 from pathlib import Path
 
+import megatron.core  # noqa: F401
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("megatron.core")
-
-from tests.trainer.scenarios import tiny_spec  # noqa: E402
-from tgruntime.trainer.batch import lm_batch, split_microbatches  # noqa: E402
-from tgruntime.trainer.checkpoint import latest_checkpoint, step_dirname  # noqa: E402
-from tgruntime.trainer.engine import StepResult, TrainEngine, _default_micro_batch_size  # noqa: E402
-from tgruntime.trainer.settings import resolve_settings  # noqa: E402
+from tests.trainer.scenarios import tiny_spec
+from tgruntime.trainer.batch import lm_batch, split_microbatches
+from tgruntime.trainer.checkpoint import latest_checkpoint, step_dirname
+from tgruntime.trainer.engine import StepResult, TrainEngine, _default_micro_batch_size
+from tgruntime.trainer.settings import resolve_settings
 
 pytestmark = pytest.mark.megatron
 

@@ -13,21 +13,19 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import megatron.core  # noqa: F401
 import pytest
+import ray
 
 import tgapi
-
-ray = pytest.importorskip("ray")
-pytest.importorskip("megatron.core")
-
-from tests.trainer.scenarios import BATCH, SEQ, fixed_batch, tiny_spec  # noqa: E402
-from tgruntime.controller import (  # noqa: E402
+from tests.trainer.scenarios import BATCH, SEQ, fixed_batch, tiny_spec
+from tgruntime.controller import (
     ClassWithInitArgs,
     DataProto,
     ResourcePool,
     WorkerGroup,
 )
-from tgruntime.trainer.worker import MegatronTrainer  # noqa: E402
+from tgruntime.trainer.worker import MegatronTrainer
 
 pytestmark = [pytest.mark.ray, pytest.mark.megatron]
 

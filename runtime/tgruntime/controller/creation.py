@@ -81,7 +81,9 @@ def launch(
         for local in range(count)
     ]
     claimed = registry.claim_members(
-        group_name=group_name, namespace=namespace, members=registry.Members(tuple(names), generation)
+        group_name=group_name,
+        namespace=namespace,
+        members=registry.Members(tuple(names), generation),
     )
     if not claimed:
         raise GroupExistsError(group_name=group_name, namespace=namespace, generation=generation)
@@ -89,13 +91,17 @@ def launch(
     handles: list[Any] = []
     try:
         owned = placement_groups is None
-        pgs = placement_groups if placement_groups is not None else create_placement_groups(
-            resource_pool,
-            group_name=group_name,
-            namespace=namespace,
-            generation=generation,
-            detached=detached,
-            timeout_s=pg_timeout_s,
+        pgs = (
+            placement_groups
+            if placement_groups is not None
+            else create_placement_groups(
+                resource_pool,
+                group_name=group_name,
+                namespace=namespace,
+                generation=generation,
+                detached=detached,
+                timeout_s=pg_timeout_s,
+            )
         )
         if len(pgs) != len(counts):
             raise ValueError(f"{len(pgs)} placement groups given for {len(counts)} nodes")
@@ -139,7 +145,9 @@ def launch(
         _wait_ready(group_name=group_name, names=names, handles=handles, timeout_s=actor_timeout_s)
         pg_names = (
             tuple(
-                naming.placement_group_name(namespace=namespace, group_name=group_name, generation=generation, index=i)
+                naming.placement_group_name(
+                    namespace=namespace, group_name=group_name, generation=generation, index=i
+                )
                 for i in range(len(pgs))
             )
             if owned
@@ -147,7 +155,7 @@ def launch(
         )
         record = registry.GroupRecord(
             group_name=group_name,
-            namespace=namespace,
+            ray_namespace=namespace,
             worker_names=tuple(names),
             world_size=world_size,
             mesh=dict(mesh or {}),
@@ -160,9 +168,16 @@ def launch(
         )
         registry.publish_record(record)
     except BaseException:
-        teardown_group(group_name=group_name, namespace=namespace, timeout_s=30, extra_worker_names=names)
+        teardown_group(
+            group_name=group_name, namespace=namespace, timeout_s=30, extra_worker_names=names
+        )
         raise
-    return Launched(worker_names=tuple(names), handles=tuple(handles), record=record, placement_groups=tuple(pgs))
+    return Launched(
+        worker_names=tuple(names),
+        handles=tuple(handles),
+        record=record,
+        placement_groups=tuple(pgs),
+    )
 
 
 def _actor_options(
@@ -213,12 +228,17 @@ def _wait_ready(*, group_name: str, names: list[str], handles: list[Any], timeou
                 ray.get(ref)
             except RayActorError as exc:
                 raise WorkerStartError(
-                    group_name=group_name, rank=index[ref], worker_name=names[index[ref]],
+                    group_name=group_name,
+                    rank=index[ref],
+                    worker_name=names[index[ref]],
                     cause=_start_cause(exc),
                 ) from exc
             except RayError as exc:
                 raise WorkerStartError(
-                    group_name=group_name, rank=index[ref], worker_name=names[index[ref]], cause=str(exc)
+                    group_name=group_name,
+                    rank=index[ref],
+                    worker_name=names[index[ref]],
+                    cause=str(exc),
                 ) from exc
 
 
@@ -237,7 +257,9 @@ def _check_before_create(*, group_name: str, namespace: str) -> None:
     members = registry.load_members(group_name=group_name, namespace=namespace)
     if record is None and members is None:
         return
-    names = set(record.worker_names if record else ()) | set(members.worker_names if members else ())
+    names = set(record.worker_names if record else ()) | set(
+        members.worker_names if members else ()
+    )
     live = [n for n in names if _alive(n, namespace)]
     pgs = find_placement_groups(namespace=namespace, group_name=group_name)
     if live or pgs:

@@ -20,22 +20,15 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from tgruntime.controller import dispatch
+
+# re-exported: users import them from here (verl's place); defined in modes.py
+from tgruntime.controller.modes import TRIM_KWARG as TRIM_KWARG
+from tgruntime.controller.modes import Dispatch as Dispatch
+
 SPEC_ATTR = "__tg_method_spec__"
-TRIM_KWARG = "__tg_trim__"
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-class Dispatch(enum.Enum):
-    """How a group call's arguments are spread over the workers (verl's names)."""
-
-    RANK_ZERO = "RANK_ZERO"
-    ONE_TO_ALL = "ONE_TO_ALL"
-    ALL_TO_ALL = "ALL_TO_ALL"
-    DP_COMPUTE = "DP_COMPUTE"
-    DP_COMPUTE_PROTO = "DP_COMPUTE_PROTO"
-    DP_COMPUTE_PROTO_WITH_FUNC = "DP_COMPUTE_PROTO_WITH_FUNC"
-    DP_COMPUTE_METRIC = "DP_COMPUTE_METRIC"
 
 
 class Execute(enum.Enum):
@@ -70,7 +63,10 @@ class CustomDispatch(Mapping[str, Callable[..., Any]]):
         return 2
 
     def describe(self) -> dict[str, str]:
-        return {"dispatch_fn": _import_path(self.dispatch_fn), "collect_fn": _import_path(self.collect_fn)}
+        return {
+            "dispatch_fn": _import_path(self.dispatch_fn),
+            "collect_fn": _import_path(self.collect_fn),
+        }
 
 
 @dataclass(frozen=True)
@@ -80,8 +76,6 @@ class MeshDispatch(Mapping[str, Callable[..., Any]]):
     mesh_name: str
 
     def __getitem__(self, key: str) -> Callable[..., Any]:
-        from tgruntime.controller import dispatch
-
         if key == "dispatch_fn":
             return functools.partial(dispatch.dispatch_nd_proto, self.mesh_name)
         if key == "collect_fn":
@@ -132,7 +126,11 @@ class MethodSpec:
                 dispatch_fn=_LazyImport(custom["dispatch_fn"]),
                 collect_fn=_LazyImport(custom["collect_fn"]),
             )
-        return cls(dispatch_mode=mode, execute_mode=Execute(data["execute"]), blocking=bool(data["blocking"]))
+        return cls(
+            dispatch_mode=mode,
+            execute_mode=Execute(data["execute"]),
+            blocking=bool(data["blocking"]),
+        )
 
 
 def make_nd_compute_dataproto_dispatch_fn(mesh_name: str) -> MeshDispatch:
@@ -147,11 +145,15 @@ def as_dispatch_mode(mode: Any) -> DispatchMode:
     if isinstance(mode, Mapping):
         missing = {"dispatch_fn", "collect_fn"} - set(mode)
         if missing:
-            raise ValueError(f"a custom dispatch mode needs keys dispatch_fn and collect_fn; missing {sorted(missing)}")
+            raise ValueError(
+                f"a custom dispatch mode needs keys dispatch_fn and collect_fn; missing {sorted(missing)}"
+            )
         if not callable(mode["dispatch_fn"]) or not callable(mode["collect_fn"]):
             raise TypeError("dispatch_fn and collect_fn must be callables")
         return CustomDispatch(dispatch_fn=mode["dispatch_fn"], collect_fn=mode["collect_fn"])
-    raise TypeError(f"dispatch_mode must be a Dispatch or a dict with dispatch_fn/collect_fn, not {mode!r}")
+    raise TypeError(
+        f"dispatch_mode must be a Dispatch or a dict with dispatch_fn/collect_fn, not {mode!r}"
+    )
 
 
 def register(
@@ -234,7 +236,9 @@ def registered_methods(cls: type) -> dict[str, MethodSpec]:
     return out
 
 
-def _materialize(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def _materialize(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
     from tgruntime.controller.futures import DataProtoFuture
 
     if any(isinstance(a, DataProtoFuture) for a in args):

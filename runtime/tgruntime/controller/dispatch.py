@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from tgruntime.controller.decorator import TRIM_KWARG, Dispatch
 from tgruntime.controller.futures import DataProtoFuture, is_object_ref
+from tgruntime.controller.modes import TRIM_KWARG, Dispatch
 from tgruntime.controller.partition import chunk_lengths, is_dataproto
 
 if TYPE_CHECKING:
@@ -226,8 +226,14 @@ def normalize(group: DispatchTarget, args: Sequence[Any], kwargs: dict[str, Any]
 
 def _check_per_rank(value: Any, n: int, what: str) -> None:
     if not isinstance(value, list | tuple) or len(value) != n:
-        got = f"a {type(value).__name__} of length {len(value)}" if isinstance(value, list | tuple) else type(value).__name__
-        raise ValueError(f"DP_COMPUTE needs {what} as a list of {n} values (one per rank), got {got}")
+        got = (
+            f"a {type(value).__name__} of length {len(value)}"
+            if isinstance(value, list | tuple)
+            else type(value).__name__
+        )
+        raise ValueError(
+            f"DP_COMPUTE needs {what} as a list of {n} values (one per rank), got {got}"
+        )
 
 
 BUILTIN: dict[Dispatch, tuple[Callable[..., PerRank], Callable[..., Any]]] = {
@@ -236,6 +242,9 @@ BUILTIN: dict[Dispatch, tuple[Callable[..., PerRank], Callable[..., Any]]] = {
     Dispatch.ALL_TO_ALL: (dispatch_all_to_all, collect_all_to_all),
     Dispatch.DP_COMPUTE: (dispatch_dp_compute, collect_dp_compute),
     Dispatch.DP_COMPUTE_PROTO: (dispatch_dp_compute_data_proto, collect_dp_compute_data_proto),
-    Dispatch.DP_COMPUTE_PROTO_WITH_FUNC: (dispatch_dp_compute_data_proto_with_func, collect_dp_compute_data_proto),
+    Dispatch.DP_COMPUTE_PROTO_WITH_FUNC: (
+        dispatch_dp_compute_data_proto_with_func,
+        collect_dp_compute_data_proto,
+    ),
     Dispatch.DP_COMPUTE_METRIC: (dispatch_dp_compute_data_proto, collect_dp_compute),
 }

@@ -11,16 +11,15 @@ answers only when the call ends: its calls run one at a time).
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import ray
 from ray.exceptions import RayActorError, RayError
 
+from tgapi.workers import WorkerState, describe_worker
 from tgruntime.controller.calls import actor_error_cause
-
-HealthState = Literal["ALIVE", "DEAD", "UNREACHABLE"]
 
 
 @dataclass(frozen=True)
@@ -29,7 +28,7 @@ class WorkerHealth:
 
     rank: int
     name: str
-    state: HealthState
+    state: WorkerState  # tgapi.workers: the one vocabulary (tgctl, the operator, here)
     cause: str
     node_id: str
     pid: int
@@ -45,9 +44,13 @@ def dashboard_url() -> str:
     from ray._private import ray_constants
     from ray.experimental import internal_kv
 
-    raw = internal_kv._internal_kv_get(ray_constants.DASHBOARD_ADDRESS, namespace=ray_constants.KV_NAMESPACE_DASHBOARD)
+    raw = internal_kv._internal_kv_get(
+        ray_constants.DASHBOARD_ADDRESS, namespace=ray_constants.KV_NAMESPACE_DASHBOARD
+    )
     if not raw:
-        raise RuntimeError("this Ray cluster publishes no dashboard address (started without the dashboard?)")
+        raise RuntimeError(
+            "this Ray cluster publishes no dashboard address (started without the dashboard?)"
+        )
     text = raw.decode() if isinstance(raw, bytes) else str(raw)
     return text if "://" in text else f"http://{text}"
 
@@ -96,33 +99,15 @@ def group_health(
 
 def _from_state(rank: int, name: str, entry: Any) -> WorkerHealth:
     if entry is None:
-        return WorkerHealth(rank, name, "DEAD", "no such actor in the namespace (never created, or removed)", "", -1)
-    node_id = entry.node_id or ""
-    pid = int(entry.pid or -1)
-    if entry.state == "ALIVE":
-        return WorkerHealth(rank, name, "ALIVE", "", node_id, pid)
-    if entry.state == "DEAD":
-        return WorkerHealth(rank, name, "DEAD", death_cause_text(entry.death_cause), node_id, pid)
-    return WorkerHealth(rank, name, "UNREACHABLE", f"actor is {entry.state}", node_id, pid)
+        state, cause = describe_worker(ray_state=None)
+        return WorkerHealth(rank, name, state, cause, "", -1)
+    state, cause = describe_worker(ray_state=entry.state, death_cause=entry.death_cause)
+    return WorkerHealth(rank, name, state, cause, entry.node_id or "", int(entry.pid or -1))
 
 
-def death_cause_text(cause: Mapping[str, Any] | None) -> str:
-    """A one-line summary of Ray's death-cause record."""
-    if not cause:
-        return "dead (no cause recorded)"
-    for kind, ctx in cause.items():
-        if not isinstance(ctx, Mapping):
-            continue
-        reason = str(ctx.get("reason", "")).strip()
-        message = str(ctx.get("error_message", "")).strip()
-        first = next((ln.strip() for ln in message.splitlines() if ln.strip()), "")
-        label = kind.removesuffix("_context").replace("_", " ")
-        parts = [p for p in (reason, first) if p]
-        return f"{label}: {' - '.join(parts)}" if parts else label
-    return str(cause)
-
-
-def _probe(*, worker_names: Sequence[str], handles: Sequence[Any | None], timeout_s: float) -> list[WorkerHealth]:
+def _probe(
+    *, worker_names: Sequence[str], handles: Sequence[Any | None], timeout_s: float
+) -> list[WorkerHealth]:
     refs: dict[int, Any] = {}
     for rank, handle in enumerate(handles):
         if handle is not None:
@@ -130,21 +115,28 @@ def _probe(*, worker_names: Sequence[str], handles: Sequence[Any | None], timeou
     deadline = time.monotonic() + timeout_s
     pending = list(refs.values())
     while pending and time.monotonic() < deadline:
-        _, pending = ray.wait(pending, num_returns=len(pending), timeout=max(0.0, deadline - time.monotonic()))
+        _, pending = ray.wait(
+            pending, num_returns=len(pending), timeout=max(0.0, deadline - time.monotonic())
+        )
     pending_set = set(pending)
     out = []
     for rank, name in enumerate(worker_names):
         ref = refs.get(rank)
         if ref is None:
-            out.append(WorkerHealth(rank, name, "DEAD", "no live actor of that name", "", -1))
+            # no handle: the name is free, so the actor died or never was (a probe cannot tell)
+            cause = "no live actor of that name"
+            out.append(WorkerHealth(rank, name, WorkerState.DEAD, cause, "", -1))
         elif ref in pending_set:
-            out.append(WorkerHealth(rank, name, "UNREACHABLE", f"no answer within {timeout_s:g}s (busy or hung)", "", -1))
+            cause = f"no answer within {timeout_s:g}s (busy or hung)"
+            out.append(WorkerHealth(rank, name, WorkerState.UNREACHABLE, cause, "", -1))
         else:
             try:
                 ray.get(ref, timeout=0)
-                out.append(WorkerHealth(rank, name, "ALIVE", "", "", -1))
+                out.append(WorkerHealth(rank, name, WorkerState.ALIVE, "", "", -1))
             except RayActorError as exc:
-                out.append(WorkerHealth(rank, name, "DEAD", actor_error_cause(exc), "", -1))
+                cause = actor_error_cause(exc)
+                out.append(WorkerHealth(rank, name, WorkerState.DEAD, cause, "", -1))
             except RayError as exc:
-                out.append(WorkerHealth(rank, name, "UNREACHABLE", str(exc).splitlines()[0], "", -1))
+                cause = str(exc).splitlines()[0]
+                out.append(WorkerHealth(rank, name, WorkerState.UNREACHABLE, cause, "", -1))
     return out

@@ -25,12 +25,16 @@ from tgruntime.controller import naming
 _NS = naming.KV_NAMESPACE
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GroupRecord:
-    """A published group: everything needed to attach to it and to describe it."""
+    """A published group: everything needed to attach to it and to describe it.
+
+    The one record of a group (the operator reads what it needs from the server's
+    ``TG_GROUP_READY`` line, ``tgapi.markers.GroupReady``, built from this).
+    """
 
     group_name: str
-    namespace: str
+    ray_namespace: str
     worker_names: tuple[str, ...]
     world_size: int
     mesh: Mapping[str, Any]
@@ -52,6 +56,8 @@ class GroupRecord:
     def from_json(cls, text: str | bytes) -> GroupRecord:
         data = json.loads(text)
         known = {f.name for f in fields(cls)}
+        if "namespace" in data and "ray_namespace" not in data:  # written before the rename
+            data["ray_namespace"] = data.pop("namespace")
         data = {k: v for k, v in data.items() if k in known}  # a newer writer's extra keys
         data["worker_names"] = tuple(data["worker_names"])
         data["placement_groups"] = tuple(data.get("placement_groups", ()))
@@ -76,7 +82,7 @@ class Members:
 
 def publish_record(record: GroupRecord) -> None:
     internal_kv._internal_kv_put(
-        naming.record_key(namespace=record.namespace, group_name=record.group_name),
+        naming.record_key(namespace=record.ray_namespace, group_name=record.group_name),
         record.to_json(),
         overwrite=True,
         namespace=_NS,
@@ -98,13 +104,6 @@ def load_record(*, group_name: str, namespace: str) -> GroupRecord | None:
         naming.record_key(namespace=namespace, group_name=group_name), namespace=_NS
     )
     return None if raw is None else GroupRecord.from_json(raw)
-
-
-def delete_record(*, group_name: str, namespace: str) -> bool:
-    deleted = internal_kv._internal_kv_del(
-        naming.record_key(namespace=namespace, group_name=group_name), namespace=_NS
-    )
-    return bool(deleted)
 
 
 def list_groups(*, namespace: str | None = None) -> list[tuple[str, str]]:
@@ -153,7 +152,9 @@ def delete_group_keys(*, group_name: str, namespace: str) -> list[str]:
     return removed
 
 
-def publish_master(*, group_name: str, namespace: str, generation: int, addr: str, port: int) -> None:
+def publish_master(
+    *, group_name: str, namespace: str, generation: int, addr: str, port: int
+) -> None:
     internal_kv._internal_kv_put(
         naming.master_key(namespace=namespace, group_name=group_name, generation=generation),
         json.dumps({"addr": addr, "port": port}),

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 import ray
@@ -84,7 +84,9 @@ class WorkerGroup:
         self._methods: dict[str, MethodSpec] = dict(methods)
         self._dispatch_info: dict[str, list[int]] = {}
         self._collect_info: dict[str, list[bool]] = {}
-        self._actor_ids: tuple[str, ...] = tuple(h._actor_id.hex() if h is not None else "" for h in handles)
+        self._actor_ids: tuple[str, ...] = tuple(
+            h._actor_id.hex() if h is not None else "" for h in handles
+        )
         self._all_ctx: dict[str, CallContext] = {}
         self._placement_groups: list[Any] = []
         reserved = set(dir(type(self)))
@@ -93,6 +95,19 @@ class WorkerGroup:
                 setattr(self, name, GroupMethod(self, name, spec))
 
     # ================================================================== construction
+    @classmethod
+    def _from_parts(cls, **parts: Any) -> Self:
+        """An instance of ``cls`` from WorkerGroup's own fields, whatever the subclass's
+        constructor takes (create/attach/from_* build through this, so a subclass with
+        another constructor, like verl_compat.RayWorkerGroup, keeps them working)."""
+        group = cls.__new__(cls)
+        WorkerGroup.__init__(group, **parts)
+        group._init_subclass_defaults()
+        return group
+
+    def _init_subclass_defaults(self) -> None:
+        """Set a subclass's own attributes when built by :meth:`_from_parts` (none here)."""
+
     @classmethod
     def create(
         group_cls,  # ``cls`` is the worker-class argument of the public API
@@ -110,7 +125,7 @@ class WorkerGroup:
         mesh: Mapping[str, Any] | None = None,
         call_timeout_s: float | None = None,
         placement_groups: list[Any] | None = None,
-    ) -> WorkerGroup:
+    ) -> Self:
         """Place and start a new group, publish its record, return it.
 
         ``cls``: the worker class with its constructor arguments (a bare class is wrapped).
@@ -133,7 +148,7 @@ class WorkerGroup:
             mesh=mesh,
             placement_groups=placement_groups,
         )
-        group = group_cls(
+        group = group_cls._from_parts(
             group_name=group_name,
             namespace=namespace,
             worker_names=launched.worker_names,
@@ -156,12 +171,12 @@ class WorkerGroup:
         strict: bool = True,
         worker_cls: Any = None,
         call_timeout_s: float | None = None,
-    ) -> WorkerGroup:
+    ) -> Self:
         """Attach to a published group by name (one KV read plus one lookup per worker).
 
         Waits up to ``timeout_s`` only while the group is being created; an unknown name
         fails at once. ``strict``: a missing worker raises WorkerDiedError (else its handle
-        is None, health() reports it DEAD and calls raise when they reach it).
+        is None, health() reports it NOT_FOUND or DEAD and calls raise when they reach it).
         """
         deadline = time.monotonic() + timeout_s
         while True:
@@ -172,12 +187,14 @@ class WorkerGroup:
             if not creating or time.monotonic() > deadline:
                 _raise_not_found(group_name, namespace, creating=creating, timeout_s=timeout_s)
             time.sleep(0.05)
-        handles = [_get_actor(name, namespace) for name in record.worker_names]
+        handles = [get_actor(name, namespace) for name in record.worker_names]
         if strict:
             for rank, (name, handle) in enumerate(zip(record.worker_names, handles, strict=True)):
                 if handle is None:
                     raise WorkerDiedError(
-                        group_name=group_name, rank=rank, worker_name=name,
+                        group_name=group_name,
+                        rank=rank,
+                        worker_name=name,
                         cause=f"no live actor named {name!r} in namespace {namespace!r}",
                     )
         methods = (
@@ -185,7 +202,7 @@ class WorkerGroup:
             if worker_cls is not None
             else {n: MethodSpec.from_description(d) for n, d in record.methods.items()}
         )
-        return cls(
+        return cls._from_parts(
             group_name=group_name,
             namespace=namespace,
             worker_names=record.worker_names,
@@ -205,7 +222,7 @@ class WorkerGroup:
         worker_cls: Any = None,
         group_name: str | None = None,
         call_timeout_s: float | None = None,
-    ) -> WorkerGroup:
+    ) -> Self:
         """Attach to named workers (rank order = the order given).
 
         The methods come from ``worker_cls`` (a class, ray.remote class or
@@ -214,17 +231,17 @@ class WorkerGroup:
         ns = namespace or ray.get_runtime_context().namespace
         handles = []
         for name in worker_names:
-            handle = _get_actor(name, ns)
+            handle = get_actor(name, ns)
             if handle is None:
-                _raise_missing_worker(name, ns, group_name)
+                raise_missing_worker(name, ns, group_name)
             handles.append(handle)
         record = (
             registry.load_record(group_name=group_name, namespace=ns)
             if group_name
             else registry.with_names(worker_names, ns)
         )
-        methods = _methods_from(worker_cls, record)
-        return cls(
+        methods = methods_from(worker_cls, record)
+        return cls._from_parts(
             group_name=group_name or (record.group_name if record else ""),
             namespace=ns,
             worker_names=worker_names,
@@ -245,17 +262,21 @@ class WorkerGroup:
         namespace: str | None = None,
         group_name: str | None = None,
         call_timeout_s: float | None = None,
-    ) -> WorkerGroup:
+    ) -> Self:
         """A group over actor handles you already hold (strong references are kept)."""
         ns = namespace or ray.get_runtime_context().namespace
-        names = list(worker_names) if worker_names is not None else [f"rank{i}" for i in range(len(handles))]
+        names = (
+            list(worker_names)
+            if worker_names is not None
+            else [f"rank{i}" for i in range(len(handles))]
+        )
         record = registry.load_record(group_name=group_name, namespace=ns) if group_name else None
-        return cls(
+        return cls._from_parts(
             group_name=group_name or "",
             namespace=ns,
             worker_names=names,
             handles=handles,
-            methods=_methods_from(worker_cls, record),
+            methods=methods_from(worker_cls, record),
             generation=record.generation if record else 0,
             record=record,
             call_timeout_s=call_timeout_s,
@@ -313,17 +334,19 @@ class WorkerGroup:
         """Call a registered method by name (also those whose names clash with this class)."""
         spec = self._methods.get(method)
         if spec is None:
-            raise AttributeError(f"group {self._group_name!r} has no method {method!r}; registered: {sorted(self._methods)}")
+            raise AttributeError(
+                f"group {self._group_name!r} has no method {method!r}; registered: {sorted(self._methods)}"
+            )
         return self._invoke(method, spec, args, kwargs)
 
-    def _invoke(self, name: str, spec: MethodSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _invoke(
+        self, name: str, spec: MethodSpec, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
         mode = spec.dispatch_mode
         if isinstance(mode, Dispatch):
             dispatch_fn, collect_fn = dispatch_mod.BUILTIN[mode]
         elif isinstance(mode, MeshDispatch):
-            mesh = mode.mesh_name
-            dispatch_fn = lambda g, *a, **k: dispatch_mod.dispatch_nd_proto(mesh, g, *a, **k)  # noqa: E731
-            collect_fn = lambda g, o: dispatch_mod.collect_nd_proto(mesh, g, o)  # noqa: E731
+            dispatch_fn, collect_fn = mode["dispatch_fn"], mode["collect_fn"]  # written once there
         else:
             assert isinstance(mode, CustomDispatch)
             dispatch_fn, collect_fn = mode.dispatch_fn, mode.collect_fn
@@ -343,7 +366,11 @@ class WorkerGroup:
         return result
 
     def _submit(
-        self, name: str, ranks: list[int], per_args: Sequence[Sequence[Any]], per_kwargs: Mapping[str, Sequence[Any]]
+        self,
+        name: str,
+        ranks: list[int],
+        per_args: Sequence[Sequence[Any]],
+        per_kwargs: Mapping[str, Sequence[Any]],
     ) -> list[Any]:
         shared = _put_shared(ranks, per_args, per_kwargs)
         refs = []
@@ -351,7 +378,9 @@ class WorkerGroup:
             handle = self._handles[rank]
             if handle is None:
                 raise WorkerDiedError(
-                    group_name=self._group_name, rank=rank, worker_name=self._worker_names[rank],
+                    group_name=self._group_name,
+                    rank=rank,
+                    worker_name=self._worker_names[rank],
                     cause="this handle is gone (the group was torn down here, or the worker was missing when attached)",
                     method=name,
                 )
@@ -364,12 +393,17 @@ class WorkerGroup:
         if len(ranks) == self.world_size:
             ctx = self._all_ctx.get(method)
             if ctx is None:
-                ctx = CallContext(self._group_name, method, tuple(ranks), self._worker_names, self._actor_ids)
+                ctx = CallContext(
+                    self._group_name, method, tuple(ranks), self._worker_names, self._actor_ids
+                )
                 self._all_ctx[method] = ctx
             return ctx
         return CallContext(
-            self._group_name, method, tuple(ranks),
-            tuple(self._worker_names[r] for r in ranks), tuple(self._actor_ids[r] for r in ranks),
+            self._group_name,
+            method,
+            tuple(ranks),
+            tuple(self._worker_names[r] for r in ranks),
+            tuple(self._actor_ids[r] for r in ranks),
         )
 
     @staticmethod
@@ -379,7 +413,8 @@ class WorkerGroup:
         if any(i is None for i in idx):
             return None
         return CallContext(
-            ctx.group_name, ctx.method,
+            ctx.group_name,
+            ctx.method,
             tuple(ctx.ranks[i] for i in idx if i is not None),
             tuple(ctx.worker_names[i] for i in idx if i is not None),
             tuple(ctx.actor_ids[i] for i in idx if i is not None),
@@ -392,21 +427,43 @@ class WorkerGroup:
 
     def execute_rank_zero(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """verl's raw call on rank 0: one ObjectRef."""
-        return self._submit(method, [0], [[a] for a in args], {k: [v] for k, v in kwargs.items()})[0]
+        return self._submit(method, [0], [[a] for a in args], {k: [v] for k, v in kwargs.items()})[
+            0
+        ]
 
     # ================================================================== meshes
     def mesh_dispatch_info(self, mesh_name: str) -> list[int]:
         """dp rank of every rank in ``mesh_name`` (queried once from the workers, then cached)."""
         if mesh_name not in self._dispatch_info:
-            refs = self._submit("_query_dispatch_info", list(range(self.world_size)), [[mesh_name] * self.world_size], {})
-            self._dispatch_info[mesh_name] = [int(x) for x in resolve(refs, self._context("_query_dispatch_info", list(range(self.world_size))))]
+            refs = self._submit(
+                "_query_dispatch_info",
+                list(range(self.world_size)),
+                [[mesh_name] * self.world_size],
+                {},
+            )
+            self._dispatch_info[mesh_name] = [
+                int(x)
+                for x in resolve(
+                    refs, self._context("_query_dispatch_info", list(range(self.world_size)))
+                )
+            ]
         return self._dispatch_info[mesh_name]
 
     def mesh_collect_info(self, mesh_name: str) -> list[bool]:
         """Whether each rank's output is collected in ``mesh_name``."""
         if mesh_name not in self._collect_info:
-            refs = self._submit("_query_collect_info", list(range(self.world_size)), [[mesh_name] * self.world_size], {})
-            self._collect_info[mesh_name] = [bool(x) for x in resolve(refs, self._context("_query_collect_info", list(range(self.world_size))))]
+            refs = self._submit(
+                "_query_collect_info",
+                list(range(self.world_size)),
+                [[mesh_name] * self.world_size],
+                {},
+            )
+            self._collect_info[mesh_name] = [
+                bool(x)
+                for x in resolve(
+                    refs, self._context("_query_collect_info", list(range(self.world_size)))
+                )
+            ]
         return self._collect_info[mesh_name]
 
     def _query_dispatch_info(self, mesh_name: str) -> list[int]:  # verl's name
@@ -430,8 +487,14 @@ class WorkerGroup:
         """Kill the workers, remove the placement groups and the record."""
         if self._group_name:
             report = teardown_group(
-                group_name=self._group_name, namespace=self._namespace, timeout_s=timeout_s,
-                extra_worker_names=[n for n, h in zip(self._worker_names, self._handles, strict=True) if h is not None],
+                group_name=self._group_name,
+                namespace=self._namespace,
+                timeout_s=timeout_s,
+                extra_worker_names=[
+                    n
+                    for n, h in zip(self._worker_names, self._handles, strict=True)
+                    if h is not None
+                ],
             )
         else:
             killed = []
@@ -455,7 +518,8 @@ def _plain(worker_cls: Any) -> Any:
     return worker_cls.cls if isinstance(worker_cls, ClassWithInitArgs) else worker_cls
 
 
-def _methods_from(worker_cls: Any, record: registry.GroupRecord | None) -> dict[str, MethodSpec]:
+def methods_from(worker_cls: Any, record: registry.GroupRecord | None) -> dict[str, MethodSpec]:
+    """The registered methods: from the worker class if given, else from the group record."""
     if worker_cls is not None:
         return registered_methods(unwrap_actor_class(_plain(worker_cls))[0])
     if record is not None:
@@ -463,7 +527,8 @@ def _methods_from(worker_cls: Any, record: registry.GroupRecord | None) -> dict[
     raise TypeError("pass worker_cls=<the worker class>: no group record describes these workers")
 
 
-def _get_actor(name: str, namespace: str) -> Any | None:
+def get_actor(name: str, namespace: str) -> Any | None:
+    """The named actor's handle in ``namespace``, or None when there is none."""
     try:
         return ray.get_actor(name, namespace=namespace)
     except ValueError:
@@ -473,34 +538,47 @@ def _get_actor(name: str, namespace: str) -> Any | None:
 def _raise_not_found(group_name: str, namespace: str, *, creating: bool, timeout_s: float) -> None:
     if creating:
         raise GroupNotFoundError(
-            group_name=group_name, namespace=namespace, existing=registry.groups_in(namespace),
+            group_name=group_name,
+            namespace=namespace,
+            existing=registry.groups_in(namespace),
             detail=f"still being created after {timeout_s:g}s",
         )
     elsewhere = [ns for ns in registry.namespaces_with_group(group_name) if ns != namespace]
     if elsewhere:
         raise NamespaceMismatchError(group_name=group_name, namespace=namespace, found_in=elsewhere)
-    raise GroupNotFoundError(group_name=group_name, namespace=namespace, existing=registry.groups_in(namespace))
+    raise GroupNotFoundError(
+        group_name=group_name, namespace=namespace, existing=registry.groups_in(namespace)
+    )
 
 
-def _raise_missing_worker(name: str, namespace: str, group_name: str | None) -> None:
+def raise_missing_worker(name: str, namespace: str, group_name: str | None) -> None:
+    """Raise the WorkerDiedError / lookup error that names a missing worker and what exists."""
     label = group_name or name
     try:
         everywhere = ray.util.list_named_actors(all_namespaces=True)
     except Exception:
         everywhere = []
-    found_in = sorted({a["namespace"] for a in everywhere if isinstance(a, dict) and a.get("name") == name})
+    found_in = sorted(
+        {a["namespace"] for a in everywhere if isinstance(a, dict) and a.get("name") == name}
+    )
     if found_in:
         raise NamespaceMismatchError(
             group_name=label, namespace=namespace, found_in=found_in, detail=f"worker {name!r}"
         )
     stem = naming.parse_worker_name(name)[0] if "_" in name and ":" in name else name
     similar = sorted(
-        a["name"] for a in everywhere
-        if isinstance(a, dict) and a.get("namespace") == namespace and str(a.get("name", "")).startswith(stem[:8])
+        a["name"]
+        for a in everywhere
+        if isinstance(a, dict)
+        and a.get("namespace") == namespace
+        and str(a.get("name", "")).startswith(stem[:8])
     )
     raise GroupNotFoundError(
-        group_name=label, namespace=namespace, existing=registry.groups_in(namespace),
-        detail=f"no live actor named {name!r}" + (f"; similar names: {similar[:10]}" if similar else ""),
+        group_name=label,
+        namespace=namespace,
+        existing=registry.groups_in(namespace),
+        detail=f"no live actor named {name!r}"
+        + (f"; similar names: {similar[:10]}" if similar else ""),
     )
 
 

@@ -77,10 +77,10 @@ def _k8s_target(
 
     The one place this module reads Kubernetes (the same reader ``tgruntime.client`` uses).
     """
-    from tg_operator.client_status import wait_for_ready_sync
+    from tgapi.client import wait_for_ready
 
-    status, _spec = wait_for_ready_sync(
-        name=trainergroup, namespace=k8s_namespace, kubeconfig=kubeconfig, timeout_s=wait_s
+    status, _spec = wait_for_ready(
+        name=trainergroup, k8s_namespace=k8s_namespace, kubeconfig=kubeconfig, timeout_s=wait_s
     )
     return status.group_name or trainergroup, status.ray_namespace, status.ray_address or None
 

@@ -189,6 +189,23 @@ def device_summary(init_results: Any) -> dict[str, Any]:
     return out
 
 
+def resume_summary(init_results: Any) -> dict[str, Any]:
+    """Where the workers resumed from, from their ``init_model`` results: ``resumedFrom``
+    (the checkpoint every rank loaded; "" when none did, "mixed" when ranks disagree) and
+    ``resumedStep`` (the optimizer step the workers start from)."""
+    if not isinstance(init_results, list | tuple):
+        return {}
+    ranks = [r for r in init_results if isinstance(r, dict) and "resumed_from" in r]
+    if not ranks:
+        return {}
+    paths = {str(r.get("resumed_from") or "") for r in ranks}
+    steps = {int(r.get("step") or 0) for r in ranks}
+    return {
+        "resumedFrom": paths.pop() if len(paths) == 1 else "mixed",
+        "resumedStep": steps.pop() if len(steps) == 1 else -1,
+    }
+
+
 def ready_payload(
     wg: WorkerGroup,
     *,
@@ -196,6 +213,7 @@ def ready_payload(
     worker_class: str,
     use_gpu: bool | None = None,
     device: dict[str, Any] | None = None,
+    resumed: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The body of the ``TG_GROUP_READY`` line (docs/contracts.md).
 
@@ -216,6 +234,7 @@ def ready_payload(
         "device": dev.get("device", ""),
         "backend": dev.get("backend", ""),
         "dtype": dev.get("dtype", ""),
+        **(resumed or {}),
     }
 
 

@@ -428,6 +428,13 @@ class TrainerGroupSpec:
         default="OnFailure",
         enum=("Never", "OnFailure"),
     )
+    max_restarts: int = spec_field(
+        name="maxRestarts",
+        description="Re-creations allowed with restartPolicy OnFailure (exponential back-off "
+        "between them) before the phase is Failed.",
+        default=10,
+        minimum=0,
+    )
     timeouts: TimeoutsSpec = spec_field(
         name="timeouts", description="Timeouts.", default_factory=TimeoutsSpec
     )

@@ -1,7 +1,10 @@
 """The few Kubernetes API calls the operator makes, as async methods.
 
 The ``kubernetes`` client is synchronous, so each call runs in a worker thread
-(``asyncio.to_thread``) and the event loop that kopf drives never blocks. Objects
+(``asyncio.to_thread``) and the event loop that kopf drives never blocks. Reads of
+RayClusters and pods come from kopf's watches (:mod:`tg_operator.watched`), so the
+threads carry only the writes (status patches, RayCluster create/delete) and the
+rare GET: the default pool (6 threads on 2 cores) is seldom busy. Objects
 come back as plain wire-format dicts (camelCase), the same shape kopf hands to the
 handlers.
 """
@@ -64,9 +67,6 @@ class KubeApi:
     # -- TrainerGroups --------------------------------------------------------------
     def get_trainergroup_sync(self, *, namespace: str, name: str) -> dict[str, Any] | None:
         return self._get_custom(names.GROUP, names.VERSION, names.TG_PLURAL, namespace, name)
-
-    async def get_trainergroup(self, *, namespace: str, name: str) -> dict[str, Any] | None:
-        return await asyncio.to_thread(self.get_trainergroup_sync, namespace=namespace, name=name)
 
     async def patch_trainergroup_status(
         self, *, namespace: str, name: str, status: dict[str, Any]

@@ -53,8 +53,8 @@ class Context:
     phases: PhaseTracker = dataclasses.field(default_factory=PhaseTracker)
     locks: dict[str, asyncio.Lock] = dataclasses.field(default_factory=dict)
     slots: JobSlots = dataclasses.field(default_factory=lambda: JobSlots(limit=0))
-    written: dict[str, TrainerGroupStatus] = dataclasses.field(default_factory=dict)
-    """The last status written, by object uid."""
+    written: dict[str, tuple[TrainerGroupStatus, str]] = dataclasses.field(default_factory=dict)
+    """The last status written and the resourceVersion it made, by object uid."""
     wakers: dict[str, asyncio.Event] = dataclasses.field(default_factory=dict)
     cluster_users: dict[tuple[str, str], set[str]] = dataclasses.field(default_factory=dict)
     """(namespace, RayCluster) -> the keys of the groups running on it."""

@@ -21,10 +21,6 @@ class GroupFailed(kopf.PermanentError):
         self.message = message
 
 
-class InvalidSpec(GroupFailed):
-    reason = "InvalidSpec"
-
-
 class ClusterConflict(GroupFailed):
     reason = "ClusterConflict"
 

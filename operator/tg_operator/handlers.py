@@ -30,6 +30,7 @@ from tg_operator.events import KopfEvents
 from tg_operator.kube import KubeApi, api_client
 from tg_operator.settings import OperatorConfig
 
+DELETION_POLL_S = 2.0
 TG = (names.GROUP, names.VERSION, names.TG_PLURAL)
 RAYCLUSTERS = (names.RAY_GROUP, names.RAY_VERSION, names.RAY_PLURAL)
 PODS = ("", "v1", "pods")
@@ -52,6 +53,9 @@ def configure_settings(settings: kopf.OperatorSettings, config: OperatorConfig) 
     settings.networking.request_timeout = 60
     settings.peering.standalone = True
     settings.scanning.disabled = True
+    # A deleted object's finalizer goes once its loop has cleaned up and exited; kopf
+    # looks whether the loop is done this often (its default is 60 s).
+    settings.background.cancellation_polling = DELETION_POLL_S
     settings.posting.level = logging.INFO
     settings.posting.reporting_component = "trainergroup-operator"
 

@@ -70,12 +70,12 @@ class KubeApi:
 
     async def patch_trainergroup_status(
         self, *, namespace: str, name: str, status: dict[str, Any]
-    ) -> bool:
-        """Merge-patch the status subresource; False if the object is gone."""
+    ) -> str | None:
+        """Merge-patch the status subresource; the new resourceVersion, None if gone."""
 
-        def call() -> bool:
+        def call() -> str | None:
             try:
-                self._custom.patch_namespaced_custom_object_status(
+                done: Any = self._custom.patch_namespaced_custom_object_status(
                     names.GROUP,
                     names.VERSION,
                     namespace,
@@ -86,9 +86,9 @@ class KubeApi:
                 )
             except ApiException as exc:
                 if exc.status == 404:
-                    return False
+                    return None
                 raise
-            return True
+            return str((done or {}).get("metadata", {}).get("resourceVersion") or "")
 
         return await asyncio.to_thread(call)
 

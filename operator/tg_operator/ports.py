@@ -20,7 +20,9 @@ class KubeApi(Protocol):
 
     async def patch_trainergroup_status(
         self, *, namespace: str, name: str, status: dict[str, Any]
-    ) -> bool: ...
+    ) -> str | None:
+        """Merge-patch the status; the object's new resourceVersion, None if it is gone."""
+        ...
 
     async def get_raycluster(self, *, namespace: str, name: str) -> dict[str, Any] | None: ...
 

@@ -90,11 +90,13 @@ async def write_status(
     wire = to_wire(new)
     if new.mesh is None:
         wire["mesh"] = None
-    await ctx.kube.patch_trainergroup_status(namespace=namespace, name=name, status=wire)
+    version = await ctx.kube.patch_trainergroup_status(
+        namespace=namespace, name=name, status=wire
+    )
     if new.phase != old.phase:
         events.phase_changed(sink, old=old.phase, new=new.phase, message=new.message)
         log.info("%s/%s: %s -> %s: %s", namespace, name, old.phase, new.phase, new.message)
-    ctx.written[uid] = new
+    ctx.written[uid] = (new, version or "")
     ctx.phases.set(uid, new.phase)
 
 
@@ -561,9 +563,24 @@ class _Pass:
 
 
 def current_status(ctx: Context, obj: Mapping[str, Any]) -> TrainerGroupStatus:
-    """The status to start from: the one this process last wrote, else the object's."""
-    uid = str(obj.get("metadata", {}).get("uid", ""))
-    return ctx.written.get(uid) or parse_status(obj.get("status"))
+    """The status to start from: the object's, unless this process wrote a newer one.
+
+    The watch may not have delivered the operator's own last write yet; the
+    resourceVersion that write returned tells which is newer (an etcd revision;
+    if either is not a number, the operator's own write wins).
+    """
+    meta = obj.get("metadata", {})
+    mine = ctx.written.get(str(meta.get("uid", "")))
+    if mine is not None and not _seen(str(meta.get("resourceVersion") or ""), mine[1]):
+        return mine[0]
+    return parse_status(obj.get("status"))
+
+
+def _seen(body_version: str, written_version: str) -> bool:
+    """Whether a body at ``body_version`` already includes the write at ``written_version``."""
+    if body_version.isdigit() and written_version.isdigit():
+        return int(body_version) >= int(written_version)
+    return False
 
 
 async def advance(ctx: Context, *, obj: Mapping[str, Any], sink: EventSink) -> Step:

@@ -52,7 +52,7 @@ class WatchedKube:
 
     async def patch_trainergroup_status(
         self, *, namespace: str, name: str, status: dict[str, Any]
-    ) -> bool:
+    ) -> str | None:
         return await self._api.patch_trainergroup_status(
             namespace=namespace, name=name, status=status
         )

@@ -51,10 +51,10 @@ class FakeKube:
 
     async def patch_trainergroup_status(
         self, *, namespace: str, name: str, status: dict[str, Any]
-    ) -> bool:
+    ) -> str | None:
         self.calls["patch_status"] += 1
         self.statuses[(namespace, name)] = copy.deepcopy(status)
-        return True
+        return str(self.calls["patch_status"])
 
     async def get_raycluster(self, *, namespace: str, name: str) -> dict[str, Any] | None:
         self.calls["get_raycluster"] += 1

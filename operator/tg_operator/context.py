@@ -64,6 +64,7 @@ class Context:
 
     def __post_init__(self) -> None:
         self.slots.limit = self.config.max_concurrent_jobs
+        self.slots.on_free = lambda key: self.wakers.setdefault(key, asyncio.Event()).set()
 
     def dashboard(self, url: str) -> Dashboard:
         return self.dashboards(url)

@@ -65,7 +65,8 @@ DASHBOARD_POLL_S = 2.0
 JOB_POLL_S = 1.0
 """Looking at a running server job (Ray has no watch)."""
 RAY_RETRY_S = 5.0
-SLOT_WAIT_S = 5.0
+SLOT_WAIT_S = 30.0
+"""Fallback while waiting for a job slot (a freed slot wakes the waiters at once)."""
 
 
 def format_spec_errors(exc: SpecErrors) -> str:
@@ -289,7 +290,8 @@ class _Pass:
         else:
             job = await dash.get_job(sid)
             slots, url = self.ctx.slots, self.dashboard_url
-            if job is None and not slots.acquire(url, sid):
+            waiter = f"{tg.namespace}/{tg.name}"
+            if job is None and not slots.acquire(url, sid, waiter=waiter):
                 msg = (
                     f"waiting for a free Ray job slot: {slots.in_flight(url)} jobs in flight on "
                     f"this Ray cluster (TG_MAX_CONCURRENT_JOBS={slots.limit})"

@@ -61,7 +61,8 @@ async def teardown_group(
         tid = names.teardown_submission_id(tg, generation=generation, attempt=attempt)
         job = await dash.get_job(tid)
         if job is None:
-            if slots is not None and not slots.acquire(url, tid):
+            waiter = f"{tg.namespace}/{tg.name}"
+            if slots is not None and not slots.acquire(url, tid, waiter=waiter):
                 return TeardownResult(
                     done=False,
                     message=f"waiting for a free Ray job slot ({slots.in_flight(url)} jobs "

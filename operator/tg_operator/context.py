@@ -60,6 +60,8 @@ class Context:
     """(namespace, RayCluster) -> the keys of the groups running on it."""
     looping: set[str] = dataclasses.field(default_factory=set)
     """Uids whose group loop runs in this process (it also does their cleanup)."""
+    cleaned: set[str] = dataclasses.field(default_factory=set)
+    """Uids whose cleanup finished in this process (the delete handler has nothing to do)."""
     closers: list[Callable[[], object]] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:

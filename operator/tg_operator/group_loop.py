@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 import kopf
 
-from tg_operator import deletion, metrics, reconcile
+from tg_operator import deletion, metrics, names, reconcile
 from tg_operator.context import Context, Step
 from tg_operator.events import EventSink
 
@@ -89,6 +89,8 @@ async def run(
             wake.clear()
             step = await deletion.finalize_step(ctx, body=body, sink=sink, attempt=attempt)
             if step.done:
+                ctx.cleaned.add(uid)
+                await _release(ctx, body=body)
                 return step.message
             attempt += 1
             await _sleep_only(wake, timeout=step.delay)
@@ -109,6 +111,21 @@ async def _pass(ctx: Context, *, body: Mapping[str, Any], sink: EventSink) -> St
         metrics.RECONCILE_SECONDS.labels(trigger="loop").observe(loop.time() - started)
     metrics.RECONCILES.labels(trigger="loop", result="done" if step.done else "wait").inc()
     return step
+
+
+async def _release(ctx: Context, *, body: Mapping[str, Any]) -> None:
+    """Drop our finalizer: kopf would only notice the loop's exit at its next poll."""
+    meta = body.get("metadata", {})
+    finalizers = [str(f) for f in meta.get("finalizers") or []]
+    try:
+        await ctx.kube.remove_finalizer(
+            namespace=str(meta.get("namespace")),
+            name=str(meta.get("name")),
+            finalizers=finalizers,
+            finalizer=names.FINALIZER,
+        )
+    except Exception as exc:  # kopf removes it anyway once it sees the loop gone
+        log.warning("%s: could not remove the finalizer: %s", _key(body), exc)
 
 
 async def _sleep_only(wake: asyncio.Event, *, timeout: float) -> None:

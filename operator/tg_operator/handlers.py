@@ -135,14 +135,16 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     # -- TrainerGroups ----------------------------------------------------------------
     @kopf.daemon(*TG, registry=registry, id="group-loop", cancellation_timeout=None)
     async def group_daemon(
-        body: kopf.Body, memo: Any, stopped: kopf.DaemonStopped, **kwargs: Any
-    ) -> str:
+        body: kopf.Body, memo: Any, stopped: kopf.DaemonStopped, logger: Any, **kwargs: Any
+    ) -> None:
+        # Returns nothing: kopf would store a handler's result in the object's status.
         ctx = _ctx(memo)
         if not isinstance(ctx.kube, watched.WatchedKube):
             ctx.kube = watched.WatchedKube(
                 api=memo["base_kube"], clusters=kwargs[CLUSTER_INDEX], pods=kwargs[POD_INDEX]
             )
-        return await group_loop.run(ctx, body=body, stopped=stopped, sink=KopfEvents(body))
+        done = await group_loop.run(ctx, body=body, stopped=stopped, sink=KopfEvents(body))
+        logger.info("group loop exited: %s", done)
 
     @kopf.on.resume(*TG, registry=registry, id=names.RECONCILE_HANDLER)
     @kopf.on.create(*TG, registry=registry, id=names.RECONCILE_HANDLER)
@@ -151,13 +153,10 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         _ctx(memo).wake(namespace=str(namespace), name=name)
 
     @kopf.on.delete(*TG, registry=registry, id="cleanup-ray")
-    async def delete_trainergroup(
-        body: kopf.Body, memo: Any, retry: int, uid: str, **_: Any
-    ) -> str:
+    async def delete_trainergroup(body: kopf.Body, memo: Any, retry: int, uid: str, **_: Any) -> None:
         ctx = _ctx(memo)
-        if uid in ctx.looping:
-            return "the group's loop cleans up (kopf keeps the finalizer until it exits)"
+        if uid in ctx.looping or uid in ctx.cleaned:
+            return  # the group's loop cleans up; kopf keeps the finalizer until it exits
         step = await deletion.finalize_step(ctx, body=body, sink=KopfEvents(body), attempt=retry)
         if not step.done:
             raise kopf.TemporaryError(step.message, delay=step.delay)
-        return step.message

@@ -92,6 +92,41 @@ class KubeApi:
 
         return await asyncio.to_thread(call)
 
+    async def remove_finalizer(
+        self, *, namespace: str, name: str, finalizers: list[str], finalizer: str
+    ) -> bool:
+        """JSON-patch the finalizers to ``finalizers`` minus ``finalizer`` (a test op guards
+        against a concurrent change); False if the object is gone or changed meanwhile."""
+        if finalizer not in finalizers:
+            return True
+        patch = [
+            {"op": "test", "path": "/metadata/finalizers", "value": finalizers},
+            {
+                "op": "replace",
+                "path": "/metadata/finalizers",
+                "value": [f for f in finalizers if f != finalizer],
+            },
+        ]
+
+        def call() -> bool:
+            try:
+                self._custom.api_client.call_api(
+                    f"/apis/{names.GROUP}/{names.VERSION}/namespaces/{namespace}/"
+                    f"{names.TG_PLURAL}/{name}",
+                    "PATCH",
+                    body=patch,
+                    header_params={"Content-Type": "application/json-patch+json"},
+                    auth_settings=["BearerToken"],
+                    _request_timeout=self._timeout,
+                )
+            except ApiException as exc:
+                if exc.status in (404, 409, 422):
+                    return False
+                raise
+            return True
+
+        return await asyncio.to_thread(call)
+
     # -- RayClusters ----------------------------------------------------------------
     async def get_raycluster(self, *, namespace: str, name: str) -> dict[str, Any] | None:
         return await asyncio.to_thread(

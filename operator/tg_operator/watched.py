@@ -57,6 +57,13 @@ class WatchedKube:
             namespace=namespace, name=name, status=status
         )
 
+    async def remove_finalizer(
+        self, *, namespace: str, name: str, finalizers: list[str], finalizer: str
+    ) -> bool:
+        return await self._api.remove_finalizer(
+            namespace=namespace, name=name, finalizers=finalizers, finalizer=finalizer
+        )
+
     async def get_raycluster(self, *, namespace: str, name: str) -> dict[str, Any] | None:
         found = list(self._clusters.get((namespace, name), ()))
         if found:

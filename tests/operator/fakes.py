@@ -48,6 +48,7 @@ class FakeKube:
         self.clusters: dict[tuple[str, str], dict[str, Any]] = {}
         self.pods: dict[tuple[str, str], list[dict[str, Any]]] = {}
         self.statuses: dict[tuple[str, str], dict[str, Any]] = {}
+        self.released: list[tuple[str, str]] = []
 
     async def patch_trainergroup_status(
         self, *, namespace: str, name: str, status: dict[str, Any]
@@ -55,6 +56,13 @@ class FakeKube:
         self.calls["patch_status"] += 1
         self.statuses[(namespace, name)] = copy.deepcopy(status)
         return str(self.calls["patch_status"])
+
+    async def remove_finalizer(
+        self, *, namespace: str, name: str, finalizers: list[str], finalizer: str
+    ) -> bool:
+        self.calls["remove_finalizer"] += 1
+        self.released.append((namespace, name))
+        return True
 
     async def get_raycluster(self, *, namespace: str, name: str) -> dict[str, Any] | None:
         self.calls["get_raycluster"] += 1

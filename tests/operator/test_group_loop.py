@@ -59,6 +59,7 @@ def test_the_loop_reaches_ready_then_cleans_up_on_deletion_and_exits() -> None:
     message = asyncio.run(scenario())
     assert "no live workers left" in message
     assert cluster_key(w) not in w.kube.clusters  # the owned RayCluster is deleted last
+    assert w.kube.released == [cluster_key(w)]  # then the finalizer goes
     assert w.obj["metadata"]["uid"] not in w.ctx.looping
     assert "CleanedUp" in w.reasons() and w.warnings() == []
 

@@ -38,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     except SettingsError as exc:
         print(f"tg-operator: {exc}", file=sys.stderr)
         return 2
-    kopf.configure(verbose=args.verbose, quiet=args.quiet, log_format=kopf.LogFormat.PLAIN)
+    # FULL: each line has its time, logger and level, so an alert on ERROR finds real problems.
+    kopf.configure(verbose=args.verbose, quiet=args.quiet, log_format=kopf.LogFormat.FULL)
     if not args.verbose:
         logging.getLogger("kopf.objects").addFilter(_QuietWatchHandlers())
     registry = kopf.OperatorRegistry()

@@ -12,11 +12,16 @@ ServiceAccount against the local control plane; the groups run in a local Ray):
    without pod start: server job submission, the job itself, the State API check), and
    the server job's own run time from Ray, so the operator's overhead is visible.
 2. apply -> Ready with ``rayClusterRef`` to a RayCluster that is already up (no pods).
-3. N TrainerGroups at once (``rayClusterRef`` to one RayCluster, one no-op worker each):
-   time until all are Ready, the operator's RSS and CPU while it creates them, in the
-   steady state (health timer every TG_HEALTH_INTERVAL_SECONDS), and while deleting them.
+3. N TrainerGroups at once, one no-op worker each: ``--owned`` of them with a RayCluster
+   of their own (head + 1 worker pod, kwok; the CPU node holds 110 pods), the rest with
+   ``rayClusterRef`` to one shared RayCluster. Reported: time until all are Ready, create
+   -> RayCluster-created p50/p95 (from watch events), the operator's RSS and CPU while it
+   creates them, in the steady state (each group's loop checks health every
+   TG_HEALTH_INTERVAL_SECONDS) and while deleting them, and the API requests per group
+   per minute in the steady state (``apiserver_request_total`` from the API server's
+   /metrics, all clients, and the operator's resources alone).
 
-The groups use ``tests.operator.noop_worker:NoopWorker`` (no torch, no Megatron), so
+The groups use ``hack.noop_worker:NoopWorker`` (no torch, no Megatron), so
 the figures are the operator's and Ray's job machinery, not model start-up. Prints a
 table and writes JSON (default docs/results/bench_operator.json).
 """
@@ -43,7 +48,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.operator import k8s_support as ks  # noqa: E402
+from hack import operator_plane as ks  # noqa: E402
 from tg_operator import raycluster as rc_builder  # noqa: E402
 from tgapi import parse_resource  # noqa: E402
 
@@ -55,7 +60,7 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 # -- the control plane and Ray ---------------------------------------------------------------
 @dataclass
 class Plane:
-    """Just what k8s_support needs from tests/fixtures_k8s.KubePlane."""
+    """Just what hack/operator_plane.py needs from tests/fixtures_k8s.KubePlane."""
 
     kubeconfig: Path
     bin_dir: Path
@@ -221,8 +226,13 @@ def mem_available_mib() -> int:
         return next(int(line.split()[1]) // 1024 for line in f if line.startswith("MemAvailable:"))
 
 
-def noop_group(name: str, ns: str, *, ref: str | None) -> dict[str, Any]:
+def noop_group(name: str, ns: str, *, ref: str | None, small: bool = False) -> dict[str, Any]:
     body = ks.noop(name, ns)
+    if small:  # CPU pods small enough that 50 clusters fit on the kwok CPU node
+        body["spec"]["rayCluster"] = {
+            "head": {"cpu": "200m", "memory": "256Mi"},
+            "workers": {"replicas": 1, "gpusPerWorker": 0, "cpu": "200m", "memory": "256Mi"},
+        }
     body["spec"]["workers"]["processesPerNode"] = [1]
     body["spec"]["workers"]["cpusPerProcess"] = 0.01
     body["spec"]["parallelism"] = {"tensor": 1}
@@ -244,7 +254,7 @@ def shared_raycluster(ns: str) -> dict[str, Any]:
     for part in ("limits", "requests"):
         res[part].pop("nvidia.com/gpu", None)
     group["template"]["spec"]["tolerations"] = []
-    return rc
+    return dict(rc)
 
 
 def watch_phases(
@@ -273,7 +283,7 @@ def watch_phases(
 def job_wall_s(dashboard: str, submission_id: str) -> float | None:
     job = ks.ray_get(f"{dashboard}/api/jobs/{submission_id}")
     if job.get("start_time") and job.get("end_time"):
-        return (job["end_time"] - job["start_time"]) / 1000
+        return float(job["end_time"] - job["start_time"]) / 1000
     return None
 
 
@@ -317,6 +327,96 @@ def reconcile_stats(before: dict[str, float], after: dict[str, float]) -> dict[s
         if n:
             stats[trig] = {"passes": int(n), "mean_ms": round(1000 * s / n, 1)}
     return stats
+
+
+class AddedTimes:
+    """When each TrainerGroup and RayCluster of a namespace was first seen (watch events)."""
+
+    def __init__(self, kubeconfig: Path, ns: str) -> None:
+        from kubernetes import client, config
+
+        self.api = client.CustomObjectsApi(
+            config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
+        )
+        self.ns = ns
+        self.seen: dict[str, dict[str, float]] = {"trainergroups": {}, "rayclusters": {}}
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        for group, plural in (("trainergroup.io", "trainergroups"), ("ray.io", "rayclusters")):
+            t = threading.Thread(target=self._watch, args=(group, plural), daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def _watch(self, group: str, plural: str) -> None:
+        from kubernetes import watch
+
+        version = "v1alpha1" if group == "trainergroup.io" else "v1"
+        while not self._stop.is_set():
+            w = watch.Watch()  # type: ignore[no-untyped-call]
+            with contextlib.suppress(Exception):
+                for ev in w.stream(  # type: ignore[no-untyped-call]
+                    self.api.list_namespaced_custom_object,
+                    group,
+                    version,
+                    self.ns,
+                    plural,
+                    timeout_seconds=5,
+                ):
+                    name = ev["object"]["metadata"]["name"]
+                    self.seen[plural].setdefault(name, time.monotonic())
+                    if self._stop.is_set():
+                        break
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=15)
+
+    def latencies(self, names: list[str]) -> list[float]:
+        tgs, rcs = self.seen["trainergroups"], self.seen["rayclusters"]
+        return sorted(rcs[n] - tgs[n] for n in names if n in tgs and n in rcs)
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def apiserver_requests(plane: Plane) -> dict[str, float]:
+    """``apiserver_request_total`` summed by resource (all verbs, codes, clients)."""
+    text = plane.kubectl("get", "--raw", "/metrics", timeout=60).stdout
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        labels, value = line.rsplit(" ", 1)
+        m = re.search(r'resource="([^"]*)"', labels)
+        sub = re.search(r'subresource="([^"]*)"', labels)
+        key = (m.group(1) if m else "") + (f"/{sub.group(1)}" if sub and sub.group(1) else "")
+        out[key] = out.get(key, 0.0) + float(value)
+    return out
+
+
+OPERATOR_RESOURCES = ("trainergroups", "trainergroups/status", "events")
+"""Resources only the operator touches in the steady state (the bench does not poll then)."""
+
+
+def requests_per_group_minute(
+    before: dict[str, float], after: dict[str, float], *, groups: int, seconds: float
+) -> dict[str, Any]:
+    delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    scale_ = 60.0 / seconds / max(1, groups)
+    ours = sum(delta.get(k, 0.0) for k in OPERATOR_RESOURCES)
+    top = sorted(((v, k) for k, v in delta.items() if v > 0), reverse=True)[:8]
+    return {
+        "all_clients": round(sum(delta.values()) * scale_, 2),
+        "operator_resources": round(ours * scale_, 2),
+        "by_resource": {k: round(v * scale_, 2) for v, k in top},
+    }
 
 
 # -- the benchmark -------------------------------------------------------------------------------
@@ -477,9 +577,18 @@ def scale(
             flush=True,
         )
     names = [f"g{i:03d}" for i in range(n)]
+    owned = set(names[: min(args.owned, n)])
     m0 = metric_sums(op.metrics())
+    added = AddedTimes(plane.kubeconfig, ns)
+    added.start()
+    time.sleep(2)  # the watches are open before the first object arrives
     t0 = time.monotonic()
-    plane.apply([noop_group(nm, ns, ref="shared") for nm in names])
+    plane.apply(
+        [
+            noop_group(nm, ns, ref=None if nm in owned else "shared", small=True)
+            for nm in names
+        ]
+    )
     t_applied = time.monotonic()
 
     def all_ready() -> bool:
@@ -494,19 +603,34 @@ def scale(
         all_ready, timeout=args.ready_timeout, interval=2, what=f"{n} groups Ready", detail=op.tail
     )
     t_ready = time.monotonic()
+    added.stop()
+    to_cluster = added.latencies(sorted(owned))
     m1 = metric_sums(op.metrics())
     print(
         f"  {n} groups Ready after {t_ready - t0:.0f}s; steady state for {args.steady_s}s",
         flush=True,
     )
+    time.sleep(5)  # the last status writes of the creation settle
+    a1, t_a1 = apiserver_requests(plane), time.monotonic()
     time.sleep(args.steady_s)
+    a2, t_a2 = apiserver_requests(plane), time.monotonic()
     t_steady = time.monotonic()
     m2 = metric_sums(op.metrics())
     partial = {
         "groups_requested": requested,
         "groups": n,
+        "groups_with_own_cluster": len(owned),
         "apply_s": round(t_applied - t0, 2),
         "all_ready_s": round(t_ready - t0, 2),
+        "create_to_raycluster_s": {
+            "n": len(to_cluster),
+            "p50": round(percentile(to_cluster, 0.5), 2),
+            "p95": round(percentile(to_cluster, 0.95), 2),
+            "max": round(max(to_cluster), 2) if to_cluster else None,
+        },
+        "steady_api_requests_per_group_per_min": requests_per_group_minute(
+            a1, a2, groups=n, seconds=t_a2 - t_a1
+        ),
         "creating": sampler.window(t0, t_ready),
         "steady": sampler.window(t_ready, t_steady),
         "reconcile_passes_creating": reconcile_stats(m0, m1),
@@ -571,6 +695,16 @@ def table_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
         n = sc["groups"]
         rows += [
             (f"{n} groups: apply -> all Ready", f"{sc['all_ready_s']:.0f} s"),
+            (
+                f"create -> RayCluster created, p50 / p95 ({sc['groups_with_own_cluster']} groups)",
+                f"{sc['create_to_raycluster_s']['p50']:.2f} s / "
+                f"{sc['create_to_raycluster_s']['p95']:.2f} s",
+            ),
+            (
+                "steady: API requests per group per minute (all clients / operator's)",
+                f"{sc['steady_api_requests_per_group_per_min']['all_clients']:.1f} / "
+                f"{sc['steady_api_requests_per_group_per_min']['operator_resources']:.1f}",
+            ),
             (f"{n} groups: delete -> all gone", f"{sc['all_deleted_s']:.0f} s"),
             (
                 "operator RSS / CPU creating (peak RSS, avg CPU)",
@@ -604,6 +738,9 @@ def print_table(r: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--groups", type=int, default=100)
+    p.add_argument(
+        "--owned", type=int, default=50, help="of --groups, how many get their own RayCluster"
+    )
     p.add_argument("--latency-runs", type=int, default=3)
     p.add_argument("--max-jobs", type=int, default=4, help="TG_MAX_CONCURRENT_JOBS")
     p.add_argument("--health-interval", type=float, default=10.0)

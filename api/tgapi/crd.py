@@ -88,6 +88,11 @@ def _schema_for(
             items = _schema_for(item_tp, None, with_defaults=with_defaults)
             if meta is not None and item_tp in (int, float) and meta.minimum is not None:
                 items["minimum"] = meta.minimum
+            if meta is not None and item_tp is str:  # the parser checks each item the same way
+                if meta.pattern is not None:
+                    items["pattern"] = meta.pattern
+                if meta.max_length is not None:
+                    items["maxLength"] = meta.max_length
         return {"type": "array", "items": items, "maxItems": MAX_LIST}
     if origin is dict:
         return {"type": "object", "additionalProperties": {"type": "string"}}

@@ -39,6 +39,10 @@ class GroupReady:
     """What the ranks run on: "cuda", "cpu" or "mixed" ("" when the worker reports nothing)."""
     backend: str = ""
     dtype: str = ""
+    resumed_from: str | None = None
+    """The checkpoint every rank resumed from ("mixed" if they disagree); None: fresh weights."""
+    resumed_step: int | None = None
+    """The optimizer step the ranks start from (-1 if they disagree); None: fresh weights."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

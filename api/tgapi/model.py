@@ -28,6 +28,10 @@ _QUANTITY = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
 _DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 _NAME_PREFIX = r"^[A-Za-z0-9_.-]*$"
 _IMPORT_PATH = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$"
+_DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+_DNS_SUBDOMAIN_OR_EMPTY = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?)?$"
+_ABSOLUTE_DIR = r"^(/[^/]+)+$"
+"""An absolute directory, no trailing slash and no empty step: ``/checkpoints``."""
 
 USE_GPU_AUTO = "auto"
 """``workers.useGpu: auto``: GPU workers when the Ray cluster has GPUs, else CPU workers."""
@@ -49,6 +53,15 @@ class HeadSpec:
         description="Memory request/limit of the head pod.",
         default="8Gi",
         pattern=_QUANTITY,
+    )
+    node_selector: dict[str, str] = spec_field(
+        name="nodeSelector", description="Node selector for the head pod.", default_factory=dict
+    )
+    tolerations: list[dict[str, Any]] = spec_field(
+        name="tolerations",
+        description="Tolerations for the head pod (core/v1 Toleration).",
+        default_factory=list,
+        free_form=True,
     )
 
 
@@ -88,10 +101,80 @@ class RayWorkerNodesSpec:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class CheckpointStorageSpec:
+    """An existing PersistentVolumeClaim mounted on every worker pod, for checkpoints."""
+
+    claim_name: str = spec_field(
+        name="claimName",
+        description="Name of a PersistentVolumeClaim in the group's namespace (the platform "
+        "owns it; the operator never creates or deletes it). ReadWriteMany when workers run "
+        "on several nodes.",
+        pattern=_DNS_SUBDOMAIN,
+        max_length=253,
+    )
+    mount_path: str = spec_field(
+        name="mountPath",
+        description="Where the claim is mounted in worker pods; training.checkpointDir must "
+        "be this directory or one under it.",
+        default="/checkpoints",
+        pattern=_ABSOLUTE_DIR,
+        max_length=1024,
+    )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class RayClusterSpec:
     head: HeadSpec = spec_field(name="head", description="Head pod.", default_factory=HeadSpec)
     workers: RayWorkerNodesSpec = spec_field(
         name="workers", description="GPU worker pods.", default_factory=RayWorkerNodesSpec
+    )
+    # -- what a platform sets on every pod and on the RayCluster (see platform.py) ---------
+    storage: CheckpointStorageSpec | None = spec_field(
+        name="storage",
+        description="Checkpoint volume: a PersistentVolumeClaim mounted on every worker, so "
+        "that a re-created group resumes from what the old one wrote.",
+        default=None,
+    )
+    service_account_name: str = spec_field(
+        name="serviceAccountName",
+        description="ServiceAccount of the head and worker pods; empty: the namespace default.",
+        default="",
+        pattern=_DNS_SUBDOMAIN_OR_EMPTY,
+        max_length=253,
+    )
+    image_pull_secrets: list[str] = spec_field(
+        name="imagePullSecrets",
+        description="Names of Secrets (in the group's namespace) used to pull the image.",
+        default_factory=list,
+        pattern=_DNS_SUBDOMAIN,
+        max_length=253,
+    )
+    priority_class_name: str = spec_field(
+        name="priorityClassName",
+        description="PriorityClass of the head and worker pods; empty: none.",
+        default="",
+        pattern=_DNS_SUBDOMAIN_OR_EMPTY,
+        max_length=253,
+    )
+    labels: dict[str, str] = spec_field(
+        name="labels",
+        description="Labels of the RayCluster object (the operator's own labels win).",
+        default_factory=dict,
+    )
+    annotations: dict[str, str] = spec_field(
+        name="annotations",
+        description="Annotations of the RayCluster object (the operator's own win).",
+        default_factory=dict,
+    )
+    pod_labels: dict[str, str] = spec_field(
+        name="podLabels",
+        description="Labels of the head and worker pods (the operator's own labels win).",
+        default_factory=dict,
+    )
+    pod_annotations: dict[str, str] = spec_field(
+        name="podAnnotations",
+        description="Annotations of the head and worker pods.",
+        default_factory=dict,
     )
 
 
@@ -268,8 +351,11 @@ class TrainingSpec:
     )
     checkpoint_dir: str = spec_field(
         name="checkpointDir",
-        description="Directory (shared by all workers) for checkpoints; empty disables.",
+        description="Directory for checkpoints, shared by all workers; empty disables. On "
+        "Kubernetes put it on rayCluster.storage (this directory or one under its mountPath), "
+        "else each worker pod writes its own ephemeral disk and a re-created group starts fresh.",
         default="",
+        max_length=1024,
     )
 
 
@@ -341,6 +427,13 @@ class TrainerGroupSpec:
         description="Re-create the group when a worker dies (OnFailure) or not.",
         default="OnFailure",
         enum=("Never", "OnFailure"),
+    )
+    max_restarts: int = spec_field(
+        name="maxRestarts",
+        description="Re-creations allowed with restartPolicy OnFailure (exponential back-off "
+        "between them) before the phase is Failed.",
+        default=10,
+        minimum=0,
     )
     timeouts: TimeoutsSpec = spec_field(
         name="timeouts", description="Timeouts.", default_factory=TimeoutsSpec

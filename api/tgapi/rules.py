@@ -111,6 +111,10 @@ class Expr:
         """The first item of a list greater than ``bound`` (an error when none is)."""
         return Pick("first", self, lit(bound))
 
+    def within(self, directory: object) -> Expr:
+        """Whether this path is ``directory`` or under it, with no ``..`` step."""
+        return Within(self, lit(directory))
+
 
 def lit(value: object) -> Expr:
     return value if isinstance(value, Expr) else Lit(value)
@@ -334,6 +338,28 @@ class Pick(Expr):
         return over[0]
 
 
+def _str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise CelError(f"expected a string, got {value!r}")
+    return value
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Within(Expr):
+    """``path == dir || path.startsWith(dir + "/")``, and no ``/..`` in ``path``."""
+
+    path: Expr
+    directory: Expr
+
+    def cel(self, root: str = "self") -> str:
+        p, d = self.path.cel(root), self.directory.cel(root)
+        return f'(({p} == {d} || {p}.startsWith({d} + "/")) && !{p}.contains("/.."))'
+
+    def eval(self, spec: Wire) -> Any:
+        p, d = _str(self.path.eval(spec)), _str(self.directory.eval(spec))
+        return (p == d or p.startswith(d + "/")) and "/.." not in p
+
+
 def _cel_string(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -486,6 +512,9 @@ REPLICAS = Field("rayCluster.workers.replicas")
 HAS_CLUSTER = Has("rayCluster")
 # useGpu "auto" resolves against the cluster: GPU workers when its pods have GPUs.
 GPU = HAS_CLUSTER & (USE_GPU.eq(True) | (USE_GPU.eq("auto") & (GPUS_PER_WORKER > 0)))
+CHECKPOINT_DIR = Field("training.checkpointDir")
+HAS_STORAGE = HAS_CLUSTER & Has("rayCluster.storage")
+MOUNT_PATH = Field("rayCluster.storage.mountPath")
 
 
 RULES: tuple[Rule, ...] = (
@@ -628,6 +657,21 @@ RULES: tuple[Rule, ...] = (
             GPUS_PER_WORKER,
         ),
         fix=Text("lower processesPerNode or raise rayCluster.workers.gpusPerWorker"),
+        cluster=True,
+    ),
+    Rule(
+        name="checkpoint-on-storage",
+        field="training.checkpointDir",
+        holds=~HAS_STORAGE | CHECKPOINT_DIR.eq("") | CHECKPOINT_DIR.within(MOUNT_PATH),
+        problem=Text(
+            "is not rayCluster.storage.mountPath or a directory under it (with no '..' step), "
+            "so workers would write checkpoints beside the checkpoint volume and a re-created "
+            "group could not resume from them"
+        ),
+        fix=Text(
+            "set training.checkpointDir to rayCluster.storage.mountPath or a directory under "
+            "it, e.g. /checkpoints/my-group when mountPath is /checkpoints"
+        ),
         cluster=True,
     ),
 )

@@ -107,6 +107,14 @@ class TrainerGroupStatus:
     restarts: int = spec_field(
         name="restarts", description="Group re-creations after failures.", default=0
     )
+    last_restart_time: str = spec_field(
+        name="lastRestartTime", description="When the group was last re-created.", default=""
+    )
+    next_restart_time: str = spec_field(
+        name="nextRestartTime",
+        description="When the waiting re-creation runs (restart back-off); empty if none waits.",
+        default="",
+    )
     group_generation: int = spec_field(
         name="groupGeneration", description="Generation of the running group.", default=0
     )

@@ -15,12 +15,17 @@ import kopf
 from tg_operator import handlers
 from tg_operator.settings import OperatorConfig, SettingsError
 
+QUIET_HANDLERS = tuple(
+    f"Handler '{h}' succeeded"
+    for h in ("raypod-changed", "raycluster-changed", handlers.CLUSTER_INDEX, handlers.POD_INDEX)
+)
 
-class _QuietHealthTicks(logging.Filter):
-    """Drop kopf's "Timer 'health' succeeded." line (one per object per interval)."""
+
+class _QuietWatchHandlers(logging.Filter):
+    """Drop kopf's "Handler '...' succeeded." line for the watches (one per pod event)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("Timer 'health' succeeded")
+        return not record.getMessage().startswith(QUIET_HANDLERS)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,9 +38,10 @@ def main(argv: list[str] | None = None) -> int:
     except SettingsError as exc:
         print(f"tg-operator: {exc}", file=sys.stderr)
         return 2
-    kopf.configure(verbose=args.verbose, quiet=args.quiet, log_format=kopf.LogFormat.PLAIN)
+    # FULL: each line has its time, logger and level, so an alert on ERROR finds real problems.
+    kopf.configure(verbose=args.verbose, quiet=args.quiet, log_format=kopf.LogFormat.FULL)
     if not args.verbose:
-        logging.getLogger("kopf.objects").addFilter(_QuietHealthTicks())
+        logging.getLogger("kopf.objects").addFilter(_QuietWatchHandlers())
     registry = kopf.OperatorRegistry()
     handlers.register(registry, config)
     liveness = (

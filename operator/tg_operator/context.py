@@ -1,27 +1,34 @@
-"""What every flow needs: settings, the Kubernetes API, dashboard clients, locks.
+"""What every flow needs: settings, the Kubernetes API, dashboard clients, locks, wake-ups.
 
 One :class:`Context` lives for the operator's lifetime (made in the startup
 handler, closed in the cleanup handler). Flows for one TrainerGroup serialise on
-its lock, because kopf runs a timer concurrently with the change handlers.
+its lock. Each group's loop (:mod:`tg_operator.group_loop`) sleeps on its wake-up
+event; the watches on RayClusters and pods set it (:meth:`Context.wake_cluster`),
+and so do spec changes. The last status the operator wrote for an object is kept
+here (only the operator writes it), so a pass needs no GET of the TrainerGroup.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime
+from collections.abc import Callable
 
-import aiohttp
-
-from tg_operator.dashboard import DashboardClient
 from tg_operator.job_slots import JobSlots
-from tg_operator.kube import KubeApi
 from tg_operator.metrics import PhaseTracker
+from tg_operator.ports import Dashboard, KubeApi
 from tg_operator.settings import OperatorConfig
+from tgapi import TrainerGroupStatus
+
+
+def utcnow() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Step:
-    """The result of one reconcile pass: settled, or look again after ``delay`` seconds."""
+    """The result of one pass: settled, or look again after ``delay`` seconds (or on a wake)."""
 
     done: bool
     delay: float = 0.0
@@ -40,29 +47,58 @@ class Step:
 class Context:
     config: OperatorConfig
     kube: KubeApi
-    session: aiohttp.ClientSession
+    dashboards: Callable[[str], Dashboard]
+    """A client for the Ray dashboard at a URL."""
+    clock: Callable[[], datetime.datetime] = utcnow
     phases: PhaseTracker = dataclasses.field(default_factory=PhaseTracker)
     locks: dict[str, asyncio.Lock] = dataclasses.field(default_factory=dict)
     slots: JobSlots = dataclasses.field(default_factory=lambda: JobSlots(limit=0))
+    written: dict[str, tuple[TrainerGroupStatus, str]] = dataclasses.field(default_factory=dict)
+    """The last status written and the resourceVersion it made, by object uid."""
+    wakers: dict[str, asyncio.Event] = dataclasses.field(default_factory=dict)
+    cluster_users: dict[tuple[str, str], set[str]] = dataclasses.field(default_factory=dict)
+    """(namespace, RayCluster) -> the keys of the groups running on it."""
+    looping: set[str] = dataclasses.field(default_factory=set)
+    """Uids whose group loop runs in this process (it also does their cleanup)."""
+    cleaned: set[str] = dataclasses.field(default_factory=set)
+    """Uids whose cleanup finished in this process (the delete handler has nothing to do)."""
+    closers: list[Callable[[], object]] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.slots.limit = self.config.max_concurrent_jobs
+        self.slots.on_free = lambda key: self.wakers.setdefault(key, asyncio.Event()).set()
 
-    def dashboard(self, url: str) -> DashboardClient:
-        return DashboardClient(
-            base_url=url,
-            session=self.session,
-            timeout_s=self.config.dashboard_timeout_s,
-            token=self.config.ray_auth_token,
-        )
+    def dashboard(self, url: str) -> Dashboard:
+        return self.dashboards(url)
 
     def lock(self, *, namespace: str, name: str) -> asyncio.Lock:
         return self.locks.setdefault(f"{namespace}/{name}", asyncio.Lock())
 
+    def waker(self, *, namespace: str, name: str) -> asyncio.Event:
+        return self.wakers.setdefault(f"{namespace}/{name}", asyncio.Event())
+
+    def wake(self, *, namespace: str, name: str) -> None:
+        self.waker(namespace=namespace, name=name).set()
+
+    def use_cluster(self, *, namespace: str, cluster: str, name: str) -> None:
+        self.cluster_users.setdefault((namespace, cluster), set()).add(name)
+
+    def wake_cluster(self, *, namespace: str, cluster: str) -> None:
+        """A RayCluster or one of its pods changed: wake every group on it."""
+        for name in self.cluster_users.get((namespace, cluster), ()):
+            self.wake(namespace=namespace, name=name)
+
     def forget(self, *, namespace: str, name: str, uid: str) -> None:
         self.locks.pop(f"{namespace}/{name}", None)
+        self.wakers.pop(f"{namespace}/{name}", None)
+        for (ns, _), users in self.cluster_users.items():
+            if ns == namespace:
+                users.discard(name)
+        self.written.pop(uid, None)
         self.phases.forget(uid)
 
     async def close(self) -> None:
-        await self.session.close()
-        self.kube.close()
+        for close in self.closers:
+            result = close()
+            if asyncio.iscoroutine(result):
+                await result

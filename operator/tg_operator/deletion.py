@@ -2,11 +2,13 @@
 
 On deletion the group's server job is stopped if it still runs and the teardown
 entrypoint kills its actors and placement groups; the State API must then show no
-live worker before the finalizer is released. When Ray cannot be reached the
-handler retries with a growing delay and says why in the status and in an event.
-The annotation ``trainergroup.io/force-delete: "true"`` lets an admin remove the
-object without the cleanup. An owned RayCluster that is already gone (or going)
-took its Ray processes with it, so there is nothing left to clean.
+live worker before the finalizer is released. :func:`finalize_step` looks once and
+acts once; the group's loop calls it until it is done (kopf keeps the finalizer
+while the loop runs). When Ray cannot be reached the loop retries with a growing
+delay and says why in the status and in an event. The annotation
+``trainergroup.io/force-delete: "true"`` lets an admin remove the object without
+the cleanup. An owned RayCluster that is already gone (or going) took its Ray
+processes with it, so there is nothing left to clean.
 """
 
 from __future__ import annotations
@@ -16,14 +18,12 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-import kopf
-
 from tg_operator import events, names, reconcile, teardown
 from tg_operator import status as status_mod
-from tg_operator.context import Context
+from tg_operator.context import Context, Step
 from tg_operator.dashboard import DashboardError
 from tg_operator.events import EventSink
-from tgapi import SpecErrors, TrainerGroup, TrainerGroupStatus, parse_resource, parse_status
+from tgapi import SpecErrors, TrainerGroup, TrainerGroupStatus, parse_resource
 
 log = logging.getLogger(__name__)
 
@@ -39,25 +39,30 @@ def force_requested(body: Mapping[str, Any]) -> bool:
     return str(annotations.get(names.FORCE_DELETE_ANNOTATION, "")).lower() == "true"
 
 
-async def finalize(ctx: Context, *, body: Mapping[str, Any], sink: EventSink, retry: int) -> str:
-    """Clean up for a deleted TrainerGroup; returns what was done, raises to retry."""
+async def finalize_step(
+    ctx: Context, *, body: Mapping[str, Any], sink: EventSink, attempt: int
+) -> Step:
+    """One cleanup step for a deleted TrainerGroup: settled when the finalizer may go."""
     meta = body.get("metadata", {})
     namespace, name, uid = str(meta.get("namespace")), str(meta.get("name")), str(meta.get("uid"))
     async with ctx.lock(namespace=namespace, name=name):
-        try:
-            result = await _finalize(ctx, body=body, sink=sink, retry=retry)
-        except kopf.TemporaryError:
-            raise
-        ctx.forget(namespace=namespace, name=name, uid=uid)
-        ctx.slots.release_prefix(names.job_prefix(namespace=namespace, name=name, uid=uid))
-        return result
+        step = await _finalize(ctx, body=body, sink=sink, attempt=attempt)
+        if step.done:
+            ctx.forget(namespace=namespace, name=name, uid=uid)
+            ctx.slots.release_prefix(names.job_prefix(namespace=namespace, name=name, uid=uid))
+        return step
 
 
-async def _finalize(ctx: Context, *, body: Mapping[str, Any], sink: EventSink, retry: int) -> str:
+async def _finalize(
+    ctx: Context, *, body: Mapping[str, Any], sink: EventSink, attempt: int
+) -> Step:
     meta = body.get("metadata", {})
     namespace, name, uid = str(meta.get("namespace")), str(meta.get("name")), str(meta.get("uid"))
-    previous = parse_status(body.get("status"))
-    st = status_mod.terminating(previous, message="cleaning up", now=reconcile.utcnow())
+    previous = reconcile.current_status(ctx, body)
+    st = status_mod.terminating(
+        previous, message=previous.message if previous.phase == "Terminating" else "cleaning up",
+        now=ctx.clock(),
+    )
 
     async def report(message: str) -> None:
         nonlocal st
@@ -76,43 +81,44 @@ async def _finalize(ctx: Context, *, body: Mapping[str, Any], sink: EventSink, r
             f"actors in Ray namespace {previous.ray_namespace or '?'} may remain"
         )
         events.warn(sink, reason="ForceDeleted", message=msg)
-        return msg
+        return Step.settled(msg)
     try:
-        tg = parse_resource(body)
+        tg = parse_resource(dict(body))
     except SpecErrors:
-        return "the spec was invalid, so nothing was created"
+        return Step.settled("the spec was invalid, so nothing was created")
     url = previous.dashboard_url or ctx.config.dashboard_url(
         cluster=names.cluster_name(tg), namespace=namespace
     )
     if not previous.submission_id and not await _server_job_exists(
         ctx, tg=tg, url=url, generation=previous.group_generation
     ):
-        return "no worker group was started for the current generation"
+        return Step.settled("no worker group was started for the current generation")
     if names.owns_cluster(tg):
         rc = await ctx.kube.get_raycluster(namespace=namespace, name=names.cluster_name(tg))
         if rc is None or rc.get("metadata", {}).get("deletionTimestamp"):
             msg = f"RayCluster {names.cluster_name(tg)} is gone; its Ray processes went with it"
             events.info(sink, reason="NothingToClean", message=msg)
-            return msg
+            return Step.settled(msg)
     try:
         msg = await _clean_ray(ctx, tg=tg, status=previous, url=url)
     except DashboardError as exc:
-        delay = backoff(retry)
+        delay = backoff(attempt)
         why = (
             f"cannot reach Ray to remove the workers ({exc}); retrying in {delay:g}s. "
             f"To remove the object without cleaning Ray, annotate it "
             f'{names.FORCE_DELETE_ANNOTATION}="true"'
         )
+        if st.message != why:
+            events.warn(sink, reason="CleanupRetrying", message=why)
         await report(why)
-        events.warn(sink, reason="CleanupRetrying", message=why)
-        raise kopf.TemporaryError(why, delay=delay) from exc
+        return Step.wait(delay, why)
     except _NotYet as exc:
         await report(str(exc))
-        raise kopf.TemporaryError(str(exc), delay=exc.delay) from exc
+        return Step.wait(exc.delay, str(exc))
     events.info(sink, reason="CleanedUp", message=msg)
     if names.owns_cluster(tg):
         await ctx.kube.delete_raycluster(namespace=namespace, name=names.cluster_name(tg))
-    return msg
+    return Step.settled(msg)
 
 
 async def _server_job_exists(ctx: Context, *, tg: TrainerGroup, url: str, generation: int) -> bool:
@@ -145,7 +151,8 @@ async def _clean_ray(
         slots=ctx.slots,
     )
     if not result.done:
-        raise _NotYet(f"tearing down the workers: {result.message}", delay=2.0)
+        delay = 5.0 if result.failed else teardown.STEP_DELAY_S
+        raise _NotYet(f"tearing down the workers: {result.message}", delay=delay)
     actors = await dash.list_actors(ray_namespace=ray_ns)
     ours = set(status.worker_names)
     alive = [a.name for a in actors if a.state != "DEAD" and a.name in ours]

@@ -2,8 +2,8 @@
 
 A :class:`GroupFailed` subclass is permanent: the phase is Failed and kopf stops
 retrying until the spec changes. Each carries the condition ``reason`` the status
-shows. Waiting is not an error here: the reconcile flow returns a wait, and the
-handlers turn it into :class:`kopf.TemporaryError`.
+shows. Waiting is not an error: the reconcile pass returns a wait and the group's
+loop looks again later.
 """
 
 from __future__ import annotations
@@ -19,10 +19,6 @@ class GroupFailed(kopf.PermanentError):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
-
-
-class InvalidSpec(GroupFailed):
-    reason = "InvalidSpec"
 
 
 class ClusterConflict(GroupFailed):
@@ -43,3 +39,7 @@ class ServerFailed(GroupFailed):
 
 class WorkerDied(GroupFailed):
     reason = "WorkerDied"
+
+
+class RestartLimit(GroupFailed):
+    reason = "RestartLimit"

@@ -1,14 +1,18 @@
-"""The kopf handlers: thin wrappers around the reconcile, health and deletion flows.
+"""The kopf handlers: thin wrappers that start each group's loop and wake it.
 
 Handlers are registered on an explicit registry by :func:`register` (so importing
-this module has no side effects and the timer interval comes from the settings):
+this module has no side effects):
 
 * startup: kopf settings (our finalizer, storage prefixes, watch timeouts,
   standalone peering, no cluster scanning), the shared :class:`Context`, metrics;
-* create / update / resume: :func:`reconcile.drive`; a pending wait becomes
-  :class:`kopf.TemporaryError` with the flow's delay;
-* delete: :func:`deletion.finalize` (kopf adds and removes our finalizer);
-* timer: :func:`health.check` every ``TG_HEALTH_INTERVAL_SECONDS``.
+* a daemon per TrainerGroup, :func:`group_loop.run`: every reconcile pass, the
+  health checks and the cleanup on deletion run there, never in a change handler;
+* create / update (spec) / resume: wake the group's loop (they never wait);
+* indexes of RayClusters and of the pods KubeRay labels ``ray.io/cluster``, and
+  event handlers on both that wake the groups running on that cluster;
+* delete: keeps kopf's finalizer on the object; the loop does the cleanup. Only
+  for an object already being deleted when this process started (no loop ran for
+  it) does the handler clean up itself, one step per retry.
 """
 
 from __future__ import annotations
@@ -19,16 +23,20 @@ from typing import Any
 import aiohttp
 import kopf
 
-from tg_operator import deletion, health, metrics, names, reconcile
+from tg_operator import deletion, group_loop, metrics, names, watched
 from tg_operator.context import Context
+from tg_operator.dashboard import DashboardClient
 from tg_operator.events import KopfEvents
 from tg_operator.kube import KubeApi, api_client
 from tg_operator.settings import OperatorConfig
 
-HANDLER_BUDGET_S = 20.0
-"""How long a change handler keeps polling before it hands back to kopf with a delay."""
-
+DELETION_POLL_S = 2.0
 TG = (names.GROUP, names.VERSION, names.TG_PLURAL)
+RAYCLUSTERS = (names.RAY_GROUP, names.RAY_VERSION, names.RAY_PLURAL)
+PODS = ("", "v1", "pods")
+POD_FILTER = {names.RAY_CLUSTER_LABEL: kopf.PRESENT}
+CLUSTER_INDEX = "rayclusters_index"
+POD_INDEX = "raypods_index"
 
 
 def configure_settings(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
@@ -45,6 +53,9 @@ def configure_settings(settings: kopf.OperatorSettings, config: OperatorConfig) 
     settings.networking.request_timeout = 60
     settings.peering.standalone = True
     settings.scanning.disabled = True
+    # A deleted object's finalizer goes once its loop has cleaned up and exited; kopf
+    # looks whether the loop is done this often (its default is 60 s).
+    settings.background.cancellation_polling = DELETION_POLL_S
     settings.posting.level = logging.INFO
     settings.posting.reporting_component = "trainergroup-operator"
 
@@ -53,6 +64,24 @@ def _ctx(memo: Any) -> Context:
     ctx = memo.get("ctx") if hasattr(memo, "get") else None
     if not isinstance(ctx, Context):
         raise kopf.TemporaryError("the operator is still starting", delay=1)
+    return ctx
+
+
+def make_context(config: OperatorConfig) -> Context:
+    """The operator's context: the Kubernetes client, one aiohttp session for Ray."""
+    api = KubeApi(api_client())
+    session = aiohttp.ClientSession()
+
+    def dashboard(url: str) -> DashboardClient:
+        return DashboardClient(
+            base_url=url,
+            session=session,
+            timeout_s=config.dashboard_timeout_s,
+            token=config.ray_auth_token,
+        )
+
+    ctx = Context(config=config, kube=api, dashboards=dashboard)
+    ctx.closers.extend([session.close, api.close])
     return ctx
 
 
@@ -66,11 +95,8 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     @kopf.on.startup(registry=registry, id="startup")
     async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
         configure_settings(settings, config)
-        memo["ctx"] = Context(
-            config=config,
-            kube=KubeApi(api_client()),
-            session=aiohttp.ClientSession(),
-        )
+        memo["ctx"] = make_context(config)
+        memo["base_kube"] = memo["ctx"].kube
         metrics.serve(config.metrics_port)
 
     @kopf.on.cleanup(registry=registry, id="cleanup")
@@ -79,48 +105,58 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         if isinstance(ctx, Context):
             await ctx.close()
 
+    # -- what the operator watches besides TrainerGroups ----------------------------------
+    @kopf.index(*RAYCLUSTERS, registry=registry, id=CLUSTER_INDEX)
+    def rayclusters_index(
+        namespace: str | None, name: str, body: kopf.Body, **_: Any
+    ) -> dict[Any, Any]:
+        return watched.cluster_entry(namespace=str(namespace), name=name, body=body)
+
+    @kopf.index(*PODS, labels=POD_FILTER, registry=registry, id=POD_INDEX)
+    def raypods_index(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+        return watched.pod_entry(namespace=str(namespace), body=body)
+
+    @kopf.on.event(*RAYCLUSTERS, registry=registry, id="raycluster-changed")
+    def raycluster_changed(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
+        ctx = memo.get("ctx")
+        if isinstance(ctx, Context):
+            ctx.wake_cluster(namespace=str(namespace), cluster=name)
+
+    @kopf.on.event(*PODS, labels=POD_FILTER, registry=registry, id="raypod-changed")
+    def raypod_changed(
+        namespace: str | None, labels: kopf.Labels, memo: Any, **_: Any
+    ) -> None:
+        ctx = memo.get("ctx")
+        if isinstance(ctx, Context):
+            ctx.wake_cluster(
+                namespace=str(namespace), cluster=str(labels.get(names.RAY_CLUSTER_LABEL))
+            )
+
+    # -- TrainerGroups ----------------------------------------------------------------
+    @kopf.daemon(*TG, registry=registry, id="group-loop", cancellation_timeout=None)
+    async def group_daemon(
+        body: kopf.Body, memo: Any, stopped: kopf.DaemonStopped, logger: Any, **kwargs: Any
+    ) -> None:
+        # Returns nothing: kopf would store a handler's result in the object's status.
+        ctx = _ctx(memo)
+        if not isinstance(ctx.kube, watched.WatchedKube):
+            ctx.kube = watched.WatchedKube(
+                api=memo["base_kube"], clusters=kwargs[CLUSTER_INDEX], pods=kwargs[POD_INDEX]
+            )
+        done = await group_loop.run(ctx, body=body, stopped=stopped, sink=KopfEvents(body))
+        logger.info("group loop exited: %s", done)
+
     @kopf.on.resume(*TG, registry=registry, id=names.RECONCILE_HANDLER)
     @kopf.on.create(*TG, registry=registry, id=names.RECONCILE_HANDLER)
-    @kopf.on.update(*TG, registry=registry, id=names.RECONCILE_HANDLER)
-    async def reconcile_trainergroup(
-        name: str, namespace: str | None, body: kopf.Body, memo: Any, reason: str, **_: Any
-    ) -> None:
-        step = await reconcile.drive(
-            _ctx(memo),
-            namespace=str(namespace),
-            name=name,
-            sink=KopfEvents(body),
-            trigger=str(reason),
-            budget_s=HANDLER_BUDGET_S,
-        )
-        if not step.done:
-            raise kopf.TemporaryError(step.message, delay=max(step.delay, 1.0))
+    @kopf.on.update(*TG, field="spec", registry=registry, id=names.RECONCILE_HANDLER)
+    def wake_group(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
+        _ctx(memo).wake(namespace=str(namespace), name=name)
 
     @kopf.on.delete(*TG, registry=registry, id="cleanup-ray")
-    async def delete_trainergroup(body: kopf.Body, memo: kopf.Memo, retry: int, **_: Any) -> None:
-        await deletion.finalize(_ctx(memo), body=body, sink=KopfEvents(body), retry=retry)
-
-    @kopf.timer(
-        *TG,
-        registry=registry,
-        id="health",
-        interval=config.health_interval_s,
-        initial_delay=config.health_interval_s,
-    )
-    async def health_check(
-        name: str,
-        namespace: str | None,
-        body: kopf.Body,
-        status: kopf.Status,
-        annotations: kopf.Annotations,
-        memo: Any,
-        **_: Any,
-    ) -> None:
-        await health.check(
-            _ctx(memo),
-            namespace=str(namespace),
-            name=name,
-            phase=str(status.get("phase", "")),
-            annotations=annotations,
-            sink=KopfEvents(body),
-        )
+    async def delete_trainergroup(body: kopf.Body, memo: Any, retry: int, uid: str, **_: Any) -> None:
+        ctx = _ctx(memo)
+        if uid in ctx.looping or uid in ctx.cleaned:
+            return  # the group's loop cleans up; kopf keeps the finalizer until it exits
+        step = await deletion.finalize_step(ctx, body=body, sink=KopfEvents(body), attempt=retry)
+        if not step.done:
+            raise kopf.TemporaryError(step.message, delay=step.delay)

@@ -7,12 +7,13 @@ takes a slot when it is submitted and gives it back when the operator sees it
 finish; ``TG_MAX_CONCURRENT_JOBS`` slots exist per dashboard URL. Slots live in
 memory: after an operator restart the jobs already running are not counted (at
 most one extra batch), and a slot not released within ``stale_after_s`` is
-reclaimed.
+reclaimed. A group that finds no free slot is woken (``on_free``) when one frees.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 
 class JobSlots:
@@ -20,9 +21,15 @@ class JobSlots:
         self.limit = limit
         self.stale_after_s = stale_after_s
         self._held: dict[str, dict[str, float]] = {}
+        self._waiting: dict[str, set[str]] = {}
+        self.on_free: Callable[[str], None] | None = None
+        """Called with each waiter's key when a slot on its URL frees."""
 
-    def acquire(self, url: str, submission_id: str) -> bool:
-        """Take a slot for ``submission_id`` (True if it holds one now)."""
+    def acquire(self, url: str, submission_id: str, *, waiter: str = "") -> bool:
+        """Take a slot for ``submission_id`` (True if it holds one now).
+
+        When none is free, ``waiter`` (a group's key) is told through ``on_free`` later.
+        """
         held = self._held.setdefault(url, {})
         now = time.monotonic()
         for sid, since in list(held.items()):
@@ -31,18 +38,30 @@ class JobSlots:
         if submission_id in held:
             return True
         if self.limit > 0 and len(held) >= self.limit:
+            if waiter:
+                self._waiting.setdefault(url, set()).add(waiter)
             return False
         held[submission_id] = now
         return True
 
     def release(self, url: str, submission_id: str) -> None:
-        self._held.get(url, {}).pop(submission_id, None)
+        if self._held.get(url, {}).pop(submission_id, None) is not None:
+            self._freed(url)
 
     def release_prefix(self, prefix: str) -> None:
         """Give back every slot of one TrainerGroup (its ids share a prefix)."""
-        for held in self._held.values():
-            for sid in [s for s in held if s.startswith(prefix)]:
+        for url, held in self._held.items():
+            gone = [s for s in held if s.startswith(prefix)]
+            for sid in gone:
                 del held[sid]
+            if gone:
+                self._freed(url)
+
+    def _freed(self, url: str) -> None:
+        waiting = self._waiting.pop(url, set())
+        if self.on_free is not None:
+            for key in sorted(waiting):
+                self.on_free(key)
 
     def in_flight(self, url: str) -> int:
         return len(self._held.get(url, {}))

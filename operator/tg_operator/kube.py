@@ -1,7 +1,10 @@
 """The few Kubernetes API calls the operator makes, as async methods.
 
 The ``kubernetes`` client is synchronous, so each call runs in a worker thread
-(``asyncio.to_thread``) and the event loop that kopf drives never blocks. Objects
+(``asyncio.to_thread``) and the event loop that kopf drives never blocks. Reads of
+RayClusters and pods come from kopf's watches (:mod:`tg_operator.watched`), so the
+threads carry only the writes (status patches, RayCluster create/delete) and the
+rare GET: the default pool (6 threads on 2 cores) is seldom busy. Objects
 come back as plain wire-format dicts (camelCase), the same shape kopf hands to the
 handlers.
 """
@@ -65,17 +68,14 @@ class KubeApi:
     def get_trainergroup_sync(self, *, namespace: str, name: str) -> dict[str, Any] | None:
         return self._get_custom(names.GROUP, names.VERSION, names.TG_PLURAL, namespace, name)
 
-    async def get_trainergroup(self, *, namespace: str, name: str) -> dict[str, Any] | None:
-        return await asyncio.to_thread(self.get_trainergroup_sync, namespace=namespace, name=name)
-
     async def patch_trainergroup_status(
         self, *, namespace: str, name: str, status: dict[str, Any]
-    ) -> bool:
-        """Merge-patch the status subresource; False if the object is gone."""
+    ) -> str | None:
+        """Merge-patch the status subresource; the new resourceVersion, None if gone."""
 
-        def call() -> bool:
+        def call() -> str | None:
             try:
-                self._custom.patch_namespaced_custom_object_status(
+                done: Any = self._custom.patch_namespaced_custom_object_status(
                     names.GROUP,
                     names.VERSION,
                     namespace,
@@ -86,6 +86,41 @@ class KubeApi:
                 )
             except ApiException as exc:
                 if exc.status == 404:
+                    return None
+                raise
+            return str((done or {}).get("metadata", {}).get("resourceVersion") or "")
+
+        return await asyncio.to_thread(call)
+
+    async def remove_finalizer(
+        self, *, namespace: str, name: str, finalizers: list[str], finalizer: str
+    ) -> bool:
+        """JSON-patch the finalizers to ``finalizers`` minus ``finalizer`` (a test op guards
+        against a concurrent change); False if the object is gone or changed meanwhile."""
+        if finalizer not in finalizers:
+            return True
+        patch = [
+            {"op": "test", "path": "/metadata/finalizers", "value": finalizers},
+            {
+                "op": "replace",
+                "path": "/metadata/finalizers",
+                "value": [f for f in finalizers if f != finalizer],
+            },
+        ]
+
+        def call() -> bool:
+            try:
+                self._custom.api_client.call_api(
+                    f"/apis/{names.GROUP}/{names.VERSION}/namespaces/{namespace}/"
+                    f"{names.TG_PLURAL}/{name}",
+                    "PATCH",
+                    body=patch,
+                    header_params={"Content-Type": "application/json-patch+json"},
+                    auth_settings=["BearerToken"],
+                    _request_timeout=self._timeout,
+                )
+            except ApiException as exc:
+                if exc.status in (404, 409, 422):
                     return False
                 raise
             return True

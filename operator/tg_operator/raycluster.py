@@ -4,14 +4,16 @@ The head gets no GPUs and ``num-cpus: "0"`` so Ray never places a worker on it (
 still runs the job drivers: the server and teardown entrypoints). The one worker
 group gets ``nvidia.com/gpu`` in both limits and requests, and a toleration for the
 ``nvidia.com/gpu`` taint is added automatically. The cluster is owned by the
-TrainerGroup (garbage-collected with it) and labelled with its name.
+TrainerGroup (garbage-collected with it) and labelled with its name. What a platform
+adds (storage, service account, pull secrets, priority, labels and annotations, head
+placement) comes from ``platform.py``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from tg_operator import names
+from tg_operator import names, platform
 from tgapi import TrainerGroup
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -38,11 +40,18 @@ def build_raycluster(tg: TrainerGroup, *, cluster_hash: str) -> dict[str, Any]:
                 "image": tg.spec.image,
                 "resources": {"limits": dict(worker_resources), "requests": dict(worker_resources)},
                 "env": env,
-                "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+                "volumeMounts": [
+                    {"name": "dshm", "mountPath": "/dev/shm"},
+                    *platform.checkpoint_mount(tg),
+                ],
             }
         ],
-        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+        "volumes": [
+            {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+            *platform.checkpoint_volume(tg),
+        ],
         "tolerations": worker_tolerations(tg),
+        **platform.pod_identity(tg),
     }
     if rc.workers.node_selector:
         worker_pod["nodeSelector"] = dict(rc.workers.node_selector)
@@ -52,8 +61,11 @@ def build_raycluster(tg: TrainerGroup, *, cluster_hash: str) -> dict[str, Any]:
         "metadata": {
             "name": names.cluster_name(tg),
             "namespace": tg.namespace,
-            "labels": dict(labels),
-            "annotations": {names.CLUSTER_HASH_ANNOTATION: cluster_hash},
+            **platform.cluster_metadata(
+                tg,
+                labels=dict(labels),
+                annotations={names.CLUSTER_HASH_ANNOTATION: cluster_hash},
+            ),
             "ownerReferences": [owner_reference(tg)],
         },
         "spec": {
@@ -67,7 +79,7 @@ def build_raycluster(tg: TrainerGroup, *, cluster_hash: str) -> dict[str, Any]:
                     "num-gpus": "0",
                 },
                 "template": {
-                    "metadata": {"labels": dict(labels)},
+                    "metadata": platform.pod_metadata(tg, labels=dict(labels)),
                     "spec": {
                         "containers": [
                             {
@@ -83,7 +95,9 @@ def build_raycluster(tg: TrainerGroup, *, cluster_hash: str) -> dict[str, Any]:
                                     {"containerPort": 10001, "name": "client"},
                                 ],
                             }
-                        ]
+                        ],
+                        **platform.pod_identity(tg),
+                        **platform.head_placement(tg),
                     },
                 },
             },
@@ -94,7 +108,10 @@ def build_raycluster(tg: TrainerGroup, *, cluster_hash: str) -> dict[str, Any]:
                     "minReplicas": rc.workers.replicas,
                     "maxReplicas": rc.workers.replicas,
                     "rayStartParams": {},
-                    "template": {"metadata": {"labels": dict(labels)}, "spec": worker_pod},
+                    "template": {
+                        "metadata": platform.pod_metadata(tg, labels=dict(labels)),
+                        "spec": worker_pod,
+                    },
                 }
             ],
         },

@@ -40,13 +40,14 @@ OPERATOR_RULES: list[dict[str, Any]] = [
         "resources": [f"{names.TG_PLURAL}/finalizers"],
         "verbs": ["update"],
     },
+    # RayClusters are watched (an index wakes the group on every change), created, deleted.
     {
         "apiGroups": [names.RAY_GROUP],
         "resources": [names.RAY_PLURAL],
-        "verbs": ["get", "create", "delete"],
+        "verbs": ["get", "list", "watch", "create", "delete"],
     },
-    # Readiness: each pod's Ready and PodScheduled (Unschedulable) conditions.
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+    # Readiness: each pod's Ready and PodScheduled (Unschedulable) conditions, watched.
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
     # kopf.event(): phase changes and failures.
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
 ]

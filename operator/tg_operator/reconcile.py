@@ -1,41 +1,49 @@
-"""The one reconcile flow: TrainerGroup → RayCluster → server job → workers → status.
+"""One reconcile pass: TrainerGroup → RayCluster → server job → workers → status.
 
-:func:`advance` is level-triggered and idempotent. It re-reads the object, looks at
-the world (RayCluster, pods, the Ray dashboard) and moves the group one stretch
-forward, writing the status as it goes:
+:func:`advance` is level-triggered and idempotent, and it never waits. It reads the
+world once (the RayCluster and its pods from kopf's indexes, the server job and the
+actors from the Ray dashboard), acts once, writes the status and returns a
+:class:`Step`: settled, or "look again in N seconds". The group's loop
+(:mod:`tg_operator.group_loop`) sleeps until then or until a watch on the
+RayCluster, its pods or the spec wakes it. In order:
 
 1. validate the spec with tgapi (bad spec: Failed, nothing created);
 2. re-create the group if the spec fields it was built from changed;
-3. ensure the RayCluster (create it, owned, or find the referenced one) and wait
-   for honest readiness (KubeRay conditions, every pod Ready, Unschedulable
-   messages, the dashboard answering), bounded by ``timeouts.clusterReadySeconds``;
+3. ensure the RayCluster (create it, owned, or find the referenced one) and check
+   honest readiness (KubeRay conditions, every pod Ready, Unschedulable messages,
+   the dashboard answering), bounded by ``timeouts.clusterReadySeconds``;
 4. submit the server entrypoint under a deterministic submission id (GET before
-   POST; an existing job is adopted), wait for it, bounded by
+   POST; an existing job is adopted), look at it on later passes, bounded by
    ``timeouts.workersReadySeconds``, and read ``TG_GROUP_READY`` from its logs;
 5. read the workers from the State API; a dead one makes the group Degraded and,
    with ``restartPolicy: OnFailure``, re-creates it under the next group
-   generation (``Never``: Failed).
-
-The create/update/resume handlers and the health timer all call :func:`drive`,
-which repeats :func:`advance` while it asks for short waits.
+   generation after the restart back-off (:mod:`tg_operator.backoff`); after
+   ``spec.maxRestarts`` re-creations, or with ``Never``, the phase is Failed.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import datetime
 import logging
-import time
+from collections.abc import Mapping
+from typing import Any
 
-from kubernetes.client.exceptions import ApiException
-
-from tg_operator import entrypoints, errors, events, metrics, names, raycluster, spec_change
+from tg_operator import (
+    backoff,
+    entrypoints,
+    errors,
+    events,
+    metrics,
+    names,
+    raycluster,
+    spec_change,
+)
 from tg_operator import status as status_mod
 from tg_operator.context import Context, Step
-from tg_operator.dashboard import ActorInfo, DashboardClient, DashboardError, JobInfo
+from tg_operator.dashboard import ActorInfo, DashboardError, JobInfo
 from tg_operator.events import EventSink
-from tg_operator.teardown import teardown_group
+from tg_operator.ports import Dashboard
+from tg_operator.teardown import STEP_DELAY_S, teardown_group
 from tgapi import (
     SpecErrors,
     TrainerGroup,
@@ -50,14 +58,15 @@ log = logging.getLogger(__name__)
 
 WORKERS_GRACE_S = 60.0
 """Extra time the server job gets beyond ``workersReadySeconds`` (it has its own timeout)."""
-CLUSTER_POLL_S = 2.0
+WATCH_FALLBACK_S = 30.0
+"""Longest sleep while the watches on the RayCluster and its pods should wake the group."""
+DASHBOARD_POLL_S = 2.0
+"""Pods are Ready but the dashboard does not answer yet (nothing watchable)."""
 JOB_POLL_S = 1.0
+"""Looking at a running server job (Ray has no watch)."""
 RAY_RETRY_S = 5.0
-SLOT_WAIT_S = 5.0
-
-
-def utcnow() -> datetime.datetime:
-    return datetime.datetime.now(datetime.UTC)
+SLOT_WAIT_S = 30.0
+"""Fallback while waiting for a job slot (a freed slot wakes the waiters at once)."""
 
 
 def format_spec_errors(exc: SpecErrors) -> str:
@@ -82,10 +91,13 @@ async def write_status(
     wire = to_wire(new)
     if new.mesh is None:
         wire["mesh"] = None
-    await ctx.kube.patch_trainergroup_status(namespace=namespace, name=name, status=wire)
+    version = await ctx.kube.patch_trainergroup_status(
+        namespace=namespace, name=name, status=wire
+    )
     if new.phase != old.phase:
         events.phase_changed(sink, old=old.phase, new=new.phase, message=new.message)
         log.info("%s/%s: %s -> %s: %s", namespace, name, old.phase, new.phase, new.message)
+    ctx.written[uid] = (new, version or "")
     ctx.phases.set(uid, new.phase)
 
 
@@ -99,7 +111,7 @@ class _Pass:
         self.tg = tg
         self.written = status
         self.sink = sink
-        self.now = utcnow()
+        self.now = ctx.clock()
         self.cluster = names.cluster_name(tg)
         self.dashboard_url = ctx.config.dashboard_url(cluster=self.cluster, namespace=tg.namespace)
         self.ray_address = ctx.config.gcs_address(cluster=self.cluster, namespace=tg.namespace)
@@ -157,7 +169,7 @@ class _Pass:
         tg, st = self.tg, self.written
         if st.phase == "Failed" and st.submission_id:
             # A new spec generation revives a failed group: start it over.
-            step = await self.recreate(reason="the spec changed after a failure")
+            step = await self.recreate(reason="the spec changed after a failure", fresh=True)
             if step is not None:
                 return step
         change = spec_change.classify(self.written, tg.spec)
@@ -181,7 +193,11 @@ class _Pass:
                     )
                 )
             await self.write(new)
-            return Step.wait(CLUSTER_POLL_S, readiness.message)
+            left = limit - status_mod.seconds_in_phase(new, now=self.now)
+            delay = DASHBOARD_POLL_S if readiness.reason == "DashboardUnreachable" else min(
+                WATCH_FALLBACK_S, max(1.0, left + 1.0)
+            )
+            return Step.wait(delay, readiness.message)
         dash = self.ctx.dashboard(self.dashboard_url)
         try:
             return await self.run_group(dash, readiness)
@@ -254,7 +270,7 @@ class _Pass:
         return readiness
 
     async def run_group(
-        self, dash: DashboardClient, readiness: status_mod.ClusterReadiness
+        self, dash: Dashboard, readiness: status_mod.ClusterReadiness
     ) -> Step:
         tg, st = self.tg, self.written
         gen = st.group_generation
@@ -274,7 +290,8 @@ class _Pass:
         else:
             job = await dash.get_job(sid)
             slots, url = self.ctx.slots, self.dashboard_url
-            if job is None and not slots.acquire(url, sid):
+            waiter = f"{tg.namespace}/{tg.name}"
+            if job is None and not slots.acquire(url, sid, waiter=waiter):
                 msg = (
                     f"waiting for a free Ray job slot: {slots.in_flight(url)} jobs in flight on "
                     f"this Ray cluster (TG_MAX_CONCURRENT_JOBS={slots.limit})"
@@ -311,15 +328,17 @@ class _Pass:
                 cluster_hash=spec_change.cluster_hash(tg.spec),
             )
             if job is None or not job.terminal:
-                started = (job.start_time_ms / 1000.0) if job and job.start_time_ms else time.time()
+                now_s = self.now.timestamp()
+                started = (job.start_time_ms / 1000.0) if job and job.start_time_ms else now_s
                 limit = tg.spec.timeouts.workers_ready_seconds
-                if time.time() - started > limit + WORKERS_GRACE_S:
+                if now_s - started > limit + WORKERS_GRACE_S:
                     await self.write(self._with_bookkeeping(st, readiness, job))
                     await self._stop_and_clean(dash, gen)
                     raise await self.fail(
                         errors.WorkersTimeout(
                             f"server job {sid} did not finish within timeouts.workersReadySeconds "
-                            f"({limit}s) + {WORKERS_GRACE_S:g}s; it was stopped and the group torn down"
+                            f"({limit}s) + {WORKERS_GRACE_S:g}s; it was stopped, and its workers "
+                            "are removed on deletion or on the next spec change"
                         )
                     )
                 await self.write(self._with_bookkeeping(st, readiness, job))
@@ -371,7 +390,7 @@ class _Pass:
 
     async def check_workers(
         self,
-        dash: DashboardClient,
+        dash: Dashboard,
         readiness: status_mod.ClusterReadiness,
         *,
         st: TrainerGroupStatus,
@@ -396,12 +415,57 @@ class _Pass:
         metrics.DEAD_WORKERS.inc(len([w for w in dead if w.name not in already]))
         await self.write(new)
         what = status_mod.describe_dead(dead)
-        if tg.spec.restart_policy == "Never":
-            raise await self.fail(errors.WorkerDied(f"{what} (restartPolicy: Never)"))
-        step = await self.recreate(reason=what, restart=True)
-        return step or Step.wait(JOB_POLL_S, "re-creating the group")
+        return await self.restart_after_death(what)
 
-    async def _stop_and_clean(self, dash: DashboardClient, gen: int) -> None:
+    async def restart_after_death(self, what: str) -> Step:
+        """Back-off, then re-create; or Failed (``Never``, or ``spec.maxRestarts`` reached)."""
+        tg, st, cfg = self.tg, self.written, self.ctx.config
+        limit = tg.spec.max_restarts
+        decision = backoff.decide(
+            status=st,
+            restart_policy=tg.spec.restart_policy,
+            max_restarts=limit,
+            now=self.now,
+            due=status_mod.parse_rfc3339(st.next_restart_time),
+            base_s=cfg.restart_backoff_s,
+            cap_s=cfg.restart_backoff_max_s,
+        )
+        if decision.verdict is backoff.Verdict.GIVE_UP:
+            if tg.spec.restart_policy == "Never":
+                raise await self.fail(errors.WorkerDied(f"{what} (restartPolicy: Never)"))
+            raise await self.fail(
+                errors.RestartLimit(
+                    f"{what}; the group was re-created {st.restarts} times, "
+                    f"spec.maxRestarts ({limit}) is reached"
+                )
+            )
+        if decision.verdict is backoff.Verdict.SCHEDULE:
+            assert decision.due is not None
+            nxt = st.restarts + 1
+            when = f"in {decision.wait_s:g}s" if decision.wait_s > 0 else "now"
+            events.warn(
+                self.sink,
+                reason="Restarting",
+                message=f"{what}; re-creating the group as generation "
+                f"{st.group_generation + 1} {when} (restart {nxt} of at most {limit})",
+            )
+            await self.write(
+                status_mod.with_phase(
+                    dataclasses.replace(st, next_restart_time=status_mod.rfc3339(decision.due)),
+                    phase="Degraded",
+                    message=f"{what}; restart {nxt}/{limit} {when} (back-off)",
+                    now=self.now,
+                )
+            )
+            if decision.wait_s > 0:
+                return Step.wait(decision.wait_s, f"restart back-off: {decision.wait_s:g}s")
+        elif decision.verdict is backoff.Verdict.WAIT:
+            return Step.wait(decision.wait_s, f"restart back-off: {decision.wait_s:g}s left")
+        step = await self.recreate(reason=what, restart=True)
+        return step or Step.wait(0.0, "re-created the group")
+
+    async def _stop_and_clean(self, dash: Dashboard, gen: int) -> None:
+        """Stop a server job that ran too long (one teardown step; the rest on deletion)."""
         try:
             await teardown_group(
                 dash,
@@ -409,7 +473,6 @@ class _Pass:
                 python=self.ctx.config.python,
                 ray_namespace=self.written.ray_namespace or self.tg.ray_namespace,
                 generation=gen,
-                budget_s=30.0,
                 slots=self.ctx.slots,
             )
         except DashboardError as exc:
@@ -417,10 +480,13 @@ class _Pass:
                 "%s/%s: cleanup after timeout failed: %s", self.tg.namespace, self.tg.name, exc
             )
 
-    async def recreate(self, *, reason: str, restart: bool = False) -> Step | None:
+    async def recreate(
+        self, *, reason: str, restart: bool = False, fresh: bool = False
+    ) -> Step | None:
         """Tear the current group down and move to the next group generation.
 
-        Returns None when the group is gone and the flow may go on, or a wait.
+        Returns None when the group is gone and the flow may go on, or a wait. ``fresh``
+        (a spec change revives a Failed group) gives the group its restart budget back.
         """
         tg, st = self.tg, self.written
         gen = st.group_generation
@@ -433,12 +499,6 @@ class _Pass:
             and bool(st.cluster_hash)
             and st.cluster_hash != spec_change.cluster_hash(tg.spec)
         )
-        if restart and not st.message.startswith(f"tearing down group generation {gen}"):
-            events.warn(
-                self.sink,
-                reason="Restarting",
-                message=f"{reason}; re-creating the group as generation {gen + 1}",
-            )
         # A group being replaced is not Ready: Degraded after a death, else starting over.
         phase = "Degraded" if restart else "WorkersStarting"
         await self.write(
@@ -475,13 +535,15 @@ class _Pass:
         if result is not None and not result.done:
             msg = f"tearing down group generation {gen}: {result.message}"
             await self.write(status_mod.with_phase(st, phase=st.phase, message=msg, now=self.now))
-            return Step.wait(JOB_POLL_S, msg)
+            return Step.wait(RAY_RETRY_S if result.failed else STEP_DELAY_S, msg)
         if result is not None:
             events.info(self.sink, reason="GroupTornDown", message=result.message)
         new = dataclasses.replace(
             st,
             group_generation=gen + 1,
-            restarts=st.restarts + (1 if restart else 0),
+            restarts=0 if fresh else st.restarts + (1 if restart else 0),
+            last_restart_time=status_mod.rfc3339(self.now) if restart else st.last_restart_time,
+            next_restart_time="",
             submission_id="",
             spec_hash="",
             cluster_hash="",
@@ -502,68 +564,63 @@ class _Pass:
         return None
 
 
-async def advance(ctx: Context, *, namespace: str, name: str, sink: EventSink) -> Step:
-    """One reconcile pass for one TrainerGroup (see the module docstring)."""
+def current_status(ctx: Context, obj: Mapping[str, Any]) -> TrainerGroupStatus:
+    """The status to start from: the object's, unless this process wrote a newer one.
+
+    The watch may not have delivered the operator's own last write yet; the
+    resourceVersion that write returned tells which is newer (an etcd revision;
+    if either is not a number, the operator's own write wins).
+    """
+    meta = obj.get("metadata", {})
+    mine = ctx.written.get(str(meta.get("uid", "")))
+    if mine is not None and not _seen(str(meta.get("resourceVersion") or ""), mine[1]):
+        return mine[0]
+    return parse_status(obj.get("status"))
+
+
+def _seen(body_version: str, written_version: str) -> bool:
+    """Whether a body at ``body_version`` already includes the write at ``written_version``."""
+    if body_version.isdigit() and written_version.isdigit():
+        return int(body_version) >= int(written_version)
+    return False
+
+
+async def advance(ctx: Context, *, obj: Mapping[str, Any], sink: EventSink) -> Step:
+    """One reconcile pass for one TrainerGroup body (see the module docstring)."""
+    meta = obj.get("metadata", {})
+    namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
     async with ctx.lock(namespace=namespace, name=name):
-        obj = await ctx.kube.get_trainergroup(namespace=namespace, name=name)
-        if obj is None:
-            return Step.settled("the object is gone")
-        if obj.get("metadata", {}).get("deletionTimestamp"):
+        if meta.get("deletionTimestamp"):
             return Step.settled("the object is being deleted")
-        previous = parse_status(obj.get("status"))
-        meta = obj.get("metadata", {})
+        previous = current_status(ctx, obj)
         try:
-            tg = parse_resource(obj)
+            tg = parse_resource(dict(obj))
         except SpecErrors as exc:
             message = format_spec_errors(exc)
             generation = int(meta.get("generation") or 0)
             new = status_mod.failed(
-                previous, reason="InvalidSpec", message=message, now=utcnow(), generation=generation
-            )
-            await write_status(
-                ctx,
-                namespace=namespace,
-                name=name,
-                uid=str(meta.get("uid", "")),
-                old=previous,
-                new=new,
-                sink=sink,
+                previous, reason="InvalidSpec", message=message, now=ctx.clock(),
+                generation=generation,
             )
             if new != previous:
+                await write_status(
+                    ctx,
+                    namespace=namespace,
+                    name=name,
+                    uid=str(meta.get("uid", "")),
+                    old=previous,
+                    new=new,
+                    sink=sink,
+                )
                 events.warn(sink, reason="InvalidSpec", message=message)
-            metrics.RECONCILE_ERRORS.labels(reason="InvalidSpec").inc()
-            raise errors.InvalidSpec(message) from exc
+                metrics.RECONCILE_ERRORS.labels(reason="InvalidSpec").inc()
+            return Step.settled(message)
+        ctx.use_cluster(namespace=namespace, cluster=names.cluster_name(tg), name=name)
         if previous.phase == "Failed" and previous.observed_generation == tg.generation:
             ctx.phases.set(tg.uid, previous.phase)
             return Step.settled(f"Failed: {previous.message}")
-        return await _Pass(ctx, tg=tg, status=previous, sink=sink).run()
-
-
-async def drive(
-    ctx: Context,
-    *,
-    namespace: str,
-    name: str,
-    sink: EventSink,
-    trigger: str,
-    budget_s: float,
-) -> Step:
-    """Repeat :func:`advance` while it asks for short waits, for up to ``budget_s``."""
-    deadline = time.monotonic() + budget_s
-    while True:
-        started = time.monotonic()
         try:
-            step = await advance(ctx, namespace=namespace, name=name, sink=sink)
-        except errors.GroupFailed:
-            metrics.RECONCILES.labels(trigger=trigger, result="failed").inc()
-            raise
-        except ApiException as exc:
-            metrics.RECONCILES.labels(trigger=trigger, result="error").inc()
-            metrics.RECONCILE_ERRORS.labels(reason=f"KubernetesAPI{exc.status}").inc()
-            raise
-        finally:
-            metrics.RECONCILE_SECONDS.labels(trigger=trigger).observe(time.monotonic() - started)
-        metrics.RECONCILES.labels(trigger=trigger, result="done" if step.done else "wait").inc()
-        if step.done or time.monotonic() + step.delay > deadline:
-            return step
-        await asyncio.sleep(step.delay)
+            return await _Pass(ctx, tg=tg, status=previous, sink=sink).run()
+        except errors.GroupFailed as exc:
+            log.warning("%s/%s: Failed (%s): %s", namespace, name, exc.reason, exc.message)
+            return Step.settled(f"Failed: {exc.message}")

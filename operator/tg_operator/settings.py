@@ -37,6 +37,10 @@ class OperatorConfig:
     """Per-request timeout towards a Ray dashboard."""
     max_concurrent_jobs: int = 8
     """Ray jobs (server/teardown drivers) in flight per Ray cluster; 0 = no limit."""
+    restart_backoff_s: float = 10.0
+    """Wait before the second re-creation of a group; doubles each time after."""
+    restart_backoff_max_s: float = 300.0
+    """The longest wait between re-creations."""
     ray_auth_token: str = dataclasses.field(default="", repr=False)
     """Bearer token for Ray dashboards with token authentication (empty: none)."""
 
@@ -59,6 +63,10 @@ class OperatorConfig:
             python=env.get("TG_PYTHON", "python") or "python",
             dashboard_timeout_s=_number(env, "TG_DASHBOARD_TIMEOUT_SECONDS", 10.0, minimum=0.1),
             max_concurrent_jobs=int(_number(env, "TG_MAX_CONCURRENT_JOBS", 8, minimum=0)),
+            restart_backoff_s=_number(env, "TG_RESTART_BACKOFF_SECONDS", 10.0, minimum=0),
+            restart_backoff_max_s=_number(
+                env, "TG_RESTART_BACKOFF_MAX_SECONDS", 300.0, minimum=0
+            ),
             ray_auth_token=ray_auth_token(env),
         )
         config.dashboard_url(cluster="c", namespace="n")  # fail fast on a bad template

@@ -5,7 +5,7 @@ training) are hashed into ``status.specHash``; the fields the RayCluster is buil
 from (image, rayVersion, rayCluster or rayClusterRef) into ``status.clusterHash``.
 A change to either hash re-creates the group under a new group generation (a new
 cluster also means new worker processes). Anything else (labels, annotations,
-restartPolicy, timeouts) is applied without touching the running workers.
+restartPolicy, maxRestarts, timeouts) is applied without touching the running workers.
 """
 
 from __future__ import annotations

@@ -1,26 +1,27 @@
-"""Tear a worker group down through the Ray Jobs API (the teardown entrypoint).
+"""Tear a worker group down through the Ray Jobs API (the teardown entrypoint), one step a call.
 
 Used before a group is re-created (restart, spec change) and by the finalizer.
-It first stops the generation's server job if it still runs, then runs
-``tgruntime.teardown`` under deterministic submission ids
-``...-teardown-g{generation}-{attempt}``: a failed attempt moves on to the next
-id, a restarted operator finds the attempt it already submitted. Dashboard errors
+:func:`teardown_group` looks once and acts once: it stops the generation's server
+job if it still runs, then runs ``tgruntime.teardown`` under deterministic
+submission ids ``...-teardown-g{generation}-{attempt}`` (a failed attempt moves
+on to the next id; a restarted operator finds the attempt it already submitted).
+It never waits: a job still running gives ``done=False`` and the caller looks
+again later (the group's loop, :mod:`tg_operator.group_loop`). Dashboard errors
 propagate to the caller, which decides whether to retry or to report.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import time
 
 from tg_operator import entrypoints, names
-from tg_operator.dashboard import DashboardClient, JobInfo
 from tg_operator.job_slots import JobSlots
+from tg_operator.ports import Dashboard
 from tgapi import TrainerGroup, markers
 
 MAX_ATTEMPTS = 20
-POLL_S = 0.5
+STEP_DELAY_S = 1.0
+"""How soon the caller looks again at a teardown that is not done."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -29,44 +30,29 @@ class TeardownResult:
     message: str
     report: markers.Teardown | None = None
     submission_id: str = ""
-
-
-async def await_terminal(
-    dash: DashboardClient, submission_id: str, *, timeout_s: float
-) -> JobInfo | None:
-    """Poll a job until it is terminal or ``timeout_s`` passed; its last info."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        job = await dash.get_job(submission_id)
-        if job is None or job.terminal or time.monotonic() >= deadline:
-            return job
-        await asyncio.sleep(POLL_S)
+    failed: bool = False
+    """Every attempt failed: retrying at once will not help."""
 
 
 async def teardown_group(
-    dash: DashboardClient,
+    dash: Dashboard,
     tg: TrainerGroup,
     *,
     python: str,
     ray_namespace: str,
     generation: int,
-    budget_s: float = 60.0,
     slots: JobSlots | None = None,
 ) -> TeardownResult:
-    """Kill the group's actors and placement groups; idempotent."""
-    deadline = time.monotonic() + budget_s
+    """One step of killing the group's actors and placement groups; idempotent."""
     url = dash.base_url
     server_id = names.server_submission_id(tg, generation=generation)
     server = await dash.get_job(server_id)
     if server is not None and not server.terminal:
-        await dash.stop_job(server_id)
-        server = await await_terminal(
-            dash, server_id, timeout_s=max(1.0, deadline - time.monotonic())
+        if server.status != "STOPPING":
+            await dash.stop_job(server_id)
+        return TeardownResult(
+            done=False, message=f"waiting for server job {server_id} to stop ({server.status})"
         )
-        if server is not None and not server.terminal:
-            return TeardownResult(
-                done=False, message=f"waiting for server job {server_id} to stop ({server.status})"
-            )
     if slots is not None:
         slots.release(url, server_id)
     last_error = ""
@@ -74,7 +60,8 @@ async def teardown_group(
         tid = names.teardown_submission_id(tg, generation=generation, attempt=attempt)
         job = await dash.get_job(tid)
         if job is None:
-            if slots is not None and not slots.acquire(url, tid):
+            waiter = f"{tg.namespace}/{tg.name}"
+            if slots is not None and not slots.acquire(url, tid, waiter=waiter):
                 return TeardownResult(
                     done=False,
                     message=f"waiting for a free Ray job slot ({slots.in_flight(url)} jobs "
@@ -87,15 +74,15 @@ async def teardown_group(
                 ),
                 metadata=entrypoints.job_metadata(tg, generation=generation),
             )
-        if job is None or not job.terminal:
-            job = await await_terminal(dash, tid, timeout_s=max(1.0, deadline - time.monotonic()))
-        if job is not None and job.terminal and slots is not None:
-            slots.release(url, tid)
-        if job is None or not job.terminal:
-            state = job.status if job is not None else "PENDING"
             return TeardownResult(
-                done=False, message=f"teardown job {tid} is {state}", submission_id=tid
+                done=False, message=f"submitted teardown job {tid}", submission_id=tid
             )
+        if not job.terminal:
+            return TeardownResult(
+                done=False, message=f"teardown job {tid} is {job.status}", submission_id=tid
+            )
+        if slots is not None:
+            slots.release(url, tid)
         logs = await dash.job_logs(tid)
         report = entrypoints.parse_teardown(logs)
         if job.status == "SUCCEEDED" and (report is None or report.complete):
@@ -116,11 +103,13 @@ async def teardown_group(
             f"teardown job {tid} {job.status}: {why or entrypoints.tail(logs) or job.message}"
         )
     return TeardownResult(
-        done=False, message=f"teardown failed {MAX_ATTEMPTS} times; last: {last_error}"
+        done=False,
+        failed=True,
+        message=f"teardown failed {MAX_ATTEMPTS} times; last: {last_error}",
     )
 
 
-async def forget_jobs(dash: DashboardClient, tg: TrainerGroup, *, up_to_generation: int) -> int:
+async def forget_jobs(dash: Dashboard, tg: TrainerGroup, *, up_to_generation: int) -> int:
     """Delete the finished job records of generations 0..N (best effort); how many went."""
     removed = 0
     for gen in range(up_to_generation + 1):

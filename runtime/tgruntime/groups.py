@@ -186,6 +186,23 @@ def device_summary(init_results: Any) -> dict[str, Any]:
     return out
 
 
+def resume_summary(init_results: Any) -> dict[str, Any]:
+    """Where the workers resumed from, from their ``init_model`` results: ``resumedFrom``
+    (the checkpoint every rank loaded; "" when none did, "mixed" when ranks disagree) and
+    ``resumedStep`` (the optimizer step the workers start from)."""
+    if not isinstance(init_results, list | tuple):
+        return {}
+    ranks = [r for r in init_results if isinstance(r, dict) and "resumed_from" in r]
+    if not ranks:
+        return {}
+    paths = {str(r.get("resumed_from") or "") for r in ranks}
+    steps = {int(r.get("step") or 0) for r in ranks}
+    return {
+        "resumedFrom": paths.pop() if len(paths) == 1 else "mixed",
+        "resumedStep": steps.pop() if len(steps) == 1 else -1,
+    }
+
+
 def ready_payload(
     wg: WorkerGroup,
     *,
@@ -193,6 +210,7 @@ def ready_payload(
     worker_class: str,
     use_gpu: bool | None = None,
     device: dict[str, Any] | None = None,
+    resumed: dict[str, Any] | None = None,
 ) -> markers.GroupReady:
     """The body of the ``TG_GROUP_READY`` line (tgapi.markers, docs/contracts.md).
 
@@ -201,6 +219,7 @@ def ready_payload(
     a GPU request that found no CUDA in the workers falls back to "cpu" / "gloo".
     """
     dev = device or {}
+    rs = resumed or {}
     return markers.GroupReady(
         group_name=wg.group_name,
         ray_namespace=wg.namespace,
@@ -213,4 +232,6 @@ def ready_payload(
         device=str(dev.get("device", "")),
         backend=str(dev.get("backend", "")),
         dtype=str(dev.get("dtype", "")),
+        resumed_from=str(rs["resumedFrom"]) if rs.get("resumedFrom") else None,
+        resumed_step=int(rs["resumedStep"]) if rs.get("resumedStep") is not None else None,
     )

@@ -87,12 +87,18 @@ def run(tg: tgapi.TrainerGroup, *, generation: int, address: str | None) -> mark
                 wg.worker_names,
             )
         t0 = time.monotonic()
-        device = groups.device_summary(wg.init_model())
+        results = wg.init_model()
+        device = groups.device_summary(results)
+        resumed = groups.resume_summary(results)
         mesh = groups.mesh_of(tg.spec)
         use_gpu = bool(tg.spec.workers.use_gpu)
         log.info(
             "init_model done in %.1fs, mesh %s, device %s", time.monotonic() - t0, mesh, device
         )
+        if resumed.get("resumedFrom"):
+            log.info(
+                "resumed from %s at step %s", resumed["resumedFrom"], resumed.get("resumedStep")
+            )
         if use_gpu and device.get("device") == "cpu":
             log.warning(
                 "GPU workers were asked for but they run on the CPU (torch sees no CUDA there)"
@@ -107,6 +113,7 @@ def run(tg: tgapi.TrainerGroup, *, generation: int, address: str | None) -> mark
             worker_class=tg.spec.workers.worker_class,
             use_gpu=use_gpu,
             device=device,
+            resumed=resumed,
         )
     except PlacementInfeasibleError:
         raise  # refused before anything was created: nothing to tear down

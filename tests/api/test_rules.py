@@ -53,6 +53,12 @@ def _random_spec(rnd: random.Random) -> dict[str, Any]:
         }
     if choice > 0.4:
         spec["rayClusterRef"] = {"name": "x"}
+    # drawn last, so the draws above (and the specs they give) stay as they were
+    spec["training"]["checkpointDir"] = rnd.choice(
+        ["", "/ckpt", "/ckpt/run1", "/ckpt-other", "/ckpt/../etc", "/elsewhere"]
+    )
+    if "rayCluster" in spec and rnd.random() < 0.5:
+        spec["rayCluster"]["storage"] = {"claimName": "ckpt", "mountPath": "/ckpt"}
     return spec
 
 
@@ -120,6 +126,7 @@ def test_local_mode_skips_the_cluster_rules() -> None:
         "gpu-pods-have-gpus",
         "gpu-nodes-fit-replicas",
         "gpu-processes-fit-pods",
+        "checkpoint-on-storage",
     }
 
 

@@ -26,6 +26,7 @@
 #   E2E_ARTIFACTS=tests/e2e/.artifacts   diagnostics, timings (timeline.json) written here
 #   E2E_STEPS=10 (nvidia) / 5 (fake)     client training steps
 #   E2E_READY_TIMEOUT=1800          seconds for the TrainerGroup to become Ready
+#   E2E_PHASES="resume"             phases run after the recovery step (tests/e2e/phases/); "" none
 #   E2E_WORKER_CPU, E2E_WORKER_MEMORY, E2E_HEAD_CPU, E2E_HEAD_MEMORY   Ray pod sizes
 #   KIND_NODE_IMAGE=kindest/node:v1.34.0 (nvidia mode only; fake mode builds its own)
 #   KUBERAY_VERSION=<hack/versions.env>  NVDP_VERSION=0.17.1  NVIDIA_CTK_VERSION=
@@ -419,6 +420,8 @@ NEW_NAMES="$(k -n "$TG_NS" get tg "$TG" -o jsonpath='{.status.workerNames}')"
 check_status | tee "$ARTIFACTS/status-recovered.json"
 log "recovered under new names $NEW_NAMES (were $OLD_NAMES)"
 run_client "$TG-client-2"
+# shellcheck source=/dev/null  # ---- phases: tests/e2e/phases/<name>.sh, each from a Ready group
+for phase in ${E2E_PHASES-resume}; do source "tests/e2e/phases/$phase.sh"; done
 
 # ---- 8. deletion leaves nothing behind ----------------------------------------------------------
 log "deleting the TrainerGroup"

@@ -80,6 +80,12 @@ MISTAKES: list[tuple[str, dict[str, Any]]] = [
                                 parallelism={"expert": 4}, training={"batchSize": 5})),
     ("gpu-processes-fit-pods", spec_with(workers={"processesPerNode": [4, 4, 4, 4]},
                                          training={"batchSize": 8})),
+    # the checkpoint directory must be on the checkpoint volume (rayCluster.storage)
+    ("checkpoint-on-storage", spec_with(rayCluster={"storage": {"claimName": "ckpt",
+                                                                 "mountPath": "/ckpt"}},
+                                        training={"checkpointDir": "/ckpt-old/run"})),
+    ("checkpoint-on-storage", spec_with(rayCluster={"storage": {"claimName": "ckpt"}},
+                                        training={"checkpointDir": "/checkpoints/../etc"})),
 ]
 
 # Accepted: useGpu in each of its three forms (the schema leaves it untyped), and the
@@ -94,6 +100,23 @@ ACCEPTED: list[dict[str, Any]] = [
               rayCluster={"workers": {"replicas": 1, "gpusPerWorker": 0}}),
     spec_with(rayCluster=None, rayClusterRef={"name": "shared"},
               workers={"processesPerNode": [8, 8]}, training={"batchSize": 8}),
+    # every platform field of rayCluster, the checkpoint directory on the claim's mount
+    spec_with(rayCluster={"storage": {"claimName": "ckpt", "mountPath": "/ckpt"},
+                          "serviceAccountName": "trainer", "imagePullSecrets": ["regcred"],
+                          "priorityClassName": "high", "labels": {"team": "llm"},
+                          "annotations": {"a": "b"}, "podLabels": {"c": "d"},
+                          "podAnnotations": {"e": "f"},
+                          "head": {"cpu": "500m", "nodeSelector": {"pool": "cpu"},
+                                   "tolerations": [{"key": "k", "operator": "Exists"}]}},
+              training={"checkpointDir": "/ckpt/run1"}),
+]
+
+# Per-field schema mistakes in the platform fields: refused at the field, by the schema.
+FIELD_MISTAKES: list[tuple[str, dict[str, Any]]] = [
+    ("spec.rayCluster.storage.claimName", {"storage": {"mountPath": "/ckpt"}}),
+    ("spec.rayCluster.storage.mountPath", {"storage": {"claimName": "c", "mountPath": "/ckpt/"}}),
+    ("spec.rayCluster.imagePullSecrets[0]", {"imagePullSecrets": ["Not_A_Name"]}),
+    ("spec.rayCluster.serviceAccountName", {"serviceAccountName": "UPPER"}),
 ]
 
 
@@ -234,3 +257,16 @@ def test_valid_specs_are_accepted(crd_plane: KubePlane, k8s_namespace: str,
     crd_plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest(name, k8s_namespace, spec)))
     stored = crd_plane.kubectl_json("get", "trainergroup", name, "-n", k8s_namespace)
     assert stored["spec"]["workers"]["useGpu"] == spec["workers"].get("useGpu", "auto")
+
+
+@pytest.mark.parametrize(("field", "cluster"), FIELD_MISTAKES,
+                         ids=[f for f, _ in FIELD_MISTAKES])
+def test_platform_field_mistakes_are_refused_at_the_field(
+        crd_plane: KubePlane, k8s_namespace: str, field: str, cluster: dict[str, Any]) -> None:
+    spec = spec_with(rayCluster=cluster)
+    assert field in {e.field for e in tgapi_errors(spec)}  # tgapi names the same field
+    name = f"bad-{uuid.uuid4().hex[:8]}"
+    proc = crd_plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(
+        manifest(name, k8s_namespace, spec)), check=False)
+    assert proc.returncode != 0 and field in proc.stderr, proc.stderr
+    assert crd_plane.kubectl_json("get", "trainergroups", "-n", k8s_namespace)["items"] == []

@@ -11,7 +11,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
-# The operator's tests run groups of tests.operator.noop_worker:NoopWorker: the Ray job
+# The operator's tests run groups of hack.noop_worker:NoopWorker: the Ray job
 # drivers and worker processes import it, and they inherit their environment from the
 # process that started the Ray head. Put the repository on PYTHONPATH before the session's
 # Ray head (tests/fixtures_ray.py) starts.

@@ -16,10 +16,19 @@ import pytest
 from tests.operator.conftest import RayEndpoint
 from tg_operator.dashboard import DashboardClient, DashboardUnreachable, JobInfo
 from tg_operator.settings import ray_auth_token
-from tg_operator.teardown import await_terminal
 
 pytestmark = pytest.mark.ray
 T = TypeVar("T")
+
+
+async def await_terminal(d: DashboardClient, sid: str, *, timeout_s: float) -> JobInfo | None:
+    """Poll a job until it is terminal or ``timeout_s`` passed (the operator never waits)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        job = await d.get_job(sid)
+        if job is None or job.terminal or asyncio.get_running_loop().time() > deadline:
+            return job
+        await asyncio.sleep(0.5)
 
 
 def run(ray_endpoint: RayEndpoint, fn: Callable[[DashboardClient], Awaitable[T]]) -> T:

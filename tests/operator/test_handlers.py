@@ -34,21 +34,23 @@ def test_every_handler_is_registered_on_an_explicit_registry() -> None:
     by_id = {(h.id, str(h.reason.value) if h.reason else "resume") for h in changing}
     assert by_id == {
         ("reconcile", "create"),
-        ("reconcile", "update"),
+        ("reconcile/spec", "update"),
         ("reconcile", "resume"),
         ("cleanup-ray", "delete"),
     }
-    timers = registry._spawning.get_all_handlers()
-    assert [t.interval for t in timers] == [7.0]
-    activities = {h.activity.value for h in registry._activities.get_all_handlers()}
+    # one daemon per TrainerGroup (no timer), never cancelled while it cleans up
+    daemons = registry._spawning.get_all_handlers()
+    assert [(d.id, getattr(d, "cancellation_timeout", "timer")) for d in daemons] == [
+        ("group-loop", None)
+    ]
+    # the watches that wake the loops, and the indexes its passes read
+    watching = {h.id for h in registry._watching.get_all_handlers()}
+    assert watching == {"raycluster-changed", "raypod-changed"}
+    indexing = {h.id for h in registry._indexing.get_all_handlers()}
+    assert indexing == {handlers.CLUSTER_INDEX, handlers.POD_INDEX}
+    activities = {
+        h.activity.value for h in registry._activities.get_all_handlers() if h.activity
+    }
     assert {"startup", "cleanup", "authentication"} <= activities
     # importing the module registered nothing globally
     assert not kopf.get_default_registry()._changing.get_all_handlers()
-
-
-def test_the_timer_stays_out_while_the_reconcile_handler_retries() -> None:
-    from tg_operator.health import handlers_busy
-
-    assert handlers_busy({"kopf.trainergroup.io/reconcile": '{"retries": 2}'})
-    assert not handlers_busy({"kopf.trainergroup.io/last-handled-configuration": "{}"})
-    assert not handlers_busy({})

@@ -33,3 +33,18 @@ def test_zero_means_no_limit_and_the_default_is_eight() -> None:
     assert all(slots.acquire("u", f"j{i}") for i in range(100))
     assert OperatorConfig.from_env({}).max_concurrent_jobs == 8
     assert OperatorConfig.from_env({"TG_MAX_CONCURRENT_JOBS": "3"}).max_concurrent_jobs == 3
+
+
+def test_a_freed_slot_wakes_the_groups_that_waited_for_it() -> None:
+    woken: list[str] = []
+    slots = JobSlots(limit=1)
+    slots.on_free = woken.append
+    assert slots.acquire("u", "tg-ns-a-1-g0", waiter="ns/a")
+    assert not slots.acquire("u", "tg-ns-b-2-g0", waiter="ns/b")
+    assert not slots.acquire("u", "tg-ns-c-3-g0", waiter="ns/c")
+    slots.release("u", "tg-ns-x-g0")  # not held: nobody is woken
+    assert woken == []
+    slots.release("u", "tg-ns-a-1-g0")
+    assert woken == ["ns/b", "ns/c"]
+    slots.release("u", "tg-ns-a-1-g0")
+    assert woken == ["ns/b", "ns/c"]  # each wait is woken once

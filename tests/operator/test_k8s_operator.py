@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 import tgapi.client
-from tests.operator import k8s_support as ks
+from hack import operator_plane as ks
 from tests.operator.conftest import RayEndpoint
 from tg_operator import rbac
 
@@ -186,6 +186,27 @@ def test_unschedulable_gpu_pod_is_reported_then_times_out(
         timeout=60,
         what="the RayCluster to go",
     )
+
+
+# -- a normal apply is quiet: Normal events only, no ERROR in the operator's log -----------
+def test_apply_to_ready_posts_no_warning_and_logs_no_error(
+    k8s_plane: Any, ns: str, operator: ks.OperatorProcess
+) -> None:
+    name = "quiet"
+    offset = operator.log_path.stat().st_size if operator.log_path.exists() else 0
+    k8s_plane.apply(ks.noop(name, ns))
+    st = ks.wait_phase(k8s_plane, ns, name, {"Ready", "Failed"}, timeout=READY_TIMEOUT, op=operator)
+    assert st["phase"] == "Ready", ks.dump(st)
+    events = ks.events_of(k8s_plane, ns, name)
+    assert [e["reason"] for e in events if e.get("type") == "Warning"] == [], ks.dump(events)
+    normal = {e["reason"] for e in events if e.get("type") == "Normal"}
+    assert {"RayClusterCreated", "ServerSubmitted", "Ready"} <= normal, normal
+    with operator.log_path.open("rb") as f:
+        f.seek(offset)
+        lines = f.read().decode(errors="replace").splitlines()
+    bad = [ln for ln in lines if "[ERROR" in ln or "[WARNING" in ln or "Traceback" in ln]
+    assert bad == [], "\n".join(bad[:20])
+    delete_and_wait(k8s_plane, ns, name, operator)
 
 
 # -- the whole life of a group -------------------------------------------------------------

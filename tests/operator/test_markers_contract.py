@@ -105,6 +105,8 @@ CONTRACT_READY_KEYS = [
     "device",
     "backend",
     "dtype",
+    "resumedFrom",
+    "resumedStep",
 ]
 CONTRACT_TEARDOWN_KEYS = [
     "groupName",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from tests.operator.helpers import BASE_SPEC, trainergroup
 from tg_operator import names, raycluster
 from tg_operator.raycluster import GPU_RESOURCE, build_raycluster
@@ -98,3 +100,99 @@ def test_cluster_ref_is_not_built() -> None:
         assert "rayClusterRef" in str(exc)
     else:  # pragma: no cover
         raise AssertionError("expected ValueError")
+
+
+# -- what a platform sets (tg_operator.platform) ---------------------------------------------
+def _cluster_with(**fields: Any) -> dict[str, Any]:
+    return {**BASE_SPEC, "rayCluster": {**BASE_SPEC["rayCluster"], **fields}}
+
+
+def _pods(rc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The head's and the worker group's pod templates."""
+    spec = rc["spec"]
+    return [spec["headGroupSpec"]["template"], spec["workerGroupSpecs"][0]["template"]]
+
+
+def test_checkpoint_claim_is_mounted_on_every_worker_and_not_on_the_head() -> None:
+    tg = trainergroup(
+        spec={
+            **_cluster_with(storage={"claimName": "ckpt", "mountPath": "/mnt/ckpt"}),
+            "training": {**BASE_SPEC["training"], "checkpointDir": "/mnt/ckpt/demo"},
+        }
+    )
+    head, worker = _pods(build_raycluster(tg, cluster_hash="h"))
+    assert {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "ckpt"}} in worker[
+        "spec"
+    ]["volumes"]
+    (c,) = worker["spec"]["containers"]
+    assert {"name": "checkpoints", "mountPath": "/mnt/ckpt"} in c["volumeMounts"]
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
+    assert "volumes" not in head["spec"]
+
+
+def test_no_storage_means_only_the_shared_memory_volume() -> None:
+    _, worker = _pods(build_raycluster(trainergroup(), cluster_hash="h"))
+    assert [v["name"] for v in worker["spec"]["volumes"]] == ["dshm"]
+    assert [m["name"] for m in worker["spec"]["containers"][0]["volumeMounts"]] == ["dshm"]
+
+
+def test_identity_fields_go_on_every_pod_and_are_absent_by_default() -> None:
+    tg = trainergroup(
+        spec=_cluster_with(
+            serviceAccountName="trainer",
+            imagePullSecrets=["regcred", "mirror"],
+            priorityClassName="training-high",
+        )
+    )
+    for pod in _pods(build_raycluster(tg, cluster_hash="h")):
+        assert pod["spec"]["serviceAccountName"] == "trainer"
+        assert pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}, {"name": "mirror"}]
+        assert pod["spec"]["priorityClassName"] == "training-high"
+    for pod in _pods(build_raycluster(trainergroup(), cluster_hash="h")):
+        for key in ("serviceAccountName", "imagePullSecrets", "priorityClassName"):
+            assert key not in pod["spec"]
+
+
+def test_labels_and_annotations_keep_the_operators_own_keys() -> None:
+    tg = trainergroup(
+        spec=_cluster_with(
+            labels={"team": "llm", names.NAME_LABEL: "spoofed"},
+            annotations={"cost-center": "42", names.CLUSTER_HASH_ANNOTATION: "spoofed"},
+            podLabels={"sidecar.istio.io/inject": "false", names.NAME_LABEL: "spoofed"},
+            podAnnotations={"prometheus.io/scrape": "true"},
+        )
+    )
+    rc = build_raycluster(tg, cluster_hash="abc")
+    assert rc["metadata"]["labels"]["team"] == "llm"
+    assert rc["metadata"]["labels"][names.NAME_LABEL] == "demo"
+    assert rc["metadata"]["annotations"] == {
+        "cost-center": "42",
+        names.CLUSTER_HASH_ANNOTATION: "abc",
+    }
+    for pod in _pods(rc):
+        assert pod["metadata"]["labels"]["sidecar.istio.io/inject"] == "false"
+        assert pod["metadata"]["labels"][names.NAME_LABEL] == "demo"
+        assert pod["metadata"]["annotations"] == {"prometheus.io/scrape": "true"}
+    assert "team" not in _pods(rc)[0]["metadata"]["labels"]  # cluster labels stay on the cluster
+    for pod in _pods(build_raycluster(trainergroup(), cluster_hash="h")):
+        assert "annotations" not in pod["metadata"]
+
+
+def test_head_resources_and_placement() -> None:
+    toleration = {"key": "cpu-pool", "operator": "Exists", "effect": "NoSchedule"}
+    tg = trainergroup(
+        spec=_cluster_with(
+            head={"cpu": "500m", "memory": "3Gi", "nodeSelector": {"pool": "cpu"},
+                  "tolerations": [toleration]}
+        )
+    )
+    head, worker = _pods(build_raycluster(tg, cluster_hash="h"))
+    (c,) = head["spec"]["containers"]
+    assert c["resources"] == {
+        "limits": {"cpu": "500m", "memory": "3Gi"},
+        "requests": {"cpu": "500m", "memory": "3Gi"},
+    }
+    assert head["spec"]["nodeSelector"] == {"pool": "cpu"}
+    assert head["spec"]["tolerations"] == [toleration]
+    assert "nodeSelector" not in worker["spec"]  # the head's placement is its own
+    assert toleration not in worker["spec"]["tolerations"]

@@ -33,30 +33,36 @@ class FakeJobs:
     async def stop_job(self, submission_id: str) -> bool:
         return True
 
-    async def submit_job(self, *, submission_id: str, entrypoint: str, **_: Any) -> str:
+    async def submit_job(self, *, submission_id: str, entrypoint: str, **_: Any) -> bool:
         status, report = self.outcomes.pop(0)
         self.submitted.append(submission_id)
         self.jobs[submission_id] = JobInfo(submission_id=submission_id, status=status)
         self.logs[submission_id] = f"noise\n{markers.line(report)}\n"
-        return submission_id
+        return True
 
     async def job_logs(self, submission_id: str) -> str:
         return self.logs.get(submission_id, "")
 
 
 def run(outcomes: list[tuple[str, markers.Teardown]]) -> tuple[teardown.TeardownResult, FakeJobs]:
+    """Step the teardown as the group's loop does, until it is done or gives up."""
     tg = trainergroup()
     dash = FakeJobs(outcomes)
-    result = asyncio.run(
-        teardown.teardown_group(
-            dash,  # type: ignore[arg-type]
-            tg,
-            python="python",
-            ray_namespace=tg.ray_namespace,
-            generation=0,
-        )
-    )
-    return result, dash
+
+    async def steps() -> teardown.TeardownResult:
+        for _ in range(3 * teardown.MAX_ATTEMPTS):
+            result = await teardown.teardown_group(
+                dash,
+                tg,
+                python="python",
+                ray_namespace=tg.ray_namespace,
+                generation=0,
+            )
+            if result.done or result.failed:
+                return result
+        raise AssertionError("the teardown neither finished nor gave up")
+
+    return asyncio.run(steps()), dash
 
 
 COMPLETE = markers.Teardown(
@@ -85,6 +91,6 @@ def test_an_incomplete_teardown_is_retried_under_the_next_attempt_id() -> None:
 
 def test_a_teardown_that_never_completes_is_never_done() -> None:
     result, dash = run([("FAILED", INCOMPLETE)] * teardown.MAX_ATTEMPTS)
-    assert not result.done
+    assert not result.done and result.failed
     assert len(dash.submitted) == teardown.MAX_ATTEMPTS
     assert "still exists" in result.message

@@ -85,14 +85,14 @@ ConfigMaps, no create/delete of TrainerGroups, read-only Pods. Proven on a real 
 - apiGroups: ["trainergroup.io"]
   resources: ["trainergroups/finalizers"]
   verbs: ["update"]
-# The RayCluster it creates for a TrainerGroup (same name, owned by it).
+# The RayCluster it creates for a TrainerGroup (same name, owned by it); watched.
 - apiGroups: ["ray.io"]
   resources: ["rayclusters"]
-  verbs: ["get", "create", "delete"]
-# Readiness: each Ray pod's Ready and PodScheduled (Unschedulable) conditions.
+  verbs: ["get", "list", "watch", "create", "delete"]
+# Readiness: each Ray pod's Ready and PodScheduled (Unschedulable) conditions, watched.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list"]
+  verbs: ["list", "watch"]
 # kopf.event(): phase changes and failures.
 - apiGroups: [""]
   resources: ["events"]

@@ -1,6 +1,6 @@
 """A trivial worker class for operator tests and the operator benchmark.
 
-It is what ``spec.workers.workerClass: tests.operator.noop_worker:NoopWorker`` names:
+It is what ``spec.workers.workerClass: hack.noop_worker:NoopWorker`` names:
 no torch, no Megatron, so a group of them starts in seconds. Ray worker processes
 import it, so the local Ray must have the repository root on its PYTHONPATH.
 """

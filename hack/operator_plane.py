@@ -1,4 +1,9 @@
-"""Running the operator as a process against the local control plane, for tests and the bench.
+"""Running the operator as a process against the local control plane: tests and the bench.
+
+Not test code: ``tests/operator/test_k8s_operator.py`` and ``bench/bench_operator.py``
+both import it (``from hack import operator_plane``), with the repository root on
+``sys.path``. A ``plane`` is anything with ``kubectl``, ``kubectl_json``, ``apply`` and
+``kubeconfig_for_service_account`` (tests/fixtures_k8s.KubePlane, the bench's Plane).
 
 The operator runs as ``python -m tg_operator`` with a ServiceAccount token that holds
 exactly :data:`tg_operator.rbac.OPERATOR_RULES` (so the tests prove the RBAC list),
@@ -32,9 +37,9 @@ from tg_operator import rbac
 from tg_operator.dashboard import ActorInfo, DashboardClient
 from tg_operator.settings import ray_auth_token
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 CRD = REPO / "manifests" / "crd" / "trainergroups.yaml"
-NOOP_WORKER = "tests.operator.noop_worker:NoopWorker"
+NOOP_WORKER = "hack.noop_worker:NoopWorker"
 
 # A tiny Llama-style model the Megatron trainer trains on 2 CPU cores (gloo, TP 2).
 TINY_SPEC: dict[str, Any] = {

@@ -1,0 +1,99 @@
+"""What a platform sets on a TrainerGroup's RayCluster and its pods (pure functions).
+
+``raycluster.py`` builds the cluster; these functions hold the platform's part of it,
+each from one field group of ``spec.rayCluster``:
+
+* :func:`cluster_metadata`: the RayCluster's labels and annotations (``labels``,
+  ``annotations``); the operator's own keys win over the user's.
+* :func:`pod_metadata`: the head and worker pod templates' labels and annotations
+  (``podLabels``, ``podAnnotations``); the operator's labels win, since it selects pods by
+  them.
+* :func:`pod_identity`: ``serviceAccountName``, ``imagePullSecrets``, ``priorityClassName``
+  of every pod.
+* :func:`head_placement`: the head pod's ``nodeSelector`` and ``tolerations``.
+* :func:`checkpoint_volume` / :func:`checkpoint_mount`: the checkpoint claim
+  (``storage``) as a volume and a mount, on every worker pod.
+
+The claim is the platform's: named, never created or deleted by the operator, so deleting
+a TrainerGroup never deletes checkpoints (and the operator needs no rights on claims).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tgapi import TrainerGroup
+from tgapi.model import RayClusterSpec
+
+CHECKPOINT_VOLUME = "checkpoints"
+"""Name of the checkpoint volume in worker pods."""
+
+
+def _cluster_spec(tg: TrainerGroup) -> RayClusterSpec:
+    rc = tg.spec.ray_cluster
+    if rc is None:
+        raise ValueError(f"TrainerGroup {tg.namespace}/{tg.name} uses rayClusterRef")
+    return rc
+
+
+def cluster_metadata(
+    tg: TrainerGroup, *, labels: dict[str, str], annotations: dict[str, str]
+) -> dict[str, dict[str, str]]:
+    """The RayCluster's ``labels`` and ``annotations``: the user's, then the operator's."""
+    rc = _cluster_spec(tg)
+    return {
+        "labels": {**rc.labels, **labels},
+        "annotations": {**rc.annotations, **annotations},
+    }
+
+
+def pod_metadata(tg: TrainerGroup, *, labels: dict[str, str]) -> dict[str, Any]:
+    """A pod template's ``metadata``: the user's pod labels under the operator's, and the
+    user's pod annotations (omitted when there are none)."""
+    rc = _cluster_spec(tg)
+    meta: dict[str, Any] = {"labels": {**rc.pod_labels, **labels}}
+    if rc.pod_annotations:
+        meta["annotations"] = dict(rc.pod_annotations)
+    return meta
+
+
+def pod_identity(tg: TrainerGroup) -> dict[str, Any]:
+    """Pod spec fields every pod gets: only those the spec sets."""
+    rc = _cluster_spec(tg)
+    out: dict[str, Any] = {}
+    if rc.service_account_name:
+        out["serviceAccountName"] = rc.service_account_name
+    if rc.image_pull_secrets:
+        out["imagePullSecrets"] = [{"name": n} for n in rc.image_pull_secrets]
+    if rc.priority_class_name:
+        out["priorityClassName"] = rc.priority_class_name
+    return out
+
+
+def head_placement(tg: TrainerGroup) -> dict[str, Any]:
+    """The head pod's ``nodeSelector`` and ``tolerations``, where set."""
+    head = _cluster_spec(tg).head
+    out: dict[str, Any] = {}
+    if head.node_selector:
+        out["nodeSelector"] = dict(head.node_selector)
+    if head.tolerations:
+        out["tolerations"] = [dict(t) for t in head.tolerations]
+    return out
+
+
+def checkpoint_volume(tg: TrainerGroup) -> list[dict[str, Any]]:
+    """The worker pods' checkpoint volume (none without ``storage``)."""
+    storage = _cluster_spec(tg).storage
+    if storage is None:
+        return []
+    return [
+        {"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": storage.claim_name}}
+    ]
+
+
+def checkpoint_mount(tg: TrainerGroup) -> list[dict[str, Any]]:
+    """The worker container's mount of the checkpoint volume (none without ``storage``)."""
+    storage = _cluster_spec(tg).storage
+    if storage is None:
+        return []
+    return [{"name": CHECKPOINT_VOLUME, "mountPath": storage.mount_path}]

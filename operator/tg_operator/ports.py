@@ -1,0 +1,67 @@
+"""The operator's I/O, as two small protocols: the Kubernetes API and a Ray dashboard.
+
+The reconcile, teardown and deletion flows only talk to these. In the operator they
+are :class:`tg_operator.kube.KubeApi` (served from kopf's indexes where it can,
+see :class:`tg_operator.watched.WatchedKube`) and
+:class:`tg_operator.dashboard.DashboardClient`; the unit tests use in-memory fakes
+(tests/operator/fakes.py) that count every call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from tg_operator.dashboard import ActorInfo, JobInfo
+
+
+class KubeApi(Protocol):
+    """TrainerGroup status writes, RayClusters and their pods."""
+
+    async def patch_trainergroup_status(
+        self, *, namespace: str, name: str, status: dict[str, Any]
+    ) -> str | None:
+        """Merge-patch the status; the object's new resourceVersion, None if it is gone."""
+        ...
+
+    async def remove_finalizer(
+        self, *, namespace: str, name: str, finalizers: list[str], finalizer: str
+    ) -> bool:
+        """Drop ``finalizer`` from a TrainerGroup whose finalizers are ``finalizers``."""
+        ...
+
+    async def get_raycluster(self, *, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+    async def create_raycluster(self, body: dict[str, Any]) -> dict[str, Any] | None: ...
+
+    async def delete_raycluster(self, *, namespace: str, name: str) -> bool: ...
+
+    async def list_cluster_pods(self, *, namespace: str, cluster: str) -> list[dict[str, Any]]: ...
+
+
+class Dashboard(Protocol):
+    """The Ray Jobs and State APIs of one Ray cluster."""
+
+    @property
+    def base_url(self) -> str: ...
+
+    async def version(self) -> dict[str, Any]: ...
+
+    async def get_job(self, submission_id: str) -> JobInfo | None: ...
+
+    async def submit_job(
+        self,
+        *,
+        submission_id: str,
+        entrypoint: str,
+        runtime_env: Mapping[str, Any] | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ) -> bool: ...
+
+    async def stop_job(self, submission_id: str) -> bool: ...
+
+    async def delete_job(self, submission_id: str) -> bool: ...
+
+    async def job_logs(self, submission_id: str) -> str: ...
+
+    async def list_actors(self, *, ray_namespace: str) -> list[ActorInfo]: ...

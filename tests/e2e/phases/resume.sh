@@ -1,0 +1,171 @@
+# shellcheck shell=bash
+# Phase "resume" of tests/e2e/run.sh (sourced by it, after the recovery step, while the example
+# TrainerGroup $TG is Ready): a re-created group resumes from the last checkpoint, and the next
+# loss continues from it.
+#
+#   1. a hostPath PersistentVolume on the GPU node (kind here has no storage provisioner: the
+#      node image ships a StorageClass without one) and a claim bound to it by name;
+#   2. the TrainerGroup gets the claim (spec.rayCluster.storage) and a checkpointDir under its
+#      mount: a new RayCluster, whose worker pod mounts the claim; the group starts fresh;
+#   3. a client trains $STEPS steps (from step 1) and saves a checkpoint into checkpointDir;
+#   4. the worker pod is deleted: the operator re-creates the group, whose init_model loads the
+#      newest checkpoint (the server's TG_GROUP_READY line says resumedFrom / resumedStep);
+#   5. a second client trains: its first step is $STEPS + 1 and its first loss is near the
+#      first client's last one, far below a fresh model's (~ ln 256 = 5.55).
+#
+# Uses run.sh's k, log, die, wait_for, wait_phase, stamp, TG, TG_NS, GPU_NODE, STEPS, ARTIFACTS,
+# RUNTIME_IMAGE, MODE; defines only resume_* names. Figures go to $ARTIFACTS/resume.json.
+
+RESUME_T0=$(date +%s)
+RESUME_ID="$RESUME_T0"
+RESUME_CLAIM="tg-ckpt-$RESUME_ID"
+RESUME_PV="tg-e2e-ckpt-$RESUME_ID"
+RESUME_HOST_DIR="/var/lib/tg-e2e/ckpt-$RESUME_ID"
+RESUME_MOUNT=/checkpoints
+RESUME_DIR="$RESUME_MOUNT/$TG"
+RESUME_CKPT="$RESUME_DIR/step_$(printf '%08d' "$STEPS")"
+log "phase resume: checkpoint claim $RESUME_CLAIM (hostPath $RESUME_HOST_DIR on $GPU_NODE)"
+stamp resume_start
+
+# The kind node is a container: make the directory there, writable by the pods' uid 1000.
+docker exec "$GPU_NODE" sh -c "mkdir -p '$RESUME_HOST_DIR' && chmod 0777 '$RESUME_HOST_DIR'"
+k apply -f - <<EOF
+apiVersion: v1
+kind: PersistentVolume
+metadata:
+  name: $RESUME_PV
+  labels: {app.kubernetes.io/part-of: trainergroup-e2e}
+spec:
+  capacity: {storage: 1Gi}
+  accessModes: [ReadWriteOnce]
+  persistentVolumeReclaimPolicy: Retain
+  storageClassName: ""
+  hostPath: {path: $RESUME_HOST_DIR, type: Directory}
+  nodeAffinity:
+    required:
+      nodeSelectorTerms:
+        - matchExpressions:
+            - {key: kubernetes.io/hostname, operator: In, values: [$GPU_NODE]}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata:
+  name: $RESUME_CLAIM
+  namespace: $TG_NS
+spec:
+  accessModes: [ReadWriteOnce]
+  storageClassName: ""
+  volumeName: $RESUME_PV
+  resources: {requests: {storage: 1Gi}}
+EOF
+resume_bound() { [[ "$(k -n "$TG_NS" get pvc "$RESUME_CLAIM" -o jsonpath='{.status.phase}')" == Bound ]]; }
+wait_for 60 "claim $RESUME_CLAIM Bound" resume_bound
+
+resume_field() { k -n "$TG_NS" get tg "$TG" -o jsonpath="{$1}"; }
+resume_new_group_ready() {  # <old workerNames>: Ready, spec acted on, under new worker names
+  [[ "$(resume_field .status.phase)" == Ready ]] \
+    && [[ "$(resume_field .status.observedGeneration)" == "$(resume_field .metadata.generation)" ]] \
+    && [[ "$(resume_field .status.workerNames)" != "$1" ]]
+}
+
+# ---- 2. the group gets the claim ----------------------------------------------------------------
+NAMES_BEFORE="$(resume_field .status.workerNames)"
+k -n "$TG_NS" patch tg "$TG" --type merge -p "$(printf '{"spec": {"rayCluster": {"storage": {"claimName": "%s", "mountPath": "%s"}}, "training": {"checkpointDir": "%s"}}}' "$RESUME_CLAIM" "$RESUME_MOUNT" "$RESUME_DIR")"
+wait_for "$READY_TIMEOUT" "TrainerGroup $TG Ready on a RayCluster with the claim" resume_new_group_ready "$NAMES_BEFORE"
+stamp resume_storage_ready
+RESUME_WPOD_CLAIM="$(k -n "$TG_NS" get pod -l "ray.io/cluster=$TG,ray.io/node-type=worker" -o jsonpath='{.items[0].spec.volumes[?(@.name=="checkpoints")].persistentVolumeClaim.claimName}')"
+[[ "$RESUME_WPOD_CLAIM" == "$RESUME_CLAIM" ]] || die "the worker pod does not mount claim $RESUME_CLAIM (got '$RESUME_WPOD_CLAIM')"
+log "group Ready with $RESUME_CLAIM mounted at $RESUME_MOUNT in $(( $(date +%s) - RESUME_T0 ))s"
+
+# ---- clients ------------------------------------------------------------------------------------
+resume_client() {  # <job name> [client args...]: run the example client Job; its TG_STEP lines
+  local job="$1" t0 done_; shift
+  k -n "$TG_NS" delete job "$job" --ignore-not-found --wait=true >/dev/null
+  JOB="$job" STEPS="$STEPS" EXTRA="$*" python3 - manifests/examples/client-job.yaml \
+    > "$ARTIFACTS/$job.yaml" <<'PY'
+import os, sys, yaml
+doc = yaml.safe_load(open(sys.argv[1]))
+doc["metadata"]["name"] = os.environ["JOB"]
+c = doc["spec"]["template"]["spec"]["containers"][0]
+c["image"], c["imagePullPolicy"] = os.environ["RUNTIME_IMAGE"], "Never"
+for e in c["env"]:
+    if e["name"] == "TG_STEPS":
+        e["value"] = os.environ["STEPS"]
+c["args"] = [a.replace("--no-progress", "--no-progress " + os.environ["EXTRA"]) for a in c["args"]]
+if os.environ["MODE"] == "fake":
+    c["resources"] = {"requests": {"cpu": "250m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}}
+yaml.safe_dump(doc, sys.stdout, sort_keys=False)
+PY
+  k apply -f "$ARTIFACTS/$job.yaml" >/dev/null
+  t0=$(date +%s)
+  while :; do
+    done_="$(k -n "$TG_NS" get job "$job" -o jsonpath='{range .status.conditions[*]}{.type}={.status} {end}')"
+    [[ "$done_" == *"Complete=True"* ]] && break
+    [[ "$done_" == *"Failed=True"* ]] && { k -n "$TG_NS" logs "job/$job" --tail=50 >&2 || true; die "client Job $job failed"; }
+    (( $(date +%s) - t0 < 1800 )) || die "client Job $job not done after 1800s"
+    sleep 3
+  done
+  k -n "$TG_NS" logs "job/$job" --tail=-1 > "$ARTIFACTS/$job.log"
+  log "client Job $job done in $(( $(date +%s) - t0 ))s"
+}
+resume_steps() {  # <job name>: its TG_STEP lines as a JSON list of {step, loss}
+  python3 -c '
+import json, sys
+print(json.dumps([json.loads(l.split("TG_STEP ", 1)[1]) for l in open(sys.argv[1]) if "TG_STEP " in l]))' \
+    "$ARTIFACTS/$1.log"
+}
+
+# ---- 3. train and save a checkpoint -------------------------------------------------------------
+resume_client "$TG-resume-a" --save-checkpoint "$RESUME_CKPT"
+grep -q "checkpoint saved to $RESUME_CKPT" "$ARTIFACTS/$TG-resume-a.log" \
+  || die "client $TG-resume-a did not report the checkpoint $RESUME_CKPT"
+docker exec "$GPU_NODE" test -f "$RESUME_HOST_DIR/$TG/$(basename "$RESUME_CKPT")/meta.json" \
+  || die "no complete checkpoint (meta.json) on the claim's volume under $RESUME_HOST_DIR"
+stamp resume_saved
+
+# ---- 4. the worker pod dies; the re-created group resumes ---------------------------------------
+NAMES_BEFORE="$(resume_field .status.workerNames)"
+RESUME_WPOD="$(k -n "$TG_NS" get pod -l "ray.io/cluster=$TG,ray.io/node-type=worker" -o jsonpath='{.items[0].metadata.name}')"
+log "deleting worker pod $RESUME_WPOD"
+stamp resume_kill
+k -n "$TG_NS" delete pod "$RESUME_WPOD" --wait=false
+wait_for "$READY_TIMEOUT" "TrainerGroup $TG Ready again under new worker names" resume_new_group_ready "$NAMES_BEFORE"
+stamp resume_recovered
+RESUME_HEAD="$(k -n "$TG_NS" get pod -l "ray.io/cluster=$TG,ray.io/node-type=head" -o name | head -n1)"
+# shellcheck disable=SC2016  # expanded in the head pod: the newest server job's ready line
+RESUME_READY_LINE="$(k -n "$TG_NS" exec "$RESUME_HEAD" -- bash -c 'cd /tmp/ray/session_latest/logs && grep -h TG_GROUP_READY $(ls -t job-driver-*.log) 2>/dev/null | head -n1')"
+log "server: ${RESUME_READY_LINE#*TG_GROUP_READY }"
+
+# ---- 5. the next loss continues from the checkpoint ---------------------------------------------
+resume_client "$TG-resume-b"
+stamp resume_done
+A="$(resume_steps "$TG-resume-a")" B="$(resume_steps "$TG-resume-b")" READY="${RESUME_READY_LINE#*TG_GROUP_READY }" \
+  CKPT="$RESUME_CKPT" STEPS="$STEPS" SECONDS_="$(( $(date +%s) - RESUME_T0 ))" python3 - <<'PY' | tee "$ARTIFACTS/resume.json"
+import json, math, os, sys
+a, b = json.loads(os.environ["A"]), json.loads(os.environ["B"])
+ready = json.loads(os.environ["READY"])
+n, ckpt = int(os.environ["STEPS"]), os.environ["CKPT"]
+def check(ok, what):
+    if not ok:
+        sys.exit(f"resume check failed: {what}\n before: {a}\n after: {b}\n ready: {ready}")
+check([s["step"] for s in a] == list(range(1, n + 1)), f"the first client trains steps 1..{n}")
+check(ready.get("resumedFrom") == ckpt and ready.get("resumedStep") == n,
+      f"the re-created group resumed from {ckpt} at step {n}")
+check([s["step"] for s in b] == list(range(n + 1, 2 * n + 1)),
+      f"the next client's steps continue: {n + 1}..{2 * n}")
+la, lb = [s["loss"] for s in a], [s["loss"] for s in b]
+check(all(math.isfinite(x) for x in la + lb), "finite losses")
+drop = la[0] - la[-1]
+check(drop > 0, "the loss fell before the kill")
+# Resumed, the first loss sits by the last one before the kill (the same batch, one more
+# step); a fresh model would start again near la[0] (ln 256 = 5.55).
+check(abs(lb[0] - la[-1]) < 0.5 * drop, f"first loss after {lb[0]:.4f} is near {la[-1]:.4f}")
+check(lb[-1] < lb[0], "the loss keeps falling after the resume")
+print(json.dumps({"steps_before": [a[0]["step"], a[-1]["step"]],
+                  "steps_after": [b[0]["step"], b[-1]["step"]],
+                  "loss_before": [round(la[0], 4), round(la[-1], 4)],
+                  "loss_after": [round(lb[0], 4), round(lb[-1], 4)],
+                  "resumedFrom": ready["resumedFrom"], "phase_seconds": int(os.environ["SECONDS_"])}))
+PY
+k -n "$TG_NS" delete job "$TG-resume-a" "$TG-resume-b" --wait=false --ignore-not-found >/dev/null
+log "phase resume passed in $(( $(date +%s) - RESUME_T0 ))s"

@@ -533,7 +533,8 @@ class _Pass:
                 message=f"Ray at {url} is unreachable and its RayCluster is being rebuilt: {exc}",
             )
         if result is not None and not result.done:
-            msg = f"tearing down group generation {gen}: {result.message}"
+            # keep the reason (which rank died, and why) in the message while the steps run
+            msg = f"tearing down group generation {gen} ({reason}): {result.message}"
             await self.write(status_mod.with_phase(st, phase=st.phase, message=msg, now=self.now))
             return Step.wait(RAY_RETRY_S if result.failed else STEP_DELAY_S, msg)
         if result is not None:

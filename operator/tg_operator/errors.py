@@ -43,3 +43,9 @@ class ServerFailed(GroupFailed):
 
 class WorkerDied(GroupFailed):
     reason = "WorkerDied"
+
+
+class TokenSecretInvalid(GroupFailed):
+    """The operator cannot make the group's Ray token (no key configured)."""
+
+    reason = "NoTokenKey"

@@ -47,6 +47,11 @@ OPERATOR_RULES: list[dict[str, Any]] = [
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
     # kopf.event(): phase changes and failures.
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+    # Each group's Ray token Secret (tg_operator.ray_token): create only. The token is
+    # derived from the operator's key, so the operator reads no Secret anywhere.
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+    # Each group's NetworkPolicy (tg_operator.networkpolicy).
+    {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["create"]},
 ]
 
 CLIENT_RULES: list[dict[str, Any]] = [

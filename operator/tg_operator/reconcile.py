@@ -30,7 +30,16 @@ import time
 
 from kubernetes.client.exceptions import ApiException
 
-from tg_operator import entrypoints, errors, events, metrics, names, raycluster, spec_change
+from tg_operator import (
+    entrypoints,
+    errors,
+    events,
+    metrics,
+    names,
+    raycluster,
+    security,
+    spec_change,
+)
 from tg_operator import status as status_mod
 from tg_operator.context import Context, Step
 from tg_operator.dashboard import ActorInfo, DashboardClient, DashboardError, JobInfo
@@ -182,7 +191,7 @@ class _Pass:
                 )
             await self.write(new)
             return Step.wait(CLUSTER_POLL_S, readiness.message)
-        dash = self.ctx.dashboard(self.dashboard_url)
+        dash = await self.ctx.group_dashboard(self.tg, self.dashboard_url)
         try:
             return await self.run_group(dash, readiness)
         except DashboardError as exc:
@@ -200,6 +209,7 @@ class _Pass:
         if names.owns_cluster(tg):
             want = spec_change.cluster_hash(tg.spec)
             if rc is None:
+                await security.ensure_group_objects(self.ctx, tg, sink=self.sink)
                 created = await kube.create_raycluster(
                     raycluster.build_raycluster(tg, cluster_hash=want)
                 )
@@ -248,7 +258,7 @@ class _Pass:
         if not readiness.ready:
             return readiness
         try:
-            await self.ctx.dashboard(self.dashboard_url).version()
+            await (await self.ctx.group_dashboard(tg, self.dashboard_url)).version()
         except DashboardError as exc:
             return status_mod.with_dashboard(readiness, dashboard_error=str(exc))
         return readiness
@@ -427,7 +437,7 @@ class _Pass:
         if not st.submission_id:
             return None  # nothing was started for this generation
         url = st.dashboard_url or self.dashboard_url
-        dash = self.ctx.dashboard(url)
+        dash = await self.ctx.group_dashboard(tg, url)
         cluster_going = (
             names.owns_cluster(tg)
             and bool(st.cluster_hash)

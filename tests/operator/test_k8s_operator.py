@@ -212,6 +212,15 @@ def test_lifecycle_train_kill_restart_delete(
     ]
     tg_uid = ks.get_tg(k8s_plane, ns, name)["metadata"]["uid"]  # type: ignore[index]
     assert rc["metadata"]["ownerReferences"][0]["uid"] == tg_uid
+    # token auth and the NetworkPolicy, made with the operator's own RBAC (create only)
+    env = {e["name"]: e for e in head["template"]["spec"]["containers"][0]["env"]}
+    assert env["RAY_AUTH_MODE"]["value"] == "token"
+    assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == f"{name}-ray-token"
+    secret = k8s_plane.kubectl_json("get", "secret", f"{name}-ray-token", "-n", ns)
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == tg_uid
+    assert secret["data"]["auth_token"]
+    policy = k8s_plane.kubectl_json("get", "networkpolicy", f"{name}-ray", "-n", ns)
+    assert policy["spec"]["podSelector"] == {"matchLabels": {"ray.io/cluster": name}}
 
     # pods scheduled on the fake GPU node
     def worker_pod_node() -> str | None:

@@ -215,6 +215,8 @@ def fault_operator(c: Cluster, rng: random.Random, timeout_s: float) -> Outcome:
     c.ns("delete", "tg", c.name, "--timeout=600s")
     wait("the old RayCluster gone", timeout_s, lambda: not c.json(
         "-n", c.namespace, "get", "rayclusters", "-l", f"trainergroup.io/name={c.name}")["items"])
+    wait("the old token Secret garbage-collected", timeout_s, lambda: not c.ns(
+        "get", "secret", f"{c.name}-ray-token", "--ignore-not-found", "-o", "name").strip())
     delay = rng.uniform(0.5, 4.0)
     t0 = time.monotonic()
     c.kubectl("apply", "-f", str(manifest))

@@ -9,6 +9,10 @@ TG_KIND_CLUSTER="$CLUSTER" bash hack/kind/redis.sh up "$TG_NS" || die "Redis did
 k patch --local -f "$ARTIFACTS/trainergroup.yaml" --type merge -o yaml \
   -p "{\"spec\":{\"rayCluster\":{\"gcsFaultTolerance\":{\"redisAddress\":\"redis.$TG_NS.svc:6379\"}}}}" \
   > "$ARTIFACTS/trainergroup-ft.yaml"
+# the first group's token Secret must be garbage-collected first (docs/security.md: a
+# re-created group of the same name would otherwise find its predecessor's Secret)
+old_secret_gone() { ! k -n "$TG_NS" get secret "$TG-ray-token" >/dev/null 2>&1; }
+wait_for 120 "the deleted group's Secret garbage-collected" old_secret_gone
 k apply -f "$ARTIFACTS/trainergroup-ft.yaml" >/dev/null
 wait_phase Ready "$READY_TIMEOUT"
 FT_READY=$(date +%s)

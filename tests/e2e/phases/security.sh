@@ -35,7 +35,7 @@ k -n "$TG_NS" create configmap tg-e2e-probe --from-file=ray_probe.py=tests/e2e/p
   --dry-run=client -o yaml | k apply -f - >/dev/null
 probe_pod() {  # <name> <client label: 1|0> <token: none|wrong|secret> <join: 1|0>
   NAME="$1" LABEL="$2" TOKEN="$3" JOIN="$4" HOST="$TG-head-svc.$TG_NS.svc" SECRET="$SECRET" \
-    TGNAME="$TG" python3 - <<'PY' | k apply -f - >/dev/null
+    TGNAME="$TG" PODNS="$TG_NS" python3 - <<'PY' | k apply -f - >/dev/null
 import json, os
 e = os.environ
 env = [{"name": "PROBE_HOST", "value": e["HOST"]}, {"name": "PROBE_JOIN", "value": e["JOIN"]}]
@@ -51,7 +51,7 @@ labels = {"app.kubernetes.io/name": "tg-e2e-probe"}
 if e["LABEL"] == "1":
     labels["trainergroup.io/client"] = e["TGNAME"]
 print(json.dumps({"apiVersion": "v1", "kind": "Pod",
-  "metadata": {"name": e["NAME"], "labels": labels},
+  "metadata": {"name": e["NAME"], "namespace": e["PODNS"], "labels": labels},
   "spec": {"restartPolicy": "Never", "containers": [{
       "name": "probe", "image": os.environ["RUNTIME_IMAGE"], "imagePullPolicy": "Never",
       "command": ["python", "/probe/ray_probe.py"], "env": env,

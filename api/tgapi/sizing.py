@@ -85,7 +85,7 @@ _DECIMAL = {
 def parse_quantity(text: str) -> decimal.Decimal | None:
     """A Kubernetes quantity (``32Gi``, ``500M``, ``1.5``, ``1e9``) as a number; None if it
     is not one (the CRD's pattern for quantities is the same grammar, unsigned)."""
-    m = _QUANTITY.match(text)
+    m = _QUANTITY.fullmatch(text)
     if m is None:
         return None
     num, suffix = decimal.Decimal(m["num"]), m["suffix"] or ""
@@ -238,7 +238,7 @@ def sizing_errors(
         est = estimate(spec, on_gpu=True)
         if gpu is None or est.worker_bytes <= gpu[0]:
             return []
-        size, field, what = gpu
+        _, field, what = gpu
         return [
             SpecError(
                 field=field,

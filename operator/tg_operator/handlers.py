@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 import kopf
 
-from tg_operator import deletion, health, metrics, names, reconcile
+from tg_operator import deletion, health, metrics, names, reconcile, storage
 from tg_operator.context import Context
 from tg_operator.events import KopfEvents
 from tg_operator.kube import KubeApi, api_client
@@ -33,10 +33,11 @@ TG = (names.GROUP, names.VERSION, names.TG_PLURAL)
 
 def configure_settings(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
     settings.persistence.finalizer = names.FINALIZER
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+    # kopf's own storages, reading garbage in their annotations as absent (storage.py)
+    settings.persistence.progress_storage = storage.TotalProgressStorage(
         prefix=names.STORAGE_PREFIX
     )
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+    settings.persistence.diffbase_storage = storage.TotalDiffBaseStorage(
         prefix=names.STORAGE_PREFIX, key="last-handled-configuration"
     )
     settings.watching.server_timeout = config.watch_timeout_s

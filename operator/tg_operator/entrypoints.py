@@ -110,14 +110,20 @@ def parse_group_ready(logs: str) -> GroupRecord | None:
     names_ = data.get("workerNames")
     if not isinstance(names_, list) or not all(isinstance(n, str) for n in names_):
         return None
-    mesh_raw = data.get("mesh") or {}
-    mesh = {k: int(v) for k, v in mesh_raw.items() if isinstance(v, int | float)}
+    mesh_raw = data.get("mesh")
+    # Anyone's code in the job can print the marker: keep well-formed values only.
+    mesh = (
+        {str(k): v for k, v in mesh_raw.items() if type(v) is int and v > 0}
+        if isinstance(mesh_raw, dict)
+        else {}
+    )
+    generation, world = data.get("generation"), data.get("worldSize")
     return GroupRecord(
         group_name=str(data.get("groupName") or ""),
         ray_namespace=str(data.get("rayNamespace") or ""),
-        generation=int(data.get("generation") or 0),
+        generation=generation if type(generation) is int and generation >= 0 else 0,
         worker_names=tuple(names_),
-        world_size=int(data.get("worldSize") or len(names_)),
+        world_size=world if type(world) is int and world > 0 else len(names_),
         mesh=mesh,
         worker_class=str(data.get("workerClass") or ""),
         device=str(data.get("device") or ""),

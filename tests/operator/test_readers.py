@@ -134,3 +134,19 @@ def test_kopf_storages_keep_what_kopf_wrote() -> None:
     with pytest.raises(ValueError):
         kopf.AnnotationsProgressStorage(prefix=names.STORAGE_PREFIX).fetch(
             key=handler, body=_body({key: "{not json"}))
+
+
+@FAST
+@given(payload=st.one_of(GARBAGE, st.fixed_dictionaries(
+    {"workerNames": st.one_of(st.lists(st.text(max_size=5), max_size=3), GARBAGE)},
+    optional={"mesh": GARBAGE, "generation": GARBAGE, "worldSize": GARBAGE,
+              "groupName": GARBAGE, "device": GARBAGE})))
+def test_the_ready_line_reader_is_total(payload: Any) -> None:
+    """The server job's TG_GROUP_READY line: any code in the job can print one."""
+    from tg_operator import entrypoints
+
+    logs = f"noise\n{entrypoints.READY_MARKER} {json.dumps(payload)}\n"
+    record = entrypoints.parse_group_ready(logs)
+    if record is not None:
+        assert all(type(v) is int and v > 0 for v in record.mesh.values())
+        assert record.generation >= 0 and record.world_size >= 0

@@ -130,7 +130,7 @@ def test_not_quantities(text: str) -> None:
 
 
 BIG = {"hiddenSize": 8192, "numAttentionHeads": 64, "numLayers": 80, "ffnHiddenSize": 28672,
-       "vocabSize": 128256}  # a 70B-class shape
+       "vocabSize": 128256}  # an 80B shape (no GQA)
 
 
 def _errors(spec: dict[str, Any]) -> list[tgapi.SpecError]:
@@ -145,9 +145,9 @@ def test_cpu_workers_that_cannot_fit_their_pod_are_refused() -> None:
                       "training": {"batchSize": 2}})
     assert err.field == "spec.rayCluster.workers.memory"
     assert "64Gi is too small for the model" in err.problem
-    assert "69.5B parameters" in err.problem and "16 bytes per parameter" in err.problem
+    assert "80B parameters" in err.problem and "16 bytes per parameter" in err.problem
     assert "2 CPU worker process(es)" in err.problem
-    assert "set rayCluster.workers.memory to at least 2072Gi" in err.fix
+    assert "set rayCluster.workers.memory to at least 2383Gi" in err.fix
     assert "parallelism.tensor" in err.fix and "model.numLayers" in err.fix
 
 

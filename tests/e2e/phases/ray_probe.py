@@ -13,6 +13,7 @@ import json
 import os
 import socket
 import subprocess
+import time
 import urllib.error
 import urllib.request
 
@@ -20,12 +21,21 @@ HOST = os.environ["PROBE_HOST"]
 TIMEOUT_S = float(os.environ.get("PROBE_TIMEOUT_S", "5"))
 
 
+WAIT_S = float(os.environ.get("PROBE_WAIT_S", "30"))
+
+
 def tcp(port: int) -> bool:
-    try:
-        with socket.create_connection((HOST, port), timeout=TIMEOUT_S):
-            return True
-    except OSError:
-        return False
+    """Whether a TCP connection opens within WAIT_S (the policy enforcer admits a new pod's
+    IP a few seconds after the pod starts, so one refused attempt proves nothing)."""
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        try:
+            with socket.create_connection((HOST, port), timeout=TIMEOUT_S):
+                return True
+        except OSError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(1)
 
 
 def http(method: str, path: str, body: dict[str, object] | None = None) -> int | None:

@@ -51,7 +51,7 @@ run_client "$TG-client-ft"
 FT_CLIENT_S=$(( $(date +%s) - FT_CLIENT_T0 ))
 [[ "$(ft_state)" == "$BEFORE" ]] || die "training after the head restart re-created the group"
 printf '{"ready_s": %d, "head_back_s": %d, "group_ready_s": %d, "client_s": %d, "same": "%s"}\n' \
-  $((FT_READY - FT_T0)) $((HEAD_BACK - KILL_T)) $((GROUP_BACK - KILL_T)) "$FT_CLIENT_S" "$AFTER" \
+  $((FT_READY - FT_T0)) $((HEAD_BACK - KILL_T)) $((GROUP_BACK - KILL_T)) "$FT_CLIENT_S" "${AFTER//\"/}" \
   > "$ARTIFACTS/gcs-ft.json"
 k -n "$TG_NS" delete job "$TG-client-ft" --wait=false --ignore-not-found >/dev/null
 k -n "$TG_NS" delete tg "$TG" --timeout=600s >/dev/null

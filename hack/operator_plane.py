@@ -235,6 +235,8 @@ def operator_env(
         "TG_LIVENESS_PORT": str(liveness),
         "TG_METRICS_PORT": str(metrics),
         "TG_DASHBOARD_TIMEOUT_SECONDS": "30",
+        # the per-group Ray tokens' key (the chart's Secret in a real install)
+        "TG_RAY_TOKEN_KEY": "k8s-tests-token-key",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
         "PYTHONUNBUFFERED": "1",
     }

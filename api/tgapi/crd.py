@@ -86,8 +86,11 @@ def _schema_for(
             items: dict[str, Any] = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
         else:
             items = _schema_for(item_tp, None, with_defaults=with_defaults)
-            if meta is not None and item_tp in (int, float) and meta.minimum is not None:
-                items["minimum"] = meta.minimum
+            if meta is not None and item_tp in (int, float):
+                if meta.minimum is not None:
+                    items["minimum"] = meta.minimum
+                if meta.maximum is not None:
+                    items["maximum"] = meta.maximum
             if meta is not None and item_tp is str:  # the parser checks each item the same way
                 if meta.pattern is not None:
                     items["pattern"] = meta.pattern
@@ -110,7 +113,7 @@ def _schema_for(
             if meta.exclusive_minimum:
                 schema["exclusiveMinimum"] = True
         if meta.maximum is not None:
-            schema["maximum"] = meta.maximum
+            schema["maximum"] = meta.maximum if tp is float else int(meta.maximum)
         if meta.pattern is not None:
             schema["pattern"] = meta.pattern
         if meta.max_length is not None:

@@ -24,7 +24,16 @@ DEFAULT_WORKER_CLASS = "tgruntime.trainer.worker:MegatronTrainer"
 DEFAULT_IMAGE = "ghcr.io/trainergroup/runtime:0.1.0"
 DEFAULT_RAY_VERSION = "2.60.0"
 
-_QUANTITY = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
+# A Kubernetes quantity without a sign (the grammar of apimachinery's resource.Quantity):
+# tgapi.sizing parses memory sizes with the same grammar.
+_QUANTITY = (
+    r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+))?$"
+)
+# Upper bounds: far beyond any real model or cluster, low enough that every product the
+# cross-field rules and the size estimate form stays well inside int64 (CEL's integers) and
+# every tensor dimension inside what torch and megatron index.
+MAX_SIZE = 2**24
+MAX_PARALLEL = 4096
 _DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 _NAME_PREFIX = r"^[A-Za-z0-9_.-]*$"
 _IMPORT_PATH = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$"
@@ -68,13 +77,18 @@ class HeadSpec:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RayWorkerNodesSpec:
     replicas: int = spec_field(
-        name="replicas", description="Number of Ray worker pods (nodes).", default=1, minimum=1
+        name="replicas",
+        description="Number of Ray worker pods (nodes).",
+        default=1,
+        minimum=1,
+        maximum=MAX_PARALLEL,
     )
     gpus_per_worker: int = spec_field(
         name="gpusPerWorker",
         description="nvidia.com/gpu per worker pod (0 for CPU-only).",
         default=1,
         minimum=0,
+        maximum=64,
     )
     cpu: str = spec_field(
         name="cpu", description="CPU request/limit per worker pod.", default="8", pattern=_QUANTITY
@@ -84,6 +98,15 @@ class RayWorkerNodesSpec:
         description="Memory request/limit per worker pod.",
         default="32Gi",
         pattern=_QUANTITY,
+    )
+    gpu_memory: str = spec_field(
+        name="gpuMemory",
+        description="Memory of one GPU of a worker pod (e.g. 80Gi): a model whose weights, "
+        "gradients and optimizer state exceed it is refused before anything starts. Empty: "
+        "the nominal memory of the GPU named by the nvidia.com/gpu.product node selector, "
+        "if known, else unchecked.",
+        default="",
+        pattern=r"^$|" + _QUANTITY,
     )
     node_selector: dict[str, str] = spec_field(
         name="nodeSelector", description="Node selector for worker pods.", default_factory=dict
@@ -97,6 +120,26 @@ class RayWorkerNodesSpec:
     )
     env: list[EnvVar] = spec_field(
         name="env", description="Extra environment for worker pods.", default_factory=list
+    )
+
+
+AUTH_TOKEN = "token"
+AUTH_DISABLED = "disabled"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GcsFaultToleranceSpec:
+    redis_address: str = spec_field(
+        name="redisAddress",
+        description="host:port of an external Redis that keeps the GCS state, so the head pod "
+        "can be replaced while the detached workers live on.",
+        pattern=r"^[A-Za-z0-9.-]+:[0-9]{1,5}$",
+    )
+    redis_password_secret: str = spec_field(
+        name="redisPasswordSecret",
+        description="Secret (key: password) with the Redis password; empty: none.",
+        default="",
+        pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?)?$",
     )
 
 
@@ -176,6 +219,26 @@ class RayClusterSpec:
         description="Annotations of the head and worker pods.",
         default_factory=dict,
     )
+    auth: str = spec_field(
+        name="auth",
+        description='Ray token authentication: "token" (default; a per-group token in the '
+        'Secret <name>-ray-token) or "disabled" (any pod that reaches the Ray ports may run code '
+        "on the workers).",
+        default=AUTH_TOKEN,
+        enum=(AUTH_TOKEN, AUTH_DISABLED),
+    )
+    network_policy: bool = spec_field(
+        name="networkPolicy",
+        description="A NetworkPolicy admitting only the operator, the group's pods and pods "
+        "labelled trainergroup.io/client=<name> to the Ray ports (default true).",
+        default=True,
+    )
+    gcs_fault_tolerance: GcsFaultToleranceSpec | None = spec_field(
+        name="gcsFaultTolerance",
+        description="GCS fault tolerance with an external Redis (KubeRay "
+        "gcsFaultToleranceOptions); absent: losing the head loses the group.",
+        default=None,
+    )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -196,6 +259,7 @@ class WorkersSpec:
         "world size is their sum.",
         default_factory=lambda: [1],
         minimum=1,
+        maximum=MAX_PARALLEL,
     )
     use_gpu: bool | str = spec_field(
         name="useGpu",
@@ -210,6 +274,7 @@ class WorkersSpec:
         default=1.0,
         minimum=0,
         exclusive_minimum=True,
+        maximum=MAX_PARALLEL,
     )
     placement_strategy: str = spec_field(
         name="placementStrategy",
@@ -249,44 +314,55 @@ class WorkersSpec:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ParallelismSpec:
     tensor: int = spec_field(
-        name="tensor", description="Tensor-parallel size.", default=1, minimum=1
+        name="tensor", description="Tensor-parallel size.", default=1, minimum=1,
+        maximum=MAX_PARALLEL,
     )
     pipeline: int = spec_field(
-        name="pipeline", description="Pipeline-parallel size.", default=1, minimum=1
+        name="pipeline", description="Pipeline-parallel size.", default=1, minimum=1,
+        maximum=MAX_PARALLEL,
     )
     context: int = spec_field(
-        name="context", description="Context-parallel size.", default=1, minimum=1
+        name="context", description="Context-parallel size.", default=1, minimum=1,
+        maximum=MAX_PARALLEL,
     )
     expert: int = spec_field(
-        name="expert", description="Expert-parallel size (MoE models only).", default=1, minimum=1
+        name="expert", description="Expert-parallel size (MoE models only).", default=1, minimum=1,
+        maximum=MAX_PARALLEL,
     )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelSpec:
     vocab_size: int = spec_field(
-        name="vocabSize", description="Vocabulary size.", default=256, minimum=2
+        name="vocabSize", description="Vocabulary size.", default=256, minimum=2,
+        maximum=MAX_SIZE,
     )
     hidden_size: int = spec_field(
-        name="hiddenSize", description="Hidden size.", default=2048, minimum=1
+        name="hiddenSize", description="Hidden size.", default=2048, minimum=1,
+        maximum=2**20,
     )
     num_layers: int = spec_field(
-        name="numLayers", description="Transformer layers.", default=24, minimum=1
+        name="numLayers", description="Transformer layers.", default=24, minimum=1,
+        maximum=2**16,
     )
     num_attention_heads: int = spec_field(
-        name="numAttentionHeads", description="Attention heads.", default=16, minimum=1
+        name="numAttentionHeads", description="Attention heads.", default=16, minimum=1,
+        maximum=2**16,
     )
     num_query_groups: int = spec_field(
         name="numQueryGroups",
         description="Key/value heads for GQA; 0 means equal to heads.",
         default=0,
         minimum=0,
+        maximum=2**16,
     )
     ffn_hidden_size: int = spec_field(
-        name="ffnHiddenSize", description="Feed-forward hidden size.", default=5504, minimum=1
+        name="ffnHiddenSize", description="Feed-forward hidden size.", default=5504, minimum=1,
+        maximum=2**22,
     )
     max_sequence_length: int = spec_field(
-        name="maxSequenceLength", description="Maximum sequence length.", default=1024, minimum=1
+        name="maxSequenceLength", description="Maximum sequence length.", default=1024, minimum=1,
+        maximum=MAX_SIZE,
     )
     dtype: str = spec_field(
         name="dtype",
@@ -309,7 +385,14 @@ class ModelSpec:
     activation: str = spec_field(
         name="activation", description="MLP activation.", default="swiglu", enum=("swiglu", "gelu")
     )
-    seed: int = spec_field(name="seed", description="Initialisation seed.", default=1234, minimum=0)
+    seed: int = spec_field(
+        name="seed",
+        description="Initialisation seed (numpy takes seeds below 2**32; each pipeline stage "
+        "adds 100 x its rank).",
+        default=1234,
+        minimum=0,
+        maximum=2**31 - 1,
+    )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -342,12 +425,14 @@ class TrainingSpec:
         description="Global batch size (sequences per step) the client sends.",
         default=16,
         minimum=1,
+        maximum=MAX_SIZE,
     )
     sequence_length: int = spec_field(
         name="sequenceLength",
         description="Tokens per sequence; at most maxSequenceLength.",
         default=1024,
         minimum=2,
+        maximum=MAX_SIZE,
     )
     checkpoint_dir: str = spec_field(
         name="checkpointDir",
@@ -366,12 +451,14 @@ class TimeoutsSpec:
         description="Wait this long for the RayCluster to be ready.",
         default=900,
         minimum=1,
+        maximum=7 * 86400,
     )
     workers_ready_seconds: int = spec_field(
         name="workersReadySeconds",
         description="Wait this long for placement groups and worker actors.",
         default=600,
         minimum=1,
+        maximum=7 * 86400,
     )
 
     @property

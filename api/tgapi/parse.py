@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 import types
 import typing
@@ -59,7 +60,8 @@ class _Parser:
         by_wire = {field_meta(f).name: f for f in fields}
         for key in data:
             if key not in by_wire:
-                close = difflib.get_close_matches(str(key), list(by_wire), n=1)
+                key = key if isinstance(key, str) else _short(key)
+                close = difflib.get_close_matches(key, list(by_wire), n=1)
                 hint = (
                     f"did you mean {close[0]!r}?"
                     if close
@@ -129,7 +131,7 @@ class _Parser:
             return raw
         self.fail(
             path,
-            f'expected true, false or "{USE_GPU_AUTO}", got {raw!r}',
+            f'expected true, false or "{USE_GPU_AUTO}", got {_short(raw)}',
             f'use true, false or "{USE_GPU_AUTO}" (GPUs when the Ray cluster has them)',
         )
         return _INVALID
@@ -137,22 +139,29 @@ class _Parser:
     def parse_scalar(self, tp: Any, raw: Any, path: str, f: dataclasses.Field[Any] | None) -> Any:
         if tp is bool:
             if not isinstance(raw, bool):
-                self.fail(path, f"expected true or false, got {raw!r}", "use true or false")
+                self.fail(path, f"expected true or false, got {_short(raw)}", "use true or false")
                 return _INVALID
             value: Any = raw
         elif tp is int:
             if isinstance(raw, bool) or not isinstance(raw, int):
-                self.fail(path, f"expected an integer, got {raw!r}", "write a whole number")
+                self.fail(path, f"expected an integer, got {_short(raw)}", "write a whole number")
                 return _INVALID
             value = raw
         elif tp is float:
             if isinstance(raw, bool) or not isinstance(raw, int | float):
-                self.fail(path, f"expected a number, got {raw!r}", "write a number such as 1e-4")
+                self.fail(
+                    path, f"expected a number, got {_short(raw)}", "write a number such as 1e-4"
+                )
                 return _INVALID
-            value = float(raw)
+            value = float(raw) if isinstance(raw, float) or abs(raw) < 2**63 else math.inf
+            if not math.isfinite(value):
+                self.fail(
+                    path, f"{_short(raw)} is not a finite number", "write a number such as 1e-4"
+                )
+                return _INVALID
         elif tp is str:
             if not isinstance(raw, str):
-                self.fail(path, f"expected a string, got {raw!r}", "quote the value")
+                self.fail(path, f"expected a string, got {_short(raw)}", "quote the value")
                 return _INVALID
             value = raw
         elif tp is Any:
@@ -165,28 +174,55 @@ class _Parser:
         if meta.enum is not None and value not in meta.enum:
             close = difflib.get_close_matches(str(value), list(meta.enum), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            self.fail(path, f"{value!r} is not allowed", f"use one of {', '.join(meta.enum)}{hint}")
+            self.fail(
+                path, f"{_short(value)} is not allowed", f"use one of {', '.join(meta.enum)}{hint}"
+            )
             return _INVALID
         if meta.minimum is not None and isinstance(value, int | float):
             too_small = value <= meta.minimum if meta.exclusive_minimum else value < meta.minimum
             if too_small:
-                bound = f"> {meta.minimum:g}" if meta.exclusive_minimum else f">= {meta.minimum:g}"
-                self.fail(path, f"{value!r} is too small", f"use a value {bound}")
+                bound = (
+                    f"> {_num(meta.minimum)}"
+                    if meta.exclusive_minimum
+                    else f">= {_num(meta.minimum)}"
+                )
+                self.fail(path, f"{_short(value)} is too small", f"use a value {bound}")
                 return _INVALID
         if meta.maximum is not None and isinstance(value, int | float) and value > meta.maximum:
-            self.fail(path, f"{value!r} is too large", f"use a value <= {meta.maximum:g}")
+            self.fail(path, f"{_short(value)} is too large", f"use a value <= {_num(meta.maximum)}")
             return _INVALID
         if (
             meta.pattern is not None
             and isinstance(value, str)
-            and not re.match(meta.pattern, value)
+            and not _full_match(meta.pattern, value)
         ):
-            self.fail(path, f"{value!r} has the wrong format", f"match the pattern {meta.pattern}")
+            self.fail(
+                path, f"{_short(value)} has the wrong format", f"match the pattern {meta.pattern}"
+            )
             return _INVALID
         if meta.max_length is not None and isinstance(value, str) and len(value) > meta.max_length:
             self.fail(path, f"is {len(value)} characters long", f"use at most {meta.max_length}")
             return _INVALID
         return value
+
+
+def _full_match(pattern: str, value: str) -> bool:
+    # Python's "$" also matches before a final newline; the API server's (RE2) does not.
+    m = re.match(pattern, value)
+    return m is not None and m.end() == len(value)
+
+
+def _short(raw: Any, limit: int = 60) -> str:
+    """``repr(raw)`` cut to ``limit`` characters (a 10,000-digit number stays readable)."""
+    if isinstance(raw, int) and not isinstance(raw, bool) and raw.bit_length() > 3 * limit:
+        return f"a {raw.bit_length()}-bit integer"
+    text = repr(raw)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _num(x: float) -> str:
+    """A bound as written in the model: 65536, not 65536.0 or 6.5536e+04."""
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
 class _Invalid:
@@ -204,12 +240,14 @@ def parse_spec(
     ``local=True`` is tgctl's mode: no Kubernetes, so the rayCluster/rayClusterRef
     choice is not required.
     """
+    from tgapi.sizing import sizing_errors
     from tgapi.validation import cross_field_errors
 
     parser = _Parser()
-    spec = parser.parse_dataclass(TrainerGroupSpec, data or {}, path)
+    spec = parser.parse_dataclass(TrainerGroupSpec, {} if data is None else data, path)
     if spec is not None:
         parser.errors.extend(cross_field_errors(spec, path=path, local=local))
+        parser.errors.extend(sizing_errors(spec, path=path, local=local))
     if parser.errors:
         raise SpecErrors(parser.errors)
     assert spec is not None
@@ -234,14 +272,16 @@ def parse_resource(body: Mapping[str, Any], *, local: bool = False) -> TrainerGr
         errors.append(
             SpecError(
                 field="apiVersion",
-                problem=f"{api_version!r} is not supported",
+                problem=f"{_short(api_version)} is not supported",
                 fix=f"use {API_GROUP}/{API_VERSION}",
             )
         )
     if body.get("kind") != KIND:
         errors.append(
             SpecError(
-                field="kind", problem=f"{body.get('kind')!r} is not {KIND}", fix=f"use kind: {KIND}"
+                field="kind",
+                problem=f"{_short(body.get('kind'))} is not {KIND}",
+                fix=f"use kind: {KIND}",
             )
         )
     meta = body.get("metadata") or {}
@@ -250,11 +290,31 @@ def parse_resource(body: Mapping[str, Any], *, local: bool = False) -> TrainerGr
         errors.append(
             SpecError(
                 field="metadata.name",
-                problem=f"{name!r} is not a valid name",
+                problem=f"{_short(name)} is not a valid name",
                 fix="use lowercase letters, digits and '-', at most 53 characters",
             )
         )
     namespace = (meta.get("namespace") if isinstance(meta, Mapping) else None) or "default"
+    if not isinstance(namespace, str) or not _NAME_RE.match(namespace) or len(namespace) > 63:
+        errors.append(
+            SpecError(
+                field="metadata.namespace",
+                problem=f"{_short(namespace)} is not a valid namespace",
+                fix="use lowercase letters, digits and '-', at most 63 characters",
+            )
+        )
+    labels = meta.get("labels") if isinstance(meta, Mapping) else None
+    if labels is not None and not (
+        isinstance(labels, Mapping)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items())
+    ):
+        errors.append(
+            SpecError(
+                field="metadata.labels",
+                problem="must map strings to strings",
+                fix='write labels as key: "value" pairs (quote numbers and booleans)',
+            )
+        )
     try:
         spec = parse_spec(body.get("spec"), local=local)
     except SpecErrors as exc:
@@ -262,14 +322,16 @@ def parse_resource(body: Mapping[str, Any], *, local: bool = False) -> TrainerGr
         spec = None
     if errors:
         raise SpecErrors(errors)
-    assert spec is not None and isinstance(name, str)
+    assert spec is not None and isinstance(name, str) and isinstance(meta, Mapping)
+    generation = meta.get("generation")
     return TrainerGroup(
         name=name,
         namespace=str(namespace),
         spec=spec,
-        uid=str(meta.get("uid", "")),
-        generation=int(meta.get("generation", 0) or 0),
-        labels=dict(meta.get("labels") or {}),
+        uid=str(meta.get("uid") or ""),
+        # Set by the API server; a file may carry anything here, and nothing depends on it.
+        generation=generation if type(generation) is int and generation >= 0 else 0,
+        labels=dict(labels or {}),
     )
 
 
@@ -277,7 +339,17 @@ def load_file(path: str | Path, *, local: bool = False) -> TrainerGroup:
     """Read a YAML file holding one TrainerGroup (the first TrainerGroup document wins)."""
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecErrors(
+            [
+                SpecError(
+                    field=str(p),
+                    problem=f"is not UTF-8 text (byte {exc.start})",
+                    fix="pass a TrainerGroup YAML file saved as UTF-8",
+                )
+            ]
+        ) from exc
     except OSError as exc:
         raise SpecErrors(
             [
@@ -302,9 +374,32 @@ def load_file(path: str | Path, *, local: bool = False) -> TrainerGroup:
                 )
             ]
         ) from exc
+    except (ValueError, OverflowError, RecursionError) as exc:
+        # PyYAML's constructors raise these for values it parses but cannot build: an
+        # integer over Python's 4300-digit limit, a date such as 2024-02-30, deep nesting.
+        raise SpecErrors(
+            [
+                SpecError(
+                    field=str(p),
+                    problem=f"holds a value YAML cannot build: {_short(str(exc), 200)}",
+                    fix="fix or quote that value (dates, very long numbers) or flatten the nesting",
+                )
+            ]
+        ) from exc
     for doc in docs:
         if isinstance(doc, Mapping) and doc.get("kind") == KIND:
-            return parse_resource(doc, local=local)
+            try:
+                return parse_resource(doc, local=local)
+            except RecursionError as exc:
+                raise SpecErrors(
+                    [
+                        SpecError(
+                            field=str(p),
+                            problem="is nested too deeply",
+                            fix="write the TrainerGroup as a plain YAML mapping",
+                        )
+                    ]
+                ) from exc
     raise SpecErrors(
         [
             SpecError(

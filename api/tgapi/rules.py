@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 MSG_CLUSTER_CHOICE = "set exactly one of rayCluster and rayClusterRef"
+USE_GPU_AUTO = "auto"  # = tgapi.model.USE_GPU_AUTO (rules.py imports nothing from the model)
 
 Wire = Mapping[str, Any]
 """A spec in its wire form (the object under ``.spec``), defaults applied."""
@@ -414,6 +415,9 @@ class Rule:
     fix: Text
     cluster: bool = False
     """Only with Kubernetes: tgctl's local mode (no RayCluster) skips it."""
+    type_guard: bool = False
+    """States the type of an untyped field (what the CRD schema cannot say). tgapi's parser
+    checks types first, so it never breaks on a parsed spec; the admission policy needs it."""
 
     def broken_by(self, spec: Wire) -> bool:
         """Whether ``spec`` breaks the rule (an evaluation error counts, as in CEL)."""
@@ -620,6 +624,14 @@ RULES: tuple[Rule, ...] = (
         holds=(WORLD % MODEL_PARALLEL).ne(0) | DATA_PARALLEL.eq(0) | (BATCH % DATA_PARALLEL).eq(0),
         problem=Text("{} is not divisible by the data-parallel size {}", BATCH, DATA_PARALLEL),
         fix=Text("use a batch size that is a multiple of {}", DATA_PARALLEL),
+    ),
+    Rule(
+        name="gpu-choice",
+        field="workers.useGpu",
+        holds=USE_GPU.eq(True) | USE_GPU.eq(False) | USE_GPU.eq(USE_GPU_AUTO),
+        problem=Text('must be true, false or "auto"'),
+        fix=Text('use true, false or "auto" (GPUs when the Ray cluster has them)'),
+        type_guard=True,
     ),
     Rule(
         name="cluster-choice",

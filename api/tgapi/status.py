@@ -9,10 +9,12 @@ field that is not declared here would be pruned by the API server.
 from __future__ import annotations
 
 import dataclasses
+import logging
+import typing
 from collections.abc import Mapping
 from typing import Any
 
-from tgapi.fields import field_meta, spec_field
+from tgapi.fields import field_meta, has_default, spec_field
 
 PHASES = (
     "Pending",
@@ -147,30 +149,95 @@ class TrainerGroupStatus:
     )
 
 
-def parse_status(data: Mapping[str, Any] | None) -> TrainerGroupStatus:
-    """Read a status mapping leniently (unknown keys ignored; missing keys defaulted)."""
-    status: TrainerGroupStatus = _lenient(TrainerGroupStatus, data or {})
+log = logging.getLogger(__name__)
+_warned: set[str] = set()
+
+_COUNTERS = frozenset(
+    {"observedGeneration", "worldSize", "readyWorkers", "restarts", "groupGeneration"}
+)
+"""Counters the operator does arithmetic with: a negative one is garbage too."""
+
+
+def _warn_once(path: str, problem: str) -> None:
+    if path not in _warned:
+        _warned.add(path)
+        log.warning(
+            "ignoring status.%s: %s (someone else wrote it; the default is used)", path, problem
+        )
+
+
+def parse_status(data: Any) -> TrainerGroupStatus:
+    """Read a status mapping totally: unknown keys ignored, missing keys defaulted, and any
+    value of the wrong type or outside its enum (written by someone other than the
+    operator) replaced by its default with one logged warning per field; never raises."""
+    if not isinstance(data, Mapping):
+        if data is not None:
+            _warn_once("(status)", f"not a mapping: {type(data).__name__}")
+        data = {}
+    status = _lenient(TrainerGroupStatus, data, "")
+    assert isinstance(status, TrainerGroupStatus)
     return status
 
 
-def _lenient(cls: Any, data: Mapping[str, Any]) -> Any:
-    import typing
+def _scalar_ok(tp: Any, value: Any) -> bool:
+    if tp is int:
+        return type(value) is int
+    if tp is str:
+        return isinstance(value, str)
+    if tp is bool:
+        return isinstance(value, bool)
+    return False  # pragma: no cover - no other scalar types in the status model
 
+
+def _lenient(cls: Any, data: Mapping[str, Any], prefix: str) -> Any:
+    """``cls`` from ``data`` (see :func:`parse_status`); None when a required field of
+    ``cls`` is missing or garbage (the caller drops that item)."""
     hints = typing.get_type_hints(cls)
     values: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
-        wire = field_meta(f).name
-        if wire not in data or data[wire] is None:
+        meta = field_meta(f)
+        wire, path = meta.name, f"{prefix}{meta.name}"
+        raw = data.get(wire)
+        value = _INVALID if raw is None else _value(hints[f.name], raw, path)
+        if value is not _INVALID and meta.enum is not None and value not in meta.enum:
+            _warn_once(path, f"{str(value)[:60]!r} is not one of {', '.join(meta.enum)}")
+            value = _INVALID
+        if value is not _INVALID and wire in _COUNTERS and value < 0:
+            _warn_once(path, f"{value} is negative")
+            value = _INVALID
+        if value is _INVALID:
+            if not has_default(f):
+                return None
             continue
-        raw = data[wire]
-        tp = hints[f.name]
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if typing.get_origin(tp) is list and args and dataclasses.is_dataclass(args[0]):
-            values[f.name] = [_lenient(args[0], item) for item in raw]
-        elif dataclasses.is_dataclass(tp):
-            values[f.name] = _lenient(tp, raw)
-        elif args and dataclasses.is_dataclass(args[0]):
-            values[f.name] = _lenient(args[0], raw)
-        else:
-            values[f.name] = raw
+        values[f.name] = value
     return cls(**values)
+
+
+_INVALID: Any = object()
+
+
+def _value(tp: Any, raw: Any, path: str) -> Any:
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    origin = typing.get_origin(tp)
+    if origin is list:
+        if not isinstance(raw, list):
+            _warn_once(path, f"expected a list, got {type(raw).__name__}")
+            return _INVALID
+        items = []
+        for i, item in enumerate(raw):
+            got = _value(args[0], item, f"{path}[{i}]")
+            if got is _INVALID or got is None:
+                _warn_once(path, f"item {i} is not a valid {getattr(args[0], '__name__', '')}")
+                continue
+            items.append(got)
+        return items
+    inner = args[0] if args and dataclasses.is_dataclass(args[0]) else tp
+    if dataclasses.is_dataclass(inner):
+        if not isinstance(raw, Mapping):
+            _warn_once(path, f"expected a mapping, got {type(raw).__name__}")
+            return _INVALID
+        return _lenient(inner, raw, f"{path}.")
+    if not _scalar_ok(tp, raw):
+        _warn_once(path, f"expected {getattr(tp, '__name__', tp)}, got {type(raw).__name__}")
+        return _INVALID
+    return raw

@@ -15,11 +15,12 @@ import dataclasses
 import datetime
 from collections.abc import Callable
 
+from tg_operator import errors, ray_token
 from tg_operator.job_slots import JobSlots
 from tg_operator.metrics import PhaseTracker
 from tg_operator.ports import Dashboard, KubeApi
 from tg_operator.settings import OperatorConfig
-from tgapi import TrainerGroupStatus
+from tgapi import TrainerGroup, TrainerGroupStatus
 
 
 def utcnow() -> datetime.datetime:
@@ -47,8 +48,8 @@ class Step:
 class Context:
     config: OperatorConfig
     kube: KubeApi
-    dashboards: Callable[[str], Dashboard]
-    """A client for the Ray dashboard at a URL."""
+    dashboards: Callable[[str, str], Dashboard]
+    """A client for the Ray dashboard at a URL, sending a token ("" for none)."""
     clock: Callable[[], datetime.datetime] = utcnow
     phases: PhaseTracker = dataclasses.field(default_factory=PhaseTracker)
     locks: dict[str, asyncio.Lock] = dataclasses.field(default_factory=dict)
@@ -63,13 +64,46 @@ class Context:
     cleaned: set[str] = dataclasses.field(default_factory=set)
     """Uids whose cleanup finished in this process (the delete handler has nothing to do)."""
     closers: list[Callable[[], object]] = dataclasses.field(default_factory=list)
+    tokens: dict[str, str] = dataclasses.field(default_factory=dict, repr=False)
+    """Each group's Ray token by uid (read from its Secret once)."""
 
     def __post_init__(self) -> None:
         self.slots.limit = self.config.max_concurrent_jobs
         self.slots.on_free = lambda key: self.wakers.setdefault(key, asyncio.Event()).set()
 
-    def dashboard(self, url: str) -> Dashboard:
-        return self.dashboards(url)
+    def dashboard(self, url: str, *, token: str | None = None) -> Dashboard:
+        """A client for the dashboard at ``url`` (``token``: the group's; default the
+        operator's own, ``TG_RAY_AUTH_TOKEN``)."""
+        return self.dashboards(url, self.config.ray_auth_token if token is None else token)
+
+    async def group_dashboard(self, tg: TrainerGroup, url: str) -> Dashboard:
+        """The dashboard client of ``tg``'s cluster, with the group's token when it has one."""
+        return self.dashboard(url, token=await self.group_token(tg))
+
+    async def group_token(self, tg: TrainerGroup) -> str | None:
+        """The group's Ray token (None: the operator's own, for rayClusterRef or auth off).
+
+        Derived from the operator's key (``ray_token.derive_token``), so the operator never
+        reads a Secret; the first call per group creates the group's Secret when absent.
+        """
+        if not ray_token.uses_token(tg):
+            return None
+        cached = self.tokens.get(tg.uid)
+        if cached:
+            return cached
+        token = self.config.ray_auth_token or (
+            ray_token.derive_token(key=self.config.ray_token_key, uid=tg.uid)
+            if self.config.ray_token_key
+            else ""
+        )
+        if not token:
+            raise errors.TokenSecretInvalid(
+                "the operator has no TG_RAY_TOKEN_KEY (the Helm chart sets it from its Secret) "
+                "to make this group's Ray token: set it, or set spec.rayCluster.auth: disabled"
+            )
+        await self.kube.create_secret(ray_token.build_secret(tg, token=token))
+        self.tokens[tg.uid] = token
+        return token
 
     def lock(self, *, namespace: str, name: str) -> asyncio.Lock:
         return self.locks.setdefault(f"{namespace}/{name}", asyncio.Lock())
@@ -95,6 +129,7 @@ class Context:
             if ns == namespace:
                 users.discard(name)
         self.written.pop(uid, None)
+        self.tokens.pop(uid, None)
         self.phases.forget(uid)
 
     async def close(self) -> None:

@@ -125,7 +125,7 @@ async def _server_job_exists(ctx: Context, *, tg: TrainerGroup, url: str, genera
     """Whether a server job was submitted without the status recording it (a crash window)."""
     sid = names.server_submission_id(tg, generation=generation)
     try:
-        return await ctx.dashboard(url).get_job(sid) is not None
+        return await (await ctx.group_dashboard(tg, url)).get_job(sid) is not None
     except DashboardError:
         return False
 
@@ -139,7 +139,7 @@ class _NotYet(Exception):
 async def _clean_ray(
     ctx: Context, *, tg: TrainerGroup, status: TrainerGroupStatus, url: str
 ) -> str:
-    dash = ctx.dashboard(url)
+    dash = await ctx.group_dashboard(tg, url)
     ray_ns = status.ray_namespace or tg.ray_namespace
     gen = status.group_generation
     result = await teardown.teardown_group(

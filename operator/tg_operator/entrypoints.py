@@ -10,8 +10,10 @@ the runtime.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import shlex
+from typing import Any
 
 from tg_operator import names
 from tgapi import TrainerGroup, markers, to_wire
@@ -69,8 +71,32 @@ def job_metadata(tg: TrainerGroup, *, generation: int) -> dict[str, str]:
 
 
 def parse_group_ready(logs: str) -> markers.GroupReady | None:
-    """The last ``TG_GROUP_READY`` payload in a job's logs (None if absent or broken)."""
-    return markers.parse_last(markers.GroupReady, logs)
+    """The last ``TG_GROUP_READY`` payload in a job's logs (None if absent or broken).
+
+    Anyone's code in the job can print the marker: only well-formed values are kept.
+    """
+    rec = markers.parse_last(markers.GroupReady, logs)
+    if rec is None or not all(isinstance(n, str) for n in rec.worker_names):
+        return None
+    mesh_raw: Any = rec.mesh
+    mesh = (
+        {str(k): v for k, v in mesh_raw.items() if type(v) is int and v > 0}
+        if isinstance(mesh_raw, dict)
+        else {}
+    )
+    gen: Any = rec.generation
+    world: Any = rec.world_size
+    return dataclasses.replace(
+        rec,
+        group_name=str(rec.group_name or ""),
+        ray_namespace=str(rec.ray_namespace or ""),
+        generation=gen if type(gen) is int and gen >= 0 else 0,
+        world_size=world if type(world) is int and world > 0 else len(rec.worker_names),
+        mesh=mesh,
+        worker_class=str(rec.worker_class or ""),
+        device=str(rec.device or ""),
+        backend=str(rec.backend or ""),
+    )
 
 
 def parse_group_failed(logs: str) -> str | None:

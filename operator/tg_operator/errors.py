@@ -43,3 +43,9 @@ class WorkerDied(GroupFailed):
 
 class RestartLimit(GroupFailed):
     reason = "RestartLimit"
+
+
+class TokenSecretInvalid(GroupFailed):
+    """The operator cannot make the group's Ray token (no key configured)."""
+
+    reason = "NoTokenKey"

@@ -23,7 +23,7 @@ from typing import Any
 import aiohttp
 import kopf
 
-from tg_operator import deletion, group_loop, metrics, names, watched
+from tg_operator import deletion, group_loop, metrics, names, storage, watched
 from tg_operator.context import Context
 from tg_operator.dashboard import DashboardClient
 from tg_operator.events import KopfEvents
@@ -41,10 +41,11 @@ POD_INDEX = "raypods_index"
 
 def configure_settings(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
     settings.persistence.finalizer = names.FINALIZER
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+    # kopf's own storages, reading garbage in their annotations as absent (storage.py)
+    settings.persistence.progress_storage = storage.TotalProgressStorage(
         prefix=names.STORAGE_PREFIX
     )
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+    settings.persistence.diffbase_storage = storage.TotalDiffBaseStorage(
         prefix=names.STORAGE_PREFIX, key="last-handled-configuration"
     )
     settings.watching.server_timeout = config.watch_timeout_s
@@ -72,12 +73,9 @@ def make_context(config: OperatorConfig) -> Context:
     api = KubeApi(api_client())
     session = aiohttp.ClientSession()
 
-    def dashboard(url: str) -> DashboardClient:
+    def dashboard(url: str, token: str) -> DashboardClient:
         return DashboardClient(
-            base_url=url,
-            session=session,
-            timeout_s=config.dashboard_timeout_s,
-            token=config.ray_auth_token,
+            base_url=url, session=session, timeout_s=config.dashboard_timeout_s, token=token
         )
 
     ctx = Context(config=config, kube=api, dashboards=dashboard)

@@ -59,6 +59,7 @@ class KubeApi:
         self._client = client
         self._custom = k8s.CustomObjectsApi(client)
         self._core = k8s.CoreV1Api(client)
+        self._net = k8s.NetworkingV1Api(client)
         self._timeout = request_timeout_s
 
     def close(self) -> None:
@@ -190,6 +191,43 @@ class KubeApi:
             )
             data = json.loads(resp.data)
             return list(data.get("items") or [])
+
+        return await asyncio.to_thread(call)
+
+    # -- the group's Secret and NetworkPolicy (tg_operator.ray_token, .networkpolicy) ---
+    async def get_secret(self, *, namespace: str, name: str) -> dict[str, Any] | None:
+        def call() -> dict[str, Any] | None:
+            try:
+                resp: Any = self._core.read_namespaced_secret(
+                    name, namespace, _preload_content=False, _request_timeout=self._timeout
+                )
+            except ApiException as exc:
+                if exc.status == 404:
+                    return None
+                raise
+            return cast(dict[str, Any], json.loads(resp.data))
+
+        return await asyncio.to_thread(call)
+
+    async def create_secret(self, body: dict[str, Any]) -> bool:
+        """Create a Secret; False if one with that name already exists."""
+        return await self._create(self._core.create_namespaced_secret, body)
+
+    async def create_networkpolicy(self, body: dict[str, Any]) -> bool:
+        """Create a NetworkPolicy; False if one with that name already exists."""
+        return await self._create(self._net.create_namespaced_network_policy, body)
+
+    async def _create(self, method: Any, body: dict[str, Any]) -> bool:
+        namespace = body["metadata"]["namespace"]
+
+        def call() -> bool:
+            try:
+                method(namespace, body, _request_timeout=self._timeout)
+            except ApiException as exc:
+                if exc.status == 409:
+                    return False
+                raise
+            return True
 
         return await asyncio.to_thread(call)
 

@@ -38,6 +38,14 @@ class KubeApi(Protocol):
 
     async def list_cluster_pods(self, *, namespace: str, cluster: str) -> list[dict[str, Any]]: ...
 
+    async def create_secret(self, body: dict[str, Any]) -> bool:
+        """Create a Secret; False when it exists already (it is left as it is)."""
+        ...
+
+    async def create_networkpolicy(self, body: dict[str, Any]) -> bool:
+        """Create a NetworkPolicy; False when it exists already."""
+        ...
+
 
 class Dashboard(Protocol):
     """The Ray Jobs and State APIs of one Ray cluster."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tg_operator import names, platform
+from tg_operator import names, platform, ray_token
 from tgapi import TrainerGroup
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -55,7 +55,7 @@ def build_raycluster(tg: TrainerGroup, *, cluster_hash: str) -> dict[str, Any]:
     }
     if rc.workers.node_selector:
         worker_pod["nodeSelector"] = dict(rc.workers.node_selector)
-    return {
+    manifest: dict[str, Any] = {
         "apiVersion": f"{names.RAY_GROUP}/{names.RAY_VERSION}",
         "kind": names.RAY_KIND,
         "metadata": {
@@ -116,6 +116,42 @@ def build_raycluster(tg: TrainerGroup, *, cluster_hash: str) -> dict[str, Any]:
             ],
         },
     }
+    add_token_auth(manifest, tg)
+    add_gcs_fault_tolerance(manifest, tg)
+    return manifest
+
+
+def ray_containers(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every container of the head and worker pod templates."""
+    spec = manifest["spec"]
+    templates = [spec["headGroupSpec"]["template"]] + [
+        g["template"] for g in spec.get("workerGroupSpecs") or []
+    ]
+    return [c for t in templates for c in t["spec"]["containers"]]
+
+
+def add_token_auth(manifest: dict[str, Any], tg: TrainerGroup) -> None:
+    """Ray token authentication on every Ray container (``tg_operator.ray_token``): what
+    KubeRay >= v1.5.1 does for ``authOptions: {mode: token}``, written out for v1.5.0."""
+    for container in ray_containers(manifest):
+        container["env"] = ray_token.token_env(tg) + list(container.get("env") or [])
+
+
+def add_gcs_fault_tolerance(manifest: dict[str, Any], tg: TrainerGroup) -> None:
+    """KubeRay's ``gcsFaultToleranceOptions`` when the spec asks for it: the GCS keeps its
+    tables in the external Redis, so a new head pod finds the detached actors again."""
+    rc = tg.spec.ray_cluster
+    ft = rc.gcs_fault_tolerance if rc is not None else None
+    if ft is None:
+        return
+    options: dict[str, Any] = {"redisAddress": ft.redis_address}
+    if ft.redis_password_secret:
+        options["redisPassword"] = {
+            "valueFrom": {
+                "secretKeyRef": {"name": ft.redis_password_secret, "key": "password"}
+            }
+        }
+    manifest["spec"]["gcsFaultToleranceOptions"] = options
 
 
 def worker_tolerations(tg: TrainerGroup) -> list[dict[str, Any]]:

@@ -8,7 +8,8 @@ Cluster-wide operator (``TG_NAMESPACES`` empty): one ClusterRole with
 :data:`OPERATOR_RULES`. Namespaced operator: a Role with the same rules in each
 watched namespace. The client (``tgruntime.client --trainergroup``, ``tgruntime.client wait``)
 needs :data:`CLIENT_RULES` in the TrainerGroup's namespace: ``get`` and ``watch`` (the waiter in
-``tgapi.client`` reads the object, then watches it by name). The chart's client Role is these
+``tgapi.client`` reads the object, then watches it by name) and :data:`CLIENT_TOKEN_RULES` (get
+the group's Ray token Secret, ``<name>-ray-token``). The chart's client Role is these
 rules restricted by ``resourceNames`` (tests/deploy/test_chart_render.py compares them).
 """
 
@@ -50,10 +51,19 @@ OPERATOR_RULES: list[dict[str, Any]] = [
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
     # kopf.event(): phase changes and failures.
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+    # Each group's Ray token Secret (tg_operator.ray_token): create only. The token is
+    # derived from the operator's key, so the operator reads no Secret anywhere.
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+    # Each group's NetworkPolicy (tg_operator.networkpolicy).
+    {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["create"]},
 ]
 
 CLIENT_RULES: list[dict[str, Any]] = [
     {"apiGroups": [names.GROUP], "resources": [names.TG_PLURAL], "verbs": ["get", "watch"]},
+]
+CLIENT_TOKEN_RULES: list[dict[str, Any]] = [
+    # the group's Ray token (Secret <name>-ray-token, docs/security.md)
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]},
 ]
 
 

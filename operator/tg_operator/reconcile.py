@@ -36,6 +36,7 @@ from tg_operator import (
     metrics,
     names,
     raycluster,
+    security,
     spec_change,
 )
 from tg_operator import status as status_mod
@@ -198,7 +199,7 @@ class _Pass:
                 WATCH_FALLBACK_S, max(1.0, left + 1.0)
             )
             return Step.wait(delay, readiness.message)
-        dash = self.ctx.dashboard(self.dashboard_url)
+        dash = await self.ctx.group_dashboard(self.tg, self.dashboard_url)
         try:
             return await self.run_group(dash, readiness)
         except DashboardError as exc:
@@ -216,6 +217,7 @@ class _Pass:
         if names.owns_cluster(tg):
             want = spec_change.cluster_hash(tg.spec)
             if rc is None:
+                await security.ensure_group_objects(self.ctx, tg, sink=self.sink)
                 created = await kube.create_raycluster(
                     raycluster.build_raycluster(tg, cluster_hash=want)
                 )
@@ -264,7 +266,7 @@ class _Pass:
         if not readiness.ready:
             return readiness
         try:
-            await self.ctx.dashboard(self.dashboard_url).version()
+            await (await self.ctx.group_dashboard(tg, self.dashboard_url)).version()
         except DashboardError as exc:
             return status_mod.with_dashboard(readiness, dashboard_error=str(exc))
         return readiness
@@ -493,7 +495,7 @@ class _Pass:
         if not st.submission_id:
             return None  # nothing was started for this generation
         url = st.dashboard_url or self.dashboard_url
-        dash = self.ctx.dashboard(url)
+        dash = await self.ctx.group_dashboard(tg, url)
         cluster_going = (
             names.owns_cluster(tg)
             and bool(st.cluster_hash)

@@ -43,6 +43,12 @@ class OperatorConfig:
     """The longest wait between re-creations."""
     ray_auth_token: str = dataclasses.field(default="", repr=False)
     """Bearer token for Ray dashboards with token authentication (empty: none)."""
+    ray_token_key: str = dataclasses.field(default="", repr=False)
+    """Key the per-group Ray tokens are derived from (TG_RAY_TOKEN_KEY[_FILE])."""
+    operator_namespace: str = ""
+    """The operator pod's namespace, admitted to the dashboard by each group's NetworkPolicy."""
+    operator_pod_labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """Labels that select the operator's pods (TG_OPERATOR_POD_LABELS: k=v,k=v)."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> OperatorConfig:
@@ -68,6 +74,11 @@ class OperatorConfig:
                 env, "TG_RESTART_BACKOFF_MAX_SECONDS", 300.0, minimum=0
             ),
             ray_auth_token=ray_auth_token(env),
+            ray_token_key=_secret_value(env, "TG_RAY_TOKEN_KEY"),
+            operator_namespace=(
+                env.get("TG_OPERATOR_NAMESPACE") or env.get("POD_NAMESPACE") or ""
+            ).strip(),
+            operator_pod_labels=_labels(env, "TG_OPERATOR_POD_LABELS"),
         )
         config.dashboard_url(cluster="c", namespace="n")  # fail fast on a bad template
         config.gcs_address(cluster="c", namespace="n")
@@ -106,6 +117,30 @@ def ray_auth_token(env: Mapping[str, str]) -> str:
         return default.read_text().strip() if default.is_file() else ""
     except OSError:
         return ""
+
+
+def _secret_value(env: Mapping[str, str], name: str) -> str:
+    """``NAME`` (the value), else the file named by ``NAME_FILE``; "" when neither is set."""
+    if env.get(name, "").strip():
+        return env[name].strip()
+    path = env.get(f"{name}_FILE", "").strip()
+    if not path:
+        return ""
+    try:
+        return Path(path).expanduser().read_text().strip()
+    except OSError as exc:
+        raise SettingsError(f"{name}_FILE={path!r} cannot be read: {exc.strerror}") from exc
+
+
+def _labels(env: Mapping[str, str], name: str) -> dict[str, str]:
+    raw = env.get(name, "").strip()
+    out: dict[str, str] = {}
+    for item in filter(None, (p.strip() for p in raw.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise SettingsError(f"{name}={raw!r}: {item!r} is not key=value (write k=v,k=v)")
+        out[key.strip()] = value.strip()
+    return out
 
 
 def _number(env: Mapping[str, str], name: str, default: float, *, minimum: float) -> float:

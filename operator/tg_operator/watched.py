@@ -78,3 +78,9 @@ class WatchedKube:
 
     async def list_cluster_pods(self, *, namespace: str, cluster: str) -> list[dict[str, Any]]:
         return [dict(p) for p in self._pods.get((namespace, cluster), ())]
+
+    async def create_secret(self, body: dict[str, Any]) -> bool:
+        return await self._api.create_secret(body)
+
+    async def create_networkpolicy(self, body: dict[str, Any]) -> bool:
+        return await self._api.create_networkpolicy(body)

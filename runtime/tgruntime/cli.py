@@ -45,6 +45,23 @@ def _load(path: str) -> tgapi.TrainerGroup:
     return tgapi.load_file(path, local=True)
 
 
+def _refuse_what_cannot_fit(tg: tgapi.TrainerGroup, args: argparse.Namespace) -> None:
+    """CPU workers on this machine (no --address): refuse, before Ray starts, a model whose
+    weights, gradients and optimizer state its memory cannot hold (tgapi.sizing)."""
+    from tgapi import sizing
+
+    if _address(args) or tg.spec.workers.use_gpu is True:
+        return
+    if tg.spec.workers.use_gpu == tgapi.USE_GPU_AUTO:
+        gpus = args.num_gpus if args.num_gpus is not None else local_ray.detect_gpus().count
+        if gpus > 0:
+            return
+    memory = sizing.host_memory_bytes()
+    errors = sizing.host_errors(tg.spec, memory_bytes=memory) if memory else []
+    if errors:
+        raise tgapi.SpecErrors(errors)
+
+
 def _emit_json(body: Mapping[str, Any]) -> None:
     print(json.dumps(body, sort_keys=True, default=str), flush=True)
 
@@ -182,6 +199,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     from tgruntime.gcs_view import GcsView
 
     tg = _load(args.file)
+    _refuse_what_cannot_fit(tg, args)
     progress = Progress()
     progress.step("head: looking for a Ray head")
     head = local_ray.ensure(address=_address(args), num_cpus=args.num_cpus, num_gpus=args.num_gpus)

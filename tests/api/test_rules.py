@@ -89,6 +89,7 @@ def test_every_rule_is_in_the_crd_or_the_policy() -> None:
     for r in rules.crd_rules():  # the CRD can't see untyped fields
         assert "useGpu" not in r.cel_rule() + r.cel_message_expression()
     assert {r.name for r in rules.policy_rules()} == {
+        "gpu-choice",
         "gpu-pods-have-gpus",
         "gpu-nodes-fit-replicas",
         "gpu-processes-fit-pods",
@@ -117,7 +118,10 @@ def test_messages_are_tgapi_errors() -> None:
 
 def test_every_rule_is_broken_by_some_spec() -> None:
     broken = {r.name for s in SPECS for r in rules.broken(s)}
-    assert broken == {r.name for r in rules.RULES}
+    assert broken == {r.name for r in rules.RULES if not r.type_guard}
+    # a type guard never breaks on a parsed spec: the parser refused the value first
+    guards = [r for r in rules.RULES if r.type_guard]
+    assert guards and not [r for s in SPECS for r in guards if r.broken_by(s)]
 
 
 def test_local_mode_skips_the_cluster_rules() -> None:
@@ -175,3 +179,26 @@ def test_cel_agrees_with_python(rule: rules.Rule) -> None:
                 {"object": {"spec": spec}},
             )
             assert str(policy_message) == f"spec.{rule.field}: {rule.message(spec)}"
+
+
+@pytest.mark.parametrize("value", [1, 0, "yes", "Auto", "true", [True], {"a": 1}])
+def test_the_policy_refuses_what_the_parser_refuses_in_useGpu(value: Any) -> None:
+    """useGpu is untyped in the CRD: the policy's type guard refuses what tgapi's parser does,
+    with tgapi's fix (the parser names the value too)."""
+    (guard,) = [r for r in rules.RULES if r.type_guard]
+    spec = {**SPECS[0], "workers": {**SPECS[0]["workers"], "useGpu": value}}
+    # The API server's CEL compares across types (false); cel-python raises on int == bool,
+    # which the policy (failurePolicy: Fail) counts as a refusal too.
+    try:
+        verdict = bool(_run(guard.cel_rule("object.spec"), {"object": {"spec": spec}}))
+    except celpy.evaluation.CELEvalError:
+        verdict = False
+    assert not verdict
+    assert guard.broken_by(spec)
+    with pytest.raises(tgapi.SpecErrors) as info:
+        tgapi.parse_spec(spec)
+    (err,) = [e for e in info.value.errors if e.field == "spec.workers.useGpu"]
+    assert err.fix == guard.fix.render(spec)
+    for ok in (True, False, "auto"):
+        spec["workers"]["useGpu"] = ok
+        assert _run(guard.cel_rule("object.spec"), {"object": {"spec": spec}})

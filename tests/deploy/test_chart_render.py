@@ -237,7 +237,9 @@ CRD_RULES = {
 def test_operator_rules_are_the_operators_own_list(helm: str) -> None:
     """The chart grants what tg_operator.rbac declares, and that list stays small."""
     assert NAMESPACED_RULES, "tg_operator.rbac.OPERATOR_RULES is empty"
-    assert not {r for _, r, _ in NAMESPACED_RULES} & {"secrets", "configmaps", "*"}
+    assert not {r for _, r, _ in NAMESPACED_RULES} & {"configmaps", "*"}
+    # Secrets: create only (each group's Ray token Secret); the operator reads none.
+    assert {v for _, r, v in NAMESPACED_RULES if r == "secrets"} == {"create"}
     # The chart's RBAC template must not drift from the operator's declaration (both ways).
     docs = template_docs({})
     assert _rules(one(docs, "ClusterRole")) == NAMESPACED_RULES
@@ -306,7 +308,12 @@ def test_no_rule_reaches_secrets_or_wildcards(helm: str, variant: str) -> None:
         for rule in role["rules"]:
             for key in ("apiGroups", "resources", "verbs"):
                 assert "*" not in rule.get(key, []), (role["metadata"]["name"], rule)
-            assert not {"secrets", "configmaps", "serviceaccounts/token"} & set(rule["resources"])
+            assert not {"configmaps", "serviceaccounts/token"} & set(rule["resources"])
+            if "secrets" in rule["resources"]:
+                # the operator: create only (reads none); a client: get on named ones only
+                assert rule["verbs"] == ["create"] or (
+                    rule["verbs"] == ["get"] and rule.get("resourceNames")
+                ), (role["metadata"]["name"], rule)
             assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"])
 
 
@@ -473,14 +480,26 @@ def test_client_rbac_reads_named_trainergroups_only(helm: str) -> None:
     }
     role = by[("Role", "team-a", "tg-client")]
     # the operator's CLIENT_RULES (what the client's waiter needs), limited to the named groups
-    assert role["rules"] == [{**rule, "resourceNames": ["a", "b"]} for rule in rbac.CLIENT_RULES]
+    assert role["rules"] == [
+        *({**rule, "resourceNames": ["a", "b"]} for rule in rbac.CLIENT_RULES),
+        *(
+            {**rule, "resourceNames": ["a-ray-token", "b-ray-token"]}
+            for rule in rbac.CLIENT_TOKEN_RULES
+        ),
+    ]
     assert role["rules"] == [
         {
             "apiGroups": ["trainergroup.io"],
             "resources": ["trainergroups"],
             "resourceNames": ["a", "b"],
             "verbs": ["get", "watch"],
-        }
+        },
+        {
+            "apiGroups": [""],
+            "resources": ["secrets"],
+            "resourceNames": ["a-ray-token", "b-ray-token"],
+            "verbs": ["get"],
+        },
     ]
     binding = by[("RoleBinding", "team-a", "tg-client")]
     assert binding["subjects"] == [

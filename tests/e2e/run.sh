@@ -231,6 +231,7 @@ gpus_advertised() { [[ "$(k get node "$GPU_NODE" -o jsonpath='{.status.allocatab
 wait_for 300 "node $GPU_NODE advertises >= 2 nvidia.com/gpu" gpus_advertised
 log "node $GPU_NODE advertises $(k get node "$GPU_NODE" -o jsonpath='{.status.allocatable.nvidia\.com/gpu}') nvidia.com/gpu"
 stamp loaded
+[[ "$MODE" == fake ]] && source tests/e2e/phases/netpol.sh   # NetworkPolicy enforcer (kube-router)
 
 # ---- 3. KubeRay and the chart -------------------------------------------------------------------
 if [[ "$MODE" == fake ]]; then
@@ -384,6 +385,7 @@ log "client Job: $STEPS steps"
 stamp client_start
 run_client "$TG-client"
 stamp client_done
+source tests/e2e/phases/security.sh   # token auth and NetworkPolicy, seen from probe pods
 
 # ---- 6. the operator runs as a real pod ---------------------------------------------------------
 OP_POD="$(k -n "$OP_NS" get pod -l app.kubernetes.io/component=operator -o jsonpath='{.items[0].metadata.name}')"
@@ -439,6 +441,7 @@ stamp deleted
 CLEANED="$(k -n "$TG_NS" get events --field-selector "involvedObject.name=$TG,reason=CleanedUp" -o jsonpath='{.items[-1:].message}')"
 log "operator's CleanedUp event: $CLEANED"
 [[ "$CLEANED" == *"no live workers left"* ]] || die "no CleanedUp event saying the workers are gone (got '$CLEANED')"
+source tests/e2e/phases/gcs_ft.sh   # GCS fault tolerance: the head pod dies, the workers live on
 
 # ---- record -------------------------------------------------------------------------------------
 python3 tests/e2e/timeline.py "$ARTIFACTS" | tee "$ARTIFACTS/timeline.txt"

@@ -184,7 +184,8 @@ def custom_objects(crd_plane: KubePlane) -> Iterator[Any]:
 
 
 def test_every_rule_has_a_case() -> None:
-    assert {name for name, _ in MISTAKES} == {r.name for r in rules.RULES}
+    # type guards never break on a parsed spec: test_policy_refuses_a_wrongly_typed_use_gpu
+    assert {name for name, _ in MISTAKES} == {r.name for r in rules.RULES if not r.type_guard}
     for name, spec in MISTAKES:
         broken = {r.name for r in rules.broken(tgapi.to_wire(_parse_unchecked(spec)))}
         assert name in broken, (name, broken)
@@ -270,3 +271,19 @@ def test_platform_field_mistakes_are_refused_at_the_field(
         manifest(name, k8s_namespace, spec)), check=False)
     assert proc.returncode != 0 and field in proc.stderr, proc.stderr
     assert crd_plane.kubectl_json("get", "trainergroups", "-n", k8s_namespace)["items"] == []
+
+
+@pytest.mark.parametrize("value", [1, "yes"])
+def test_policy_refuses_a_wrongly_typed_use_gpu(crd_plane: KubePlane, k8s_namespace: str,
+                                                 value: Any) -> None:
+    """useGpu is untyped in the CRD; the policy's type guard (rules.py, gpu-choice) refuses
+    what tgapi's parser refuses, at the same field with the same fix."""
+    spec = spec_with(workers={"useGpu": value})
+    (err,) = [e for e in tgapi_errors(spec) if e.field == "spec.workers.useGpu"]
+    name = f"bad-{uuid.uuid4().hex[:8]}"
+    proc = crd_plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(
+        manifest(name, k8s_namespace, spec)), check=False)
+    assert proc.returncode != 0 and "denied request" in proc.stderr, proc.stderr
+    assert "spec.workers.useGpu: " in proc.stderr and err.fix in proc.stderr, proc.stderr
+    got = crd_plane.kubectl("get", "trainergroup", name, "-n", k8s_namespace, check=False)
+    assert got.returncode != 0

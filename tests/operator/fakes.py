@@ -52,6 +52,8 @@ class FakeKube:
     """RayClusters and pods in memory; the TrainerGroup's status as last patched."""
 
     def __init__(self) -> None:
+        self.secrets: dict[tuple[str, str], dict[str, Any]] = {}
+        self.policies: dict[tuple[str, str], dict[str, Any]] = {}
         self.calls: collections.Counter[str] = collections.Counter()
         self.clusters: dict[tuple[str, str], dict[str, Any]] = {}
         self.pods: dict[tuple[str, str], list[dict[str, Any]]] = {}
@@ -93,6 +95,20 @@ class FakeKube:
     async def list_cluster_pods(self, *, namespace: str, cluster: str) -> list[dict[str, Any]]:
         self.calls["list_pods"] += 1
         return copy.deepcopy(self.pods.get((namespace, cluster), []))
+
+    async def create_secret(self, body: dict[str, Any]) -> bool:
+        self.calls["create_secret"] += 1
+        key = (body["metadata"]["namespace"], body["metadata"]["name"])
+        fresh = key not in self.secrets
+        self.secrets.setdefault(key, copy.deepcopy(body))
+        return fresh
+
+    async def create_networkpolicy(self, body: dict[str, Any]) -> bool:
+        self.calls["create_networkpolicy"] += 1
+        key = (body["metadata"]["namespace"], body["metadata"]["name"])
+        fresh = key not in self.policies
+        self.policies.setdefault(key, copy.deepcopy(body))
+        return fresh
 
     def make_ready(self, namespace: str, name: str, *, workers: int = 1) -> None:
         """KubeRay's part: the pods are Ready and the cluster is provisioned."""
@@ -254,8 +270,8 @@ def world(*, env: Mapping[str, str] | None = None, **spec: Any) -> World:
     clock = FakeClock()
     kube = FakeKube()
     ray = FakeRay(clock)
-    config = OperatorConfig.from_env({"HOME": "/nonexistent", **(env or {})})
-    ctx = Context(config=config, kube=kube, dashboards=lambda url: ray, clock=clock)
+    config = OperatorConfig.from_env({"HOME": "/nonexistent", "TG_RAY_TOKEN_KEY": "fake-key", **(env or {})})
+    ctx = Context(config=config, kube=kube, dashboards=lambda url, token: ray, clock=clock)
     obj = tg_body(**spec)
     tg = parse_resource(obj)
     ray.ray_namespace = tg.ray_namespace

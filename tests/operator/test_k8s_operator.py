@@ -118,14 +118,16 @@ def test_api_server_rejects_invalid_specs(
 def test_invalid_spec_ends_failed_and_creates_nothing(
     k8s_plane: Any, ns: str, operator: ks.OperatorProcess, ray_endpoint: RayEndpoint
 ) -> None:
-    # Every cross-field rule is refused at admission now (tests/k8s/test_admission.py); what
-    # still passes the API server and fails tgapi is a wrongly typed untyped field.
+    # Every cross-field rule is refused at admission (tests/k8s/test_admission.py); what
+    # passes the API server and fails tgapi is the size estimate (tgapi.sizing): 1.07B
+    # parameters, two CPU processes per 4Gi pod at 16 bytes per parameter each.
     body = ks.noop("badexpert", ns)
-    body["spec"]["workers"]["useGpu"] = "yes"  # passes the schema (untyped), not tgapi
+    body["spec"]["model"].update(hiddenSize=1024, numLayers=64, ffnHiddenSize=4096)
     k8s_plane.apply(body)
     st = ks.wait_phase(k8s_plane, ns, "badexpert", {"Failed"}, timeout=120, op=operator)
-    assert "spec.workers.useGpu" in st["message"]
-    assert 'fix: use true, false or "auto"' in st["message"]
+    assert "spec.rayCluster.workers.memory: 4Gi is too small for the model" in st["message"]
+    assert "1.07B parameters" in st["message"], st["message"]
+    assert "fix: set rayCluster.workers.memory to at least 17Gi" in st["message"]
     cond = {c["type"]: c for c in st["conditions"]}
     assert cond["WorkersReady"]["reason"] == "InvalidSpec"
     assert (
@@ -139,7 +141,9 @@ def test_invalid_spec_ends_failed_and_creates_nothing(
     client = ks.grant(
         k8s_plane, namespace=ns, account="tg-client", rules=rbac.CLIENT_RULES, cluster_wide=False
     )
-    with pytest.raises(tgapi.client.TrainerGroupFailed, match=r"spec\.workers\.useGpu"):
+    with pytest.raises(
+        tgapi.client.TrainerGroupFailed, match=r"spec\.rayCluster\.workers\.memory"
+    ):
         tgapi.client.wait_for_ready(
             name="badexpert", k8s_namespace=ns, kubeconfig=str(client), timeout_s=30
         )
@@ -238,6 +242,15 @@ def test_lifecycle_train_kill_restart_delete(
     ]
     tg_uid = ks.get_tg(k8s_plane, ns, name)["metadata"]["uid"]  # type: ignore[index]
     assert rc["metadata"]["ownerReferences"][0]["uid"] == tg_uid
+    # token auth and the NetworkPolicy, made with the operator's own RBAC (create only)
+    env = {e["name"]: e for e in head["template"]["spec"]["containers"][0]["env"]}
+    assert env["RAY_AUTH_MODE"]["value"] == "token"
+    assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == f"{name}-ray-token"
+    secret = k8s_plane.kubectl_json("get", "secret", f"{name}-ray-token", "-n", ns)
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == tg_uid
+    assert secret["data"]["auth_token"]
+    policy = k8s_plane.kubectl_json("get", "networkpolicy", f"{name}-ray", "-n", ns)
+    assert policy["spec"]["podSelector"] == {"matchLabels": {"ray.io/cluster": name}}
 
     # pods scheduled on the fake GPU node
     def worker_pod_node() -> str | None:

@@ -64,7 +64,7 @@ def test_user_tolerations_node_selector_and_env_are_kept() -> None:
     pod = build_raycluster(tg, cluster_hash="h")["spec"]["workerGroupSpecs"][0]["template"]["spec"]
     assert pod["tolerations"] == [mine, other]  # no duplicate GPU toleration
     assert pod["nodeSelector"] == {"gpu": "h200"}
-    assert pod["containers"][0]["env"] == [{"name": "NCCL_DEBUG", "value": "INFO"}]
+    assert pod["containers"][0]["env"][-1] == {"name": "NCCL_DEBUG", "value": "INFO"}
 
 
 def test_owned_labelled_named_and_hashed() -> None:

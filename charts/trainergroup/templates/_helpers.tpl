@@ -71,6 +71,15 @@ the operator's own list (tests/deploy checks they agree). Least privilege: no Se
 ConfigMaps, no create/delete of TrainerGroups, read-only Pods. Proven on a real API server
 (RBAC on) by tests/deploy/test_chart_k8s.py.
 */}}
+{{/* The selector labels as k=v,k=v (TG_OPERATOR_POD_LABELS). */}}
+{{- define "trainergroup.selectorLabelList" -}}
+{{- $out := list }}
+{{- range $k, $v := (include "trainergroup.selectorLabels" . | fromYaml) }}
+{{- $out = append $out (printf "%s=%s" $k $v) }}
+{{- end }}
+{{- join "," $out }}
+{{- end }}
+
 {{- define "trainergroup.operatorRules" -}}
 # kopf watches TrainerGroups and patches their metadata (finalizer, progress annotations).
 - apiGroups: ["trainergroup.io"]
@@ -96,6 +105,15 @@ ConfigMaps, no create/delete of TrainerGroups, read-only Pods. Proven on a real 
 # kopf.event(): phase changes and failures.
 - apiGroups: [""]
   resources: ["events"]
+  verbs: ["create"]
+# Each group's Ray token Secret (<name>-ray-token): create only (no get/list/watch). The
+# token is derived from the operator's key, so the operator reads no Secret anywhere.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create"]
+# Each group's NetworkPolicy (<name>-ray), created with its RayCluster.
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
   verbs: ["create"]
 {{- end }}
 

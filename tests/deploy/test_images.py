@@ -481,7 +481,7 @@ def test_operator_image_runs_non_root_on_a_read_only_root() -> None:
         "python",
         image,
         "-c",
-        "import tg_operator.handlers, tg_operator.health, tg_operator.__main__, kopf, "
+        "import tg_operator.handlers, tg_operator.group_loop, tg_operator.__main__, kopf, "
         "kubernetes, aiohttp, tgapi; import importlib.util as u; "
         "assert u.find_spec('torch') is None and u.find_spec('ray') is None",
     )

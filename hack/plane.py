@@ -582,8 +582,18 @@ class Plane:
         self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd_dir))
         crds = [f"crd/{p.name.split('_', 1)[1].removesuffix('.yaml')}.{p.name.split('_')[0]}"
                 for p in sorted(crd_dir.glob("*.yaml"))]
-        self.kubectl("wait", "--for=condition=Established", f"--timeout={60 * self.scale:.0f}s",
-                     *crds, timeout=70)
+        # kubectl wait fails at once ("status.conditions accessor error") on a CRD whose status
+        # has no conditions yet: retry until they are Established or the deadline passes.
+        deadline = time.monotonic() + 60 * self.scale
+        while True:
+            try:
+                self.kubectl("wait", "--for=condition=Established",
+                             f"--timeout={60 * self.scale:.0f}s", *crds, timeout=70)
+                break
+            except PlaneError as exc:
+                if "accessor error" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
         log(f"KubeRay CRDs established: {', '.join(c[4:] for c in crds)}")
 
         # 4. KubeRay operator (needs its CRDs in place before it starts).

@@ -431,12 +431,14 @@ def test_operator_token_real_requests(
         assert not ok and "NotFound" in out, out  # allowed to look; nothing there
         ok, out = kubectl_as(k8s_plane, kc, "get", "pods", "-n", ns)
         assert ok, out
+        # the operator's watches (kopf indexes) list RayClusters
+        ok, out = kubectl_as(k8s_plane, kc, "get", "rayclusters", "-n", ns)
+        assert ok, out
 
         for denied in (
             ("get", "secrets", "-n", ns),
             ("get", "configmaps", "-n", ns),
             ("delete", "trainergroup", "op-probe", "-n", ns),
-            ("get", "rayclusters", "-n", ns),  # list: not needed, not granted
             ("get", "nodes"),
         ):
             ok, out = kubectl_as(k8s_plane, kc, *denied)

@@ -154,7 +154,7 @@ def test_invalid_spec_ends_failed_and_creates_nothing(
     # ... and so is the client Job's `wait` step, on stderr with a non-zero exit
     proc = client_wait("badexpert", ns, client)
     assert (proc.returncode, proc.stdout) == (1, ""), proc
-    assert "failed" in proc.stderr and "spec.workers.useGpu" in proc.stderr, proc.stderr
+    assert "failed" in proc.stderr and "spec.rayCluster.workers.memory" in proc.stderr, proc.stderr
     delete_and_wait(k8s_plane, ns, "badexpert", operator, timeout=60)
 
 

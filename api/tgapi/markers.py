@@ -86,6 +86,8 @@ class Step:
     step_time_s: float
     tokens_per_s: float
     tp_losses: tuple[float, ...] = ()
+    optimizer_step: int = -1
+    """The workers' optimizer step after this one (it continues across a resume); -1: unknown."""
 
 
 class _Payload(Protocol):

@@ -154,6 +154,7 @@ def train_step(wg: WorkerGroup, tokens: np.ndarray, *, step: int) -> markers.Ste
         step_time_s=wall,
         tokens_per_s=ntok / wall if wall > 0 else math.nan,
         tp_losses=tp_losses,
+        optimizer_step=int(_metric(meta, "step", -1.0)),
     )
 
 

@@ -148,11 +148,13 @@ n, ckpt = int(os.environ["STEPS"]), os.environ["CKPT"]
 def check(ok, what):
     if not ok:
         sys.exit(f"resume check failed: {what}\n before: {a}\n after: {b}\n ready: {ready}")
-check([s["step"] for s in a] == list(range(1, n + 1)), f"the first client trains steps 1..{n}")
+# optimizerStep: the workers' step counter (the client's own "step" restarts at 1 per Job)
+check([s["optimizerStep"] for s in a] == list(range(1, n + 1)),
+      f"the first client trains optimizer steps 1..{n}")
 check(ready.get("resumedFrom") == ckpt and ready.get("resumedStep") == n,
       f"the re-created group resumed from {ckpt} at step {n}")
-check([s["step"] for s in b] == list(range(n + 1, 2 * n + 1)),
-      f"the next client's steps continue: {n + 1}..{2 * n}")
+check([s["optimizerStep"] for s in b] == list(range(n + 1, 2 * n + 1)),
+      f"the next client's optimizer steps continue: {n + 1}..{2 * n}")
 la, lb = [s["loss"] for s in a], [s["loss"] for s in b]
 check(all(math.isfinite(x) for x in la + lb), "finite losses")
 drop = la[0] - la[-1]
@@ -161,8 +163,8 @@ check(drop > 0, "the loss fell before the kill")
 # step); a fresh model would start again near la[0] (ln 256 = 5.55).
 check(abs(lb[0] - la[-1]) < 0.5 * drop, f"first loss after {lb[0]:.4f} is near {la[-1]:.4f}")
 check(lb[-1] < lb[0], "the loss keeps falling after the resume")
-print(json.dumps({"steps_before": [a[0]["step"], a[-1]["step"]],
-                  "steps_after": [b[0]["step"], b[-1]["step"]],
+print(json.dumps({"steps_before": [a[0]["optimizerStep"], a[-1]["optimizerStep"]],
+                  "steps_after": [b[0]["optimizerStep"], b[-1]["optimizerStep"]],
                   "loss_before": [round(la[0], 4), round(la[-1], 4)],
                   "loss_after": [round(lb[0], 4), round(lb[-1], 4)],
                   "resumedFrom": ready["resumedFrom"], "phase_seconds": int(os.environ["SECONDS_"])}))

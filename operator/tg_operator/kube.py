@@ -13,44 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from typing import Any, cast
 
 from kubernetes import client as k8s
-from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
 from tg_operator import names
+from tgapi.client.kube import api_client
 
-SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
-
-
-def api_client(*, kubeconfig: str | None = None, context: str | None = None) -> k8s.ApiClient:
-    """An API client from ``kubeconfig``, else in-cluster credentials, else ``$KUBECONFIG``."""
-    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-        configuration = k8s.Configuration()
-        k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-        return k8s.ApiClient(configuration)
-    made = k8s_config.new_client_from_config(  # type: ignore[no-untyped-call]
-        config_file=kubeconfig, context=context
-    )
-    return cast(k8s.ApiClient, made)
-
-
-def default_namespace(*, kubeconfig: str | None = None) -> str:
-    """The service account's namespace in a pod, else the kubeconfig context's, else default."""
-    if kubeconfig is None and os.path.exists(SERVICE_ACCOUNT_NAMESPACE):
-        with open(SERVICE_ACCOUNT_NAMESPACE) as f:
-            return f.read().strip() or "default"
-    try:
-        _, active = k8s_config.list_kube_config_contexts(  # type: ignore[no-untyped-call]
-            config_file=kubeconfig
-        )
-    except Exception:
-        return "default"
-    ns = (active or {}).get("context", {}).get("namespace")
-    return str(ns) if ns else "default"
-
+__all__ = ["KubeApi", "api_client"]
 
 class KubeApi:
     """TrainerGroups, RayClusters and pods, through one API client."""

@@ -1,8 +1,7 @@
 """Forward/backward over micro-batches: megatron's pipeline schedules, or a CPU equivalent.
 
-:func:`lm_forward_step` is the forward-step function megatron's schedules call (model
-forward with ``labels`` so ``GPTModel`` returns the per-token vocab-parallel cross-entropy,
-plus a loss function that masks, sums and reports per-sample losses).
+The forward-step functions megatron's schedules call live in
+:mod:`tgruntime.trainer.token_steps` (log-probs and the registered losses).
 
 On a GPU the trainer runs megatron's own ``get_forward_backward_func()`` (no pipelining,
 or 1F1B with pipeline parallelism). Those schedules allocate token counters and p2p
@@ -14,7 +13,6 @@ all-forward/all-backward (GPipe) schedule over blocking gloo send/recv.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -29,41 +27,11 @@ from tgruntime.trainer.batch import LMBatch
 __all__ = [
     "ForwardBackwardFunc",
     "finalize_grads_local",
-    "lm_forward_step",
     "local_forward_backward",
     "select_forward_backward",
 ]
 
 ForwardBackwardFunc = Callable[..., list[dict[str, torch.Tensor]]]
-
-
-def _lm_loss(
-    loss_mask: torch.Tensor, output_tensor: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-    """Megatron loss-function contract: (loss sum, token count, values to report)."""
-    per_token = output_tensor.float() * loss_mask
-    tokens_per_sample = loss_mask.sum(dim=1)
-    loss_sum = per_token.sum()
-    num_tokens = loss_mask.sum().to(torch.int)
-    reported = {
-        "sample_loss_sum": per_token.detach().sum(dim=1),
-        "sample_tokens": tokens_per_sample.detach(),
-    }
-    return loss_sum, num_tokens, reported
-
-
-def lm_forward_step(
-    data_iterator: Iterator[LMBatch], model: torch.nn.Module
-) -> tuple[torch.Tensor, Callable[[torch.Tensor], Any]]:
-    """One micro-batch through the model; on the last stage the output is per-token loss."""
-    batch = next(data_iterator)
-    output = model(
-        input_ids=batch.tokens,
-        position_ids=batch.position_ids,
-        attention_mask=None,
-        labels=batch.labels,
-    )
-    return output, functools.partial(_lm_loss, batch.loss_mask)
 
 
 def _scaled_loss(

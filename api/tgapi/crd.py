@@ -174,7 +174,10 @@ def crd_manifest() -> dict[str, Any]:
                     "schema": {
                         "openAPIV3Schema": {
                             "type": "object",
-                            "description": "A long-lived group of detached Megatron training workers on a Ray cluster.",
+                            "description": (
+                                "A long-lived group of detached Megatron training workers"
+                                " on a Ray cluster."
+                            ),
                             "properties": {
                                 "apiVersion": {"type": "string"},
                                 "kind": {"type": "string"},
@@ -261,7 +264,8 @@ def render_policy(name: str = POLICY_NAME) -> str:
 
 def render_chart_policy() -> str:
     """The chart's copy: release-named, behind ``admissionPolicy.enabled``."""
-    body = render_policy(_CHART_NAME).removeprefix(HEADER).replace(_CHART_NAME, _CHART_NAME_TEMPLATE)
+    body = render_policy(_CHART_NAME).removeprefix(HEADER)
+    body = body.replace(_CHART_NAME, _CHART_NAME_TEMPLATE)
     return HEADER + "{{- if .Values.admissionPolicy.enabled }}\n" + body + "{{- end }}\n"
 
 
@@ -276,7 +280,10 @@ def outputs() -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Write the CRD and the admission policy to every target under the repository root (default '.'); ``--check`` only compares."""
+    """Write the CRD and the admission policy to every target under the repository root.
+
+    The root defaults to '.'; ``--check`` only compares.
+    """
     args = sys.argv[1:] if argv is None else argv
     check = "--check" in args
     args = [a for a in args if a != "--check"]
@@ -284,10 +291,15 @@ def main(argv: list[str] | None = None) -> int:
     files = outputs()
     if check:
         stale = [
-            t for t, text in files.items() if not (root / t).exists() or (root / t).read_text() != text
+            t
+            for t, text in files.items()
+            if not (root / t).exists() or (root / t).read_text() != text
         ]
         for t in stale:
-            print(f"{t} is stale: run `python -m tgapi.crd .` and commit the result", file=sys.stderr)
+            print(
+                f"{t} is stale: run `python -m tgapi.crd .` and commit the result",
+                file=sys.stderr,
+            )
         return 1 if stale else 0
     for target, text in files.items():
         path = root / target

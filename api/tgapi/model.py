@@ -299,7 +299,9 @@ class WorkersSpec:
     )
     worker_class: str = spec_field(
         name="workerClass",
-        description="module:Class import path of the worker; default: the built-in Megatron trainer.",
+        description=(
+            "module:Class import path of the worker; default: the built-in Megatron trainer."
+        ),
         default=DEFAULT_WORKER_CLASS,
         pattern=_IMPORT_PATH,
     )

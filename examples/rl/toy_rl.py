@@ -21,7 +21,7 @@ At the end the policy is exported with ``export_hf`` and answered greedily by
 Outputs (``--out``): ``metrics.json`` (per iteration and a summary) and ``reward.png``.
 Exit status 1 when the reward did not rise (``--check``, on by default).
 
-    .venv/bin/python examples/rl/toy_rl.py            # 50 iterations: ~30 s of loop, plus Ray start-up
+    .venv/bin/python examples/rl/toy_rl.py   # 50 iterations: ~30 s of loop, plus Ray start-up
 """
 
 from __future__ import annotations

@@ -346,7 +346,10 @@ def install_chart(
 
 
 def parse_check(resource: str) -> tuple[str, str, str]:
-    """ "rayclusters.ray.io" -> (group, resource, subresource); "pods/log" -> ("", "pods", "log")."""
+    """Split a rule's resource into (group, resource, subresource).
+
+    "rayclusters.ray.io" -> ("ray.io", "rayclusters", ""); "pods/log" -> ("", "pods", "log").
+    """
     base, _, sub = resource.partition("/")
     name, _, group = base.partition(".")
     return group, name, sub

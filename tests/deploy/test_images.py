@@ -527,7 +527,8 @@ def test_runtime_image_starts_ray_and_imports_the_trainer() -> None:
         # the autoscaler's first report takes a few seconds: "No cluster status" until then
         "for i in $(seq 90); do ray status >/tmp/status 2>&1 && grep -q 'Node status' /tmp/status "
         "&& break; sleep 2; done; cat /tmp/status; "
-        f"for i in $(seq 60); do ({probe}) >/dev/null 2>&1 && echo probes-ok && break; sleep 2; done; "
+        f"for i in $(seq 60); do ({probe}) >/dev/null 2>&1 && echo probes-ok && break; "
+        "sleep 2; done; "
         "python -c 'import tgruntime.trainer.worker, tgruntime.trainer.engine, megatron.core, "
         'torch, tensordict; print("trainer-import-ok", torch.__version__)\'; '
         "ray stop >/dev/null 2>&1 || true"

@@ -66,15 +66,24 @@ MISTAKES: list[tuple[str, dict[str, Any]]] = [
     ("query-groups", spec_with(model={"numQueryGroups": 1})),
     ("layers-by-pipeline", spec_with(model={"numLayers": 3}, parallelism={"pipeline": 2})),
     ("no-expert-parallel", spec_with(parallelism={"expert": 2})),
-    ("sequence-by-context", spec_with(parallelism={"context": 2}, training={"sequenceLength": 126})),
+    (
+        "sequence-by-context",
+        spec_with(parallelism={"context": 2}, training={"sequenceLength": 126}),
+    ),
     ("sequence-fits-model", spec_with(training={"sequenceLength": 256})),
     ("batch-by-data-parallel", spec_with(training={"batchSize": 3})),
     ("cluster-choice", spec_with(rayCluster=None)),
     ("cluster-choice", spec_with(rayClusterRef={"name": "shared"})),
     ("gpu-pods-have-gpus", spec_with(workers={"useGpu": True},
                                      rayCluster={"workers": {"replicas": 2, "gpusPerWorker": 0}})),
-    ("gpu-nodes-fit-replicas", spec_with(workers={"processesPerNode": [1, 1, 2], "useGpu": "auto"})),
-    ("gpu-processes-fit-pods", spec_with(workers={"processesPerNode": [4]}, training={"batchSize": 2})),
+    (
+        "gpu-nodes-fit-replicas",
+        spec_with(workers={"processesPerNode": [1, 1, 2], "useGpu": "auto"}),
+    ),
+    (
+        "gpu-processes-fit-pods",
+        spec_with(workers={"processesPerNode": [4]}, training={"batchSize": 2}),
+    ),
     # several at once: every one is reported, in tgapi's words
     ("ffn-by-tensor", spec_with(model={"ffnHiddenSize": 127, "numQueryGroups": 3},
                                 parallelism={"expert": 4}, training={"batchSize": 5})),

@@ -26,7 +26,8 @@ from tgapi.model import (
     SINGULAR,
     TrainerGroupSpec,
 )
-from tgapi.rules import crd_rules, policy_rules
+from tgapi.rules import Rule, crd_rules, policy_rules, variables
+from tgapi.sizing import SIZING_RULES
 from tgapi.status import TrainerGroupStatus
 
 MAX_LIST = 256
@@ -197,6 +198,19 @@ def crd_manifest() -> dict[str, Any]:
 POLICY_NAME = f"{PLURAL}.{API_GROUP}"
 
 
+def policy_validations() -> list[Rule]:
+    """The admission policy's rules, in order: the cross-field rules CEL in the CRD can't
+    state, then the size estimate (tgapi.sizing; it needs the policy's variables, and the
+    policy's cost limit is per expression, not the CRD's estimate over the whole schema)."""
+    return [*policy_rules(), *SIZING_RULES]
+
+
+def _policy_variables() -> list[dict[str, str]]:
+    rules = policy_validations()
+    found = variables(*(r.holds for r in rules), *(t for r in rules for t in (r.problem, r.fix)))
+    return [{"name": v.name, "expression": v.expr.cel("object.spec")} for v in found]
+
+
 def policy_manifests(name: str = POLICY_NAME) -> list[dict[str, Any]]:
     """A ValidatingAdmissionPolicy (and its binding) with the rules CEL in the CRD can't state."""
     labels = {"app.kubernetes.io/part-of": "trainergroup"}
@@ -226,7 +240,8 @@ def policy_manifests(name: str = POLICY_NAME) -> list[dict[str, Any]]:
                         "object.spec != oldObject.spec",
                     }
                 ],
-                "validations": [rule.policy_validation() for rule in policy_rules()],
+                "variables": _policy_variables(),
+                "validations": [rule.policy_validation() for rule in policy_validations()],
             },
         },
         {

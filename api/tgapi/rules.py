@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -67,6 +68,10 @@ class Expr:
     def __floordiv__(self, other: object) -> Expr:
         return Bin("/", self, lit(other))
 
+    def __truediv__(self, other: object) -> Expr:
+        """``/`` of doubles (CEL's ``/`` too: ``//`` is for integers)."""
+        return Bin("/", self, lit(other))
+
     def __mod__(self, other: object) -> Expr:
         return Bin("%", self, lit(other))
 
@@ -101,8 +106,27 @@ class Expr:
         """Sum of a list of integers (the Kubernetes CEL list library's ``sum()``)."""
         return Call("sum", self)
 
+    def max(self) -> Expr:
+        """Largest item of a non-empty list of integers (the list library's ``max()``)."""
+        return Call("max", self)
+
     def size(self) -> Expr:
         return Call("size", self)
+
+    def to_double(self) -> Expr:
+        """``double(x)``: an integer as a double (products beyond int64 stay finite)."""
+        return Convert("double", self)
+
+    def to_int(self) -> Expr:
+        """``int(x)``: a double truncated toward zero (an error outside int64)."""
+        return Convert("int", self)
+
+    # -- how a Text hole shows the value: %d by default -----------------------------------
+    def verb(self) -> str:
+        return "%d"
+
+    def hole(self, spec: Wire) -> str:
+        return _cel_string(self.eval(spec))
 
     def exists_above(self, bound: object) -> Expr:
         """Whether any item of a list is greater than ``bound``."""
@@ -131,6 +155,11 @@ class Lit(Expr):
             return "true" if v else "false"
         if isinstance(v, int):
             return str(v)
+        if isinstance(v, float):
+            text = repr(v)
+            if v != v or v in (float("inf"), float("-inf")):
+                raise TypeError(f"no CEL literal for {v!r}")
+            return text if any(c in text for c in ".e") else text + ".0"
         if isinstance(v, str):
             return json.dumps(v)
         raise TypeError(f"no CEL literal for {v!r}")
@@ -194,6 +223,21 @@ def _ints(op: str, a: Any, b: Any) -> tuple[int, int]:
     return a, b
 
 
+def _doubles(a: Any, b: Any) -> bool:
+    return isinstance(a, float) and isinstance(b, float)
+
+
+def _double_op(op: str, a: float, b: float) -> Any:
+    # CEL's doubles are IEEE 754 as Python's floats: x / 0.0 is an infinity, not an error.
+    if op == "/":
+        if b != 0:
+            return a / b
+        return math.nan if a == 0 or a != a else math.copysign(math.inf, a) * math.copysign(1, b)
+    if op == "%":
+        raise CelError("no such overload: double % double")
+    return _ARITH[op](a, b)  # type: ignore[arg-type]
+
+
 def _div(a: int, b: int) -> int:
     if b == 0:
         raise CelError("division by zero")
@@ -243,6 +287,8 @@ class Bin(Expr):
             return _cel_eq(a, b)
         if self.op == "!=":
             return not _cel_eq(a, b)
+        if _doubles(a, b):
+            return _double_op(self.op, a, b)
         return _ARITH[self.op](*_ints(self.op, a, b))
 
     def _logic(self, spec: Wire) -> bool:
@@ -287,6 +333,15 @@ class Cond(Expr):
     def eval(self, spec: Wire) -> Any:
         return self.then.eval(spec) if _truth(self.test.eval(spec)) else self.otherwise.eval(spec)
 
+    def verb(self) -> str:
+        if self.then.verb() != self.otherwise.verb():
+            raise TypeError(f"{self.cel()}: the branches are shown differently")
+        return self.then.verb()
+
+    def hole(self, spec: Wire) -> str:
+        chosen = self.then if _truth(self.test.eval(spec)) else self.otherwise
+        return chosen.hole(spec)
+
 
 def _list(value: Any) -> list[Any]:
     if not isinstance(value, list):
@@ -296,7 +351,7 @@ def _list(value: Any) -> list[Any]:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Call(Expr):
-    """``size(x)`` or ``x.sum()``."""
+    """``size(x)``, ``x.sum()`` or ``x.max()``."""
 
     fn: str
     arg: Expr
@@ -312,7 +367,12 @@ class Call(Expr):
         items = _list(self.arg.eval(spec))
         if self.fn == "size":
             return len(items)
-        return sum(_ints("+", 0, n)[1] for n in items)
+        numbers = [_ints(self.fn, 0, n)[1] for n in items]
+        if self.fn == "max":
+            if not numbers:
+                raise CelError("max() of an empty list")
+            return max(numbers)
+        return sum(numbers)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -361,12 +421,182 @@ class Within(Expr):
         return (p == d or p.startswith(d + "/")) and "/.." not in p
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class Convert(Expr):
+    """``double(x)`` (of an integer) or ``int(x)`` (of a double, truncated toward zero)."""
+
+    to: str
+    arg: Expr
+
+    def cel(self, root: str = "self") -> str:
+        return f"{self.to}({self.arg.cel(root)})"
+
+    def eval(self, spec: Wire) -> Any:
+        value = self.arg.eval(spec)
+        if self.to == "double":
+            return float(_ints("double", 0, value)[1])
+        if not isinstance(value, float):
+            raise CelError(f"no such overload: int({type(value).__name__})")
+        if not -(2.0**63) <= value < 2.0**63:
+            raise CelError("double out of int64 range")
+        return int(value)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Fixed(Expr):
+    """A double as a Text hole with ``digits`` decimals (``%.1f``)."""
+
+    arg: Expr
+    digits: int
+
+    def cel(self, root: str = "self") -> str:
+        return self.arg.cel(root)
+
+    def eval(self, spec: Wire) -> Any:
+        return self.arg.eval(spec)
+
+    def verb(self) -> str:
+        return f"%.{self.digits}f"
+
+    def hole(self, spec: Wire) -> str:
+        value = self.eval(spec)
+        if not isinstance(value, float):
+            raise CelError(f"%f of a {type(value).__name__}")
+        return f"{value:.{self.digits}f}"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Format(Expr):
+    """A string built from a Text (``"...".format([...])``): a hole of another Text."""
+
+    text: Text
+
+    def cel(self, root: str = "self") -> str:
+        return self.text.cel(root)
+
+    def eval(self, spec: Wire) -> Any:
+        return self.text.render(spec)
+
+    def verb(self) -> str:
+        return "%s"
+
+
+def fmt(template: str, *args: Expr) -> Expr:
+    return Format(Text(template, *args))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Str(Expr):
+    """A string-valued expression as a Text hole (``%s``)."""
+
+    arg: Expr
+
+    def cel(self, root: str = "self") -> str:
+        return self.arg.cel(root)
+
+    def eval(self, spec: Wire) -> Any:
+        return _str(self.arg.eval(spec))
+
+    def verb(self) -> str:
+        return "%s"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Var(Expr):
+    """A named value: ``variables.<name>`` in the ValidatingAdmissionPolicy, which computes
+    it once per request (``spec.variables``, in dependency order); evaluated in place here.
+    A rule that reads one can't be in the CRD."""
+
+    name: str
+    expr: Expr
+
+    def cel(self, root: str = "self") -> str:
+        return f"variables.{self.name}"
+
+    def eval(self, spec: Wire) -> Any:
+        return self.expr.eval(spec)
+
+    def verb(self) -> str:
+        return self.expr.verb()
+
+    def hole(self, spec: Wire) -> str:
+        return self.expr.hole(spec)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class MapGet(Expr):
+    """``key in m ? m[key] : default`` for a map of strings (a node selector)."""
+
+    items: Expr
+    key: str
+    default: Expr
+
+    def cel(self, root: str = "self") -> str:
+        m, k = self.items.cel(root), json.dumps(self.key)
+        return f"({k} in {m} ? {m}[{k}] : {self.default.cel(root)})"
+
+    def eval(self, spec: Wire) -> Any:
+        items = self.items.eval(spec)
+        if not isinstance(items, Mapping):
+            raise CelError(f"expected a map, got {items!r}")
+        return items[self.key] if self.key in items else self.default.eval(spec)
+
+
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ContainsFolded(Expr):
+    """``s.lowerAscii().contains(part)``, ``part`` lower case (the strings library)."""
+
+    text: Expr
+    part: str
+
+    def cel(self, root: str = "self") -> str:
+        return f"{self.text.cel(root)}.lowerAscii().contains({json.dumps(self.part)})"
+
+    def eval(self, spec: Wire) -> Any:
+        return self.part in _str(self.text.eval(spec)).translate(_ASCII_LOWER)
+
+
+def _children(node: object) -> list[Expr]:
+    if isinstance(node, Text):
+        return list(node.args)
+    if not dataclasses.is_dataclass(node):
+        return []
+    out: list[Expr] = []
+    for f in dataclasses.fields(node):
+        value = getattr(node, f.name)
+        if isinstance(value, Expr):
+            out.append(value)
+        elif isinstance(value, Text):
+            out.extend(value.args)
+    return out
+
+
+def variables(*roots: object) -> list[Var]:
+    """The Vars the expressions read, each after the Vars it reads (one per name)."""
+    found: dict[str, Var] = {}
+
+    def visit(node: object) -> None:
+        for child in _children(node):
+            visit(child)
+        if isinstance(node, Var):
+            other = found.setdefault(node.name, node)
+            if other is not node:
+                raise ValueError(f"two variables named {node.name}")
+
+    for root in roots:
+        visit(root)
+    return list(found.values())
+
+
 def _cel_string(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | str):
         return str(value)
-    raise CelError(f"no string() for {value!r}")
+    raise CelError(f"no %d/%s for {value!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -390,12 +620,20 @@ class Text:
         return [p for p in out if p != ""]
 
     def render(self, spec: Wire) -> str:
-        return "".join(p if isinstance(p, str) else _cel_string(p.eval(spec)) for p in self.parts())
+        return "".join(p if isinstance(p, str) else p.hole(spec) for p in self.parts())
 
     def cel_format(self, root: str = "self") -> tuple[str, list[str]]:
-        """The sentence as a CEL ``format`` string (``%d`` per hole) and its arguments."""
-        text = "".join(p.replace("%", "%%") if isinstance(p, str) else "%d" for p in self.parts())
+        """The sentence as a CEL ``format`` string (each hole's verb: ``%d`` for an integer,
+        ``%s`` for a string, ``%.1f`` for a double) and its arguments."""
+        text = "".join(
+            p.replace("%", "%%") if isinstance(p, str) else p.verb() for p in self.parts()
+        )
         return text, [a.cel(root) for a in self.args]
+
+    def cel(self, root: str = "self") -> str:
+        """The sentence as a CEL string expression: ``"...".format([...])``."""
+        text, args = self.cel_format(root)
+        return f"{json.dumps(text)}.format([{', '.join(args)}])" if args else json.dumps(text)
 
     def static(self) -> str:
         """The sentence with each hole named by its CEL text (a fallback message)."""
@@ -445,10 +683,14 @@ class Rule:
         text = " ".join(
             [self.holds.cel(), *(a.cel() for a in (*self.problem.args, *self.fix.args))]
         )
-        return not any(f"self.{f}" in text for f in UNTYPED_FIELDS)
+        return "variables." not in text and not any(f"self.{f}" in text for f in UNTYPED_FIELDS)
 
     def cel_rule(self, root: str = "self") -> str:
         return self.holds.cel(root)
+
+    def variables(self) -> list[Var]:
+        """The policy variables the rule and its sentences read."""
+        return variables(self.holds, self.problem, self.fix)
 
     def cel_message_expression(self, root: str = "self", prefix: str = "") -> str:
         # One format() call rather than "..." + string(x): the API server's cost estimator

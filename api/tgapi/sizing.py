@@ -20,21 +20,35 @@ processes of one node share a pod), the GPU's memory for GPU workers when it is 
 (``rayCluster.workers.gpuMemory``, else the nominal capacity of the GPU named by the
 ``nvidia.com/gpu.product`` node selector); ``tgctl`` passes the machine's memory for local
 CPU workers (:func:`host_errors`). Nothing here imports more than the standard library.
+
+The estimate and its sentences are written once, in ``tgapi.rules``' expression language
+(:data:`SIZING_RULES`): Python evaluates them for tgapi's parse (:func:`sizing_errors`), and
+``crd.py`` writes the same expressions as CEL into the ValidatingAdmissionPolicy, so
+``kubectl apply`` refuses a model that cannot fit with the same sentence. Counts are
+doubles there (``double(x) * double(y)``: no int64 overflow; the model's bounds keep every
+value finite and every per-layer integer inside int64) and quantities are read with
+Kubernetes' quantity library (``quantity(s).asApproximateFloat()``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import decimal
+import math
 import os
 import re
+from typing import Any
 
+from tgapi import rules
 from tgapi.errors import SpecError
-from tgapi.model import USE_GPU_AUTO, ModelSpec, TrainerGroupSpec
+from tgapi.model import TrainerGroupSpec
+from tgapi.parse import to_wire
+from tgapi.rules import Cond, Expr, Fixed, Lit, Rule, Text
 
 __all__ = [
     "GPU_PRODUCT_LABEL",
     "KNOWN_GPU_MEMORY",
+    "SIZING_RULES",
     "Estimate",
     "bytes_per_parameter",
     "estimate",
@@ -101,9 +115,139 @@ def parse_quantity(text: str) -> decimal.Decimal | None:
 
 def bytes_per_parameter(*, on_gpu: bool, dtype: str) -> int:
     """Weights + gradients + optimizer state per parameter (see the module docstring)."""
-    if not on_gpu or dtype == "float32":
-        return 4 + 4 + 8
-    return 2 + 4 + 4 + 8
+    value = _bytes_per_parameter(rules.Lit(on_gpu)).eval({"model": {"dtype": dtype}})
+    assert isinstance(value, int)
+    return value
+
+
+# -- the estimate as expressions over the wire form ------------------------------------
+def _ceil_div(a: Expr, b: Expr) -> Expr:
+    """Integer ceil(a / b) for a >= 0, b >= 1."""
+    return (a + b - 1) // b
+
+
+def _bytes_per_parameter(on_gpu: Expr) -> Expr:
+    return Cond(~on_gpu | rules.Field("model.dtype").eq("float32"), Lit(16), Lit(18))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Formula:
+    """The estimate's values as expressions (doubles but ``bytes_per_parameter``)."""
+
+    parameters: Expr
+    worker_parameters: Expr
+    bytes_per_parameter: Expr
+    worker_bytes: Expr
+
+
+def formula(on_gpu: Expr, *, prefix: str = "") -> Formula:
+    """Parameters of the trainer's GPT model (untied embeddings, no biases) and per worker.
+
+    Per-layer sizes are integers (each inside int64 under the model's bounds, so the
+    ceiling divisions are exact); products with the layer count are doubles. With a
+    ``prefix`` the shared values are policy variables named ``<prefix>...``.
+    """
+
+    def var(name: str, expr: Expr) -> Expr:
+        return rules.Var(prefix + name, expr) if prefix else expr
+
+    h, heads, t, p = rules.HIDDEN, rules.HEADS, rules.TENSOR, rules.PIPELINE
+    head_dim = Cond(h // heads >= 1, h // heads, Lit(1))
+    qkv = h * (heads * head_dim + 2 * rules.QUERY_GROUPS * head_dim)
+    proj = heads * head_dim * h
+    swiglu = rules.Field("model.activation").eq("swiglu")
+    mlp = h * rules.FFN * Cond(swiglu, Lit(2), Lit(1)) + rules.FFN * h
+    layer_norm = rules.Field("model.normalization").eq("LayerNorm")
+    norm = var("Norm", h * Cond(layer_norm, Lit(2), Lit(1)))
+    position = rules.Field("model.positionEmbedding")
+    learned = position.eq("learned_absolute") | (position.eq("auto") & ~on_gpu)
+    positions = var("Positions", Cond(learned, rules.MAX_SEQ * h, Lit(0)))
+    vocab = rules.VOCAB * h
+    matrices = var("LayerMatrices", qkv + proj + mlp)
+    layer_total = matrices + 2 * norm
+    layer_shard = _ceil_div(matrices, t) + 2 * norm
+    total = (
+        rules.LAYERS.to_double() * layer_total.to_double()
+        + (2 * vocab + positions + norm).to_double()
+    )
+    stage = var("Stage", _ceil_div(rules.LAYERS, p).to_double() * layer_shard.to_double())
+    vocab_shard = _ceil_div(vocab, t)
+    # the largest stage: with one stage it holds both ends; else the first (embedding and
+    # positions) or the last (output layer and final norm)
+    ends = Cond(
+        p.eq(1),
+        2 * vocab_shard + positions + norm,
+        vocab_shard + Cond(positions >= norm, positions, norm),
+    )
+    worker = var("WorkerParameters", stage + ends.to_double())
+    bpp = var("BytesPerParameter", _bytes_per_parameter(on_gpu))
+    return Formula(
+        parameters=var("Parameters", total),
+        worker_parameters=worker,
+        bytes_per_parameter=bpp,
+        worker_bytes=var("WorkerBytes", worker * bpp.to_double()),
+    )
+
+
+# -- how numbers read: fixed precision, so CEL's format() writes the same ----------------
+_BYTE_UNITS = ("PiB", "TiB", "GiB", "MiB", "KiB")
+_COUNT_UNITS = (("T", 10**12), ("B", 10**9), ("M", 10**6), ("K", 10**3))
+
+
+def _three_digits(v: Expr) -> Expr:
+    """A double in [1, 1000) with three significant digits: 1.07, 70.6, 175."""
+    return Cond(
+        v < 10.0,
+        rules.fmt("{}", Fixed(v, 2)),
+        Cond(v < 100.0, rules.fmt("{}", Fixed(v, 1)), rules.fmt("{}", Fixed(v, 0))),
+    )
+
+
+def count_text(n: Expr) -> Expr:
+    """A count (a double) as ``1.07B``, ``70.6M``, ``512``."""
+    out: Expr = rules.fmt("{}", n.to_int())
+    for unit, size in reversed(_COUNT_UNITS):
+        out = Cond(n >= float(size), rules.fmt("{}" + unit, _three_digits(n / float(size))), out)
+    return out
+
+
+def bytes_text(n: Expr) -> Expr:
+    """Bytes (a double) as ``85.8 GiB`` (one decimal, the largest binary unit that fits)."""
+    out: Expr = rules.fmt("{} B", Fixed(n, 0))
+    for unit in reversed(_BYTE_UNITS):
+        size = float(_BINARY[unit[:2]])
+        out = Cond(n >= size, rules.fmt("{} " + unit, Fixed(n / size, 1)), out)
+    return out
+
+
+def _ceil(x: Expr) -> Expr:
+    """ceil(x) of a double >= 0 as an integer."""
+    return Cond(x.to_int().to_double() < x, x.to_int() + 1, x.to_int())
+
+
+def quantity_up_text(n: Expr) -> Expr:
+    """``n`` bytes (a double) as the smallest whole Gi (or Mi) quantity that holds it."""
+    mib = _ceil(n / float(2**20))
+    return Cond(
+        n >= float(2**30),
+        rules.fmt("{}Gi", _ceil(n / float(2**30))),
+        rules.fmt("{}Mi", Cond(mib >= 1, mib, Lit(1))),
+    )
+
+
+def _describe(f: Formula) -> tuple[str, tuple[Expr, ...]]:
+    return (
+        "{} parameters, {} on the largest worker under tensor {} x pipeline {}; weights + "
+        "gradients + AdamW state at {} bytes per parameter = {} per worker",
+        (
+            count_text(f.parameters),
+            count_text(f.worker_parameters),
+            rules.TENSOR,
+            rules.PIPELINE,
+            f.bytes_per_parameter,
+            bytes_text(f.worker_bytes),
+        ),
+    )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -123,72 +267,69 @@ class Estimate:
         return self.worker_parameters * self.bytes_per_parameter
 
     def describe(self) -> str:
-        return (
-            f"{_count(self.parameters)} parameters, {_count(self.worker_parameters)} on the "
-            f"largest worker under tensor {self.tensor} x pipeline {self.pipeline}; weights + "
-            f"gradients + AdamW state at {self.bytes_per_parameter} bytes per parameter = "
-            f"{human_bytes(self.worker_bytes)} per worker"
+        f = Formula(
+            parameters=Lit(float(self.parameters)),
+            worker_parameters=Lit(float(self.worker_parameters)),
+            bytes_per_parameter=Lit(self.bytes_per_parameter),
+            worker_bytes=Lit(float(self.worker_bytes)),
         )
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
+        template, args = _describe(f)
+        wire = {"parallelism": {"tensor": self.tensor, "pipeline": self.pipeline}}
+        return Text(template, *args).render(wire)
 
 
 def estimate(spec: TrainerGroupSpec, *, on_gpu: bool) -> Estimate:
-    """Parameters of the trainer's GPT model (untied embeddings, no biases) and per worker."""
-    m: ModelSpec = spec.model
-    t, p = spec.parallelism.tensor, spec.parallelism.pipeline
-    h, heads = m.hidden_size, m.num_attention_heads
-    groups = m.num_query_groups or heads
-    head_dim = max(h // heads, 1)
-    qkv = h * (heads * head_dim + 2 * groups * head_dim)
-    proj = heads * head_dim * h
-    mlp = h * m.ffn_hidden_size * (2 if m.activation == "swiglu" else 1) + m.ffn_hidden_size * h
-    norm = h * (2 if m.normalization == "LayerNorm" else 1)
-    position = m.position_embedding
-    if position == "auto":
-        position = "rope" if on_gpu else "learned_absolute"
-    positions = m.max_sequence_length * h if position == "learned_absolute" else 0
-    vocab = m.vocab_size * h
-
-    layer_total = qkv + proj + mlp + 2 * norm
-    total = m.num_layers * layer_total + 2 * vocab + positions + norm
-    layer_shard = _ceil_div(qkv + proj + mlp, t) + 2 * norm
-    stage = _ceil_div(m.num_layers, p) * layer_shard
-    first = stage + _ceil_div(vocab, t) + positions
-    last = stage + _ceil_div(vocab, t) + norm
-    worker = first + last - stage if p == 1 else max(first, last)
+    """The spec's estimate on a GPU or a CPU (exact below 2**53 parameters)."""
+    wire = to_wire(spec)
+    f = formula(Lit(on_gpu))
     return Estimate(
-        parameters=total,
-        worker_parameters=worker,
-        bytes_per_parameter=bytes_per_parameter(on_gpu=on_gpu, dtype=m.dtype),
-        tensor=t,
-        pipeline=p,
+        parameters=int(f.parameters.eval(wire)),
+        worker_parameters=int(f.worker_parameters.eval(wire)),
+        bytes_per_parameter=int(f.bytes_per_parameter.eval(wire)),
+        tensor=spec.parallelism.tensor,
+        pipeline=spec.parallelism.pipeline,
     )
 
 
-def _count(n: int) -> str:
-    for unit, size in (("T", 10**12), ("B", 10**9), ("M", 10**6), ("K", 10**3)):
-        if n >= size:
-            return f"{n / size:.3g}{unit}"
-    return str(n)
-
-
-def human_bytes(n: int | decimal.Decimal) -> str:
+def human_bytes(n: int | float | decimal.Decimal) -> str:
     value = float(n) if n < 2**1000 else float("inf")
-    for unit in ("PiB", "TiB", "GiB", "MiB", "KiB"):
-        size = float(_BINARY[unit[:2]])
-        if value >= size:
-            return f"{value / size:.1f} {unit}"
-    return f"{value:.0f} B"
+    text = bytes_text(Lit(value)).eval({})
+    assert isinstance(text, str)
+    return text
 
 
-def _quantity_up(n: int) -> str:
-    """``n`` bytes as the smallest whole Gi (or Mi) quantity that holds it."""
-    if n >= 2**30:
-        return f"{_ceil_div(n, 2**30)}Gi"
-    return f"{max(_ceil_div(n, 2**20), 1)}Mi"
+# -- the rules ---------------------------------------------------------------------------
+class Quantity(Expr):
+    """``quantity(s).asApproximateFloat()`` (Kubernetes' quantity library); Python reads it
+    with :func:`parse_quantity`."""
+
+    def __init__(self, arg: Expr) -> None:
+        self.arg = arg
+
+    def cel(self, root: str = "self") -> str:
+        return f"quantity({self.arg.cel(root)}).asApproximateFloat()"
+
+    def eval(self, spec: rules.Wire) -> Any:
+        q = parse_quantity(rules._str(self.arg.eval(spec)))
+        if q is None:
+            raise rules.CelError("quantities must match the regular expression")
+        return float(q) if q.is_finite() and q < 2**1000 else math.inf
+
+    def verb(self) -> str:
+        return "%f"
+
+
+class IsQuantity(Expr):
+    """``isQuantity(s)``."""
+
+    def __init__(self, arg: Expr) -> None:
+        self.arg = arg
+
+    def cel(self, root: str = "self") -> str:
+        return f"isQuantity({self.arg.cel(root)})"
+
+    def eval(self, spec: rules.Wire) -> Any:
+        return parse_quantity(rules._str(self.arg.eval(spec))) is not None
 
 
 _SHRINK = (
@@ -197,29 +338,94 @@ _SHRINK = (
     "model.vocabSize)"
 )
 
-
-def _gpu_memory(spec: TrainerGroupSpec, path: str) -> tuple[int, str, str] | None:
-    """(bytes, field, what it is) of one GPU of a worker pod, when the spec tells it."""
-    assert spec.ray_cluster is not None
-    nodes = spec.ray_cluster.workers
-    if nodes.gpu_memory:
-        q = parse_quantity(nodes.gpu_memory)
-        if q is None or not q.is_finite():
-            return None  # the field check reports the format
-        return int(q), f"{path}.rayCluster.workers.gpuMemory", f"gpuMemory is {nodes.gpu_memory}"
-    product = nodes.node_selector.get(GPU_PRODUCT_LABEL, "")
-    for name, size in KNOWN_GPU_MEMORY:
-        if name.lower() in product.lower():
-            field = f"{path}.rayCluster.workers.nodeSelector.{GPU_PRODUCT_LABEL}"
-            return size, field, f"{product} has {size // _GB} GB ({human_bytes(size)})"
-    return None
+_NODES = "rayCluster.workers"
+MEMORY = rules.Field(f"{_NODES}.memory")
+GPU_MEMORY = rules.Field(f"{_NODES}.gpuMemory")
+_GPU = formula(Lit(True), prefix="sizeGpu")
+_CPU = formula(Lit(False), prefix="sizeCpu")
+_GPU_PRODUCT = rules.Var(
+    "sizeGpuProduct",
+    rules.MapGet(rules.Field(f"{_NODES}.nodeSelector"), GPU_PRODUCT_LABEL, Lit("")),
+)
 
 
-def _uses_gpu(spec: TrainerGroupSpec) -> bool:
-    assert spec.ray_cluster is not None
-    if spec.workers.use_gpu == USE_GPU_AUTO:
-        return spec.ray_cluster.workers.gpus_per_worker > 0
-    return bool(spec.workers.use_gpu)
+def _product_memory() -> Expr:
+    """The nominal memory of the GPU the product label names (0: not known)."""
+    out: Expr = Lit(0)
+    for name, size in reversed(KNOWN_GPU_MEMORY):
+        out = Cond(rules.ContainsFolded(_GPU_PRODUCT, name.lower()), Lit(size), out)
+    return out
+
+
+_PRODUCT_MEMORY = rules.Var("sizeGpuProductMemory", _product_memory())
+_PER_POD = rules.Var("sizeProcessesPerPod", Cond(rules.PPN.size().eq(0), Lit(1), rules.PPN.max()))
+_POD_BYTES = rules.Var("sizeCpuPodBytes", _CPU.worker_bytes * _PER_POD.to_double())
+
+
+def _gpu_text(what: str, *what_args: Expr) -> tuple[Text, Text]:
+    template, args = _describe(_GPU)
+    problem = Text(f"the model does not fit one GPU: {template}, but {what}", *args, *what_args)
+    fix = Text("use GPUs with at least {}, or " + _SHRINK, bytes_text(_GPU.worker_bytes))
+    return problem, fix
+
+
+_GPU_BY_MEMORY = _gpu_text("gpuMemory is {}", rules.Str(GPU_MEMORY))
+_GPU_BY_PRODUCT = _gpu_text(
+    "{} has {} GB ({})",
+    rules.Str(_GPU_PRODUCT),
+    _PRODUCT_MEMORY // _GB,
+    bytes_text(_PRODUCT_MEMORY.to_double()),
+)
+_CPU_TEMPLATE, _CPU_ARGS = _describe(_CPU)
+
+SIZING_RULES: tuple[Rule, ...] = (
+    Rule(
+        name="model-fits-gpu-memory",
+        field=f"{_NODES}.gpuMemory",
+        holds=~rules.GPU
+        | GPU_MEMORY.eq("")
+        | ~IsQuantity(GPU_MEMORY)
+        | (_GPU.worker_bytes <= Quantity(GPU_MEMORY)),
+        problem=_GPU_BY_MEMORY[0],
+        fix=_GPU_BY_MEMORY[1],
+        cluster=True,
+    ),
+    Rule(
+        name="model-fits-gpu-product",
+        field=f"{_NODES}.nodeSelector.{GPU_PRODUCT_LABEL}",
+        holds=~rules.GPU
+        | GPU_MEMORY.ne("")
+        | _PRODUCT_MEMORY.eq(0)
+        | (_GPU.worker_bytes <= _PRODUCT_MEMORY.to_double()),
+        problem=_GPU_BY_PRODUCT[0],
+        fix=_GPU_BY_PRODUCT[1],
+        cluster=True,
+    ),
+    Rule(
+        name="model-fits-pod-memory",
+        field=f"{_NODES}.memory",
+        holds=~rules.HAS_CLUSTER
+        | rules.GPU
+        | ~IsQuantity(MEMORY)
+        | (Quantity(MEMORY) >= _POD_BYTES),
+        problem=Text(
+            "{} is too small for the model: " + _CPU_TEMPLATE + ", and a pod holds {} CPU "
+            "worker process(es): at least {}",
+            rules.Str(MEMORY),
+            *_CPU_ARGS,
+            _PER_POD,
+            bytes_text(_POD_BYTES),
+        ),
+        fix=Text(
+            "set rayCluster.workers.memory to at least {}, put fewer processes on each node "
+            "(workers.processesPerNode), or " + _SHRINK,
+            quantity_up_text(_POD_BYTES),
+        ),
+        cluster=True,
+    ),
+)
+"""The size estimate against the worker pods' limits; in the admission policy (they read
+``workers.useGpu`` and policy variables), evaluated in Python by :func:`sizing_errors`."""
 
 
 def sizing_errors(
@@ -232,39 +438,13 @@ def sizing_errors(
     """
     if local or spec.ray_cluster is None:
         return []
-    nodes = spec.ray_cluster.workers
-    if _uses_gpu(spec):
-        gpu = _gpu_memory(spec, path)
-        est = estimate(spec, on_gpu=True)
-        if gpu is None or est.worker_bytes <= gpu[0]:
-            return []
-        _, field, what = gpu
-        return [
-            SpecError(
-                field=field,
-                problem=(f"the model does not fit one GPU: {est.describe()}, but {what}"),
-                fix=f"use GPUs with at least {human_bytes(est.worker_bytes)}, or {_SHRINK}",
-            )
-        ]
-    est = estimate(spec, on_gpu=False)
-    per_pod = max(spec.workers.processes_per_node, default=1)
-    need = est.worker_bytes * per_pod
-    limit = parse_quantity(nodes.memory)
-    if limit is None or need <= limit:
-        return []
-    return [
-        SpecError(
-            field=f"{path}.rayCluster.workers.memory",
-            problem=(
-                f"{nodes.memory} is too small for the model: {est.describe()}, and a pod "
-                f"holds {per_pod} CPU worker process(es): at least {human_bytes(need)}"
-            ),
-            fix=(
-                f"set rayCluster.workers.memory to at least {_quantity_up(need)}, put fewer "
-                f"processes on each node (workers.processesPerNode), or {_SHRINK}"
-            ),
-        )
-    ]
+    wire = to_wire(spec)
+    errors = []
+    for rule in SIZING_RULES:
+        if rule.broken_by(wire):
+            problem, fix = rule.sentences(wire)
+            errors.append(SpecError(field=f"{path}.{rule.field}", problem=problem, fix=fix))
+    return errors
 
 
 def host_memory_bytes() -> int | None:

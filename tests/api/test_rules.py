@@ -5,16 +5,18 @@ tests/k8s/test_admission.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import random
 import re
+import string
 from typing import Any
 
 import pytest
 import yaml
 
 import tgapi
-from tgapi import crd, rules
+from tgapi import crd, rules, sizing
 from tgapi.parse import _Parser
 
 
@@ -81,9 +83,11 @@ def test_every_rule_is_in_the_crd_or_the_policy() -> None:
     policy = next(yaml.safe_load_all(crd.render_policy()))
     assert [v["rule"] for v in crd_rules] == [r.cel_rule() for r in rules.crd_rules()]
     assert [v["expression"] for v in policy["spec"]["validations"]] == [
-        r.cel_rule("object.spec") for r in rules.policy_rules()
+        r.cel_rule("object.spec") for r in crd.policy_validations()
     ]
-    assert len(crd_rules) + len(policy["spec"]["validations"]) == len(rules.RULES)
+    assert len(crd_rules) + len(policy["spec"]["validations"]) == len(rules.RULES) + len(
+        sizing.SIZING_RULES
+    )
     names = [r.name for r in rules.RULES]
     assert len(set(names)) == len(names)
     for r in rules.crd_rules():  # the CRD can't see untyped fields
@@ -143,15 +147,68 @@ def _k8s_sum(items: Any) -> Any:  # the Kubernetes CEL list library's l.sum()
     return celtypes.IntType(sum(int(i) for i in items))
 
 
-def _k8s_format(text: Any, args: Any) -> Any:  # the strings library's "%d".format([...]); %d only
+def _k8s_max(items: Any) -> Any:  # the list library's l.max() (an error on an empty list)
+    if not items:
+        raise ValueError("max() of an empty list")
+    return celtypes.IntType(max(int(i) for i in items))
+
+
+_VERB = re.compile(r"%%|%d|%s|%\.(\d+)f")
+
+
+def _k8s_format(text: Any, args: Any) -> Any:
+    """The strings library's "...".format([...]) for the verbs tgapi writes: %d (an int),
+    %s (a string), %.<n>f (a double), %%."""
     values = iter(args)
-    return celtypes.StringType(
-        re.sub(r"%%|%d", lambda m: "%" if m.group() == "%%" else str(int(next(values))), str(text))
-    )
+
+    def one(m: re.Match[str]) -> str:
+        if m.group() == "%%":
+            return "%"
+        value = next(values)
+        if m.group() == "%d":
+            assert isinstance(value, celtypes.IntType), value
+            return str(int(value))
+        if m.group() == "%s":
+            assert isinstance(value, celtypes.StringType), value
+            return str(value)
+        assert isinstance(value, celtypes.DoubleType), value
+        return f"{float(value):.{int(m.group(1))}f}"
+
+    return celtypes.StringType(_VERB.sub(one, str(text)))
+
+
+def _k8s_quantity(text: Any) -> Any:
+    """A stand-in for the quantity library's quantity(s): the value as a double (tgapi's
+    parser; the real library is exercised by tests/k8s/test_admission.py)."""
+    value = sizing.parse_quantity(str(text))
+    if value is None:
+        raise ValueError(f"not a quantity: {text}")
+    return celtypes.DoubleType(float(value) if value < 2**1000 else float("inf"))
+
+
+def _k8s_is_quantity(text: Any) -> Any:
+    return celtypes.BoolType(sizing.parse_quantity(str(text)) is not None)
+
+
+def _k8s_as_approximate_float(q: Any) -> Any:
+    return q
+
+
+def _k8s_lower_ascii(text: Any) -> Any:
+    return celtypes.StringType(str(text).translate(str.maketrans(string.ascii_uppercase,
+                                                                 string.ascii_lowercase)))
 
 
 _ENV = celpy.Environment()
-_FUNCTIONS = {"sum": _k8s_sum, "format": _k8s_format}
+_FUNCTIONS = {
+    "sum": _k8s_sum,
+    "max": _k8s_max,
+    "format": _k8s_format,
+    "quantity": _k8s_quantity,
+    "isQuantity": _k8s_is_quantity,
+    "asApproximateFloat": _k8s_as_approximate_float,
+    "lowerAscii": _k8s_lower_ascii,
+}
 
 
 @functools.cache
@@ -161,6 +218,33 @@ def _program(expr: str) -> Any:
 
 def _run(expr: str, activation: dict[str, Any]) -> Any:
     return _program(expr).evaluate({k: celpy.json_to_cel(v) for k, v in activation.items()})
+
+
+_POLICY = next(yaml.safe_load_all(crd.render_policy()))
+
+
+def policy_activation(spec: dict[str, Any]) -> dict[str, Any]:
+    """``object`` and ``variables`` as the admission policy sees them: each of the generated
+    policy's variables evaluated in order (one that fails is left out, so reading it is an
+    error, as the API server's lazy variables are)."""
+    obj = celpy.json_to_cel({"spec": spec})
+    values: dict[str, Any] = {}
+    for var in _POLICY["spec"].get("variables", []):
+        activation = {"object": obj, "variables": celtypes.MapType(values)}
+        with contextlib.suppress(celpy.evaluation.CELEvalError):
+            values[celtypes.StringType(var["name"])] = _program(var["expression"]).evaluate(
+                activation
+            )
+    return {"object": obj, "variables": celtypes.MapType(values)}
+
+
+def run_policy(expr: str, activation: dict[str, Any]) -> Any:
+    """A policy expression over :func:`policy_activation`'s values (an error is returned by
+    cel-python as a CELEvalError value or raised)."""
+    result = _program(expr).evaluate(activation)
+    if isinstance(result, celpy.evaluation.CELEvalError):
+        raise result
+    return result
 
 
 @pytest.mark.parametrize("rule", rules.RULES, ids=[r.name for r in rules.RULES])

@@ -145,7 +145,7 @@ def test_cpu_workers_that_cannot_fit_their_pod_are_refused() -> None:
                       "training": {"batchSize": 2}})
     assert err.field == "spec.rayCluster.workers.memory"
     assert "64Gi is too small for the model" in err.problem
-    assert "80B parameters" in err.problem and "16 bytes per parameter" in err.problem
+    assert "80.0B parameters" in err.problem and "16 bytes per parameter" in err.problem
     assert "2 CPU worker process(es)" in err.problem
     assert "set rayCluster.workers.memory to at least 2383Gi" in err.fix
     assert "parallelism.tensor" in err.fix and "model.numLayers" in err.fix

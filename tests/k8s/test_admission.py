@@ -120,6 +120,32 @@ ACCEPTED: list[dict[str, Any]] = [
               training={"checkpointDir": "/ckpt/run1"}),
 ]
 
+# Models that cannot fit the worker pods (tgapi.sizing, in the admission policy): the field
+# tgapi names and the spec. A 6.7B shape (tensor 2: 3.4B per worker) on 4Gi CPU pods, on
+# GPUs of 16Gi (gpuMemory) and on T4s (16 GB, named by the node selector).
+BIG_MODEL = {"numAttentionHeads": 32, "hiddenSize": 4096, "vocabSize": 32000,
+             "ffnHiddenSize": 11008, "numLayers": 32, "maxSequenceLength": 128}
+GPU_NODES = {"replicas": 2, "gpusPerWorker": 2}
+SIZE_MISTAKES: list[tuple[str, dict[str, Any]]] = [
+    ("spec.rayCluster.workers.memory",
+     spec_with(model=BIG_MODEL, rayCluster={"workers": {"replicas": 2, "gpusPerWorker": 0,
+                                                        "memory": "4Gi"}})),
+    ("spec.rayCluster.workers.gpuMemory",
+     spec_with(model=BIG_MODEL, rayCluster={"workers": {**GPU_NODES, "gpuMemory": "16Gi"}})),
+    ("spec.rayCluster.workers.nodeSelector.nvidia.com/gpu.product",
+     spec_with(model=BIG_MODEL, rayCluster={"workers": {
+         **GPU_NODES, "nodeSelector": {"nvidia.com/gpu.product": "Tesla-T4"}}})),
+]
+# ... and the same model where it fits: 1.5Ti pods, 80Gi GPUs, H200s, an unnamed GPU.
+ACCEPTED += [
+    spec_with(model=BIG_MODEL, rayCluster={"workers": {"replicas": 2, "gpusPerWorker": 0,
+                                                       "memory": "1.5Ti"}}),
+    spec_with(model=BIG_MODEL, rayCluster={"workers": {**GPU_NODES, "gpuMemory": "80Gi"}}),
+    spec_with(model=BIG_MODEL, rayCluster={"workers": {
+        **GPU_NODES, "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H200"}}}),
+    spec_with(model=BIG_MODEL, rayCluster={"workers": GPU_NODES}),
+]
+
 # Per-field schema mistakes in the platform fields: refused at the field, by the schema.
 FIELD_MISTAKES: list[tuple[str, dict[str, Any]]] = [
     ("spec.rayCluster.storage.claimName", {"storage": {"mountPath": "/ckpt"}}),
@@ -296,3 +322,29 @@ def test_policy_refuses_a_wrongly_typed_use_gpu(crd_plane: KubePlane, k8s_namesp
     assert "spec.workers.useGpu: " in proc.stderr and err.fix in proc.stderr, proc.stderr
     got = crd_plane.kubectl("get", "trainergroup", name, "-n", k8s_namespace, check=False)
     assert got.returncode != 0
+
+
+@pytest.mark.parametrize(("field", "spec"), SIZE_MISTAKES, ids=[f for f, _ in SIZE_MISTAKES])
+def test_models_that_cannot_fit_are_refused_at_apply(
+        crd_plane: KubePlane, custom_objects: Any, k8s_namespace: str, field: str,
+        spec: dict[str, Any]) -> None:
+    """The size estimate is the policy's: kubectl apply is denied with tgapi's whole error
+    (the estimate, the limit and the fix) and nothing is created."""
+    from kubernetes.client.exceptions import ApiException
+
+    (err,) = tgapi_errors(spec)
+    assert err.field == field
+    name = f"big-{uuid.uuid4().hex[:8]}"
+    proc = crd_plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(
+        manifest(name, k8s_namespace, spec)), check=False)
+    assert proc.returncode != 0 and "denied request" in proc.stderr, proc.stderr
+    assert str(err) in proc.stderr, (str(err), proc.stderr)
+    got = crd_plane.kubectl("get", "trainergroup", name, "-n", k8s_namespace, check=False)
+    assert got.returncode != 0 and "NotFound" in got.stderr, got.stdout
+    assert crd_plane.kubectl_json("get", "trainergroups", "-n", k8s_namespace)["items"] == []
+    with pytest.raises(ApiException) as info:
+        custom_objects.create_namespaced_custom_object(
+            tgapi.API_GROUP, tgapi.API_VERSION, k8s_namespace, tgapi.PLURAL,
+            manifest(name, k8s_namespace, spec))
+    assert info.value.status == 422, info.value.body
+    assert json.loads(info.value.body)["message"].endswith(str(err)), info.value.body

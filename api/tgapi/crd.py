@@ -200,8 +200,8 @@ POLICY_NAME = f"{PLURAL}.{API_GROUP}"
 
 def policy_validations() -> list[Rule]:
     """The admission policy's rules, in order: the cross-field rules CEL in the CRD can't
-    state, then the size estimate (tgapi.sizing; it needs the policy's variables, and the
-    policy's cost limit is per expression, not the CRD's estimate over the whole schema)."""
+    state, then the size estimate (tgapi.sizing: it reads workers.useGpu and the policy's
+    variables, neither of which CEL in a CRD has)."""
     return [*policy_rules(), *SIZING_RULES]
 
 

@@ -348,3 +348,19 @@ def test_models_that_cannot_fit_are_refused_at_apply(
             manifest(name, k8s_namespace, spec))
     assert info.value.status == 422, info.value.body
     assert json.loads(info.value.body)["message"].endswith(str(err)), info.value.body
+
+
+def test_the_api_server_type_checks_the_policy_clean(crd_plane: KubePlane) -> None:
+    """kube-controller-manager type-checks every policy expression (variables, the size
+    estimate's doubles and quantities, the message formats) against the CRD's schema: no
+    warning."""
+    name = f"{tgapi.PLURAL}.{tgapi.API_GROUP}"
+
+    def checked() -> dict[str, Any] | None:
+        policy = crd_plane.kubectl_json("get", "validatingadmissionpolicy", name)
+        status = policy.get("status") or {}
+        done = status.get("observedGeneration") == policy["metadata"]["generation"]
+        return status if done and "typeChecking" in status else None
+
+    status = wait_until(checked, timeout=60, what="the policy's type check")
+    assert status["typeChecking"].get("expressionWarnings", []) == [], status

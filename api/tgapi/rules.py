@@ -19,6 +19,14 @@ zero, and ``string(true)`` is ``"true"``. ``tests/api/test_rules.py`` evaluates 
 generated CEL with cel-python on many specs and checks it agrees with ``eval``; the
 real API server tests (``tests/k8s/test_admission.py``) check the CRD itself.
 
+Rules that read an untyped field (``workers.useGpu``) or a :class:`Var` go to the
+ValidatingAdmissionPolicy instead (``policy_validation``; its ``spec.variables`` hold the
+Vars). Integers are CEL's int64; :meth:`Expr.to_double` turns one into a double, whose
+``+ - * /`` and comparisons ``eval`` does with Python floats (the same IEEE 754 doubles);
+a Text hole shows an integer with ``%d``, a string with ``%s`` (:class:`Str`,
+:class:`Format`) and a double with ``%.<n>f`` (:class:`Fixed`), so CEL's ``format()`` and
+Python write the same characters. ``tgapi.sizing`` builds the size estimate from these.
+
 Only what a per-field OpenAPI schema cannot say lives here; types, bounds, enums and
 patterns are in the schema generated from ``model.py``.
 """

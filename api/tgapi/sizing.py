@@ -299,37 +299,40 @@ def human_bytes(n: int | float | decimal.Decimal) -> str:
 
 
 # -- the rules ---------------------------------------------------------------------------
+def _text(value: object) -> str:
+    if not isinstance(value, str):
+        raise rules.CelError(f"expected a string, got {value!r}")
+    return value
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class Quantity(Expr):
     """``quantity(s).asApproximateFloat()`` (Kubernetes' quantity library); Python reads it
     with :func:`parse_quantity`."""
 
-    def __init__(self, arg: Expr) -> None:
-        self.arg = arg
+    arg: Expr
 
     def cel(self, root: str = "self") -> str:
         return f"quantity({self.arg.cel(root)}).asApproximateFloat()"
 
     def eval(self, spec: rules.Wire) -> Any:
-        q = parse_quantity(rules._str(self.arg.eval(spec)))
+        q = parse_quantity(_text(self.arg.eval(spec)))
         if q is None:
             raise rules.CelError("quantities must match the regular expression")
         return float(q) if q.is_finite() and q < 2**1000 else math.inf
 
-    def verb(self) -> str:
-        return "%f"
 
-
+@dataclasses.dataclass(frozen=True, eq=False)
 class IsQuantity(Expr):
     """``isQuantity(s)``."""
 
-    def __init__(self, arg: Expr) -> None:
-        self.arg = arg
+    arg: Expr
 
     def cel(self, root: str = "self") -> str:
         return f"isQuantity({self.arg.cel(root)})"
 
     def eval(self, spec: rules.Wire) -> Any:
-        return parse_quantity(rules._str(self.arg.eval(spec))) is not None
+        return parse_quantity(_text(self.arg.eval(spec))) is not None
 
 
 _SHRINK = (

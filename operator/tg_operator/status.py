@@ -193,7 +193,7 @@ def worker_statuses(
 
 def _prefer(new: ActorInfo, old: ActorInfo) -> bool:
     if (new.state == ALIVE) != (old.state == ALIVE):
-        return new.state == ALIVE
+        return bool(new.state == ALIVE)
     return new.start_time_ms >= old.start_time_ms
 
 

@@ -11,15 +11,15 @@ readiness) is read by :mod:`tg_operator.observed`.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 
 from tg_operator import (
-    backoff,
+    deaths,
     entrypoints,
     errors,
     names,
     observed,
+    outcomes,
     raycluster,
     recreate,
     spec_change,
@@ -31,14 +31,12 @@ from tg_operator.snapshot import (
     CreateCluster,
     Decision,
     DeleteCluster,
-    Event,
     Settings,
     Snapshot,
     StopServer,
     SubmitServer,
     WaitForSlot,
 )
-from tgapi import TrainerGroupStatus
 
 WORKERS_GRACE_S = 60.0
 """Extra time the server job gets beyond ``workersReadySeconds`` (it has its own timeout)."""
@@ -48,47 +46,12 @@ DASHBOARD_POLL_S = 2.0
 """Pods are Ready but the dashboard does not answer yet (nothing watchable)."""
 JOB_POLL_S = 1.0
 """Looking at a running server job (Ray has no watch)."""
-RAY_RETRY_S = recreate.RAY_RETRY_S
 SLOT_WAIT_S = 30.0
 """Fallback while waiting for a job slot (a freed slot wakes the waiters at once)."""
 
 Rule = Callable[[Snapshot, Settings], Decision | None]
 
 
-def fail(
-    snap: Snapshot,
-    base: TrainerGroupStatus,
-    *,
-    rule: str,
-    error: type[errors.GroupFailed],
-    message: str,
-    action: Action | None = None,
-    events: tuple[Event, ...] = (),
-    newly_dead: int = 0,
-) -> Decision:
-    """Phase Failed with ``error``'s reason; settled until the spec changes."""
-    st = status_mod.failed(
-        base, reason=error.reason, message=message, now=snap.now, generation=snap.tg.generation
-    )
-    return Decision(
-        rule=rule,
-        status=st,
-        step=Step.settled(f"Failed: {message}"),
-        action=action,
-        events=(*events, Event(type="Warning", reason=error.reason, message=message)),
-        failure=error.reason,
-        newly_dead=newly_dead,
-    )
-
-
-def ray_failed(snap: Snapshot, error: str) -> Decision:
-    """A Ray read or write failed: say so, keep the phase, look again soon."""
-    msg = f"Ray dashboard error: {error}"
-    st = status_mod.with_phase(snap.status, phase=snap.status.phase, message=msg, now=snap.now)
-    return Decision(rule="ray-error", status=st, step=Step.wait(RAY_RETRY_S, msg))
-
-
-# -- the rules, in order -------------------------------------------------------------------
 def respec(snap: Snapshot, cfg: Settings) -> Decision | None:
     """A spec change (or one reviving a Failed group) replaces the running group."""
     why = observed.teardown_reason(snap)
@@ -115,7 +78,7 @@ def cluster_conflict(snap: Snapshot, cfg: Settings) -> Decision | None:
         f"RayCluster {names.cluster_name(tg)} already exists and is not owned by this "
         "TrainerGroup: delete it, or use spec.rayClusterRef to run on it"
     )
-    return fail(
+    return outcomes.fail(
         snap, snap.status, rule="cluster-conflict", error=errors.ClusterConflict, message=msg
     )
 
@@ -153,7 +116,7 @@ def _not_ready(
             "the RayCluster was not ready within timeouts.clusterReadySeconds "
             f"({limit}s): {ready.message}"
         )
-        return fail(
+        return outcomes.fail(
             snap,
             new,
             rule="cluster-timeout",
@@ -169,7 +132,7 @@ def _not_ready(
 
 
 def ray_unreadable(snap: Snapshot, cfg: Settings) -> Decision | None:
-    return ray_failed(snap, snap.ray_error) if snap.ray_error else None
+    return outcomes.ray_failed(snap, snap.ray_error) if snap.ray_error else None
 
 
 def submit_server(snap: Snapshot, cfg: Settings) -> Decision | None:
@@ -221,7 +184,7 @@ def job_running(snap: Snapshot, cfg: Settings) -> Decision | None:
             generation=snap.status.group_generation,
             ray_namespace=snap.status.ray_namespace or snap.tg.ray_namespace,
         )
-        return fail(
+        return outcomes.fail(
             snap, st, rule="workers-timeout", error=errors.WorkersTimeout, message=msg, action=stop
         )
     return Decision(
@@ -249,97 +212,7 @@ def server_failed(snap: Snapshot, cfg: Settings) -> Decision | None:
         )
         msg = f"server job {sid} {job.status}: {why}"
     st = observed.status_from(snap, observed.readiness(snap), previous=observed.booked(snap))
-    return fail(snap, st, rule="server-failed", error=errors.ServerFailed, message=msg)
-
-
-def workers(snap: Snapshot, cfg: Settings) -> Decision | None:
-    """The group exists: watch it; a dead worker means back-off, re-creation or Failed."""
-    record = observed.group_record(snap)
-    if record is None:
-        return None
-    new = observed.status_from(
-        snap, observed.readiness(snap), previous=observed.booked(snap), record=record
-    )
-    dead = status_mod.dead_workers(new.workers)
-    if not dead:
-        # Ready, or Degraded with nobody dead (restarting, state unreadable): keep watching
-        return Decision(rule="watch", status=new, step=Step.settled(new.message))
-    already = {w.name for w in status_mod.dead_workers(snap.status.workers)}
-    newly = sum(1 for w in dead if w.name not in already)
-    return _after_death(snap, cfg, new=new, what=status_mod.describe_dead(dead), newly=newly)
-
-
-def _after_death(
-    snap: Snapshot, cfg: Settings, *, new: TrainerGroupStatus, what: str, newly: int
-) -> Decision:
-    spec, limit = snap.tg.spec, snap.tg.spec.max_restarts
-    verdict = backoff.decide(
-        status=new,
-        restart_policy=spec.restart_policy,
-        max_restarts=limit,
-        now=snap.now,
-        due=status_mod.parse_rfc3339(new.next_restart_time),
-        base_s=cfg.restart_backoff_s,
-        cap_s=cfg.restart_backoff_max_s,
-    )
-    nxt = new.restarts + 1
-    if verdict.verdict is backoff.Verdict.GIVE_UP:
-        if spec.restart_policy == "Never":
-            return fail(
-                snap,
-                new,
-                rule="worker-died",
-                error=errors.WorkerDied,
-                message=f"{what} (restartPolicy: Never)",
-                newly_dead=newly,
-            )
-        msg = (
-            f"{what}; the group was re-created {new.restarts} times, "
-            f"spec.maxRestarts ({limit}) is reached"
-        )
-        return fail(
-            snap,
-            new,
-            rule="restart-limit",
-            error=errors.RestartLimit,
-            message=msg,
-            newly_dead=newly,
-        )
-    if verdict.verdict is backoff.Verdict.RESTART:
-        return recreate.plan(
-            snap, rule="restart", base=new, reason=what, restart=True, newly_dead=newly
-        )
-    assert verdict.due is not None
-    due = status_mod.rfc3339(verdict.due)
-    waiting = status_mod.with_phase(
-        dataclasses.replace(new, next_restart_time=due),
-        phase="Degraded",
-        message=f"{what}; restart {nxt}/{limit} at {due} (back-off)",
-        now=snap.now,
-    )
-    step = Step.wait(verdict.wait_s, f"restart back-off: {verdict.wait_s:g}s")
-    if verdict.verdict is backoff.Verdict.WAIT:
-        return Decision(rule="restart-back-off", status=waiting, step=step, newly_dead=newly)
-    when = f"in {verdict.wait_s:g}s" if verdict.wait_s > 0 else "now"
-    event = Event(
-        type="Warning",
-        reason="Restarting",
-        message=f"{what}; re-creating the group as generation {new.group_generation + 1} "
-        f"{when} (restart {nxt} of at most {limit})",
-    )
-    if verdict.wait_s > 0:
-        return Decision(
-            rule="restart-scheduled", status=waiting, step=step, events=(event,), newly_dead=newly
-        )
-    return recreate.plan(
-        snap,
-        rule="restart",
-        base=waiting,
-        reason=what,
-        restart=True,
-        events=(event,),
-        newly_dead=newly,
-    )
+    return outcomes.fail(snap, st, rule="server-failed", error=errors.ServerFailed, message=msg)
 
 
 RULES: tuple[Rule, ...] = (
@@ -352,7 +225,7 @@ RULES: tuple[Rule, ...] = (
     submit_server,
     job_running,
     server_failed,
-    workers,
+    deaths.workers,
 )
 """The rules in the order they are asked; the first answer is the decision."""
 

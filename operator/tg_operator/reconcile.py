@@ -22,23 +22,12 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from tg_operator import decide, errors, events, metrics, names, observed, recreate, security
+from tg_operator import actions, decide, errors, events, metrics, names, observed, outcomes
 from tg_operator import status as status_mod
 from tg_operator.context import Context, Step
 from tg_operator.dashboard import DashboardError, JobInfo
 from tg_operator.events import EventSink
-from tg_operator.snapshot import (
-    CreateCluster,
-    Decision,
-    DeleteCluster,
-    Settings,
-    Snapshot,
-    StopServer,
-    SubmitServer,
-    TearDown,
-    WaitForSlot,
-)
-from tg_operator.teardown import teardown_group
+from tg_operator.snapshot import Decision, Settings, Snapshot, SubmitServer, TearDown
 from tgapi import (
     SpecErrors,
     TrainerGroup,
@@ -151,18 +140,18 @@ async def perform(ctx: Context, snap: Snapshot, decision: Decision, *, sink: Eve
     tg, action = snap.tg, decision.action
     try:
         if isinstance(action, TearDown):
-            decision = await _tear_down(ctx, snap, decision)
+            decision = await actions.tear_down(ctx, snap, decision)
         elif isinstance(action, SubmitServer):
-            if not await _submit(ctx, snap, action, sink=sink):
+            if not await actions.submit(ctx, snap, action, sink=sink):
                 # another group took the last slot since the snapshot: decide again
                 in_flight = ctx.slots.in_flight(snap.dashboard_url)
                 busy = dataclasses.replace(snap, slot_free=False, slots_in_flight=in_flight)
                 settings = Settings.from_config(ctx.config)
                 return await perform(ctx, busy, decide.decide(busy, settings=settings), sink=sink)
         elif action is not None:
-            await _act(ctx, snap, action, sink=sink)
+            await actions.act(ctx, snap, action, sink=sink)
     except DashboardError as exc:
-        decision = decide.ray_failed(snap, str(exc))
+        decision = outcomes.ray_failed(snap, str(exc))
     await write_status(
         ctx,
         namespace=tg.namespace,
@@ -188,80 +177,6 @@ async def perform(ctx: Context, snap: Snapshot, decision: Decision, *, sink: Eve
             decision.status.message,
         )
     return decision.step
-
-
-async def _submit(ctx: Context, snap: Snapshot, action: SubmitServer, *, sink: EventSink) -> bool:
-    """Submit the server job; False when no job slot is free after all."""
-    tg, url, sid = snap.tg, snap.dashboard_url, action.submission_id
-    if not ctx.slots.acquire(url, sid, waiter=f"{tg.namespace}/{tg.name}"):
-        return False
-    dash = await ctx.group_dashboard(tg, url)
-    if await dash.submit_job(
-        submission_id=sid, entrypoint=action.entrypoint, metadata=action.metadata
-    ):
-        gen = snap.status.group_generation
-        events.info(
-            sink,
-            reason="ServerSubmitted",
-            message=f"submitted server job {sid} (group generation {gen})",
-        )
-    return True
-
-
-async def _act(
-    ctx: Context,
-    snap: Snapshot,
-    action: CreateCluster | DeleteCluster | StopServer | WaitForSlot,
-    *,
-    sink: EventSink,
-) -> None:
-    tg, kube = snap.tg, ctx.kube
-    if isinstance(action, CreateCluster):
-        await security.ensure_group_objects(ctx, tg, sink=sink)
-        if await kube.create_raycluster(action.body) is not None:
-            name = names.cluster_name(tg)
-            events.info(sink, reason="RayClusterCreated", message=f"created RayCluster {name}")
-    elif isinstance(action, DeleteCluster):
-        await kube.delete_raycluster(namespace=tg.namespace, name=action.name)
-        events.info(
-            sink,
-            reason="RayClusterReplaced",
-            message=f"the cluster spec changed: deleting RayCluster {action.name} to rebuild it",
-        )
-    elif isinstance(action, WaitForSlot):
-        ctx.slots.wait_for(snap.dashboard_url, waiter=f"{tg.namespace}/{tg.name}")
-    else:
-        try:  # one teardown step; the rest on deletion or at the next spec change
-            dash = await ctx.group_dashboard(tg, snap.dashboard_url)
-            await teardown_group(
-                dash,
-                tg,
-                python=ctx.config.python,
-                ray_namespace=action.ray_namespace,
-                generation=action.generation,
-                slots=ctx.slots,
-            )
-        except DashboardError as exc:
-            log.warning("%s/%s: cleanup after timeout failed: %s", tg.namespace, tg.name, exc)
-
-
-async def _tear_down(ctx: Context, snap: Snapshot, decision: Decision) -> Decision:
-    act = decision.action
-    assert isinstance(act, TearDown)
-    tg = snap.tg
-    try:
-        dash = await ctx.group_dashboard(tg, act.dashboard_url)
-        result = await teardown_group(
-            dash,
-            tg,
-            python=ctx.config.python,
-            ray_namespace=act.ray_namespace,
-            generation=act.generation,
-            slots=ctx.slots,
-        )
-    except DashboardError as exc:
-        return recreate.after_teardown(snap, decision, error=str(exc))
-    return recreate.after_teardown(snap, decision, result=result)
 
 
 def current_status(ctx: Context, obj: Mapping[str, Any]) -> TrainerGroupStatus:
@@ -329,7 +244,7 @@ async def advance(ctx: Context, *, obj: Mapping[str, Any], sink: EventSink) -> S
             return await perform(ctx, snap, decision, sink=sink)
         except errors.GroupFailed as exc:  # from I/O: e.g. the group's Ray token cannot be made
             bare = dataclasses.replace(bare, status=current_status(ctx, obj))
-            failed = decide.fail(
+            failed = outcomes.fail(
                 bare, bare.status, rule="io-failed", error=type(exc), message=exc.message
             )
             return await perform(ctx, bare, failed, sink=sink)

@@ -16,12 +16,10 @@ import dataclasses
 from tg_operator import names, spec_change
 from tg_operator import status as status_mod
 from tg_operator.context import Step
+from tg_operator.outcomes import RAY_RETRY_S
 from tg_operator.snapshot import Decision, Event, Snapshot, TearDown
 from tg_operator.teardown import STEP_DELAY_S, TeardownResult
 from tgapi import TrainerGroupStatus
-
-RAY_RETRY_S = 5.0
-"""How soon to look again after Ray could not be reached."""
 
 
 def plan(

@@ -84,10 +84,8 @@ def _kuberay_ready(rc: Mapping[str, Any]) -> tuple[bool, str]:
     if provisioned is not None:
         if provisioned.get("status") == "True":
             return True, ""
-        return (
-            False,
-            f"KubeRay: {provisioned.get('message') or provisioned.get('reason') or 'not provisioned'}",
-        )
+        why = provisioned.get("message") or provisioned.get("reason") or "not provisioned"
+        return False, f"KubeRay: {why}"
     state = rc.get("status", {}).get("state")
     if state == "ready":
         return True, ""

@@ -87,7 +87,9 @@ async def observe(ctx: Context, bare: Snapshot) -> Snapshot:
     tg, kube = bare.tg, ctx.kube
     cluster = names.cluster_name(tg)
     rc = await kube.get_raycluster(namespace=tg.namespace, name=cluster)
-    pods = await kube.list_cluster_pods(namespace=tg.namespace, cluster=cluster) if rc else []
+    pods = []
+    if rc is not None:
+        pods = await kube.list_cluster_pods(namespace=tg.namespace, cluster=cluster)
     snap = dataclasses.replace(bare, raycluster=rc, pods=tuple(pods))
     reads = observed.ray_reads(snap)
     if not reads.probe:

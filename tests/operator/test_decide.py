@@ -1,29 +1,35 @@
 """Every outcome of :func:`tg_operator.decide.decide`, one table row each (pure, no fakes).
 
 A row builds a snapshot (what one pass observed) and names the rule that must decide, the
-action it must take and the phase it must write. The teardown outcomes
-(:func:`tg_operator.recreate.after_teardown`) follow. The same outcomes run through the
-executor and the fakes of both ports in test_reconcile_flow.py.
+action it must take and the phase it must write. The teardown outcomes are in
+test_recreate.py; the same outcomes run through the executor and the fakes of both ports
+in test_reconcile_flow.py.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
-from collections.abc import Callable
-from typing import Any
 
 import pytest
 
 from tests.operator.fakes import T0
 from tests.operator.helpers import pod, trainergroup
-from tg_operator import decide, entrypoints, names, observed, raycluster, recreate, spec_change
-from tg_operator.dashboard import ActorInfo, JobInfo
+from tests.operator.snapshots import (
+    READY_LINE,
+    READY_PODS,
+    SETTINGS,
+    SID,
+    actors,
+    ago,
+    cluster,
+    job,
+    running,
+    snap,
+)
+from tg_operator import decide, entrypoints, observed
 from tg_operator.snapshot import (
     CreateCluster,
-    Decision,
     DeleteCluster,
-    Settings,
     Snapshot,
     StopServer,
     SubmitServer,
@@ -31,88 +37,8 @@ from tg_operator.snapshot import (
     WaitForSlot,
 )
 from tg_operator.status import rfc3339
-from tg_operator.teardown import STEP_DELAY_S, TeardownResult
-from tgapi import TrainerGroup, TrainerGroupStatus, markers
+from tgapi import TrainerGroupStatus
 
-SETTINGS = Settings(restart_backoff_s=10.0, restart_backoff_max_s=300.0)
-TG = trainergroup()
-SID = names.server_submission_id(TG, generation=0)
-WORKERS = ["w0-0", "w0-1"]
-
-
-def ago(seconds: float) -> str:
-    return str(rfc3339(T0 - datetime.timedelta(seconds=seconds)))
-
-
-def cluster(tg: TrainerGroup = TG, *, cluster_hash: str | None = None) -> dict[str, Any]:
-    rc: dict[str, Any] = raycluster.build_raycluster(
-        tg, cluster_hash=cluster_hash or spec_change.cluster_hash(tg.spec)
-    )
-    rc["status"] = {"conditions": [{"type": "RayClusterProvisioned", "status": "True"}]}
-    return rc
-
-
-READY_PODS = (pod("demo-head", node_type="head"), pod("demo-worker-0", node_type="worker"))
-
-
-def snap(
-    *, tg: TrainerGroup = TG, status: TrainerGroupStatus | None = None, **seen: Any
-) -> Snapshot:
-    """A ready RayCluster and its Ready pods, unless ``seen`` says otherwise."""
-    fields: dict[str, Any] = {"raycluster": cluster(tg), "pods": READY_PODS, **seen}
-    return Snapshot(
-        tg=tg,
-        status=status or TrainerGroupStatus(),
-        now=T0,
-        dashboard_url="http://demo-head-svc.team-a:8265",
-        ray_address="demo-head-svc.team-a:6379",
-        **fields,
-    )
-
-
-def running(**changes: Any) -> TrainerGroupStatus:
-    """The status of a group that reached Ready (generation 0)."""
-    base = TrainerGroupStatus(
-        phase="Ready",
-        phase_since=ago(600),
-        submission_id=SID,
-        spec_hash=spec_change.group_hash(TG.spec),
-        cluster_hash=spec_change.cluster_hash(TG.spec),
-        worker_names=list(WORKERS),
-        world_size=2,
-        ray_namespace=TG.ray_namespace,
-        observed_generation=1,
-    )
-    return dataclasses.replace(base, **changes)
-
-
-def actors(*dead: str) -> tuple[ActorInfo, ...]:
-    return tuple(
-        ActorInfo(
-            actor_id=f"id-{w}",
-            name=w,
-            state="DEAD" if w in dead else "ALIVE",
-            death_cause="exit 1" if w in dead else "",
-        )
-        for w in WORKERS
-    )
-
-
-def job(status: str, *, started_s_ago: float = 5.0) -> JobInfo:
-    start = int((T0.timestamp() - started_s_ago) * 1000)
-    return JobInfo(submission_id=SID, status=status, start_time_ms=start, message="exit 1")
-
-
-READY_LINE = markers.line(
-    markers.GroupReady(
-        group_name="demo",
-        ray_namespace=TG.ray_namespace,
-        generation=0,
-        worker_names=tuple(WORKERS),
-        world_size=2,
-        mesh={"tp": 1, "pp": 1, "cp": 1, "dp": 2},
-    )
-)
 FOREIGN = {"metadata": {"name": "demo", "ownerReferences": []}, "spec": {}}
 NEVER = trainergroup(restartPolicy="Never")
 CHANGED = trainergroup(training={"batchSize": 8, "sequenceLength": 32})
@@ -122,7 +48,6 @@ NEW_CLUSTER = trainergroup(
         "workers": {"replicas": 1, "gpusPerWorker": 2, "cpu": "3", "memory": "4Gi"},
     }
 )
-DEAD = running(phase="Ready")
 
 # id -> (snapshot, rule, action type, phase written, text in the message)
 ROWS: dict[str, tuple[Snapshot, str, type | None, str, str]] = {
@@ -390,51 +315,3 @@ def test_the_cluster_spec_change_teardown_knows_the_cluster_goes() -> None:
 def test_ray_is_read_only_when_kubernetes_is_ready(seen: Snapshot, probe: bool, job: bool) -> None:
     reads = observed.ray_reads(seen)
     assert (reads.probe, reads.job) == (probe, job)
-
-
-# -- the teardown step's outcome ------------------------------------------------------------
-def planned(row: str) -> tuple[Snapshot, Decision]:
-    seen = ROWS[row][0]
-    return seen, decide.decide(seen, settings=SETTINGS)
-
-
-Outcome = Callable[[Snapshot, Decision], Decision]
-INCOMPLETE = TeardownResult(done=False, message="teardown job x is FAILED: incomplete")
-GAVE_UP = TeardownResult(done=False, failed=True, message="teardown failed 20 times")
-DONE = TeardownResult(done=True, message="teardown x: 2 actor(s) killed")
-
-
-@pytest.mark.parametrize(
-    ("row", "result", "error", "generation", "restarts", "delay", "event"),
-    [
-        ("first-death-restarts-at-once", INCOMPLETE, "", 0, 0, STEP_DELAY_S, "Restarting"),
-        ("first-death-restarts-at-once", GAVE_UP, "", 0, 0, recreate.RAY_RETRY_S, "Restarting"),
-        ("first-death-restarts-at-once", DONE, "", 1, 1, 0.0, "GroupTornDown"),
-        ("group-spec-change-tears-down", None, "refused", 0, 0, recreate.RAY_RETRY_S, ""),
-        ("cluster-spec-change-tears-down", None, "refused", 1, 0, 0.0, "TeardownSkipped"),
-        ("spec-change-revives-a-failed-group", DONE, "", 1, 0, 0.0, "GroupTornDown"),
-    ],
-    ids=["incomplete", "gave-up", "done", "unreachable", "skipped", "revived"],
-)
-def test_after_teardown(
-    row: str,
-    result: TeardownResult | None,
-    error: str,
-    generation: int,
-    restarts: int,
-    delay: float,
-    event: str,
-) -> None:
-    seen, plan = planned(row)
-    if row == "spec-change-revives-a-failed-group":
-        seen = dataclasses.replace(seen, status=running(phase="Failed", restarts=7))
-        plan = decide.decide(seen, settings=SETTINGS)
-    d = recreate.after_teardown(seen, plan, result=result, error=error)
-    assert d.status.group_generation == generation and d.status.restarts == restarts
-    assert d.step.delay == delay and not d.step.done
-    assert (d.events[-1].reason if d.events else "") == event
-    if generation == 1:
-        assert d.status.submission_id == "" and d.status.worker_names == []
-        assert d.status.phase in ("Degraded", "WorkersStarting")
-    else:
-        assert "group generation 0" in d.status.message

@@ -119,7 +119,7 @@ class ActorInfo:
 def describe_death_cause(cause: Any) -> str:
     """A one-line reason from the State API's nested ``death_cause`` (empty if none): the
     summary ``tgctl status`` prints too (``tgapi.workers``)."""
-    return death_cause_text(cause)
+    return str(death_cause_text(cause))
 
 
 class DashboardClient:

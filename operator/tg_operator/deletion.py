@@ -162,4 +162,7 @@ async def _clean_ray(
             delay=2.0,
         )
     removed = await teardown.forget_jobs(dash, tg, up_to_generation=gen)
-    return f"{result.message}; no live workers left in Ray namespace {ray_ns}; {removed} job records removed"
+    return (
+        f"{result.message}; no live workers left in Ray namespace {ray_ns}; "
+        f"{removed} job records removed"
+    )

@@ -151,7 +151,9 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         _ctx(memo).wake(namespace=str(namespace), name=name)
 
     @kopf.on.delete(*TG, registry=registry, id="cleanup-ray")
-    async def delete_trainergroup(body: kopf.Body, memo: Any, retry: int, uid: str, **_: Any) -> None:
+    async def delete_trainergroup(
+        body: kopf.Body, memo: Any, retry: int, uid: str, **_: Any
+    ) -> None:
         ctx = _ctx(memo)
         if uid in ctx.looping or uid in ctx.cleaned:
             return  # the group's loop cleans up; kopf keeps the finalizer until it exits

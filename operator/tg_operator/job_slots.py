@@ -44,6 +44,17 @@ class JobSlots:
         held[submission_id] = now
         return True
 
+    def has_room(self, url: str, submission_id: str) -> bool:
+        """Whether :meth:`acquire` would give ``submission_id`` a slot now (takes none)."""
+        held = self._held.get(url, {})
+        now = time.monotonic()
+        live = [s for s, since in held.items() if now - since <= self.stale_after_s]
+        return submission_id in live or self.limit <= 0 or len(live) < self.limit
+
+    def wait_for(self, url: str, *, waiter: str) -> None:
+        """Tell ``waiter`` (a group's key) through ``on_free`` when a slot on ``url`` frees."""
+        self._waiting.setdefault(url, set()).add(waiter)
+
     def release(self, url: str, submission_id: str) -> None:
         if self._held.get(url, {}).pop(submission_id, None) is not None:
             self._freed(url)

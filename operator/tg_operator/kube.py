@@ -82,13 +82,14 @@ class KubeApi:
 
         def call() -> bool:
             try:
-                self._custom.api_client.call_api(
-                    f"/apis/{names.GROUP}/{names.VERSION}/namespaces/{namespace}/"
-                    f"{names.TG_PLURAL}/{name}",
-                    "PATCH",
-                    body=patch,
-                    header_params={"Content-Type": "application/json-patch+json"},
-                    auth_settings=["BearerToken"],
+                self._custom.patch_namespaced_custom_object(
+                    names.GROUP,
+                    names.VERSION,
+                    namespace,
+                    names.TG_PLURAL,
+                    name,
+                    patch,
+                    _content_type="application/json-patch+json",
                     _request_timeout=self._timeout,
                 )
             except ApiException as exc:

@@ -1,24 +1,18 @@
-"""One reconcile pass: TrainerGroup → RayCluster → server job → workers → status.
+"""One reconcile pass: observe once, decide once (pure), act once, write the status.
 
-:func:`advance` is level-triggered and idempotent, and it never waits. It reads the
-world once (the RayCluster and its pods from kopf's indexes, the server job and the
-actors from the Ray dashboard), acts once, writes the status and returns a
-:class:`Step`: settled, or "look again in N seconds". The group's loop
-(:mod:`tg_operator.group_loop`) sleeps until then or until a watch on the
-RayCluster, its pods or the spec wakes it. In order:
+:func:`advance` is level-triggered and idempotent, and it never waits:
 
 1. validate the spec with tgapi (bad spec: Failed, nothing created);
-2. re-create the group if the spec fields it was built from changed;
-3. ensure the RayCluster (create it, owned, or find the referenced one) and check
-   honest readiness (KubeRay conditions, every pod Ready, Unschedulable messages,
-   the dashboard answering), bounded by ``timeouts.clusterReadySeconds``;
-4. submit the server entrypoint under a deterministic submission id (GET before
-   POST; an existing job is adopted), look at it on later passes, bounded by
-   ``timeouts.workersReadySeconds``, and read ``TG_GROUP_READY`` from its logs;
-5. read the workers from the State API; a dead one makes the group Degraded and,
-   with ``restartPolicy: OnFailure``, re-creates it under the next group
-   generation after the restart back-off (:mod:`tg_operator.backoff`); after
-   ``spec.maxRestarts`` re-creations, or with ``Never``, the phase is Failed.
+2. :func:`observe` gathers a :class:`~tg_operator.snapshot.Snapshot` through the ports:
+   the RayCluster and its pods (from kopf's indexes), then, only when the Kubernetes
+   side is ready, the dashboard's answer, the server job, its output and the actors;
+3. :func:`tg_operator.decide.decide` turns the snapshot into one decision (the rules,
+   their order and what each does are in that module and in docs/operator.md);
+4. :func:`perform` runs the decision's one action (create or delete the RayCluster,
+   submit or stop the server job, wait for a job slot, one teardown step), writes the
+   status if it changed and posts the events, and returns a :class:`Step`: settled, or
+   "look again in N seconds". The group's loop (:mod:`tg_operator.group_loop`) sleeps
+   until then or until a watch on the RayCluster, its pods or the spec wakes it.
 """
 
 from __future__ import annotations
@@ -28,46 +22,22 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from tg_operator import (
-    backoff,
-    entrypoints,
-    errors,
-    events,
-    metrics,
-    names,
-    raycluster,
-    security,
-    spec_change,
-)
+from tg_operator import actions, decide, errors, events, metrics, names, observed, outcomes
 from tg_operator import status as status_mod
 from tg_operator.context import Context, Step
-from tg_operator.dashboard import ActorInfo, DashboardError, JobInfo
+from tg_operator.dashboard import DashboardError, JobInfo
 from tg_operator.events import EventSink
-from tg_operator.ports import Dashboard
-from tg_operator.teardown import STEP_DELAY_S, teardown_group
+from tg_operator.snapshot import Decision, Settings, Snapshot, SubmitServer, TearDown
 from tgapi import (
     SpecErrors,
     TrainerGroup,
     TrainerGroupStatus,
-    markers,
     parse_resource,
     parse_status,
     to_wire,
 )
 
 log = logging.getLogger(__name__)
-
-WORKERS_GRACE_S = 60.0
-"""Extra time the server job gets beyond ``workersReadySeconds`` (it has its own timeout)."""
-WATCH_FALLBACK_S = 30.0
-"""Longest sleep while the watches on the RayCluster and its pods should wake the group."""
-DASHBOARD_POLL_S = 2.0
-"""Pods are Ready but the dashboard does not answer yet (nothing watchable)."""
-JOB_POLL_S = 1.0
-"""Looking at a running server job (Ray has no watch)."""
-RAY_RETRY_S = 5.0
-SLOT_WAIT_S = 30.0
-"""Fallback while waiting for a job slot (a freed slot wakes the waiters at once)."""
 
 
 def format_spec_errors(exc: SpecErrors) -> str:
@@ -92,9 +62,7 @@ async def write_status(
     wire = to_wire(new)
     if new.mesh is None:
         wire["mesh"] = None
-    version = await ctx.kube.patch_trainergroup_status(
-        namespace=namespace, name=name, status=wire
-    )
+    version = await ctx.kube.patch_trainergroup_status(namespace=namespace, name=name, status=wire)
     if new.phase != old.phase:
         events.phase_changed(sink, old=old.phase, new=new.phase, message=new.message)
         log.info("%s/%s: %s -> %s: %s", namespace, name, old.phase, new.phase, new.message)
@@ -102,469 +70,115 @@ async def write_status(
     ctx.phases.set(uid, new.phase)
 
 
-class _Pass:
-    """One call of :func:`advance` for one object (holds what was written so far)."""
+def bare_snapshot(ctx: Context, tg: TrainerGroup, status: TrainerGroupStatus) -> Snapshot:
+    """A snapshot with nothing observed yet."""
+    cluster = names.cluster_name(tg)
+    return Snapshot(
+        tg=tg,
+        status=status,
+        now=ctx.clock(),
+        dashboard_url=ctx.config.dashboard_url(cluster=cluster, namespace=tg.namespace),
+        ray_address=ctx.config.gcs_address(cluster=cluster, namespace=tg.namespace),
+    )
 
-    def __init__(
-        self, ctx: Context, *, tg: TrainerGroup, status: TrainerGroupStatus, sink: EventSink
-    ) -> None:
-        self.ctx = ctx
-        self.tg = tg
-        self.written = status
-        self.sink = sink
-        self.now = ctx.clock()
-        self.cluster = names.cluster_name(tg)
-        self.dashboard_url = ctx.config.dashboard_url(cluster=self.cluster, namespace=tg.namespace)
-        self.ray_address = ctx.config.gcs_address(cluster=self.cluster, namespace=tg.namespace)
 
-    async def write(self, new: TrainerGroupStatus) -> None:
-        await write_status(
-            self.ctx,
-            namespace=self.tg.namespace,
-            name=self.tg.name,
-            uid=self.tg.uid,
-            old=self.written,
-            new=new,
-            sink=self.sink,
-        )
-        self.written = new
-
-    async def fail(self, error: errors.GroupFailed) -> errors.GroupFailed:
-        st = status_mod.failed(
-            self.written,
-            reason=error.reason,
-            message=error.message,
-            now=self.now,
-            generation=self.tg.generation,
-        )
-        await self.write(st)
-        events.warn(self.sink, reason=error.reason, message=error.message)
-        metrics.RECONCILE_ERRORS.labels(reason=error.reason).inc()
-        return error
-
-    def observation(
-        self,
-        readiness: status_mod.ClusterReadiness,
-        *,
-        job: JobInfo | None = None,
-        record: markers.GroupReady | None = None,
-        actors: list[ActorInfo] | None = None,
-        actors_error: str = "",
-    ) -> status_mod.Observation:
-        return status_mod.Observation(
-            cluster_name=self.cluster,
-            dashboard_url=self.dashboard_url,
-            ray_address=self.ray_address,
-            readiness=readiness,
-            job=job,
-            record=record,
-            actors=actors,
-            actors_error=actors_error,
-        )
-
-    def compute(self, obs: status_mod.Observation) -> TrainerGroupStatus:
-        return status_mod.compute_status(tg=self.tg, previous=self.written, obs=obs, now=self.now)
-
-    # -- the flow ---------------------------------------------------------------------
-    async def run(self) -> Step:
-        tg, st = self.tg, self.written
-        if st.phase == "Failed" and st.submission_id:
-            # A new spec generation revives a failed group: start it over.
-            step = await self.recreate(reason="the spec changed after a failure", fresh=True)
-            if step is not None:
-                return step
-        change = spec_change.classify(self.written, tg.spec)
-        if change is not spec_change.SpecChange.NONE:
-            step = await self.recreate(reason=f"the {change.value} spec changed")
-            if step is not None:
-                return step
-        readiness = await self.ensure_cluster()
-        if not readiness.ready:
-            new = self.compute(self.observation(readiness))
-            limit = tg.spec.timeouts.cluster_ready_seconds
-            if (
-                new.phase == "ClusterProvisioning"
-                and status_mod.seconds_in_phase(new, now=self.now) > limit
-            ):
-                await self.write(new)
-                raise await self.fail(
-                    errors.ClusterTimeout(
-                        f"the RayCluster was not ready within timeouts.clusterReadySeconds "
-                        f"({limit}s): {readiness.message}"
-                    )
-                )
-            await self.write(new)
-            left = limit - status_mod.seconds_in_phase(new, now=self.now)
-            delay = DASHBOARD_POLL_S if readiness.reason == "DashboardUnreachable" else min(
-                WATCH_FALLBACK_S, max(1.0, left + 1.0)
-            )
-            return Step.wait(delay, readiness.message)
-        dash = await self.ctx.group_dashboard(self.tg, self.dashboard_url)
+async def observe(ctx: Context, bare: Snapshot) -> Snapshot:
+    """Fill ``bare`` in: Kubernetes first, then only the Ray reads the decision needs."""
+    tg, kube = bare.tg, ctx.kube
+    cluster = names.cluster_name(tg)
+    rc = await kube.get_raycluster(namespace=tg.namespace, name=cluster)
+    pods = []
+    if rc is not None:
+        pods = await kube.list_cluster_pods(namespace=tg.namespace, cluster=cluster)
+    snap = dataclasses.replace(bare, raycluster=rc, pods=tuple(pods))
+    reads = observed.ray_reads(snap)
+    if not reads.probe:
+        return snap
+    dash = await ctx.group_dashboard(tg, snap.dashboard_url)
+    try:
+        await dash.version()
+    except DashboardError as exc:
+        return dataclasses.replace(snap, dashboard_error=str(exc))
+    url, sid = snap.dashboard_url, observed.submission_id(snap)
+    if reads.job:
         try:
-            return await self.run_group(dash, readiness)
-        except DashboardError as exc:
-            msg = f"Ray dashboard error: {exc}"
-            await self.write(
-                status_mod.with_phase(
-                    self.written, phase=self.written.phase, message=msg, now=self.now
-                )
-            )
-            return Step.wait(RAY_RETRY_S, msg)
-
-    async def ensure_cluster(self) -> status_mod.ClusterReadiness:
-        tg, kube = self.tg, self.ctx.kube
-        rc = await kube.get_raycluster(namespace=tg.namespace, name=self.cluster)
-        if names.owns_cluster(tg):
-            want = spec_change.cluster_hash(tg.spec)
-            if rc is None:
-                await security.ensure_group_objects(self.ctx, tg, sink=self.sink)
-                created = await kube.create_raycluster(
-                    raycluster.build_raycluster(tg, cluster_hash=want)
-                )
-                if created is not None:
-                    events.info(
-                        self.sink,
-                        reason="RayClusterCreated",
-                        message=f"created RayCluster {self.cluster}",
-                    )
-                rc = created or await kube.get_raycluster(namespace=tg.namespace, name=self.cluster)
-            elif not raycluster.is_owned_by(rc, tg):
-                raise await self.fail(
-                    errors.ClusterConflict(
-                        f"RayCluster {self.cluster} already exists and is not owned by this "
-                        f"TrainerGroup: delete it, or use spec.rayClusterRef to run on it"
-                    )
-                )
-            elif (
-                not rc.get("metadata", {}).get("deletionTimestamp")
-                and rc.get("metadata", {}).get("annotations", {}).get(names.CLUSTER_HASH_ANNOTATION)
-                != want
-            ):
-                await kube.delete_raycluster(namespace=tg.namespace, name=self.cluster)
-                events.info(
-                    self.sink,
-                    reason="RayClusterReplaced",
-                    message=f"the cluster spec changed: deleting RayCluster {self.cluster} to rebuild it",
-                )
-                return status_mod.ClusterReadiness(
-                    ready=False,
-                    reason="RayClusterReplacing",
-                    message=f"replacing RayCluster {self.cluster} (its spec changed)",
-                )
-        pods = (
-            await kube.list_cluster_pods(namespace=tg.namespace, cluster=self.cluster)
-            if rc is not None
-            else []
-        )
-        readiness = status_mod.kube_readiness(raycluster_obj=rc, pods=pods, cluster=self.cluster)
-        if rc is None and not names.owns_cluster(tg):
-            readiness = dataclasses.replace(
-                readiness,
-                message=f"the referenced RayCluster {self.cluster} does not exist in namespace "
-                f"{tg.namespace}",
-            )
-        if not readiness.ready:
-            return readiness
-        try:
-            await (await self.ctx.group_dashboard(tg, self.dashboard_url)).version()
-        except DashboardError as exc:
-            return status_mod.with_dashboard(readiness, dashboard_error=str(exc))
-        return readiness
-
-    async def run_group(
-        self, dash: Dashboard, readiness: status_mod.ClusterReadiness
-    ) -> Step:
-        tg, st = self.tg, self.written
-        gen = st.group_generation
-        sid = names.server_submission_id(tg, generation=gen)
-        job: JobInfo | None = None
-        if st.submission_id == sid and st.worker_names:
-            record = markers.GroupReady(
-                group_name=st.group_name or tg.group_name,
-                ray_namespace=st.ray_namespace or tg.ray_namespace,
-                generation=gen,
-                worker_names=tuple(st.worker_names),
-                world_size=st.world_size or len(st.worker_names),
-                mesh=dict(to_wire(st.mesh)) if st.mesh is not None else {},
-                device=st.device,
-                backend=st.backend,
-            )
-        else:
             job = await dash.get_job(sid)
-            slots, url = self.ctx.slots, self.dashboard_url
-            waiter = f"{tg.namespace}/{tg.name}"
-            if job is None and not slots.acquire(url, sid, waiter=waiter):
-                msg = (
-                    f"waiting for a free Ray job slot: {slots.in_flight(url)} jobs in flight on "
-                    f"this Ray cluster (TG_MAX_CONCURRENT_JOBS={slots.limit})"
-                )
-                new = self.compute(self.observation(readiness))
-                await self.write(
-                    status_mod.with_phase(new, phase=new.phase, message=msg, now=self.now)
-                )
-                return Step.wait(SLOT_WAIT_S, msg)
-            if job is not None and not job.terminal:
-                slots.acquire(url, sid)  # adopt a job found running (after a restart)
-            if job is None:
-                created = await dash.submit_job(
-                    submission_id=sid,
-                    entrypoint=entrypoints.server_entrypoint(
-                        tg, python=self.ctx.config.python, generation=gen
-                    ),
-                    metadata=entrypoints.job_metadata(tg, generation=gen),
-                )
-                if created:
-                    events.info(
-                        self.sink,
-                        reason="ServerSubmitted",
-                        message=f"submitted server job {sid} (group generation {gen})",
-                    )
-                job = await dash.get_job(sid)
-            if job is not None and job.terminal:
-                slots.release(url, sid)
-            st = dataclasses.replace(
-                st,
-                group_generation=gen,
-                submission_id=sid,
-                spec_hash=spec_change.group_hash(tg.spec),
-                cluster_hash=spec_change.cluster_hash(tg.spec),
-            )
-            if job is None or not job.terminal:
-                now_s = self.now.timestamp()
-                started = (job.start_time_ms / 1000.0) if job and job.start_time_ms else now_s
-                limit = tg.spec.timeouts.workers_ready_seconds
-                if now_s - started > limit + WORKERS_GRACE_S:
-                    await self.write(self._with_bookkeeping(st, readiness, job))
-                    await self._stop_and_clean(dash, gen)
-                    raise await self.fail(
-                        errors.WorkersTimeout(
-                            f"server job {sid} did not finish within timeouts.workersReadySeconds "
-                            f"({limit}s) + {WORKERS_GRACE_S:g}s; it was stopped, and its workers "
-                            "are removed on deletion or on the next spec change"
-                        )
-                    )
-                await self.write(self._with_bookkeeping(st, readiness, job))
-                return Step.wait(
-                    JOB_POLL_S, f"server job {sid} is {job.status if job else 'PENDING'}"
-                )
-            logs = await dash.job_logs(sid)
-            if job.status == "SUCCEEDED":
-                maybe = entrypoints.parse_group_ready(logs)
-                if maybe is None:
-                    await self.write(self._with_bookkeeping(st, readiness, job))
-                    raise await self.fail(
-                        errors.ServerFailed(
-                            f"server job {sid} succeeded but printed no {entrypoints.READY_MARKER} "
-                            f"line; last output: {entrypoints.tail(logs)}"
-                        )
-                    )
-                record = maybe
-            else:
-                why = entrypoints.parse_group_failed(logs) or (
-                    f"{job.message} last output: {entrypoints.tail(logs)}"
-                )
-                await self.write(self._with_bookkeeping(st, readiness, job))
-                raise await self.fail(errors.ServerFailed(f"server job {sid} {job.status}: {why}"))
-        return await self.check_workers(dash, readiness, st=st, job=job, record=record)
-
-    def _booked(self, st: TrainerGroupStatus) -> TrainerGroupStatus:
-        """The written status plus the group bookkeeping decided in this pass."""
-        return dataclasses.replace(
-            self.written,
-            group_generation=st.group_generation,
-            submission_id=st.submission_id,
-            spec_hash=st.spec_hash,
-            cluster_hash=st.cluster_hash,
-        )
-
-    def _with_bookkeeping(
-        self,
-        st: TrainerGroupStatus,
-        readiness: status_mod.ClusterReadiness,
-        job: JobInfo | None,
-    ) -> TrainerGroupStatus:
-        return status_mod.compute_status(
-            tg=self.tg,
-            previous=self._booked(st),
-            obs=self.observation(readiness, job=job),
-            now=self.now,
-        )
-
-    async def check_workers(
-        self,
-        dash: Dashboard,
-        readiness: status_mod.ClusterReadiness,
-        *,
-        st: TrainerGroupStatus,
-        job: JobInfo | None,
-        record: markers.GroupReady,
-    ) -> Step:
-        tg = self.tg
-        base = self._booked(st)
+            logs = await dash.job_logs(sid) if job is not None and job.terminal else ""
+        except DashboardError as exc:
+            return dataclasses.replace(snap, ray_error=str(exc))
+        _sync_slot(ctx, url=url, submission_id=sid, job=job)
+        snap = dataclasses.replace(snap, job=job, job_logs=logs)
+    record = observed.group_record(snap)
+    if record is not None:
         try:
             actors = await dash.list_actors(ray_namespace=record.ray_namespace or tg.ray_namespace)
-            obs = self.observation(readiness, job=job, record=record, actors=actors)
+            snap = dataclasses.replace(snap, actors=tuple(actors))
         except DashboardError as exc:
-            obs = self.observation(readiness, job=job, record=record, actors_error=str(exc))
-        new = status_mod.compute_status(tg=tg, previous=base, obs=obs, now=self.now)
-        dead = status_mod.dead_workers(new.workers)
-        if not dead:
-            # Ready, or Degraded with nobody dead (restarting, state unreadable): the
-            # health timer keeps watching.
-            await self.write(new)
-            return Step.settled(new.message)
-        already = {w.name for w in status_mod.dead_workers(self.written.workers)}
-        metrics.DEAD_WORKERS.inc(len([w for w in dead if w.name not in already]))
-        await self.write(new)
-        what = status_mod.describe_dead(dead)
-        return await self.restart_after_death(what)
+            snap = dataclasses.replace(snap, actors_error=str(exc))
+    if reads.job and snap.job is None:
+        slots = ctx.slots
+        snap = dataclasses.replace(
+            snap,
+            slot_free=slots.has_room(url, sid),
+            slots_in_flight=slots.in_flight(url),
+            slot_limit=slots.limit,
+        )
+    return snap
 
-    async def restart_after_death(self, what: str) -> Step:
-        """Back-off, then re-create; or Failed (``Never``, or ``spec.maxRestarts`` reached)."""
-        tg, st, cfg = self.tg, self.written, self.ctx.config
-        limit = tg.spec.max_restarts
-        decision = backoff.decide(
-            status=st,
-            restart_policy=tg.spec.restart_policy,
-            max_restarts=limit,
-            now=self.now,
-            due=status_mod.parse_rfc3339(st.next_restart_time),
-            base_s=cfg.restart_backoff_s,
-            cap_s=cfg.restart_backoff_max_s,
-        )
-        if decision.verdict is backoff.Verdict.GIVE_UP:
-            if tg.spec.restart_policy == "Never":
-                raise await self.fail(errors.WorkerDied(f"{what} (restartPolicy: Never)"))
-            raise await self.fail(
-                errors.RestartLimit(
-                    f"{what}; the group was re-created {st.restarts} times, "
-                    f"spec.maxRestarts ({limit}) is reached"
-                )
-            )
-        if decision.verdict is backoff.Verdict.SCHEDULE:
-            assert decision.due is not None
-            nxt = st.restarts + 1
-            when = f"in {decision.wait_s:g}s" if decision.wait_s > 0 else "now"
-            events.warn(
-                self.sink,
-                reason="Restarting",
-                message=f"{what}; re-creating the group as generation "
-                f"{st.group_generation + 1} {when} (restart {nxt} of at most {limit})",
-            )
-            await self.write(
-                status_mod.with_phase(
-                    dataclasses.replace(st, next_restart_time=status_mod.rfc3339(decision.due)),
-                    phase="Degraded",
-                    message=f"{what}; restart {nxt}/{limit} {when} (back-off)",
-                    now=self.now,
-                )
-            )
-            if decision.wait_s > 0:
-                return Step.wait(decision.wait_s, f"restart back-off: {decision.wait_s:g}s")
-        elif decision.verdict is backoff.Verdict.WAIT:
-            return Step.wait(decision.wait_s, f"restart back-off: {decision.wait_s:g}s left")
-        step = await self.recreate(reason=what, restart=True)
-        return step or Step.wait(0.0, "re-created the group")
 
-    async def _stop_and_clean(self, dash: Dashboard, gen: int) -> None:
-        """Stop a server job that ran too long (one teardown step; the rest on deletion)."""
-        try:
-            await teardown_group(
-                dash,
-                self.tg,
-                python=self.ctx.config.python,
-                ray_namespace=self.written.ray_namespace or self.tg.ray_namespace,
-                generation=gen,
-                slots=self.ctx.slots,
-            )
-        except DashboardError as exc:
-            log.warning(
-                "%s/%s: cleanup after timeout failed: %s", self.tg.namespace, self.tg.name, exc
-            )
+def _sync_slot(ctx: Context, *, url: str, submission_id: str, job: JobInfo | None) -> None:
+    """Keep the job slots in line with Ray: adopt a running job (after an operator
+    restart), give back the slot of a finished one."""
+    if job is None:
+        return
+    if job.terminal:
+        ctx.slots.release(url, submission_id)
+    else:
+        ctx.slots.acquire(url, submission_id)
 
-    async def recreate(
-        self, *, reason: str, restart: bool = False, fresh: bool = False
-    ) -> Step | None:
-        """Tear the current group down and move to the next group generation.
 
-        Returns None when the group is gone and the flow may go on, or a wait. ``fresh``
-        (a spec change revives a Failed group) gives the group its restart budget back.
-        """
-        tg, st = self.tg, self.written
-        gen = st.group_generation
-        if not st.submission_id:
-            return None  # nothing was started for this generation
-        url = st.dashboard_url or self.dashboard_url
-        dash = await self.ctx.group_dashboard(tg, url)
-        cluster_going = (
-            names.owns_cluster(tg)
-            and bool(st.cluster_hash)
-            and st.cluster_hash != spec_change.cluster_hash(tg.spec)
+async def perform(ctx: Context, snap: Snapshot, decision: Decision, *, sink: EventSink) -> Step:
+    """Run the decision's action, write its status, post its events; the step to return."""
+    tg, action = snap.tg, decision.action
+    try:
+        if isinstance(action, TearDown):
+            decision = await actions.tear_down(ctx, snap, decision)
+        elif isinstance(action, SubmitServer):
+            if not await actions.submit(ctx, snap, action, sink=sink):
+                # another group took the last slot since the snapshot: decide again
+                in_flight = ctx.slots.in_flight(snap.dashboard_url)
+                busy = dataclasses.replace(snap, slot_free=False, slots_in_flight=in_flight)
+                settings = Settings.from_config(ctx.config)
+                return await perform(ctx, busy, decide.decide(busy, settings=settings), sink=sink)
+        elif action is not None:
+            await actions.act(ctx, snap, action, sink=sink)
+    except DashboardError as exc:
+        decision = outcomes.ray_failed(snap, str(exc))
+    await write_status(
+        ctx,
+        namespace=tg.namespace,
+        name=tg.name,
+        uid=tg.uid,
+        old=snap.status,
+        new=decision.status,
+        sink=sink,
+    )
+    for event in decision.events:
+        sink.post(type=event.type, reason=event.reason, message=event.message)
+    if decision.newly_dead:
+        metrics.DEAD_WORKERS.inc(decision.newly_dead)
+    if decision.restarted:
+        metrics.WORKER_RESTARTS.inc()
+    if decision.failure:
+        metrics.RECONCILE_ERRORS.labels(reason=decision.failure).inc()
+        log.warning(
+            "%s/%s: Failed (%s): %s",
+            tg.namespace,
+            tg.name,
+            decision.failure,
+            decision.status.message,
         )
-        # A group being replaced is not Ready: Degraded after a death, else starting over.
-        phase = "Degraded" if restart else "WorkersStarting"
-        await self.write(
-            status_mod.with_phase(
-                st,
-                phase=phase,
-                message=f"tearing down group generation {gen}: {reason}",
-                now=self.now,
-            )
-        )
-        st = self.written
-        try:
-            result = await teardown_group(
-                dash,
-                tg,
-                python=self.ctx.config.python,
-                ray_namespace=st.ray_namespace or tg.ray_namespace,
-                generation=gen,
-                slots=self.ctx.slots,
-            )
-        except DashboardError as exc:
-            if not cluster_going:
-                msg = f"cannot tear down group generation {gen} ({reason}): {exc}"
-                await self.write(
-                    status_mod.with_phase(st, phase=st.phase, message=msg, now=self.now)
-                )
-                return Step.wait(RAY_RETRY_S, msg)
-            result = None
-            events.warn(
-                self.sink,
-                reason="TeardownSkipped",
-                message=f"Ray at {url} is unreachable and its RayCluster is being rebuilt: {exc}",
-            )
-        if result is not None and not result.done:
-            # keep the reason (which rank died, and why) in the message while the steps run
-            msg = f"tearing down group generation {gen} ({reason}): {result.message}"
-            await self.write(status_mod.with_phase(st, phase=st.phase, message=msg, now=self.now))
-            return Step.wait(RAY_RETRY_S if result.failed else STEP_DELAY_S, msg)
-        if result is not None:
-            events.info(self.sink, reason="GroupTornDown", message=result.message)
-        new = dataclasses.replace(
-            st,
-            group_generation=gen + 1,
-            restarts=0 if fresh else st.restarts + (1 if restart else 0),
-            last_restart_time=status_mod.rfc3339(self.now) if restart else st.last_restart_time,
-            next_restart_time="",
-            submission_id="",
-            spec_hash="",
-            cluster_hash="",
-            worker_names=[],
-            workers=[],
-            ready_workers=0,
-            mesh=None,
-        )
-        new = status_mod.with_phase(
-            new,
-            phase="Degraded" if restart else new.phase,
-            message=f"re-creating the group as generation {gen + 1}: {reason}",
-            now=self.now,
-        )
-        if restart:
-            metrics.WORKER_RESTARTS.inc()
-        await self.write(new)
-        return None
+    return decision.step
 
 
 def current_status(ctx: Context, obj: Mapping[str, Any]) -> TrainerGroupStatus:
@@ -602,7 +216,10 @@ async def advance(ctx: Context, *, obj: Mapping[str, Any], sink: EventSink) -> S
             message = format_spec_errors(exc)
             generation = int(meta.get("generation") or 0)
             new = status_mod.failed(
-                previous, reason="InvalidSpec", message=message, now=ctx.clock(),
+                previous,
+                reason="InvalidSpec",
+                message=message,
+                now=ctx.clock(),
                 generation=generation,
             )
             if new != previous:
@@ -622,8 +239,14 @@ async def advance(ctx: Context, *, obj: Mapping[str, Any], sink: EventSink) -> S
         if previous.phase == "Failed" and previous.observed_generation == tg.generation:
             ctx.phases.set(tg.uid, previous.phase)
             return Step.settled(f"Failed: {previous.message}")
+        bare = bare_snapshot(ctx, tg, previous)
         try:
-            return await _Pass(ctx, tg=tg, status=previous, sink=sink).run()
-        except errors.GroupFailed as exc:
-            log.warning("%s/%s: Failed (%s): %s", namespace, name, exc.reason, exc.message)
-            return Step.settled(f"Failed: {exc.message}")
+            snap = await observe(ctx, bare)
+            decision = decide.decide(snap, settings=Settings.from_config(ctx.config))
+            return await perform(ctx, snap, decision, sink=sink)
+        except errors.GroupFailed as exc:  # from I/O: e.g. the group's Ray token cannot be made
+            bare = dataclasses.replace(bare, status=current_status(ctx, obj))
+            failed = outcomes.fail(
+                bare, bare.status, rule="io-failed", error=type(exc), message=exc.message
+            )
+            return await perform(ctx, bare, failed, sink=sink)

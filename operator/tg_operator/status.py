@@ -84,10 +84,8 @@ def _kuberay_ready(rc: Mapping[str, Any]) -> tuple[bool, str]:
     if provisioned is not None:
         if provisioned.get("status") == "True":
             return True, ""
-        return (
-            False,
-            f"KubeRay: {provisioned.get('message') or provisioned.get('reason') or 'not provisioned'}",
-        )
+        why = provisioned.get("message") or provisioned.get("reason") or "not provisioned"
+        return False, f"KubeRay: {why}"
     state = rc.get("status", {}).get("state")
     if state == "ready":
         return True, ""
@@ -193,7 +191,7 @@ def worker_statuses(
 
 def _prefer(new: ActorInfo, old: ActorInfo) -> bool:
     if (new.state == ALIVE) != (old.state == ALIVE):
-        return new.state == ALIVE
+        return bool(new.state == ALIVE)
     return new.start_time_ms >= old.start_time_ms
 
 

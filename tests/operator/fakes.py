@@ -178,7 +178,7 @@ class FakeRay:
             return False
         start = int(self.clock().timestamp() * 1000)
         if "-teardown-" in submission_id:
-            report = (
+            report: dict[str, Any] = (
                 self.script.teardown_reports.pop(0)
                 if self.script.teardown_reports
                 else {"complete": True, "errors": []}
@@ -188,7 +188,7 @@ class FakeRay:
                 group_name="g",
                 ray_namespace=self.ray_namespace,
                 complete=bool(report.get("complete")),
-                errors=tuple(report.get("errors", ())),
+                errors=tuple(str(e) for e in report.get("errors") or ()),
             )
             self.logs[submission_id] = f"{markers.line(teardown)}\n"
             if report.get("complete"):
@@ -211,8 +211,9 @@ class FakeRay:
             self.logs[submission_id] = f"{markers.line(record)}\n"
             state = "DEAD" if self.script.workers_die else "ALIVE"
             for w in workers:
+                cause = "exit 1" if state == "DEAD" else ""
                 self.actors[w] = ActorInfo(
-                    actor_id=f"id-{w}", name=w, state=state, death_cause="exit 1" if state == "DEAD" else ""
+                    actor_id=f"id-{w}", name=w, state=state, death_cause=cause
                 )
         self.jobs[submission_id] = JobInfo(
             submission_id=submission_id, status=status, start_time_ms=start
@@ -270,7 +271,8 @@ def world(*, env: Mapping[str, str] | None = None, **spec: Any) -> World:
     clock = FakeClock()
     kube = FakeKube()
     ray = FakeRay(clock)
-    config = OperatorConfig.from_env({"HOME": "/nonexistent", "TG_RAY_TOKEN_KEY": "fake-key", **(env or {})})
+    base = {"HOME": "/nonexistent", "TG_RAY_TOKEN_KEY": "fake-key"}
+    config = OperatorConfig.from_env({**base, **(env or {})})
     ctx = Context(config=config, kube=kube, dashboards=lambda url, token: ray, clock=clock)
     obj = tg_body(**spec)
     tg = parse_resource(obj)

@@ -246,3 +246,29 @@ def test_an_invalid_spec_fails_once_and_settles() -> None:
     step = run(drive(w, passes=3))
     assert step.done and w.status["phase"] == "Failed"
     assert w.kube.calls["patch_status"] == 1 and w.kube.calls["create_raycluster"] == 0
+
+
+def test_a_spec_change_revives_a_failed_group_with_a_fresh_restart_budget() -> None:
+    w = world(maxRestarts=1)
+    w.ray.script.workers_die = True
+    run(drive(w, until=phase_is("Failed"), passes=200))
+    assert w.status["restarts"] == 1 and "spec.maxRestarts (1)" in w.status["message"]
+    w.ray.script.workers_die = False
+    w.obj["spec"]["maxRestarts"] = 3  # in no hash: only the Failed phase says "tear down"
+    w.obj["metadata"]["generation"] = 2
+    run(drive(w, until=lambda w: phase_is("Ready")(w), passes=50))
+    st = w.status
+    assert st["restarts"] == 0 and st["groupGeneration"] == 2, st
+    assert st["observedGeneration"] == 2
+
+
+def test_raising_workers_ready_seconds_revives_a_timed_out_group() -> None:
+    w = world(timeouts={"workersReadySeconds": 30})
+    w.ray.script.server_runs = True
+    run(drive(w, until=phase_is("Failed"), passes=400))
+    assert "WorkersTimeout" in [r for t, r, _ in w.sink.events if t == "Warning"]
+    w.ray.script.server_runs = False
+    w.obj["spec"]["timeouts"] = {"workersReadySeconds": 600}
+    w.obj["metadata"]["generation"] = 2
+    run(drive(w, until=phase_is("Ready"), passes=50))
+    assert w.status["groupGeneration"] == 1 and w.status["workerNames"] == ["w1-0", "w1-1"]

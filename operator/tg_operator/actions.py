@@ -1,0 +1,102 @@
+"""The one action of a decision, performed through the ports (:mod:`tg_operator.ports`).
+
+Each reports what it did as a Normal event (RayClusterCreated, RayClusterReplaced,
+ServerSubmitted); a teardown step's outcome goes back to the pure
+:func:`tg_operator.recreate.after_teardown`, which decides what to write.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from tg_operator import events, names, recreate, security
+from tg_operator.context import Context
+from tg_operator.dashboard import DashboardError
+from tg_operator.events import EventSink
+from tg_operator.snapshot import (
+    CreateCluster,
+    Decision,
+    DeleteCluster,
+    Snapshot,
+    StopServer,
+    SubmitServer,
+    TearDown,
+    WaitForSlot,
+)
+from tg_operator.teardown import teardown_group
+
+log = logging.getLogger(__name__)
+
+
+async def submit(ctx: Context, snap: Snapshot, action: SubmitServer, *, sink: EventSink) -> bool:
+    """Submit the server job; False when no job slot is free after all."""
+    tg, url, sid = snap.tg, snap.dashboard_url, action.submission_id
+    if not ctx.slots.acquire(url, sid, waiter=f"{tg.namespace}/{tg.name}"):
+        return False
+    dash = await ctx.group_dashboard(tg, url)
+    if await dash.submit_job(
+        submission_id=sid, entrypoint=action.entrypoint, metadata=action.metadata
+    ):
+        gen = snap.status.group_generation
+        events.info(
+            sink,
+            reason="ServerSubmitted",
+            message=f"submitted server job {sid} (group generation {gen})",
+        )
+    return True
+
+
+async def act(
+    ctx: Context,
+    snap: Snapshot,
+    action: CreateCluster | DeleteCluster | StopServer | WaitForSlot,
+    *,
+    sink: EventSink,
+) -> None:
+    tg, kube = snap.tg, ctx.kube
+    if isinstance(action, CreateCluster):
+        await security.ensure_group_objects(ctx, tg, sink=sink)
+        if await kube.create_raycluster(action.body) is not None:
+            name = names.cluster_name(tg)
+            events.info(sink, reason="RayClusterCreated", message=f"created RayCluster {name}")
+    elif isinstance(action, DeleteCluster):
+        await kube.delete_raycluster(namespace=tg.namespace, name=action.name)
+        events.info(
+            sink,
+            reason="RayClusterReplaced",
+            message=f"the cluster spec changed: deleting RayCluster {action.name} to rebuild it",
+        )
+    elif isinstance(action, WaitForSlot):
+        ctx.slots.wait_for(snap.dashboard_url, waiter=f"{tg.namespace}/{tg.name}")
+    else:
+        try:  # one teardown step; the rest on deletion or at the next spec change
+            dash = await ctx.group_dashboard(tg, snap.dashboard_url)
+            await teardown_group(
+                dash,
+                tg,
+                python=ctx.config.python,
+                ray_namespace=action.ray_namespace,
+                generation=action.generation,
+                slots=ctx.slots,
+            )
+        except DashboardError as exc:
+            log.warning("%s/%s: cleanup after timeout failed: %s", tg.namespace, tg.name, exc)
+
+
+async def tear_down(ctx: Context, snap: Snapshot, decision: Decision) -> Decision:
+    act = decision.action
+    assert isinstance(act, TearDown)
+    tg = snap.tg
+    try:
+        dash = await ctx.group_dashboard(tg, act.dashboard_url)
+        result = await teardown_group(
+            dash,
+            tg,
+            python=ctx.config.python,
+            ray_namespace=act.ray_namespace,
+            generation=act.generation,
+            slots=ctx.slots,
+        )
+    except DashboardError as exc:
+        return recreate.after_teardown(snap, decision, error=str(exc))
+    return recreate.after_teardown(snap, decision, result=result)

@@ -118,9 +118,11 @@ def test_api_server_rejects_invalid_specs(
 def test_invalid_spec_ends_failed_and_creates_nothing(
     k8s_plane: Any, ns: str, operator: ks.OperatorProcess, ray_endpoint: RayEndpoint
 ) -> None:
-    # Every cross-field rule is refused at admission (tests/k8s/test_admission.py); what
-    # passes the API server and fails tgapi is the size estimate (tgapi.sizing): 1.07B
-    # parameters, two CPU processes per 4Gi pod at 16 bytes per parameter each.
+    # Every rule, the size estimate included, is refused at admission when the chart's
+    # ValidatingAdmissionPolicy is installed (tests/k8s/test_admission.py). This plane has
+    # the CRD only (install_crd), as a cluster without the policy would: the operator's own
+    # parse must refuse the model (tgapi.sizing): 1.07B parameters, two CPU processes per
+    # 4Gi pod at 16 bytes per parameter each.
     body = ks.noop("badexpert", ns)
     body["spec"]["model"].update(hiddenSize=1024, numLayers=64, ffnHiddenSize=4096)
     k8s_plane.apply(body)

@@ -161,10 +161,22 @@ def with_dashboard(readiness: ClusterReadiness, *, dashboard_error: str | None) 
 
 
 # -- workers ---------------------------------------------------------------------------
+HEAD_LOST_CAUSE = (
+    "the Ray head lost the group: no actor of its Ray namespace is known any more (the head "
+    "restarted without spec.rayCluster.gcsFaultTolerance); the group is re-created and "
+    "resumes from the last checkpoint in spec.training.checkpointDir, if any"
+)
+
+
 def worker_statuses(
     *, worker_names: Sequence[str], actors: Sequence[ActorInfo]
 ) -> list[WorkerStatus]:
-    """One entry per worker name (rank order); an ALIVE actor wins over stale dead ones."""
+    """One entry per worker name (rank order); an ALIVE actor wins over stale dead ones.
+
+    No actor at all in the group's Ray namespace, not even a dead one, means Ray's GCS lost
+    its state: the head restarted without GCS fault tolerance (a dead worker pod leaves its
+    actors DEAD, with a cause). Each worker's cause then says so.
+    """
     by_name: dict[str, ActorInfo] = {}
     for a in actors:
         seen = by_name.get(a.name)
@@ -175,6 +187,8 @@ def worker_statuses(
         found = by_name.get(name)
         if found is None:
             state, cause = describe_worker(ray_state=None)
+            if not actors:
+                cause = HEAD_LOST_CAUSE
             out.append(WorkerStatus(name=name, rank=rank, state=state, cause=cause))
             continue
         state, cause = describe_worker(ray_state=found.state, death_cause=found.death_cause)

@@ -342,10 +342,12 @@ def fault_head(x: Ctx) -> tuple[Outcome, bool]:
     t0, w = time.monotonic(), Watch()
     c.ns("delete", "pod", c.pods("head")[0]["metadata"]["name"], "--wait=false")
     phase = settled(c, timeout_s=x.timeout_s, watch=w, not_names=None if ft else old)
+    said = [m for _, m in w.seen if "head lost the group" in m]
     out = Outcome(fault="head-killed", detail="GCS FT: same workers" if ft else
                   "no GCS FT: re-created from the checkpoint",
-                  recovered_s=time.monotonic() - t0, phase=phase, cause=w.cause())
-    if not ft and "head lost the group" not in out.cause:
+                  recovered_s=time.monotonic() - t0, phase=phase,
+                  cause=said[0] if said else w.cause())
+    if not ft and not said:
         out = dataclasses.replace(out, problems=("the status never said the head lost the group",))
     return out, not ft
 

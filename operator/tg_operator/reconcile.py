@@ -266,10 +266,12 @@ class _Pass:
         if not readiness.ready:
             return readiness
         try:
-            await (await self.ctx.group_dashboard(tg, self.dashboard_url)).version()
+            dash = await self.ctx.group_dashboard(tg, self.dashboard_url)
+            await dash.version()
+            seen = await dash.alive_worker_nodes()
         except DashboardError as exc:
             return status_mod.with_dashboard(readiness, dashboard_error=str(exc))
-        return readiness
+        return status_mod.with_ray_nodes(readiness, alive_workers=seen)
 
     async def run_group(
         self, dash: Dashboard, readiness: status_mod.ClusterReadiness

@@ -48,6 +48,7 @@ class ClusterReadiness:
     reason: str
     message: str
     unschedulable: tuple[str, ...] = ()
+    expected_workers: int = 0  # the worker pods the RayCluster asks for
 
 
 def _condition(obj: Mapping[str, Any], ctype: str) -> Mapping[str, Any] | None:
@@ -146,7 +147,12 @@ def kube_readiness(
         return ClusterReadiness(
             ready=False, reason="KubeRayNotReady", message=f"RayCluster {cluster}: {kuberay_why}"
         )
-    return ClusterReadiness(ready=True, reason="Ready", message=f"RayCluster {cluster}: {counts}")
+    return ClusterReadiness(
+        ready=True,
+        reason="Ready",
+        message=f"RayCluster {cluster}: {counts}",
+        expected_workers=expected,
+    )
 
 
 def with_dashboard(readiness: ClusterReadiness, *, dashboard_error: str | None) -> ClusterReadiness:
@@ -157,6 +163,23 @@ def with_dashboard(readiness: ClusterReadiness, *, dashboard_error: str | None) 
         ready=False,
         reason="DashboardUnreachable",
         message=f"pods are ready but the Ray dashboard is not: {dashboard_error}",
+    )
+
+
+def with_ray_nodes(readiness: ClusterReadiness, *, alive_workers: int) -> ClusterReadiness:
+    """Readiness once Ray's node table was read: every ready worker pod's raylet registered.
+
+    A worker pod stays Ready for a while after its head restarted without GCS fault tolerance
+    (its raylet only gives up on the lost GCS after a timeout); a group started then would
+    find no worker node and fail as never placeable.
+    """
+    if not readiness.ready or alive_workers >= readiness.expected_workers:
+        return readiness
+    return ClusterReadiness(
+        ready=False,
+        reason="RayNodesMissing",
+        message=f"pods are ready but Ray sees {alive_workers} of {readiness.expected_workers} "
+        "worker nodes (a raylet not registered with the head yet, as after a head restart)",
     )
 
 

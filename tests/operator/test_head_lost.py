@@ -27,3 +27,34 @@ def test_one_missing_worker_among_known_actors_is_only_not_found() -> None:
     assert (w0.state, w0.cause) == ("NOT_FOUND", NOT_FOUND_CAUSE)
     assert (w1.state, w1.cause) == ("ALIVE", "")
 
+
+
+def _ready(expected: int) -> S.ClusterReadiness:
+    return S.ClusterReadiness(ready=True, reason="Ready", message="ok", expected_workers=expected)
+
+
+def test_ready_pods_whose_raylets_have_not_registered_are_not_ready() -> None:
+    # after a head restart the old worker pod stays Ready until its raylet gives up
+    got = S.with_ray_nodes(_ready(1), alive_workers=0)
+    assert (got.ready, got.reason) == (False, "RayNodesMissing")
+    assert "Ray sees 0 of 1 worker nodes" in got.message
+
+
+def test_every_raylet_registered_keeps_the_readiness() -> None:
+    assert S.with_ray_nodes(_ready(1), alive_workers=1) == _ready(1)
+    assert S.with_ray_nodes(_ready(0), alive_workers=0) == _ready(0)
+    waiting = S.ClusterReadiness(ready=False, reason="HeadNotReady", message="head")
+    assert S.with_ray_nodes(waiting, alive_workers=0) is waiting
+
+
+def test_kube_readiness_carries_the_expected_worker_count() -> None:
+    rc = {"metadata": {"name": "g"}, "spec": {"workerGroupSpecs": [{"replicas": 2}]},
+          "status": {"state": "ready", "conditions": [
+              {"type": "HeadPodReady", "status": "True"},
+              {"type": "RayClusterProvisioned", "status": "True"}]}}
+    pods = [{"metadata": {"labels": {"ray.io/node-type": t}},
+             "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+            for t in ("head", "worker", "worker")]
+    got = S.kube_readiness(raycluster_obj=rc, pods=pods, cluster="g")
+    assert got.ready, got
+    assert got.expected_workers == 2

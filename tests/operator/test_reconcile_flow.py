@@ -63,16 +63,17 @@ def test_apply_to_ready_posts_only_normal_events() -> None:
     assert w.kube.calls["create_raycluster"] == 1 and w.ray.calls["submit_job"] == 1
 
 
-def test_a_settled_group_costs_two_dashboard_calls_and_no_api_call_per_health_tick() -> None:
+def test_a_settled_group_costs_three_dashboard_calls_and_no_api_call_per_health_tick() -> None:
     w = world()
     run(drive(w, until=phase_is("Ready")))
     kube, ray = sum(w.kube.calls.values()), sum(w.ray.calls.values())
     run(drive(w, passes=10))
     assert w.status["phase"] == "Ready"
-    # each tick: the cluster from the watch (no API call), version + list_actors on Ray
+    # each tick: the cluster from the watch (no API call); on Ray version, alive_worker_nodes
+    # (every worker pod's raylet registered) and list_actors
     assert sum(w.kube.calls.values()) - kube == 10 * 2  # get_raycluster + list_pods (index)
     assert w.kube.calls["patch_status"] <= 8
-    assert sum(w.ray.calls.values()) - ray == 10 * 2
+    assert sum(w.ray.calls.values()) - ray == 10 * 3
 
 
 def test_cluster_conflict_fails_without_touching_the_foreign_cluster() -> None:

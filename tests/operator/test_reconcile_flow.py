@@ -247,3 +247,21 @@ def test_an_invalid_spec_fails_once_and_settles() -> None:
     step = run(drive(w, passes=3))
     assert step.done and w.status["phase"] == "Failed"
     assert w.kube.calls["patch_status"] == 1 and w.kube.calls["create_raycluster"] == 0
+
+
+def test_a_lost_head_waits_for_the_worker_nodes_then_re_creates_and_says_why() -> None:
+    # the head restarted without GCS FT: the new GCS knows no actor and, until the old
+    # worker pod's raylet gives up and re-registers, no worker node (the pod stays Ready)
+    w = world()
+    run(drive(w, until=phase_is("Ready")))
+    w.ray.actors.clear()
+    w.ray.worker_nodes = 0
+    run(drive(w, passes=5))
+    assert w.status["phase"] == "Degraded"
+    assert "Ray sees 0 of" in w.status["message"], w.status["message"]
+    assert w.ray.calls["submit_job"] == 1  # nothing submitted to a head without workers
+    w.ray.worker_nodes = 64
+    run(drive(w, until=lambda x: phase_is("Ready")(x) and x.ray.calls["submit_job"] == 2))
+    assert w.status["phase"] == "Ready" and w.status["restarts"] == 1
+    restarting = [m for t, r, m in w.sink.events if r == "Restarting"]
+    assert restarting and "the Ray head lost the group" in restarting[0]

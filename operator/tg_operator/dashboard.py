@@ -5,7 +5,7 @@ The operator reaches Ray only through these endpoints, so it never imports Ray:
 * Jobs API: ``POST /api/jobs/``, ``GET /api/jobs/{id}``, ``GET /api/jobs/{id}/logs``,
   ``POST /api/jobs/{id}/stop``, ``DELETE /api/jobs/{id}``;
 * State API: ``GET /api/v0/actors`` filtered on ``ray_namespace``;
-* ``GET /api/version`` as a reachability probe.
+* ``GET /api/version`` as a reachability probe; ``GET /api/v0/nodes``: the worker nodes Ray sees.
 
 Every request has a timeout. A dashboard that cannot be reached raises
 :class:`DashboardUnreachable`; one that answers with an error raises
@@ -190,6 +190,23 @@ class DashboardClient:
         _, text = await self._request("GET", path)
         data = self._json(path, text)
         return dict(data) if isinstance(data, Mapping) else {"raw": data}
+
+    async def alive_worker_nodes(self) -> int:
+        """``GET /api/v0/nodes``: how many ALIVE nodes other than the head the GCS knows."""
+        path = "/api/v0/nodes"
+        params = [("limit", str(STATE_API_LIMIT)), ("detail", "true")]
+        _, text = await self._request("GET", path, params=params)
+        data = self._json(path, text)
+        rows = _state_rows(data)
+        if rows is None:
+            raise DashboardError(
+                url=f"{self.base_url}{path}", message=f"State API error: {str(data)[:200]}"
+            )
+        return sum(
+            1
+            for r in rows
+            if isinstance(r, Mapping) and r.get("state") == "ALIVE" and not r.get("is_head_node")
+        )
 
     # -- Jobs API -------------------------------------------------------------------
     async def get_job(self, submission_id: str) -> JobInfo | None:

@@ -124,8 +124,8 @@ def _not_ready(
             message=msg,
             action=action,
         )
-    if ready.reason == "DashboardUnreachable":
-        delay = DASHBOARD_POLL_S
+    if ready.reason in ("DashboardUnreachable", "RayNodesMissing"):
+        delay = DASHBOARD_POLL_S  # Ray has no watch: poll until it answers / the raylet joins
     else:
         delay = min(WATCH_FALLBACK_S, max(1.0, limit - waited + 1.0))
     return Decision(rule=rule, status=new, step=Step.wait(delay, ready.message), action=action)

@@ -56,7 +56,10 @@ def kube_readiness(snap: Snapshot) -> status_mod.ClusterReadiness:
 
 
 def readiness(snap: Snapshot) -> status_mod.ClusterReadiness:
-    return status_mod.with_dashboard(kube_readiness(snap), dashboard_error=snap.dashboard_error)
+    ready = status_mod.with_dashboard(kube_readiness(snap), dashboard_error=snap.dashboard_error)
+    if snap.alive_worker_nodes is None:
+        return ready
+    return status_mod.with_ray_nodes(ready, alive_workers=snap.alive_worker_nodes)
 
 
 def teardown_reason(snap: Snapshot) -> tuple[str, bool] | None:

@@ -97,8 +97,10 @@ async def observe(ctx: Context, bare: Snapshot) -> Snapshot:
     dash = await ctx.group_dashboard(tg, snap.dashboard_url)
     try:
         await dash.version()
+        alive = await dash.alive_worker_nodes()
     except DashboardError as exc:
         return dataclasses.replace(snap, dashboard_error=str(exc))
+    snap = dataclasses.replace(snap, alive_worker_nodes=alive)
     url, sid = snap.dashboard_url, observed.submission_id(snap)
     if reads.job:
         try:

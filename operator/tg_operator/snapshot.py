@@ -53,6 +53,8 @@ class Snapshot:
     pods: tuple[Mapping[str, Any], ...] = ()
     dashboard_error: str | None = None
     """The dashboard's ``/api/version`` failed (None: it answered, or it was not asked)."""
+    alive_worker_nodes: int | None = None
+    """Live worker nodes in Ray's node table (None: not read)."""
     job: JobInfo | None = None
     """The server job of the current group generation (None: not submitted, or not read)."""
     job_logs: str = ""

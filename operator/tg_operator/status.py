@@ -48,6 +48,7 @@ class ClusterReadiness:
     reason: str
     message: str
     unschedulable: tuple[str, ...] = ()
+    expected_workers: int = 0  # the worker pods the RayCluster asks for
 
 
 def _condition(obj: Mapping[str, Any], ctype: str) -> Mapping[str, Any] | None:
@@ -144,7 +145,12 @@ def kube_readiness(
         return ClusterReadiness(
             ready=False, reason="KubeRayNotReady", message=f"RayCluster {cluster}: {kuberay_why}"
         )
-    return ClusterReadiness(ready=True, reason="Ready", message=f"RayCluster {cluster}: {counts}")
+    return ClusterReadiness(
+        ready=True,
+        reason="Ready",
+        message=f"RayCluster {cluster}: {counts}",
+        expected_workers=expected,
+    )
 
 
 def with_dashboard(readiness: ClusterReadiness, *, dashboard_error: str | None) -> ClusterReadiness:
@@ -158,11 +164,40 @@ def with_dashboard(readiness: ClusterReadiness, *, dashboard_error: str | None) 
     )
 
 
+def with_ray_nodes(readiness: ClusterReadiness, *, alive_workers: int) -> ClusterReadiness:
+    """Readiness once Ray's node table was read: every ready worker pod's raylet registered.
+
+    A worker pod stays Ready for a while after its head restarted without GCS fault tolerance
+    (its raylet only gives up on the lost GCS after a timeout); a group started then would
+    find no worker node and fail as never placeable.
+    """
+    if not readiness.ready or alive_workers >= readiness.expected_workers:
+        return readiness
+    return ClusterReadiness(
+        ready=False,
+        reason="RayNodesMissing",
+        message=f"pods are ready but Ray sees {alive_workers} of {readiness.expected_workers} "
+        "worker nodes (a raylet not registered with the head yet, as after a head restart)",
+    )
+
+
 # -- workers ---------------------------------------------------------------------------
+HEAD_LOST_CAUSE = (
+    "the Ray head lost the group: no actor of its Ray namespace is known any more (the head "
+    "restarted without spec.rayCluster.gcsFaultTolerance); the group is re-created and "
+    "resumes from the last checkpoint in spec.training.checkpointDir, if any"
+)
+
+
 def worker_statuses(
     *, worker_names: Sequence[str], actors: Sequence[ActorInfo]
 ) -> list[WorkerStatus]:
-    """One entry per worker name (rank order); an ALIVE actor wins over stale dead ones."""
+    """One entry per worker name (rank order); an ALIVE actor wins over stale dead ones.
+
+    No actor at all in the group's Ray namespace, not even a dead one, means Ray's GCS lost
+    its state: the head restarted without GCS fault tolerance (a dead worker pod leaves its
+    actors DEAD, with a cause). Each worker's cause then says so.
+    """
     by_name: dict[str, ActorInfo] = {}
     for a in actors:
         seen = by_name.get(a.name)
@@ -173,6 +208,8 @@ def worker_statuses(
         found = by_name.get(name)
         if found is None:
             state, cause = describe_worker(ray_state=None)
+            if not actors:
+                cause = HEAD_LOST_CAUSE
             out.append(WorkerStatus(name=name, rank=rank, state=state, cause=cause))
             continue
         state, cause = describe_worker(ray_state=found.state, death_cause=found.death_cause)

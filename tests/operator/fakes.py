@@ -151,6 +151,8 @@ class FakeRay:
         self.logs: dict[str, str] = {}
         self.actors: dict[str, ActorInfo] = {}
         self.ray_namespace = ""
+        # the ALIVE non-head nodes Ray sees (default: more than any test's RayCluster asks)
+        self.worker_nodes = 64
 
     def _check(self, what: str) -> None:
         self.calls[what] += 1
@@ -160,6 +162,10 @@ class FakeRay:
     async def version(self) -> dict[str, Any]:
         self._check("version")
         return {"ray_version": "2.60.0"}
+
+    async def alive_worker_nodes(self) -> int:
+        self._check("alive_worker_nodes")
+        return self.worker_nodes
 
     async def get_job(self, submission_id: str) -> JobInfo | None:
         self._check("get_job")

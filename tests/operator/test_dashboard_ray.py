@@ -122,3 +122,8 @@ def test_missing_jobs_and_unreachable_dashboards_are_clear(ray_endpoint: RayEndp
         asyncio.run(unreachable())
     assert "http://127.0.0.1:9/api/version" in str(info.value)
     assert "cannot connect" in str(info.value)
+
+
+def test_the_node_table_counts_no_head_as_a_worker_node(ray_endpoint: RayEndpoint) -> None:
+    # a local Ray is one node, its head: no worker node (a RayCluster's workers are the others)
+    assert run(ray_endpoint, lambda d: d.alive_worker_nodes()) == 0

@@ -103,6 +103,13 @@ ROWS: dict[str, tuple[Snapshot, str, type | None, str, str]] = {
         "ClusterProvisioning",
         "connection refused",
     ),
+    "raylets-missing-waits": (
+        snap(alive_worker_nodes=0),
+        "cluster-not-ready",
+        None,
+        "ClusterProvisioning",
+        "Ray sees 0 of 1 worker nodes",
+    ),
     "no-job-submits-it": (
         snap(),
         "submit-server",

@@ -63,16 +63,17 @@ def test_apply_to_ready_posts_only_normal_events() -> None:
     assert w.kube.calls["create_raycluster"] == 1 and w.ray.calls["submit_job"] == 1
 
 
-def test_a_settled_group_costs_two_dashboard_calls_and_no_api_call_per_health_tick() -> None:
+def test_a_settled_group_costs_three_dashboard_calls_and_no_api_call_per_health_tick() -> None:
     w = world()
     run(drive(w, until=phase_is("Ready")))
     kube, ray = sum(w.kube.calls.values()), sum(w.ray.calls.values())
     run(drive(w, passes=10))
     assert w.status["phase"] == "Ready"
-    # each tick: the cluster from the watch (no API call), version + list_actors on Ray
+    # each tick: the cluster from the watch (no API call); on Ray version, alive_worker_nodes
+    # (every worker pod's raylet registered) and list_actors
     assert sum(w.kube.calls.values()) - kube == 10 * 2  # get_raycluster + list_pods (index)
     assert w.kube.calls["patch_status"] <= 8
-    assert sum(w.ray.calls.values()) - ray == 10 * 2
+    assert sum(w.ray.calls.values()) - ray == 10 * 3
 
 
 def test_cluster_conflict_fails_without_touching_the_foreign_cluster() -> None:
@@ -272,3 +273,21 @@ def test_raising_workers_ready_seconds_revives_a_timed_out_group() -> None:
     w.obj["metadata"]["generation"] = 2
     run(drive(w, until=phase_is("Ready"), passes=50))
     assert w.status["groupGeneration"] == 1 and w.status["workerNames"] == ["w1-0", "w1-1"]
+
+
+def test_a_lost_head_waits_for_the_worker_nodes_then_re_creates_and_says_why() -> None:
+    # the head restarted without GCS FT: the new GCS knows no actor and, until the old
+    # worker pod's raylet gives up and re-registers, no worker node (the pod stays Ready)
+    w = world()
+    run(drive(w, until=phase_is("Ready")))
+    w.ray.actors.clear()
+    w.ray.worker_nodes = 0
+    run(drive(w, passes=5))
+    assert w.status["phase"] == "Degraded"
+    assert "Ray sees 0 of" in w.status["message"], w.status["message"]
+    assert w.ray.calls["submit_job"] == 1  # nothing submitted to a head without workers
+    w.ray.worker_nodes = 64
+    run(drive(w, until=lambda x: phase_is("Ready")(x) and x.ray.calls["submit_job"] == 2))
+    assert w.status["phase"] == "Ready" and w.status["restarts"] == 1
+    restarting = [m for t, r, m in w.sink.events if r == "Restarting"]
+    assert restarting and "the Ray head lost the group" in restarting[0]

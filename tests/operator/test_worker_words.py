@@ -28,7 +28,10 @@ CRASHED: dict[str, Any] = {
 
 
 def _operator_view(state: str | None, cause: Any) -> tuple[str, str]:
-    actors = []
+    # an earlier generation's dead actor: the namespace is known to the GCS (an empty one
+    # means the head lost its state, tests/operator/test_head_lost.py)
+    earlier = {"name": "w0-gen0", "state": "DEAD", "pid": 41, "actor_id": "z"}
+    actors = [ActorInfo.from_wire(earlier)]
     if state is not None:
         wire = {"name": "w0", "state": state, "death_cause": cause, "pid": 42, "actor_id": "a"}
         actors.append(ActorInfo.from_wire(wire))

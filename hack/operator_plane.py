@@ -232,6 +232,9 @@ def operator_env(
         "TG_GCS_ADDRESS_TEMPLATE": gcs_address,
         "TG_PYTHON": sys.executable,
         "TG_HEALTH_INTERVAL_SECONDS": str(health_interval),
+        # kwok's pods run no raylet: the one local Ray head does the work, so Ray's node
+        # table never lists a node per worker pod here
+        "TG_RAY_NODE_CHECK": "0",
         "TG_LIVENESS_PORT": str(liveness),
         "TG_METRICS_PORT": str(metrics),
         "TG_DASHBOARD_TIMEOUT_SECONDS": "30",

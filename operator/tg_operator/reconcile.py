@@ -97,7 +97,7 @@ async def observe(ctx: Context, bare: Snapshot) -> Snapshot:
     dash = await ctx.group_dashboard(tg, snap.dashboard_url)
     try:
         await dash.version()
-        alive = await dash.alive_worker_nodes()
+        alive = await dash.alive_worker_nodes() if ctx.config.ray_node_check else None
     except DashboardError as exc:
         return dataclasses.replace(snap, dashboard_error=str(exc))
     snap = dataclasses.replace(snap, alive_worker_nodes=alive)

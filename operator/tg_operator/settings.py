@@ -41,6 +41,8 @@ class OperatorConfig:
     """Wait before the second re-creation of a group; doubles each time after."""
     restart_backoff_max_s: float = 300.0
     """The longest wait between re-creations."""
+    ray_node_check: bool = True
+    """A RayCluster is ready only once Ray's node table has a live node per worker pod."""
     ray_auth_token: str = dataclasses.field(default="", repr=False)
     """Bearer token for Ray dashboards with token authentication (empty: none)."""
     ray_token_key: str = dataclasses.field(default="", repr=False)
@@ -73,6 +75,7 @@ class OperatorConfig:
             restart_backoff_max_s=_number(
                 env, "TG_RESTART_BACKOFF_MAX_SECONDS", 300.0, minimum=0
             ),
+            ray_node_check=_flag(env, "TG_RAY_NODE_CHECK", default=True),
             ray_auth_token=ray_auth_token(env),
             ray_token_key=_secret_value(env, "TG_RAY_TOKEN_KEY"),
             operator_namespace=(
@@ -154,6 +157,17 @@ def _number(env: Mapping[str, str], name: str, default: float, *, minimum: float
     if value < minimum:
         raise SettingsError(f"{name}={raw!r} must be >= {minimum:g}")
     return value
+
+
+def _flag(env: Mapping[str, str], name: str, *, default: bool) -> bool:
+    raw = env.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise SettingsError(f"{name}={raw!r} is not a switch: use 1 or 0")
 
 
 def _render(template: str, variable: str, cluster: str, namespace: str) -> str:

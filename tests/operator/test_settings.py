@@ -21,6 +21,7 @@ def test_defaults_match_the_contract() -> None:
         300,
     )
     assert c.python == "python"
+    assert c.ray_node_check is True
 
 
 def test_overrides() -> None:
@@ -31,8 +32,10 @@ def test_overrides() -> None:
             "TG_GCS_ADDRESS_TEMPLATE": "127.0.0.1:6379",
             "TG_HEALTH_INTERVAL_SECONDS": "2.5",
             "TG_PYTHON": "/venv/bin/python",
+            "TG_RAY_NODE_CHECK": "0",
         }
     )
+    assert c.ray_node_check is False
     assert c.namespaces == ("a", "b")
     assert c.dashboard_url(cluster="x", namespace="y") == "http://127.0.0.1:8265"
     assert c.gcs_address(cluster="x", namespace="y") == "127.0.0.1:6379"
@@ -45,6 +48,7 @@ def test_overrides() -> None:
     [
         ({"TG_HEALTH_INTERVAL_SECONDS": "soon"}, "not a number"),
         ({"TG_HEALTH_INTERVAL_SECONDS": "0"}, "must be >="),
+        ({"TG_RAY_NODE_CHECK": "maybe"}, "TG_RAY_NODE_CHECK='maybe' is not a switch"),
         ({"TG_DASHBOARD_URL_TEMPLATE": "http://{clustr}:8265"}, "{cluster}"),
     ],
 )

@@ -88,7 +88,7 @@ def main() -> int:
     p.add_argument("--no-megatron", action="store_true", help="attach to the light group instead")
     args = p.parse_args()
 
-    from tgruntime import ray_connect
+    from tgruntime import local_head
 
     tmp = Path(tempfile.mkdtemp(prefix="tgbench-"))
     env = {
@@ -101,7 +101,7 @@ def main() -> int:
     head = None
     address = args.address
     if address is None:
-        head = ray_connect.start_local_head(
+        head = local_head.start_local_head(
             num_cpus=2, timeout_s=300, env={"RAY_AUTH_MODE": env["RAY_AUTH_MODE"]}
         )
         address = head.gcs_address
@@ -138,7 +138,7 @@ def main() -> int:
         run(env, *tgctl, "down", "-f", str(heavy))
     finally:
         if head is not None:
-            ray_connect.stop_local_head(head)
+            local_head.stop_local_head(head)
 
     med = {k: statistics.median(v) for k, v in times.items()}
     connect = med["connect"]

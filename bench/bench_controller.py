@@ -38,7 +38,7 @@ import numpy as np  # noqa: E402
 import ray  # noqa: E402
 import torch  # noqa: E402
 
-from tgruntime import ray_connect  # noqa: E402
+from tgruntime import local_head, ray_connect  # noqa: E402
 from tgruntime.controller import (  # noqa: E402
     ClassWithInitArgs,
     DataProto,
@@ -213,7 +213,7 @@ def main() -> None:
     if args.address:
         address = args.address
     else:
-        head = ray_connect.start_local_head(
+        head = local_head.start_local_head(
             num_cpus=2, object_store_memory=5 * 2**30, env={"RAY_AUTH_MODE": os.environ["RAY_AUTH_MODE"]}
         )
         address = head.gcs_address
@@ -247,7 +247,7 @@ def main() -> None:
         if ray.is_initialized():
             ray.shutdown()
         if head is not None:
-            ray_connect.stop_local_head(head)
+            local_head.stop_local_head(head)
 
     results["machine"] = {
         "cpus": os.cpu_count(),

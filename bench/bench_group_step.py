@@ -120,7 +120,7 @@ def _run(cmd: list[str], *, timeout: float, what: str) -> subprocess.CompletedPr
 def run_group(
     spec: tgapi.TrainerGroupSpec, *, name: str, steps: int, warmup: int, gpus: int
 ) -> dict[str, Any]:
-    from tgruntime.ray_connect import start_local_head, stop_local_head
+    from tgruntime.local_head import start_local_head, stop_local_head
 
     body = json.dumps(_resource(spec, name))
     tg = tgapi.parse_resource(json.loads(body), local=True)

@@ -1,6 +1,6 @@
 """Ray fixtures: one real local Ray head per test session, on free loopback ports.
 
-- ``ray_cluster`` (session): a head started with ``tgruntime.ray_connect.start_local_head``
+- ``ray_cluster`` (session): a head started with ``tgruntime.local_head.start_local_head``
   (dashboard on, its own temp dir, small: 2 logical CPUs, 1 GiB object store), stopped at
   the end. Its value is a frozen ``RayCluster``: ``gcs_address``, ``dashboard_url``,
   ``temp_dir`` and ``run_python(code)`` to run a snippet in a separate OS process already
@@ -103,7 +103,7 @@ class RayCluster:
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[RayCluster]:
     """A local Ray head for the whole session (started on free ports, stopped at the end)."""
-    from tgruntime import ray_connect
+    from tgruntime import local_head
 
     auth_was = os.environ.get("RAY_AUTH_MODE")
     if auth_was is None:
@@ -114,7 +114,7 @@ def ray_cluster() -> Iterator[RayCluster]:
         dashboard = os.environ.get("TG_TEST_DASHBOARD_URL", "")
         yield RayCluster(gcs_address=reuse, dashboard_url=dashboard, temp_dir="", num_cpus=0, _owned=False)
         return
-    head = ray_connect.start_local_head(
+    head = local_head.start_local_head(
         num_cpus=2, object_store_memory=1 << 30, timeout_s=180,
         env={"RAY_AUTH_MODE": os.environ["RAY_AUTH_MODE"]},
     )
@@ -128,7 +128,7 @@ def ray_cluster() -> Iterator[RayCluster]:
 
         if ray.is_initialized():
             ray.shutdown()
-        ray_connect.stop_local_head(head)
+        local_head.stop_local_head(head)
         if auth_was is None:
             os.environ.pop("RAY_AUTH_MODE", None)
             _refresh_ray_config()

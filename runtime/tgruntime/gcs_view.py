@@ -83,7 +83,7 @@ class GcsView:
     """A driver-less view of one Ray cluster's GCS (``host:port``)."""
 
     def __init__(self, address: str, *, timeout_s: float = 10.0) -> None:
-        from tgruntime import ray_connect
+        from tgruntime import ray_connect, ray_workarounds
 
         host, port = ray_connect.parse_address(address)
         if not ray_connect.is_reachable(address, timeout_s=min(timeout_s, 5.0)):
@@ -91,7 +91,7 @@ class GcsView:
                 f"no Ray GCS answers at {host}:{port} (is the head running? right port? "
                 "`tgctl up` starts one; --address or RAY_ADDRESS names another)"
             )
-        ray_connect.prepare_token_auth()
+        ray_workarounds.prepare_token_auth()
         from ray._raylet import GcsClient  # type: ignore[attr-defined]
 
         self.address = f"{host}:{port}"
@@ -133,7 +133,7 @@ class GcsView:
 
     def dashboard_url(self) -> str:
         """The dashboard's URL when the cluster runs one, else "" (TG_RAY_INCLUDE_DASHBOARD=0)."""
-        from tgruntime.ray_connect import _http_up
+        from tgruntime.ray_connect import http_up
 
         raw = self.kv_get("dashboard", kv_namespace="dashboard")
         if not raw:
@@ -142,7 +142,7 @@ class GcsView:
         url = text if "://" in text else f"http://{text}"
         # A head started without the dashboard still publishes the address it would have
         # had: only a dashboard that answers counts (refused at once when there is none).
-        return url if _http_up(f"{url}/api/version", timeout_s=1.0) else ""
+        return url if http_up(f"{url}/api/version", timeout_s=1.0) else ""
 
 
 def by_name(actors: list[ActorInfo]) -> dict[str, ActorInfo]:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 
 import pytest
 
 from tests.fixtures_ray import RayCluster
 from tgruntime.controller import RayConnectError
-from tgruntime.ray_connect import connect, is_reachable, parse_address, stop_local_head
+from tgruntime.local_head import start_local_head, stop_local_head
+from tgruntime.ray_connect import connect, is_reachable, parse_address
 
 pytestmark = pytest.mark.ray
 
@@ -52,7 +54,8 @@ def test_unreachable_address_fails_fast_and_clearly(ray_cluster: RayCluster) -> 
     assert not is_reachable(f"127.0.0.1:{port}")
     with pytest.raises(RayConnectError, match="invalid Ray address"):
         parse_address("no-port-here")
-    assert stop_local_head(gcs_address=f"127.0.0.1:{port}") is False
+    # a pid that is not a head's `ray start` (this pytest process) is never signalled
+    assert stop_local_head(pid=os.getpid(), temp_dir="/tmp/tgray-none") is False
 
 
 def test_reconnecting_with_another_namespace_is_refused(ray_driver: RayCluster) -> None:
@@ -66,12 +69,9 @@ def test_token_auth_cluster_with_explicit_address() -> None:
     ~/.ray/auth_token exists), a driver given an explicit loopback address. Plain
     ``ray.init(address=...)`` fails with "Failed to connect to Ray cluster at <node ip>:<port>";
     ``connect`` uses the token and works."""
-    import os
     import subprocess
     import sys
     import uuid
-
-    from tgruntime.ray_connect import start_local_head
 
     token = uuid.uuid4().hex
     head = start_local_head(num_cpus=1, env={"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}, timeout_s=180)

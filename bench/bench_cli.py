@@ -71,10 +71,10 @@ from tgruntime.ray_connect import connect
 from tgruntime.gcs_view import use_light_handles
 from tgruntime.controller import WorkerGroup
 t0 = time.perf_counter()
-connect(address=sys.argv[1], namespace=sys.argv[2])
+connect(address=sys.argv[1], ray_namespace=sys.argv[2])
 t1 = time.perf_counter()
 use_light_handles()
-wg = WorkerGroup.attach(group_name=sys.argv[3], namespace=sys.argv[2], timeout_s=30)
+wg = WorkerGroup.attach(group_name=sys.argv[3], ray_namespace=sys.argv[2], timeout_s=30)
 t2 = time.perf_counter()
 print("BENCH " + json.dumps({"connect_s": t1 - t0, "attach_s": t2 - t1, "workers": wg.world_size,
       "megatron_imported": "megatron" in sys.modules}))

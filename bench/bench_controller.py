@@ -179,11 +179,11 @@ def transfer(wg: WorkerGroup, nbytes: int, repeat: int, with_torch: bool) -> dic
 
 
 def attach_latency(group_name: str, repeat: int) -> dict[str, Any]:
-    WorkerGroup.attach(group_name=group_name, namespace=NAMESPACE)
+    WorkerGroup.attach(group_name=group_name, ray_namespace=NAMESPACE)
     samples = []
     for _ in range(repeat):
         t = time.perf_counter()
-        WorkerGroup.attach(group_name=group_name, namespace=NAMESPACE)
+        WorkerGroup.attach(group_name=group_name, ray_namespace=NAMESPACE)
         samples.append(time.perf_counter() - t)
     return stats(samples)
 
@@ -219,16 +219,16 @@ def main() -> None:
         address = head.gcs_address
     results: dict[str, Any] = {}
     try:
-        ray_connect.connect(address, namespace=NAMESPACE)
+        ray_connect.connect(address, ray_namespace=NAMESPACE)
         groups = {}
         for n in (2, 8):
             name = f"bench{n}"
             from tgruntime.controller import teardown_group
 
-            teardown_group(group_name=name, namespace=NAMESPACE)
+            teardown_group(group_name=name, ray_namespace=NAMESPACE)
             t = time.perf_counter()
             groups[n] = WorkerGroup.create(
-                group_name=name, namespace=NAMESPACE,
+                group_name=name, ray_namespace=NAMESPACE,
                 resource_pool=ResourcePool(process_on_nodes=[n], cpus_per_process=0.2),
                 cls=ClassWithInitArgs(BenchWorker), actor_timeout_s=300,
             )

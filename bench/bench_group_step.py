@@ -55,14 +55,14 @@ def client_role(args: argparse.Namespace) -> int:
     from tgruntime.trainer.steptime import bench_batch
 
     spec = tgapi.parse_resource(json.loads(args.spec_json), local=True).spec
-    connect(address=args.address, namespace=args.ray_namespace)
+    connect(address=args.address, ray_namespace=args.ray_namespace)
     t0 = time.perf_counter()
-    wg = WorkerGroup.attach(group_name=args.group, namespace=args.ray_namespace)
+    wg = WorkerGroup.attach(group_name=args.group, ray_namespace=args.ray_namespace)
     attach_ms = (time.perf_counter() - t0) * 1e3
     attach_again = []
     for _ in range(5):
         t0 = time.perf_counter()
-        WorkerGroup.attach(group_name=args.group, namespace=args.ray_namespace)
+        WorkerGroup.attach(group_name=args.group, ray_namespace=args.ray_namespace)
         attach_again.append((time.perf_counter() - t0) * 1e3)
     t0 = time.perf_counter()
     meshes = wg.get_mesh()

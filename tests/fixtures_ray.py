@@ -151,7 +151,7 @@ def ray_driver(ray_cluster: RayCluster) -> Iterator[RayCluster]:
 
     from tgruntime.ray_connect import connect
 
-    connect(ray_cluster.gcs_address, namespace="tgtests")
+    connect(ray_cluster.gcs_address, ray_namespace="tgtests")
     try:
         yield ray_cluster
     finally:

@@ -1,6 +1,6 @@
 """Reaching Ray: a robust ``connect`` for drivers, and the one Ray address variable.
 
-``connect(address, namespace=...)``
+``connect(address, ray_namespace=...)``
     ``ray.init`` with checks first, so failures say what is wrong instead of Ray's
     "Failed to connect to Ray cluster at <node ip>:<port>" after a long wait:
 
@@ -32,7 +32,7 @@ import ray
 
 from tgruntime import ray_workarounds
 from tgruntime.controller.errors import RayConnectError
-from tgruntime.controller.naming import validate_namespace
+from tgruntime.controller.naming import required_ray_namespace, validate_namespace
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class Connection:
     """The Ray cluster a driver is connected to."""
 
     gcs_address: str
-    namespace: str
+    ray_namespace: str
     node_id: str
     node_ip: str
     dashboard_url: str
@@ -104,30 +104,35 @@ def http_up(url: str, timeout_s: float = 2.0) -> bool:
 def connect(
     address: str | None = None,
     *,
-    namespace: str,
+    ray_namespace: str | None = None,
     timeout_s: float = 30,
     log_to_driver: bool = False,
     runtime_env: dict[str, Any] | None = None,
+    namespace: str | None = None,
     **init_kwargs: Any,
 ) -> Connection:
-    """Connect this process to Ray as a driver in ``namespace`` (explicit, never anonymous).
+    """Connect this process to Ray as a driver in ``ray_namespace`` (explicit, never anonymous).
+
+    ``namespace=`` is the deprecated old name of ``ray_namespace`` (one release).
 
     ``address``: ``host:port`` of the GCS, ``auto`` (the cluster started on this machine),
     ``ray://host:port`` (Ray client; a last resort), or None (``address_from_env()``:
     RAY_ADDRESS, else the deprecated TG_RAY_ADDRESS; else ``auto``).
     """
-    validate_namespace(namespace)
+    ns = validate_namespace(
+        required_ray_namespace(ray_namespace=ray_namespace, namespace=namespace, where="connect")
+    )
     if ray.is_initialized():
         current = ray.get_runtime_context().namespace
-        if current != namespace:
+        if current != ns:
             raise RayConnectError(
-                f"this process is already connected to Ray in namespace {current!r}, not "
-                f"{namespace!r}; call ray.shutdown() first"
+                f"this process is already connected to Ray in Ray namespace {current!r}, not "
+                f"{ns!r}; call ray.shutdown() first"
             )
-        return _connection(namespace)
+        return _connection(ns)
     raw = (address or address_from_env() or "auto").strip()
     kwargs: dict[str, Any] = {
-        "namespace": namespace, "log_to_driver": log_to_driver, **init_kwargs
+        "namespace": ns, "log_to_driver": log_to_driver, **init_kwargs
     }
     if runtime_env is not None:
         kwargs["runtime_env"] = runtime_env
@@ -136,7 +141,7 @@ def connect(
             ray.init(address=raw, **kwargs)
         except Exception as exc:
             raise RayConnectError(f"ray.init(address={raw!r}) failed: {exc}") from exc
-        return _connection(namespace)
+        return _connection(ns)
 
     host, port = parse_address(raw)
     error = _tcp_error(host, port, timeout_s=min(timeout_s, 5.0))
@@ -174,10 +179,10 @@ def connect(
             f"{kwargs.get('_node_ip_address')!r}) failed: {exc}. Nodes registered in that "
             f"GCS: {registered}.{hint}"
         ) from exc
-    return _connection(namespace)
+    return _connection(ns)
 
 
-def _connection(namespace: str) -> Connection:
+def _connection(ray_namespace: str) -> Connection:
     ctx = ray.get_runtime_context()
     dash = ""
     with contextlib.suppress(Exception):
@@ -186,7 +191,7 @@ def _connection(namespace: str) -> Connection:
         dash = f"http://{dash}"
     return Connection(
         gcs_address=str(ctx.gcs_address),
-        namespace=namespace,
+        ray_namespace=ray_namespace,
         node_id=ctx.get_node_id(),
         node_ip=str(ray.util.get_node_ip_address()),  # type: ignore[no-untyped-call]
         dashboard_url=dash,

@@ -37,9 +37,9 @@ def run(
     from tgruntime.controller.teardown import teardown_group
     from tgruntime.ray_connect import connect
 
-    connect(address=address, namespace=ray_namespace, logging_level=logging.WARNING)
+    connect(address=address, ray_namespace=ray_namespace, logging_level=logging.WARNING)
     gcs_view.use_light_handles()
-    report = teardown_group(group_name=group, namespace=ray_namespace, timeout_s=timeout_s)
+    report = teardown_group(group_name=group, ray_namespace=ray_namespace, timeout_s=timeout_s)
     return to_marker(report)
 
 

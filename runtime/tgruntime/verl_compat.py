@@ -237,7 +237,7 @@ class RayResourcePool:
             self.pgs = create_placement_groups(
                 self.to_resource_pool(strategy),
                 group_name=group,
-                namespace=_namespace(),
+                namespace=_ray_namespace(),
                 generation=0,
                 detached=self.detached,
                 timeout_s=timeout_s,
@@ -299,9 +299,9 @@ class RayWorkerGroup(WorkerGroup):
         self.name_prefix = _random_prefix() if name_prefix is None else name_prefix
         self.fused_worker_used = False
         self.sub_cls_name = ""
-        namespace = _namespace()
+        ray_namespace = _ray_namespace()
         if worker_names is not None or worker_handles is not None:
-            self._init_detached(namespace, worker_names, worker_handles)
+            self._init_detached(ray_namespace, worker_names, worker_handles)
             return
         if resource_pool is None or ray_cls_with_init is None:
             raise TypeError(
@@ -317,7 +317,7 @@ class RayWorkerGroup(WorkerGroup):
         )
         launched = launch(
             group_name=group_name,
-            namespace=namespace,
+            namespace=ray_namespace,
             resource_pool=resource_pool.to_resource_pool(strategy),
             cls=cia,
             name_prefix=self.name_prefix,
@@ -331,7 +331,7 @@ class RayWorkerGroup(WorkerGroup):
         )
         super().__init__(
             group_name=group_name,
-            namespace=namespace,
+            ray_namespace=ray_namespace,
             worker_names=launched.worker_names,
             handles=launched.handles,
             methods=registered_methods(cia.cls),
@@ -340,7 +340,7 @@ class RayWorkerGroup(WorkerGroup):
 
     def _init_detached(
         self,
-        namespace: str,
+        ray_namespace: str,
         worker_names: Sequence[str] | None,
         worker_handles: Sequence[Any] | None,
     ) -> None:
@@ -356,16 +356,16 @@ class RayWorkerGroup(WorkerGroup):
             names = list(worker_names)
             handles = []
             for name in names:
-                handle = get_actor(name, namespace)
+                handle = get_actor(name, ray_namespace)
                 if handle is None:
-                    raise_missing_worker(name, namespace, None)
+                    raise_missing_worker(name, ray_namespace, None)
                 handles.append(handle)
         from tgruntime.controller import registry
 
-        record = registry.with_names(names, namespace) if worker_names is not None else None
+        record = registry.with_names(names, ray_namespace) if worker_names is not None else None
         super().__init__(
             group_name=record.group_name if record else "",
-            namespace=namespace,
+            ray_namespace=ray_namespace,
             worker_names=names,
             handles=handles,
             methods=methods_from(self.ray_cls_with_init, record),
@@ -434,9 +434,11 @@ def _worker_env(
     return env
 
 
-def _namespace() -> str:
+def _ray_namespace() -> str:
     if not ray.is_initialized():
-        raise RuntimeError("call ray.init(namespace=...) (or tgruntime.ray_connect.connect) first")
+        raise RuntimeError(
+            "call ray.init(namespace=...) (or tgruntime.ray_connect.connect) first"
+        )
     return str(ray.get_runtime_context().namespace)
 
 

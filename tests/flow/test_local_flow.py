@@ -73,7 +73,7 @@ def leftovers(cluster: RayCluster, namespace: str) -> dict[str, Any]:
         import json, ray
         from ray.util.state import list_actors, list_placement_groups
         from tgruntime.ray_connect import connect
-        connect(namespace="probe")
+        connect(ray_namespace="probe")
         actors = [a.name for a in list_actors(filters=[("ray_namespace", "=", {namespace!r})], limit=1000)
                   if a.state != "DEAD"]
         pgs = [p.name for p in list_placement_groups(limit=1000)
@@ -88,8 +88,8 @@ def last_steps(cluster: RayCluster, group: str, namespace: str) -> list[dict[str
         import json
         from tgruntime.controller import WorkerGroup
         from tgruntime.ray_connect import connect
-        connect(namespace={namespace!r})
-        wg = WorkerGroup.attach(group_name={group!r}, namespace={namespace!r})
+        connect(ray_namespace={namespace!r})
+        wg = WorkerGroup.attach(group_name={group!r}, ray_namespace={namespace!r})
         print("LAST " + json.dumps(wg.last_step()))
     """)
     return tagged("LAST", out)[-1]
@@ -156,8 +156,8 @@ def test_checkpoint_resumes_in_a_recreated_generation(
     ray_cluster.run_python(f"""
         from tgruntime.controller import WorkerGroup
         from tgruntime.ray_connect import connect
-        connect(namespace={ns!r})
-        print(WorkerGroup.attach(group_name={name!r}, namespace={ns!r}).save_checkpoint())
+        connect(ray_namespace={ns!r})
+        print(WorkerGroup.attach(group_name={name!r}, ray_namespace={ns!r}).save_checkpoint())
     """)
     (continued,) = [
         s["loss"] for s in tagged("TG_STEP", run(ray_cluster, *train, "--steps", "1").stdout)

@@ -193,9 +193,9 @@ def test_tgctl_fast_quiet_paths_without_dashboard(tmp_path: Path) -> None:
             from tgruntime.ray_connect import connect
             from tgruntime.gcs_view import use_light_handles
             from tgruntime.controller import WorkerGroup
-            connect(address=json.load(open({str(state)!r}))["gcs_address"], namespace={ns!r})
+            connect(address=json.load(open({str(state)!r}))["gcs_address"], ray_namespace={ns!r})
             assert use_light_handles()
-            wg = WorkerGroup.attach(group_name={name!r}, namespace={ns!r})
+            wg = WorkerGroup.attach(group_name={name!r}, ray_namespace={ns!r})
             out = wg.init_model()
             print("PROBE " + json.dumps({{"ranks": [r["rank"] for r in out],
                 "worker_module": {WORKER_MODULE!r} in sys.modules}}))

@@ -21,10 +21,10 @@ def test_explicit_loopback_address_and_ray_address_env(ray_cluster: RayCluster) 
     out = ray_cluster.run_python(f"""
         import json, os
         from tgruntime.ray_connect import connect
-        explicit = connect("127.0.0.1:{port}", namespace="c1")
+        explicit = connect("127.0.0.1:{port}", ray_namespace="c1")
         import ray
         ray.shutdown()
-        from_env = connect(namespace="c2")   # RAY_ADDRESS, set by the fixture
+        from_env = connect(ray_namespace="c2")   # RAY_ADDRESS, set by the fixture
         print(json.dumps({{"explicit": explicit.node_id, "env": from_env.node_id,
                           "dashboard": from_env.dashboard_url, "ns": ray.get_runtime_context().namespace}}))
     """)
@@ -43,7 +43,7 @@ def test_unreachable_address_fails_fast_and_clearly(ray_cluster: RayCluster) -> 
         from tgruntime.ray_connect import connect
         t = time.monotonic()
         try:
-            connect("127.0.0.1:{port}", namespace="nowhere", timeout_s=5)
+            connect("127.0.0.1:{port}", ray_namespace="nowhere", timeout_s=5)
             print(json.dumps({{"error": None}}))
         except RayConnectError as exc:
             print(json.dumps({{"error": str(exc), "took": time.monotonic() - t}}))
@@ -59,9 +59,9 @@ def test_unreachable_address_fails_fast_and_clearly(ray_cluster: RayCluster) -> 
 
 
 def test_reconnecting_with_another_namespace_is_refused(ray_driver: RayCluster) -> None:
-    assert connect(ray_driver.gcs_address, namespace="tgtests").namespace == "tgtests"  # same: fine
+    assert connect(ray_driver.gcs_address, ray_namespace="tgtests").ray_namespace == "tgtests"  # same: fine
     with pytest.raises(RayConnectError, match="already connected"):
-        connect(ray_driver.gcs_address, namespace="other")
+        connect(ray_driver.gcs_address, ray_namespace="other")
 
 
 def test_token_auth_cluster_with_explicit_address() -> None:
@@ -80,7 +80,7 @@ def test_token_auth_cluster_with_explicit_address() -> None:
         env.pop("RAY_AUTH_MODE", None)  # as on a machine where nobody set it
         env.pop("RAY_ADDRESS", None)
         plain = f"import ray; ray.init(address={head.gcs_address!r}, namespace='p'); print('connected')"
-        ours = f"from tgruntime.ray_connect import connect; connect({head.gcs_address!r}, namespace='p'); print('connected')"
+        ours = f"from tgruntime.ray_connect import connect; connect({head.gcs_address!r}, ray_namespace='p'); print('connected')"
         procs = [
             subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for code in (plain, ours)

@@ -110,7 +110,7 @@ CASES = [[1, 1], [2, 1], [1, 2]]
 def test_placement_ranks_names(two_nodes: TwoNodes, counts: list[int]) -> None:
     prefix = f"p{uuid.uuid4().hex[:6]}"
     wg = WorkerGroup.create(
-        group_name=f"mn-{prefix}", namespace=f"t-{prefix}", name_prefix=prefix,
+        group_name=f"mn-{prefix}", ray_namespace=f"t-{prefix}", name_prefix=prefix,
         resource_pool=pinned_pool(counts, cpus_per_process=0.2),
         cls=ClassWithInitArgs(Counter), detached=False, **TIMEOUTS,  # type: ignore[arg-type]
     )
@@ -158,7 +158,7 @@ def test_mesh_dispatch(two_nodes: TwoNodes, counts: list[int]) -> None:
     dp_ranks = MESHES[key]
     prefix = f"m{uuid.uuid4().hex[:6]}"
     wg = WorkerGroup.create(
-        group_name=f"mn-{prefix}", namespace=f"t-{prefix}", name_prefix=prefix,
+        group_name=f"mn-{prefix}", ray_namespace=f"t-{prefix}", name_prefix=prefix,
         resource_pool=pinned_pool(counts, cpus_per_process=0.2),
         cls=ClassWithInitArgs(MeshProbe, dp_ranks), detached=False, **TIMEOUTS,  # type: ignore[arg-type]
     )
@@ -198,7 +198,7 @@ def test_ip_sort_bug_counts_follow_spec(two_nodes: TwoNodes, monkeypatch: pytest
     counts = [2, 1]
     prefix = f"b{uuid.uuid4().hex[:6]}"
     wg = WorkerGroup.create(
-        group_name=f"mn-{prefix}", namespace=f"t-{prefix}", name_prefix=prefix,
+        group_name=f"mn-{prefix}", ray_namespace=f"t-{prefix}", name_prefix=prefix,
         resource_pool=pinned_pool(counts, cpus_per_process=0.2),
         cls=ClassWithInitArgs(Counter), detached=False, **TIMEOUTS,  # type: ignore[arg-type]
     )
@@ -230,7 +230,7 @@ def test_megatron_tp2_across_nodes(two_nodes: TwoNodes, tmp_path: Path) -> None:
     wire = json.dumps(tgapi.to_wire(tiny_spec(tp=2, checkpoint_dir=str(tmp_path / "ckpt"))))
     prefix = f"t{uuid.uuid4().hex[:6]}"
     wg = WorkerGroup.create(
-        group_name=f"mn-{prefix}", namespace=f"t-{prefix}", name_prefix=prefix,
+        group_name=f"mn-{prefix}", ray_namespace=f"t-{prefix}", name_prefix=prefix,
         resource_pool=pinned_pool([1, 1], cpus_per_process=1.0),
         cls=ClassWithInitArgs(MegatronTrainer, wire), detached=False, **TIMEOUTS,  # type: ignore[arg-type]
     )

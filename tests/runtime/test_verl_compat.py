@@ -66,9 +66,9 @@ def test_verl_detached_server_and_client_round_trip(ray_driver: RayCluster, uniq
 
     # The verl group is a regular published group: attach by name, then remove everything.
     group = "trainerVerlStyle"
-    attached = WorkerGroup.attach(group_name=group, namespace=ns)
+    attached = WorkerGroup.attach(group_name=group, ray_namespace=ns)
     assert attached.steps() == [1, 1]
-    report = teardown_group(group_name=group, namespace=ns, timeout_s=60)
+    report = teardown_group(group_name=group, ray_namespace=ns, timeout_s=60)
     assert report.complete and len(report.actors_killed) == 2 and len(report.placement_groups_removed) == 1
     prefix = naming.placement_group_prefix(namespace=ns, group_name=group)
     assert not [

@@ -82,7 +82,7 @@ def cleanup() -> Iterator[list[str]]:
     yield groups
     namespace = ray.get_runtime_context().namespace
     for g in groups:
-        teardown_group(group_name=g, namespace=namespace, timeout_s=60)
+        teardown_group(group_name=g, ray_namespace=namespace, timeout_s=60)
 
 
 # ---------------------------------------------------------------------------- worker_env
@@ -207,8 +207,8 @@ def test_worker_uses_tensordict_utils(ray_driver: RayCluster, cleanup: list[str]
     # WorkerGroup's alternate constructors, inherited, build a RayWorkerGroup (its parent's
     # contract): attach by name and by worker names, with verl's attributes set
     for again in (
-        RayWorkerGroup.attach(group_name=wg.group_name, namespace=wg.namespace),
-        RayWorkerGroup.from_worker_names(worker_names=wg.worker_names, namespace=wg.namespace),
+        RayWorkerGroup.attach(group_name=wg.group_name, ray_namespace=wg.ray_namespace),
+        RayWorkerGroup.from_worker_names(worker_names=wg.worker_names, ray_namespace=wg.ray_namespace),
     ):
         assert type(again) is RayWorkerGroup and again.device_name == "cuda"
         assert again.use_gpu is False and again.fused_worker_used is False

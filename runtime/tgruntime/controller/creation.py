@@ -169,7 +169,7 @@ def launch(
         registry.publish_record(record)
     except BaseException:
         teardown_group(
-            group_name=group_name, namespace=namespace, timeout_s=30, extra_worker_names=names
+            group_name=group_name, ray_namespace=namespace, timeout_s=30, extra_worker_names=names
         )
         raise
     return Launched(

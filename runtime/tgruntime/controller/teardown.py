@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import ray
 from ray.util.placement_group import placement_group_table
 
-from tgruntime.controller import registry
+from tgruntime.controller import naming, registry
 from tgruntime.controller.resource_pool import find_placement_groups, remove_by_id
 
 
@@ -46,9 +46,20 @@ class TeardownReport:
 
 
 def teardown_group(
-    *, group_name: str, namespace: str, timeout_s: float = 30, extra_worker_names: Iterable[str] = ()
+    *,
+    group_name: str,
+    ray_namespace: str | None = None,
+    timeout_s: float = 30,
+    extra_worker_names: Iterable[str] = (),
+    namespace: str | None = None,
 ) -> TeardownReport:
-    """Remove a group's actors, placement groups and record; safe to call repeatedly."""
+    """Remove a group's actors, placement groups and record; safe to call repeatedly.
+
+    ``ray_namespace`` is required (``namespace=`` is its deprecated old name, one release).
+    """
+    namespace = naming.required_ray_namespace(
+        ray_namespace=ray_namespace, namespace=namespace, where="teardown_group"
+    )
     errors: list[str] = []
     names: set[str] = set(extra_worker_names)
     record = registry.load_record(group_name=group_name, namespace=namespace)

@@ -302,12 +302,15 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         if r["path"] == "group":
             print(
-                f"{r['case']}: server {r['server_s']:.1f}s, attach first {r['attach_ms_first']:.1f} ms / warm "
-                f"{r['attach_ms_warm']:.1f} ms, first call {r['first_call_ms']:.1f} ms, second call {r['second_call_ms']:.1f} ms"
+                f"{r['case']}: server {r['server_s']:.1f}s, attach first "
+                f"{r['attach_ms_first']:.1f} ms / warm "
+                f"{r['attach_ms_warm']:.1f} ms, first call {r['first_call_ms']:.1f} ms, second "
+                f"call {r['second_call_ms']:.1f} ms"
             )
     for c in comparisons:
         print(
-            f"{c['case']}: direct {c['direct_step_s'] * 1e3:.1f} ms, group {c['group_step_s'] * 1e3:.1f} ms, "
+            f"{c['case']}: direct {c['direct_step_s'] * 1e3:.1f} ms, group "
+            f"{c['group_step_s'] * 1e3:.1f} ms, "
             f"ratio {c['ratio']:.3f}, overhead {c['overhead_ms']:+.1f} ms/step"
         )
     return 0

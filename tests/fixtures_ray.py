@@ -65,7 +65,11 @@ class RayCluster:
 
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         """Environment for a child process: RAY_ADDRESS set, the repository importable."""
-        env = {**os.environ, "RAY_ADDRESS": self.gcs_address, "TG_DASHBOARD_URL": self.dashboard_url}
+        env = {
+            **os.environ,
+            "RAY_ADDRESS": self.gcs_address,
+            "TG_DASHBOARD_URL": self.dashboard_url,
+        }
         paths = [str(REPO_ROOT), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]]
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
         env.pop("RAY_API_SERVER_ADDRESS", None)
@@ -73,7 +77,12 @@ class RayCluster:
         return env
 
     def run_python(
-        self, code: str, *, timeout_s: float = 240, env: dict[str, str] | None = None, check: bool = True
+        self,
+        code: str,
+        *,
+        timeout_s: float = 240,
+        env: dict[str, str] | None = None,
+        check: bool = True,
     ) -> str:
         """Run ``code`` with this Python in a new OS process; return its stdout.
 
@@ -91,11 +100,13 @@ class RayCluster:
             )
         except subprocess.TimeoutExpired as exc:
             raise AssertionError(
-                f"snippet timed out after {timeout_s:g}s\n--- stdout ---\n{exc.stdout}\n--- stderr ---\n{exc.stderr}"
+                f"snippet timed out after {timeout_s:g}s\n--- stdout ---\n{exc.stdout}\n--- stderr "
+                f"---\n{exc.stderr}"
             ) from None
         if check and proc.returncode != 0:
             raise AssertionError(
-                f"snippet exited with {proc.returncode}\n--- stdout ---\n{proc.stdout}\n--- stderr ---\n{proc.stderr[-6000:]}"
+                f"snippet exited with {proc.returncode}\n--- stdout ---\n{proc.stdout}\n--- stderr "
+                f"---\n{proc.stderr[-6000:]}"
             )
         return proc.stdout
 
@@ -112,7 +123,9 @@ def ray_cluster() -> Iterator[RayCluster]:
     reuse = os.environ.get("TG_TEST_RAY_ADDRESS")
     if reuse:
         dashboard = os.environ.get("TG_TEST_DASHBOARD_URL", "")
-        yield RayCluster(gcs_address=reuse, dashboard_url=dashboard, temp_dir="", num_cpus=0, _owned=False)
+        yield RayCluster(
+            gcs_address=reuse, dashboard_url=dashboard, temp_dir="", num_cpus=0, _owned=False
+        )
         return
     head = local_head.start_local_head(
         num_cpus=2, object_store_memory=1 << 30, timeout_s=180,

@@ -30,7 +30,13 @@ from typing import Any
 from tgruntime.controller import naming
 from tgruntime.controller.errors import RayConnectError
 
-_ACTOR_STATES = {0: "DEPENDENCIES_UNREADY", 1: "PENDING_CREATION", 2: "ALIVE", 3: "RESTARTING", 4: "DEAD"}
+_ACTOR_STATES = {
+    0: "DEPENDENCIES_UNREADY",
+    1: "PENDING_CREATION",
+    2: "ALIVE",
+    3: "RESTARTING",
+    4: "DEAD",
+}
 
 
 @dataclass(frozen=True)
@@ -100,10 +106,13 @@ class GcsView:
 
     def kv_get(self, key: str, *, kv_namespace: str = naming.KV_NAMESPACE) -> bytes | None:
         try:
-            raw = self._client.internal_kv_get(key.encode(), kv_namespace.encode(), timeout=self.timeout_s)
+            raw = self._client.internal_kv_get(
+                key.encode(), kv_namespace.encode(), timeout=self.timeout_s
+            )
         except Exception as exc:
             raise RayConnectError(
-                f"the GCS at {self.address} did not answer a KV read within {self.timeout_s:g}s: {exc}. "
+                f"the GCS at {self.address} did not answer a KV read within {self.timeout_s:g}s: "
+                f"{exc}. "
                 "If the cluster uses token authentication, provide its token (RAY_AUTH_TOKEN, "
                 "RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)"
             ) from exc
@@ -128,7 +137,8 @@ class GcsView:
             return actor_infos(self._client, namespace=namespace, timeout_s=self.timeout_s)
         except Exception as exc:
             raise RayConnectError(
-                f"the GCS at {self.address} did not list its actors within {self.timeout_s:g}s: {exc}"
+                f"the GCS at {self.address} did not list its actors within {self.timeout_s:g}s: "
+                f"{exc}"
             ) from exc
 
     def dashboard_url(self) -> str:

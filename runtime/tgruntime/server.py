@@ -42,7 +42,9 @@ def load_resource(args: argparse.Namespace) -> tgapi.TrainerGroup:
 def existing_healthy(tg: tgapi.TrainerGroup, generation: int) -> WorkerGroup | None:
     """A live group of the same generation (a retried job), or None after removing a stale one."""
     try:
-        wg = WorkerGroup.attach(group_name=tg.group_name, ray_namespace=tg.ray_namespace, timeout_s=10)
+        wg = WorkerGroup.attach(
+            group_name=tg.group_name, ray_namespace=tg.ray_namespace, timeout_s=10
+        )
     except GroupNotFoundError:
         return None
     states = [h.state for h in wg.health(timeout_s=10)]

@@ -2,11 +2,12 @@
 
     python -m tgruntime.teardown --group NAME --ray-namespace NS
 
-Prints ``TG_TEARDOWN {json}`` (``tgapi.markers.Teardown``, camelCase keys). Exit status: 0 when the report says ``"complete": true``
-(everything found is gone; also when nothing was left to remove); 3 when it says
-``"complete": false`` (an actor or placement group was still there at the deadline: the
-group may still hold its resources, so a caller must retry, not re-create); 1 when Ray
-could not be reached. The report's ``checked`` / ``notChecked`` say what was looked at.
+Prints ``TG_TEARDOWN {json}`` (``tgapi.markers.Teardown``, camelCase keys). Exit status: 0
+when the report says ``"complete": true`` (everything found is gone; also when nothing
+was left to remove); 3 when it says ``"complete": false`` (an actor or placement group was
+still there at the deadline: the group may still hold its resources, so a caller must
+retry, not re-create); 1 when Ray could not be reached. The report's ``checked`` /
+``notChecked`` say what was looked at.
 
 It needs neither the worker class (actor handles come without importing it, see
 ``gcs_view.use_light_handles``) nor the Ray dashboard (the GCS actor table is read).

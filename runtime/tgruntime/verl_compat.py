@@ -7,7 +7,8 @@ A verl user ports detached-worker code by changing imports only::
     # from verl.single_controller.base.decorator import Dispatch, register, ...
     # from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
     from tgruntime.verl_compat import (
-        DataProto, Dispatch, RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, Worker, register,
+        DataProto, Dispatch, RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, Worker,
+        register,
     )
 
 Differences, all on the safe side:
@@ -132,7 +133,8 @@ class DataProtoConfig(metaclass=_DataProtoConfigMeta):
 
 
 def pad_dataproto_to_divisor(data: Any, size_divisor: int) -> tuple[Any, int]:
-    """verl's ``pad_dataproto_to_divisor``: (padded copy, pad size); padding repeats leading rows."""
+    """verl's ``pad_dataproto_to_divisor``: (padded copy, pad size); padding repeats
+    leading rows."""
     from tgruntime.controller.dataproto import DataProto
 
     if not isinstance(data, DataProto):
@@ -246,7 +248,8 @@ class RayResourcePool:
 
 
 class RayClassWithInitArgs(ClassWithInitArgs):
-    """verl's RayClassWithInitArgs: the worker class (plain or ``@ray.remote``) and its arguments."""
+    """verl's RayClassWithInitArgs: the worker class (plain or ``@ray.remote``) and its
+    arguments."""
 
     def __init__(self, cls: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(cls, *args, **kwargs)
@@ -282,7 +285,8 @@ class RayWorkerGroup(WorkerGroup):
         unknown = sorted(k for k in kwargs if k not in _IGNORED_KWARGS)
         if unknown:
             raise TypeError(
-                f"RayWorkerGroup() got unexpected keyword argument(s): {', '.join(map(repr, unknown))}"
+                "RayWorkerGroup() got unexpected keyword argument(s): "
+                f"{', '.join(map(repr, unknown))}"
             )
         for key in _IGNORED_KWARGS:
             if kwargs.get(key) is not None:
@@ -305,7 +309,8 @@ class RayWorkerGroup(WorkerGroup):
             return
         if resource_pool is None or ray_cls_with_init is None:
             raise TypeError(
-                "RayWorkerGroup needs resource_pool and ray_cls_with_init (or worker_names to attach)"
+                "RayWorkerGroup needs resource_pool and ray_cls_with_init (or worker_names to "
+                "attach)"
             )
         cia = ray_cls_with_init
         group_name = _safe_name(f"{self.name_prefix}{cia.class_name}")
@@ -467,7 +472,8 @@ def _bundle_cpus(max_colocate_count: int, processes: int) -> float:
     if fit >= max_colocate_count:
         return float(max_colocate_count)
     log.warning(
-        "verl's bundles of max_colocate_count=%d CPUs cannot be placed here (largest node: %g CPUs for %d "
+        "verl's bundles of max_colocate_count=%d CPUs cannot be placed here (largest node: %g CPUs "
+        "for %d "
         "processes); using %.3g CPUs per bundle",
         max_colocate_count,
         largest,

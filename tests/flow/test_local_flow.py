@@ -74,8 +74,8 @@ def leftovers(cluster: RayCluster, namespace: str) -> dict[str, Any]:
         from ray.util.state import list_actors, list_placement_groups
         from tgruntime.ray_connect import connect
         connect(ray_namespace="probe")
-        actors = [a.name for a in list_actors(filters=[("ray_namespace", "=", {namespace!r})], limit=1000)
-                  if a.state != "DEAD"]
+        mine = [("ray_namespace", "=", {namespace!r})]
+        actors = [a.name for a in list_actors(filters=mine, limit=1000) if a.state != "DEAD"]
         pgs = [p.name for p in list_placement_groups(limit=1000)
                if p.state != "REMOVED" and {namespace!r} in (p.name or "")]
         print("LEFT " + json.dumps({{"actors": actors, "pgs": pgs}}))
@@ -304,7 +304,16 @@ def test_tgctl_up_status_train_down(ray_cluster: RayCluster, tmp_path: Path) -> 
     assert "phase: Ready" in status.stdout and "2/2 workers alive" in status.stdout
     assert "device: cpu (gloo, float32)" in status.stdout
     train = run(
-        ray_cluster, "-m", "tgruntime.cli", "train", "-f", str(path), "--steps", "2", "--json", *addr
+        ray_cluster,
+        "-m",
+        "tgruntime.cli",
+        "train",
+        "-f",
+        str(path),
+        "--steps",
+        "2",
+        "--json",
+        *addr,
     )
     assert len(tagged("TG_STEP", train.stdout)) == 2
     run(ray_cluster, "-m", "tgruntime.cli", "down", "-f", str(path), *addr)

@@ -176,7 +176,9 @@ def test_mesh_dispatch(two_nodes: TwoNodes, counts: list[int]) -> None:
         wg.teardown()
 
 
-def test_ip_sort_bug_counts_follow_spec(two_nodes: TwoNodes, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ip_sort_bug_counts_follow_spec(
+    two_nodes: TwoNodes, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The bug: placement groups were re-sorted by node IP, the counts were not.
 
     Both raylets here share one IP, so the old sort was a no-op on this machine; reporting
@@ -216,7 +218,9 @@ def test_ip_sort_bug_counts_follow_spec(two_nodes: TwoNodes, monkeypatch: pytest
 def test_node_resources_must_match_entries() -> None:
     with pytest.raises(ValueError, match="node_resources"):
         ResourcePool(process_on_nodes=[1, 1], node_resources=[{"x": 1.0}])
-    pool = ResourcePool(process_on_nodes=[2, 1], cpus_per_process=0.5, node_resources=[{"a": 0.01}, {"b": 0.01}])
+    pool = ResourcePool(
+        process_on_nodes=[2, 1], cpus_per_process=0.5, node_resources=[{"a": 0.01}, {"b": 0.01}]
+    )
     assert pool.bundles() == [[{"CPU": 0.5, "a": 0.01}] * 2, [{"CPU": 0.5, "b": 0.01}]]
 
 
@@ -239,7 +243,9 @@ def test_megatron_tp2_across_nodes(two_nodes: TwoNodes, tmp_path: Path) -> None:
         meshes: list[dict[str, Any]] = wg.init_model()
         assert [m["tp_rank"] for m in meshes] == [0, 1]
         assert [m["is_collect"] for m in meshes] == [True, False]
-        bundle_nodes = [placement_group_table(pg)["bundles_to_node_id"][0] for pg in wg.placement_groups]
+        bundle_nodes = [
+            placement_group_table(pg)["bundles_to_node_id"][0] for pg in wg.placement_groups
+        ]
         assert bundle_nodes == [two_nodes.node_ids[k] for k in NODE_KEYS]
         data = DataProto.from_dict(tensors={"input_ids": fixed_batch()})
         losses = [float(wg.train_model(data).meta_info["loss"]) for _ in range(3)]

@@ -55,7 +55,9 @@ def placement_group_prefix(*, namespace: str, group_name: str) -> str:
 
 
 def placement_group_name(*, namespace: str, group_name: str, generation: int, index: int) -> str:
-    return f"{placement_group_prefix(namespace=namespace, group_name=group_name)}g{generation}:{index}"
+    return (
+        f"{placement_group_prefix(namespace=namespace, group_name=group_name)}g{generation}:{index}"
+    )
 
 
 def record_key(*, namespace: str, group_name: str) -> str:

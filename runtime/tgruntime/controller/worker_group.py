@@ -354,7 +354,8 @@ class WorkerGroup:
         if name.startswith("_") or "_methods" not in self.__dict__:
             raise AttributeError(name)
         raise AttributeError(
-            f"group {self._group_name!r} has no method {name!r}; registered: {sorted(self._methods)}"
+            f"group {self._group_name!r} has no method {name!r}; registered: "
+            f"{sorted(self._methods)}"
         )
 
     # ================================================================== calls
@@ -363,7 +364,8 @@ class WorkerGroup:
         spec = self._methods.get(method)
         if spec is None:
             raise AttributeError(
-                f"group {self._group_name!r} has no method {method!r}; registered: {sorted(self._methods)}"
+                f"group {self._group_name!r} has no method {method!r}; registered: "
+                f"{sorted(self._methods)}"
             )
         return self._invoke(method, spec, args, kwargs)
 
@@ -409,7 +411,10 @@ class WorkerGroup:
                     group_name=self._group_name,
                     rank=rank,
                     worker_name=self._worker_names[rank],
-                    cause="this handle is gone (the group was torn down here, or the worker was missing when attached)",
+                    cause=(
+                        "this handle is gone (the group was torn down here, or the worker was "
+                        "missing when attached)"
+                    ),
                     method=name,
                 )
             call_args = [_swap(a[rank], shared) for a in per_args]
@@ -449,7 +454,8 @@ class WorkerGroup:
         )
 
     def execute_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
-        """verl's raw call: ObjectRefs from every rank (lists of world-size values are scattered)."""
+        """verl's raw call: ObjectRefs from every rank (lists of world-size values are
+        scattered)."""
         per_args, per_kwargs = dispatch_mod.normalize(self, args, kwargs)
         return self._submit(method, list(range(self.world_size)), per_args, per_kwargs)
 
@@ -502,7 +508,8 @@ class WorkerGroup:
 
     # ================================================================== lifecycle
     def health(self, timeout_s: float = 10) -> list[WorkerHealth]:
-        """Each worker's state (ALIVE / DEAD with cause / UNREACHABLE); never raises for a dead one."""
+        """Each worker's state (ALIVE / DEAD with cause / UNREACHABLE); never raises for a
+        dead one."""
         return group_health(
             namespace=self._ray_namespace,
             worker_names=self._worker_names,

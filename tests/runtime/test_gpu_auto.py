@@ -179,7 +179,7 @@ def test_server_resolves_auto_to_cpu_and_reports_the_device(
             from tgruntime.controller import load_record
             from tgruntime.ray_connect import connect
             connect(ray_namespace={ns!r})
-            r = load_record(group_name={name!r}, namespace={ns!r})
+            r = load_record(group_name={name!r}, ray_namespace={ns!r})
             echo = __import__("tgruntime.controller", fromlist=["WorkerGroup"]).WorkerGroup
             wg = echo.attach(group_name={name!r}, ray_namespace={ns!r})
             print("REC " + json.dumps({{"use_gpu": r.use_gpu, "device": dict(r.device),

@@ -62,7 +62,7 @@ def teardown_group(
     )
     errors: list[str] = []
     names: set[str] = set(extra_worker_names)
-    record = registry.load_record(group_name=group_name, namespace=namespace)
+    record = registry.load_record(group_name=group_name, ray_namespace=namespace)
     if record is not None:
         names.update(record.worker_names)
     members = registry.load_members(group_name=group_name, namespace=namespace)
@@ -158,7 +158,7 @@ def _still_there(*, group_name: str, namespace: str, names: Iterable[str]) -> li
     ]
     if registry.load_members(group_name=group_name, namespace=namespace) is not None:
         left.append("members key")
-    if registry.load_record(group_name=group_name, namespace=namespace) is not None:
+    if registry.load_record(group_name=group_name, ray_namespace=namespace) is not None:
         left.append("record")
     return left
 

@@ -192,7 +192,7 @@ class WorkerGroup:
         )
         deadline = time.monotonic() + timeout_s
         while True:
-            record = registry.load_record(group_name=group_name, namespace=ns)
+            record = registry.load_record(group_name=group_name, ray_namespace=ns)
             if record is not None:
                 break
             creating = registry.load_members(group_name=group_name, namespace=ns) is not None
@@ -251,7 +251,7 @@ class WorkerGroup:
                 raise_missing_worker(name, ns, group_name)
             handles.append(handle)
         record = (
-            registry.load_record(group_name=group_name, namespace=ns)
+            registry.load_record(group_name=group_name, ray_namespace=ns)
             if group_name
             else registry.with_names(worker_names, ns)
         )
@@ -288,7 +288,9 @@ class WorkerGroup:
             if worker_names is not None
             else [f"rank{i}" for i in range(len(handles))]
         )
-        record = registry.load_record(group_name=group_name, namespace=ns) if group_name else None
+        record = (
+            registry.load_record(group_name=group_name, ray_namespace=ns) if group_name else None
+        )
         return cls._from_parts(
             group_name=group_name or "",
             ray_namespace=ns,

@@ -38,7 +38,7 @@ import numpy as np  # noqa: E402
 import ray  # noqa: E402
 import torch  # noqa: E402
 
-from tgruntime import ray_connect  # noqa: E402
+from tgruntime import local_head, ray_connect  # noqa: E402
 from tgruntime.controller import (  # noqa: E402
     ClassWithInitArgs,
     DataProto,
@@ -117,7 +117,9 @@ def call_overhead(wg: WorkerGroup, repeat: int) -> dict[str, Any]:
 def make_batch(nbytes: int) -> DataProto:
     rows = 256
     cols = max(1, nbytes // 8 // rows)
-    return DataProto.from_dict(tensors={"x": torch.arange(rows * cols, dtype=torch.int64).reshape(rows, cols)})
+    return DataProto.from_dict(
+        tensors={"x": torch.arange(rows * cols, dtype=torch.int64).reshape(rows, cols)}
+    )
 
 
 def transfer(wg: WorkerGroup, nbytes: int, repeat: int, with_torch: bool) -> dict[str, Any]:
@@ -173,17 +175,19 @@ def transfer(wg: WorkerGroup, nbytes: int, repeat: int, with_torch: bool) -> dic
     for name, values in samples.items():
         res[name] = stats(values)
         res[name]["MBps"] = real / res[name]["median_s"] / 1e6
-    res["ratio_dataproto_vs_ray_numpy"] = res["dataproto_round_trip"]["median_s"] / res["ray_numpy_round_trip"]["median_s"]
+    res["ratio_dataproto_vs_ray_numpy"] = (
+        res["dataproto_round_trip"]["median_s"] / res["ray_numpy_round_trip"]["median_s"]
+    )
     plan.clear()
     return res
 
 
 def attach_latency(group_name: str, repeat: int) -> dict[str, Any]:
-    WorkerGroup.attach(group_name=group_name, namespace=NAMESPACE)
+    WorkerGroup.attach(group_name=group_name, ray_namespace=NAMESPACE)
     samples = []
     for _ in range(repeat):
         t = time.perf_counter()
-        WorkerGroup.attach(group_name=group_name, namespace=NAMESPACE)
+        WorkerGroup.attach(group_name=group_name, ray_namespace=NAMESPACE)
         samples.append(time.perf_counter() - t)
     return stats(samples)
 
@@ -197,11 +201,15 @@ def fmt_ms(s: float) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="fewer repetitions, sizes up to 64 MB")
     parser.add_argument("--sizes-mb", default="1,64,256,1024")
     parser.add_argument("--out", default=str(REPO / "docs" / "results" / "bench_controller.json"))
-    parser.add_argument("--address", default=None, help="use a running Ray head instead of starting one")
+    parser.add_argument(
+        "--address", default=None, help="use a running Ray head instead of starting one"
+    )
     args = parser.parse_args()
     sizes = [int(float(s) * 2**20) for s in args.sizes_mb.split(",")]
     if args.quick:
@@ -213,41 +221,51 @@ def main() -> None:
     if args.address:
         address = args.address
     else:
-        head = ray_connect.start_local_head(
-            num_cpus=2, object_store_memory=5 * 2**30, env={"RAY_AUTH_MODE": os.environ["RAY_AUTH_MODE"]}
+        head = local_head.start_local_head(
+            num_cpus=2,
+            object_store_memory=5 * 2**30,
+            env={"RAY_AUTH_MODE": os.environ["RAY_AUTH_MODE"]},
         )
         address = head.gcs_address
     results: dict[str, Any] = {}
     try:
-        ray_connect.connect(address, namespace=NAMESPACE)
+        ray_connect.connect(address, ray_namespace=NAMESPACE)
         groups = {}
         for n in (2, 8):
             name = f"bench{n}"
             from tgruntime.controller import teardown_group
 
-            teardown_group(group_name=name, namespace=NAMESPACE)
+            teardown_group(group_name=name, ray_namespace=NAMESPACE)
             t = time.perf_counter()
             groups[n] = WorkerGroup.create(
-                group_name=name, namespace=NAMESPACE,
+                group_name=name, ray_namespace=NAMESPACE,
                 resource_pool=ResourcePool(process_on_nodes=[n], cpus_per_process=0.2),
                 cls=ClassWithInitArgs(BenchWorker), actor_timeout_s=300,
             )
             results[f"create_{n}_workers_s"] = time.perf_counter() - t
         results["call_overhead"] = {str(n): call_overhead(groups[n], calls) for n in (2, 8)}
-        results["attach"] = {str(n): attach_latency(f"bench{n}", 50 if args.quick else 200) for n in (2, 8)}
+        results["attach"] = {
+            str(n): attach_latency(f"bench{n}", 50 if args.quick else 200) for n in (2, 8)
+        }
         results["transfer"] = {}
         for size in sizes:
-            repeat = 20 if size <= 2**20 else (10 if size <= 64 * 2**20 else (7 if size <= 256 * 2**20 else 4))
+            repeat = (
+                20
+                if size <= 2**20
+                else (10 if size <= 64 * 2**20 else (7 if size <= 256 * 2**20 else 4))
+            )
             if args.quick:
                 repeat = max(2, repeat // 2)
-            results["transfer"][str(size)] = transfer(groups[2], size, repeat, with_torch=64 * 2**20 <= size <= 256 * 2**20)
+            results["transfer"][str(size)] = transfer(
+                groups[2], size, repeat, with_torch=64 * 2**20 <= size <= 256 * 2**20
+            )
         for wg in groups.values():
             wg.teardown()
     finally:
         if ray.is_initialized():
             ray.shutdown()
         if head is not None:
-            ray_connect.stop_local_head(head)
+            local_head.stop_local_head(head)
 
     results["machine"] = {
         "cpus": os.cpu_count(),
@@ -265,30 +283,48 @@ def main() -> None:
 
 
 def render(r: dict[str, Any]) -> str:
-    lines = ["## No-op call (median of interleaved runs)", "",
-             "| workers | group call | direct, all actors | direct, one actor | group / direct-all |",
-             "|---:|---:|---:|---:|---:|"]
+    lines = [
+        "## No-op call (median of interleaved runs)",
+        "",
+        "| workers | group call | direct, all actors | direct, one actor | group / direct-all |",
+        "|---:|---:|---:|---:|---:|",
+    ]
     for n, c in r["call_overhead"].items():
         lines.append(
             f"| {n} | {fmt_us(c['group']['median_s'])} | {fmt_us(c['direct_all']['median_s'])} | "
             f"{fmt_us(c['direct_one']['median_s'])} | {c['ratio_group_vs_direct_all']:.2f}x |"
         )
-    lines += ["", "## DataProto round trip client -> 2 workers -> client (median)", "",
-              "| size | DataProto | Ray numpy | torch tensors (pickled) | memcpy (fresh) | memcpy (warm) | DataProto / Ray numpy |",
-              "|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [
+        "",
+        "## DataProto round trip client -> 2 workers -> client (median)",
+        "",
+        "| size | DataProto | Ray numpy | torch tensors (pickled) | memcpy (fresh) | memcpy (warm) "
+        "| DataProto / Ray numpy |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for _, t in r["transfer"].items():
         mb = t["bytes"] / 2**20
-        torch_cell = fmt_ms(t["ray_torch_pickle_round_trip"]["median_s"]) if "ray_torch_pickle_round_trip" in t else "-"
+        torch_cell = (
+            fmt_ms(t["ray_torch_pickle_round_trip"]["median_s"])
+            if "ray_torch_pickle_round_trip" in t
+            else "-"
+        )
         lines.append(
             f"| {mb:,.0f} MB | {fmt_ms(t['dataproto_round_trip']['median_s'])} "
-            f"({t['dataproto_round_trip']['MBps']:,.0f} MB/s) | {fmt_ms(t['ray_numpy_round_trip']['median_s'])} | "
-            f"{torch_cell} | {fmt_ms(t['memcpy_fresh']['median_s'])} | {fmt_ms(t['memcpy_warm']['median_s'])} | "
+            f"({t['dataproto_round_trip']['MBps']:,.0f} MB/s) | "
+            f"{fmt_ms(t['ray_numpy_round_trip']['median_s'])} | "
+            f"{torch_cell} | {fmt_ms(t['memcpy_fresh']['median_s'])} | "
+            f"{fmt_ms(t['memcpy_warm']['median_s'])} | "
             f"{t['ratio_dataproto_vs_ray_numpy']:.2f}x |"
         )
     lines += ["", "## Attach by group name", "", "| workers | median | p90 |", "|---:|---:|---:|"]
     for n, a in r["attach"].items():
         lines.append(f"| {n} | {fmt_ms(a['median_s'])} | {fmt_ms(a['p90_s'])} |")
-    lines += ["", f"group creation: 2 workers {r['create_2_workers_s']:.1f} s, 8 workers {r['create_8_workers_s']:.1f} s"]
+    lines += [
+        "",
+        f"group creation: 2 workers {r['create_2_workers_s']:.1f} s, 8 workers "
+        f"{r['create_8_workers_s']:.1f} s",
+    ]
     return "\n".join(lines)
 
 

@@ -55,14 +55,14 @@ def client_role(args: argparse.Namespace) -> int:
     from tgruntime.trainer.steptime import bench_batch
 
     spec = tgapi.parse_resource(json.loads(args.spec_json), local=True).spec
-    connect(address=args.address, namespace=args.ray_namespace)
+    connect(address=args.address, ray_namespace=args.ray_namespace)
     t0 = time.perf_counter()
-    wg = WorkerGroup.attach(group_name=args.group, namespace=args.ray_namespace)
+    wg = WorkerGroup.attach(group_name=args.group, ray_namespace=args.ray_namespace)
     attach_ms = (time.perf_counter() - t0) * 1e3
     attach_again = []
     for _ in range(5):
         t0 = time.perf_counter()
-        WorkerGroup.attach(group_name=args.group, namespace=args.ray_namespace)
+        WorkerGroup.attach(group_name=args.group, ray_namespace=args.ray_namespace)
         attach_again.append((time.perf_counter() - t0) * 1e3)
     t0 = time.perf_counter()
     meshes = wg.get_mesh()
@@ -120,7 +120,7 @@ def _run(cmd: list[str], *, timeout: float, what: str) -> subprocess.CompletedPr
 def run_group(
     spec: tgapi.TrainerGroupSpec, *, name: str, steps: int, warmup: int, gpus: int
 ) -> dict[str, Any]:
-    from tgruntime.ray_connect import start_local_head, stop_local_head
+    from tgruntime.local_head import start_local_head, stop_local_head
 
     body = json.dumps(_resource(spec, name))
     tg = tgapi.parse_resource(json.loads(body), local=True)
@@ -302,12 +302,15 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         if r["path"] == "group":
             print(
-                f"{r['case']}: server {r['server_s']:.1f}s, attach first {r['attach_ms_first']:.1f} ms / warm "
-                f"{r['attach_ms_warm']:.1f} ms, first call {r['first_call_ms']:.1f} ms, second call {r['second_call_ms']:.1f} ms"
+                f"{r['case']}: server {r['server_s']:.1f}s, attach first "
+                f"{r['attach_ms_first']:.1f} ms / warm "
+                f"{r['attach_ms_warm']:.1f} ms, first call {r['first_call_ms']:.1f} ms, second "
+                f"call {r['second_call_ms']:.1f} ms"
             )
     for c in comparisons:
         print(
-            f"{c['case']}: direct {c['direct_step_s'] * 1e3:.1f} ms, group {c['group_step_s'] * 1e3:.1f} ms, "
+            f"{c['case']}: direct {c['direct_step_s'] * 1e3:.1f} ms, group "
+            f"{c['group_step_s'] * 1e3:.1f} ms, "
             f"ratio {c['ratio']:.3f}, overhead {c['overhead_ms']:+.1f} ms/step"
         )
     return 0

@@ -158,15 +158,15 @@ def ray_head(address: str | None, dashboard: str | None) -> Iterator[tuple[str, 
     if address and dashboard:
         yield address, dashboard.rstrip("/")
         return
-    from tgruntime import ray_connect
+    from tgruntime import local_head
 
-    head = ray_connect.start_local_head(
+    head = local_head.start_local_head(
         num_cpus=4, object_store_memory=1 << 30, timeout_s=300, env={"PYTHONPATH": str(REPO)}
     )
     try:
         yield head.gcs_address, head.dashboard_url.rstrip("/")
     finally:
-        ray_connect.stop_local_head(head)
+        local_head.stop_local_head(head)
 
 
 # -- sampling the operator process ------------------------------------------------------------

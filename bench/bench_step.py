@@ -229,7 +229,8 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         lines.append(
             [
                 r["path"],
-                f"h{m['hiddenSize']} L{m['numLayers']} V{m['vocabSize']} {r['batch'][0]}x{r['batch'][1]}",
+                f"h{m['hiddenSize']} L{m['numLayers']} V{m['vocabSize']} "
+                f"{r['batch'][0]}x{r['batch'][1]}",
                 str(r["world_size"]),
                 f"{r['tp']}/{r['pp']}/{r['dp']}",
                 r["device"],

@@ -1,6 +1,6 @@
 """Ray fixtures: one real local Ray head per test session, on free loopback ports.
 
-- ``ray_cluster`` (session): a head started with ``tgruntime.ray_connect.start_local_head``
+- ``ray_cluster`` (session): a head started with ``tgruntime.local_head.start_local_head``
   (dashboard on, its own temp dir, small: 2 logical CPUs, 1 GiB object store), stopped at
   the end. Its value is a frozen ``RayCluster``: ``gcs_address``, ``dashboard_url``,
   ``temp_dir`` and ``run_python(code)`` to run a snippet in a separate OS process already
@@ -65,7 +65,11 @@ class RayCluster:
 
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         """Environment for a child process: RAY_ADDRESS set, the repository importable."""
-        env = {**os.environ, "RAY_ADDRESS": self.gcs_address, "TG_DASHBOARD_URL": self.dashboard_url}
+        env = {
+            **os.environ,
+            "RAY_ADDRESS": self.gcs_address,
+            "TG_DASHBOARD_URL": self.dashboard_url,
+        }
         paths = [str(REPO_ROOT), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]]
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
         env.pop("RAY_API_SERVER_ADDRESS", None)
@@ -73,7 +77,12 @@ class RayCluster:
         return env
 
     def run_python(
-        self, code: str, *, timeout_s: float = 240, env: dict[str, str] | None = None, check: bool = True
+        self,
+        code: str,
+        *,
+        timeout_s: float = 240,
+        env: dict[str, str] | None = None,
+        check: bool = True,
     ) -> str:
         """Run ``code`` with this Python in a new OS process; return its stdout.
 
@@ -91,11 +100,13 @@ class RayCluster:
             )
         except subprocess.TimeoutExpired as exc:
             raise AssertionError(
-                f"snippet timed out after {timeout_s:g}s\n--- stdout ---\n{exc.stdout}\n--- stderr ---\n{exc.stderr}"
+                f"snippet timed out after {timeout_s:g}s\n--- stdout ---\n{exc.stdout}\n--- stderr "
+                f"---\n{exc.stderr}"
             ) from None
         if check and proc.returncode != 0:
             raise AssertionError(
-                f"snippet exited with {proc.returncode}\n--- stdout ---\n{proc.stdout}\n--- stderr ---\n{proc.stderr[-6000:]}"
+                f"snippet exited with {proc.returncode}\n--- stdout ---\n{proc.stdout}\n--- stderr "
+                f"---\n{proc.stderr[-6000:]}"
             )
         return proc.stdout
 
@@ -103,7 +114,7 @@ class RayCluster:
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[RayCluster]:
     """A local Ray head for the whole session (started on free ports, stopped at the end)."""
-    from tgruntime import ray_connect
+    from tgruntime import local_head
 
     auth_was = os.environ.get("RAY_AUTH_MODE")
     if auth_was is None:
@@ -112,9 +123,11 @@ def ray_cluster() -> Iterator[RayCluster]:
     reuse = os.environ.get("TG_TEST_RAY_ADDRESS")
     if reuse:
         dashboard = os.environ.get("TG_TEST_DASHBOARD_URL", "")
-        yield RayCluster(gcs_address=reuse, dashboard_url=dashboard, temp_dir="", num_cpus=0, _owned=False)
+        yield RayCluster(
+            gcs_address=reuse, dashboard_url=dashboard, temp_dir="", num_cpus=0, _owned=False
+        )
         return
-    head = ray_connect.start_local_head(
+    head = local_head.start_local_head(
         num_cpus=2, object_store_memory=1 << 30, timeout_s=180,
         env={"RAY_AUTH_MODE": os.environ["RAY_AUTH_MODE"]},
     )
@@ -128,7 +141,7 @@ def ray_cluster() -> Iterator[RayCluster]:
 
         if ray.is_initialized():
             ray.shutdown()
-        ray_connect.stop_local_head(head)
+        local_head.stop_local_head(head)
         if auth_was is None:
             os.environ.pop("RAY_AUTH_MODE", None)
             _refresh_ray_config()
@@ -151,7 +164,7 @@ def ray_driver(ray_cluster: RayCluster) -> Iterator[RayCluster]:
 
     from tgruntime.ray_connect import connect
 
-    connect(ray_cluster.gcs_address, namespace="tgtests")
+    connect(ray_cluster.gcs_address, ray_namespace="tgtests")
     try:
         yield ray_cluster
     finally:

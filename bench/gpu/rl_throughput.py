@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     )
     wg = WorkerGroup.create(
         group_name=f"rl-bench-{uuid.uuid4().hex[:6]}",
-        namespace=ray.get_runtime_context().namespace,
+        ray_namespace=ray.get_runtime_context().namespace,
         resource_pool=ResourcePool(process_on_nodes=[world], use_gpu=gpu, strategy="PACK"),
         cls=ClassWithInitArgs(MegatronTrainer, json.dumps(tgapi.to_wire(spec))),
         detached=False,

@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise
     wg = WorkerGroup.create(
         group_name=f"rl-{uuid.uuid4().hex[:8]}",
-        namespace=ray.get_runtime_context().namespace,
+        ray_namespace=ray.get_runtime_context().namespace,
         resource_pool=ResourcePool(process_on_nodes=[args.tp], use_gpu=False, strategy="PACK"),
         cls=ClassWithInitArgs(
             MegatronTrainer, json.dumps(tgapi.to_wire(spec(tp=args.tp, lr=args.lr)))

@@ -24,7 +24,8 @@ __all__ = ["TrainerClient", "TrainerFuture"]
 
 
 def __getattr__(name: str) -> Any:
-    """``TrainerClient`` / ``TrainerFuture`` load on first use (``import tgruntime`` stays light)."""
+    """``TrainerClient`` / ``TrainerFuture`` load on first use (``import tgruntime`` stays
+    light)."""
     if name in __all__:
         value = getattr(importlib.import_module("tgruntime.trainer_client"), name)
         globals()[name] = value

@@ -1,4 +1,5 @@
-"""Training batches for the client: random tokens in the model's vocabulary, or token ids from a file."""
+"""Training batches for the client: random tokens in the model's vocabulary, or token ids
+from a file."""
 
 from __future__ import annotations
 
@@ -43,12 +44,14 @@ def file_batches(
         tokens = np.array(path.read_text().split(), dtype=np.int64)
     if tokens.size < sequence_length:
         raise ValueError(
-            f"{path}: {tokens.size} tokens is fewer than one sequence of {sequence_length}; supply more tokens"
+            f"{path}: {tokens.size} tokens is fewer than one sequence of {sequence_length}; supply "
+            "more tokens"
         )
     bad = (tokens < 0) | (tokens >= vocab_size)
     if bad.any():
         raise ValueError(
-            f"{path}: token id {int(tokens[bad][0])} is outside the model's vocabulary [0, {vocab_size}); re-tokenise or raise model.vocabSize"
+            f"{path}: token id {int(tokens[bad][0])} is outside the model's vocabulary [0, "
+            f"{vocab_size}); re-tokenise or raise model.vocabSize"
         )
     per_batch = batch_size * sequence_length
     offset = 0

@@ -356,7 +356,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     if st["phase"] == "NotFound":
         print(
             f"phase: NotFound\ngroup {tg.group_name!r} is not in Ray namespace "
-            f"{tg.ray_namespace!r} at {st['rayAddress']}.\nRun `tgctl up -f {args.file}` to create it."
+            f"{tg.ray_namespace!r} at {st['rayAddress']}.\nRun `tgctl up -f {args.file}` to create "
+            "it."
         )
         return rc
     if st["phase"] == "Creating":

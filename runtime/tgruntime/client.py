@@ -98,10 +98,10 @@ def resolve_target(args: argparse.Namespace) -> Target:
 def attach(target: Target, *, timeout_s: float) -> WorkerGroup:
     if target.worker_names and not target.group_name:
         return WorkerGroup.from_worker_names(
-            worker_names=list(target.worker_names), namespace=target.ray_namespace
+            worker_names=list(target.worker_names), ray_namespace=target.ray_namespace
         )
     return WorkerGroup.attach(
-        group_name=target.group_name, namespace=target.ray_namespace, timeout_s=timeout_s
+        group_name=target.group_name, ray_namespace=target.ray_namespace, timeout_s=timeout_s
     )
 
 
@@ -351,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         target = resolve_target(args)
         quiet: dict[str, Any] = {"logging_level": logging.WARNING} if args.format == "human" else {}
-        connect(address=target.address, namespace=target.ray_namespace, **quiet)
+        connect(address=target.address, ray_namespace=target.ray_namespace, **quiet)
         t0 = time.perf_counter()
         use_light_handles()
         wg = attach(target, timeout_s=args.attach_timeout)

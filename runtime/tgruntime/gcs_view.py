@@ -30,7 +30,13 @@ from typing import Any
 from tgruntime.controller import naming
 from tgruntime.controller.errors import RayConnectError
 
-_ACTOR_STATES = {0: "DEPENDENCIES_UNREADY", 1: "PENDING_CREATION", 2: "ALIVE", 3: "RESTARTING", 4: "DEAD"}
+_ACTOR_STATES = {
+    0: "DEPENDENCIES_UNREADY",
+    1: "PENDING_CREATION",
+    2: "ALIVE",
+    3: "RESTARTING",
+    4: "DEAD",
+}
 
 
 @dataclass(frozen=True)
@@ -83,7 +89,7 @@ class GcsView:
     """A driver-less view of one Ray cluster's GCS (``host:port``)."""
 
     def __init__(self, address: str, *, timeout_s: float = 10.0) -> None:
-        from tgruntime import ray_connect
+        from tgruntime import ray_connect, ray_workarounds
 
         host, port = ray_connect.parse_address(address)
         if not ray_connect.is_reachable(address, timeout_s=min(timeout_s, 5.0)):
@@ -91,7 +97,7 @@ class GcsView:
                 f"no Ray GCS answers at {host}:{port} (is the head running? right port? "
                 "`tgctl up` starts one; --address or RAY_ADDRESS names another)"
             )
-        ray_connect.prepare_token_auth()
+        ray_workarounds.prepare_token_auth()
         from ray._raylet import GcsClient  # type: ignore[attr-defined]
 
         self.address = f"{host}:{port}"
@@ -100,10 +106,13 @@ class GcsView:
 
     def kv_get(self, key: str, *, kv_namespace: str = naming.KV_NAMESPACE) -> bytes | None:
         try:
-            raw = self._client.internal_kv_get(key.encode(), kv_namespace.encode(), timeout=self.timeout_s)
+            raw = self._client.internal_kv_get(
+                key.encode(), kv_namespace.encode(), timeout=self.timeout_s
+            )
         except Exception as exc:
             raise RayConnectError(
-                f"the GCS at {self.address} did not answer a KV read within {self.timeout_s:g}s: {exc}. "
+                f"the GCS at {self.address} did not answer a KV read within {self.timeout_s:g}s: "
+                f"{exc}. "
                 "If the cluster uses token authentication, provide its token (RAY_AUTH_TOKEN, "
                 "RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)"
             ) from exc
@@ -128,12 +137,13 @@ class GcsView:
             return actor_infos(self._client, namespace=namespace, timeout_s=self.timeout_s)
         except Exception as exc:
             raise RayConnectError(
-                f"the GCS at {self.address} did not list its actors within {self.timeout_s:g}s: {exc}"
+                f"the GCS at {self.address} did not list its actors within {self.timeout_s:g}s: "
+                f"{exc}"
             ) from exc
 
     def dashboard_url(self) -> str:
         """The dashboard's URL when the cluster runs one, else "" (TG_RAY_INCLUDE_DASHBOARD=0)."""
-        from tgruntime.ray_connect import _http_up
+        from tgruntime.ray_connect import http_up
 
         raw = self.kv_get("dashboard", kv_namespace="dashboard")
         if not raw:
@@ -142,7 +152,7 @@ class GcsView:
         url = text if "://" in text else f"http://{text}"
         # A head started without the dashboard still publishes the address it would have
         # had: only a dashboard that answers counts (refused at once when there is none).
-        return url if _http_up(f"{url}/api/version", timeout_s=1.0) else ""
+        return url if http_up(f"{url}/api/version", timeout_s=1.0) else ""
 
 
 def by_name(actors: list[ActorInfo]) -> dict[str, ActorInfo]:

@@ -137,7 +137,7 @@ def create_group(tg: tgapi.TrainerGroup, *, generation: int) -> WorkerGroup:
     cls = import_worker_class(tg.spec.workers.worker_class)
     return WorkerGroup.create(
         group_name=tg.group_name,
-        namespace=tg.ray_namespace,
+        ray_namespace=tg.ray_namespace,
         resource_pool=pool,
         cls=ClassWithInitArgs(cls, spec_json(tg.spec)),
         name_prefix=name_prefix(tg, generation),
@@ -222,7 +222,7 @@ def ready_payload(
     rs = resumed or {}
     return markers.GroupReady(
         group_name=wg.group_name,
-        ray_namespace=wg.namespace,
+        ray_namespace=wg.ray_namespace,
         generation=wg.generation,
         worker_names=tuple(wg.worker_names),
         world_size=wg.world_size,

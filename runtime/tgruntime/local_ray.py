@@ -3,7 +3,8 @@
 The head's addresses, its ``ray start`` pid and its temp (session) dir are kept in
 ``~/.cache/trainergroup/local-ray.json`` (``$XDG_CACHE_HOME`` when set) so that later
 ``tgctl`` commands reach the same head and ``tgctl down --stop-ray`` stops only a head
-that tgctl itself started: that pid and its descendants, no process-table scan.
+that tgctl itself started (``local_head.stop_local_head``: that pid, checked to be that
+head's ``ray start``, and its process tree; no process-table scan).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from tgruntime import ray_connect
+from tgruntime import local_head, ray_connect
 
 log = logging.getLogger("tgruntime.local_ray")
 
@@ -122,7 +123,7 @@ def ensure(*, address: str | None, num_cpus: float | None, num_gpus: int | None)
         num_gpus = detected.count
         log.info("detected %d GPU(s) (%s)", detected.count, detected.source)
     # Generous: on a busy 2-core laptop the head (dashboard included) can take minutes.
-    head = ray_connect.start_local_head(num_cpus=num_cpus, num_gpus=num_gpus, timeout_s=300)
+    head = local_head.start_local_head(num_cpus=num_cpus, num_gpus=num_gpus, timeout_s=300)
     local = LocalRay(
         gcs_address=head.gcs_address,
         dashboard_url=head.dashboard_url,
@@ -142,10 +143,17 @@ def ensure(*, address: str | None, num_cpus: float | None, num_gpus: int | None)
 
 
 def stop() -> bool:
-    """Stop the head tgctl started; False when there was none."""
+    """Stop the head tgctl started; False when there was none (or it was already gone)."""
     known = load()
     if known is None or not known.started_by_tgctl:
         return False
-    ray_connect.stop_local_head(gcs_address=known.gcs_address, pid=known.pid)
+    stopped = False
+    if known.pid is None or not known.temp_dir:
+        log.warning(
+            "the state file %s names no pid and temp dir of the head at %s: stop it yourself",
+            state_file(), known.gcs_address,
+        )
+    else:
+        stopped = local_head.stop_local_head(pid=known.pid, temp_dir=known.temp_dir)
     forget()
-    return True
+    return stopped

@@ -42,7 +42,9 @@ def load_resource(args: argparse.Namespace) -> tgapi.TrainerGroup:
 def existing_healthy(tg: tgapi.TrainerGroup, generation: int) -> WorkerGroup | None:
     """A live group of the same generation (a retried job), or None after removing a stale one."""
     try:
-        wg = WorkerGroup.attach(group_name=tg.group_name, namespace=tg.ray_namespace, timeout_s=10)
+        wg = WorkerGroup.attach(
+            group_name=tg.group_name, ray_namespace=tg.ray_namespace, timeout_s=10
+        )
     except GroupNotFoundError:
         return None
     states = [h.state for h in wg.health(timeout_s=10)]
@@ -60,12 +62,12 @@ def existing_healthy(tg: tgapi.TrainerGroup, generation: int) -> WorkerGroup | N
         states,
         generation,
     )
-    teardown_group(group_name=tg.group_name, namespace=tg.ray_namespace)
+    teardown_group(group_name=tg.group_name, ray_namespace=tg.ray_namespace)
     return None
 
 
 def run(tg: tgapi.TrainerGroup, *, generation: int, address: str | None) -> markers.GroupReady:
-    connect(address=address, namespace=tg.ray_namespace)
+    connect(address=address, ray_namespace=tg.ray_namespace)
     asked = tg.spec.workers.use_gpu
     tg = groups.resolve_gpu(tg)
     if asked == tgapi.USE_GPU_AUTO:
@@ -120,7 +122,7 @@ def run(tg: tgapi.TrainerGroup, *, generation: int, address: str | None) -> mark
     except BaseException:
         if created:
             log.error("creation failed: tearing down what this run created")
-            teardown_group(group_name=tg.group_name, namespace=tg.ray_namespace)
+            teardown_group(group_name=tg.group_name, ray_namespace=tg.ray_namespace)
         raise
 
 

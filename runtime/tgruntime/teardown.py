@@ -2,11 +2,12 @@
 
     python -m tgruntime.teardown --group NAME --ray-namespace NS
 
-Prints ``TG_TEARDOWN {json}`` (``tgapi.markers.Teardown``, camelCase keys). Exit status: 0 when the report says ``"complete": true``
-(everything found is gone; also when nothing was left to remove); 3 when it says
-``"complete": false`` (an actor or placement group was still there at the deadline: the
-group may still hold its resources, so a caller must retry, not re-create); 1 when Ray
-could not be reached. The report's ``checked`` / ``notChecked`` say what was looked at.
+Prints ``TG_TEARDOWN {json}`` (``tgapi.markers.Teardown``, camelCase keys). Exit status: 0
+when the report says ``"complete": true`` (everything found is gone; also when nothing
+was left to remove); 3 when it says ``"complete": false`` (an actor or placement group was
+still there at the deadline: the group may still hold its resources, so a caller must
+retry, not re-create); 1 when Ray could not be reached. The report's ``checked`` /
+``notChecked`` say what was looked at.
 
 It needs neither the worker class (actor handles come without importing it, see
 ``gcs_view.use_light_handles``) nor the Ray dashboard (the GCS actor table is read).
@@ -37,9 +38,9 @@ def run(
     from tgruntime.controller.teardown import teardown_group
     from tgruntime.ray_connect import connect
 
-    connect(address=address, namespace=ray_namespace, logging_level=logging.WARNING)
+    connect(address=address, ray_namespace=ray_namespace, logging_level=logging.WARNING)
     gcs_view.use_light_handles()
-    report = teardown_group(group_name=group, namespace=ray_namespace, timeout_s=timeout_s)
+    report = teardown_group(group_name=group, ray_namespace=ray_namespace, timeout_s=timeout_s)
     return to_marker(report)
 
 

@@ -112,7 +112,7 @@ class TrainerClient:
         # The same actors, every primitive non-blocking: calls return references at once.
         self._async = WorkerGroup(
             group_name=group.group_name,
-            namespace=group.namespace,
+            ray_namespace=group.ray_namespace,
             worker_names=group.worker_names,
             handles=group.workers,
             methods=methods,
@@ -165,10 +165,10 @@ class TrainerClient:
         from tgruntime.gcs_view import use_light_handles
         from tgruntime.ray_connect import connect
 
-        connect(address=address, namespace=ray_namespace)
+        connect(address=address, ray_namespace=ray_namespace)
         use_light_handles()
         group = WorkerGroup.attach(
-            group_name=group_name, namespace=ray_namespace, timeout_s=attach_timeout_s
+            group_name=group_name, ray_namespace=ray_namespace, timeout_s=attach_timeout_s
         )
         return cls(group)
 

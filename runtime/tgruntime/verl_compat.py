@@ -7,7 +7,8 @@ A verl user ports detached-worker code by changing imports only::
     # from verl.single_controller.base.decorator import Dispatch, register, ...
     # from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
     from tgruntime.verl_compat import (
-        DataProto, Dispatch, RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, Worker, register,
+        DataProto, Dispatch, RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, Worker,
+        register,
     )
 
 Differences, all on the safe side:
@@ -132,7 +133,8 @@ class DataProtoConfig(metaclass=_DataProtoConfigMeta):
 
 
 def pad_dataproto_to_divisor(data: Any, size_divisor: int) -> tuple[Any, int]:
-    """verl's ``pad_dataproto_to_divisor``: (padded copy, pad size); padding repeats leading rows."""
+    """verl's ``pad_dataproto_to_divisor``: (padded copy, pad size); padding repeats
+    leading rows."""
     from tgruntime.controller.dataproto import DataProto
 
     if not isinstance(data, DataProto):
@@ -237,7 +239,7 @@ class RayResourcePool:
             self.pgs = create_placement_groups(
                 self.to_resource_pool(strategy),
                 group_name=group,
-                namespace=_namespace(),
+                namespace=_ray_namespace(),
                 generation=0,
                 detached=self.detached,
                 timeout_s=timeout_s,
@@ -246,7 +248,8 @@ class RayResourcePool:
 
 
 class RayClassWithInitArgs(ClassWithInitArgs):
-    """verl's RayClassWithInitArgs: the worker class (plain or ``@ray.remote``) and its arguments."""
+    """verl's RayClassWithInitArgs: the worker class (plain or ``@ray.remote``) and its
+    arguments."""
 
     def __init__(self, cls: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(cls, *args, **kwargs)
@@ -282,7 +285,8 @@ class RayWorkerGroup(WorkerGroup):
         unknown = sorted(k for k in kwargs if k not in _IGNORED_KWARGS)
         if unknown:
             raise TypeError(
-                f"RayWorkerGroup() got unexpected keyword argument(s): {', '.join(map(repr, unknown))}"
+                "RayWorkerGroup() got unexpected keyword argument(s): "
+                f"{', '.join(map(repr, unknown))}"
             )
         for key in _IGNORED_KWARGS:
             if kwargs.get(key) is not None:
@@ -299,13 +303,14 @@ class RayWorkerGroup(WorkerGroup):
         self.name_prefix = _random_prefix() if name_prefix is None else name_prefix
         self.fused_worker_used = False
         self.sub_cls_name = ""
-        namespace = _namespace()
+        ray_namespace = _ray_namespace()
         if worker_names is not None or worker_handles is not None:
-            self._init_detached(namespace, worker_names, worker_handles)
+            self._init_detached(ray_namespace, worker_names, worker_handles)
             return
         if resource_pool is None or ray_cls_with_init is None:
             raise TypeError(
-                "RayWorkerGroup needs resource_pool and ray_cls_with_init (or worker_names to attach)"
+                "RayWorkerGroup needs resource_pool and ray_cls_with_init (or worker_names to "
+                "attach)"
             )
         cia = ray_cls_with_init
         group_name = _safe_name(f"{self.name_prefix}{cia.class_name}")
@@ -317,7 +322,7 @@ class RayWorkerGroup(WorkerGroup):
         )
         launched = launch(
             group_name=group_name,
-            namespace=namespace,
+            namespace=ray_namespace,
             resource_pool=resource_pool.to_resource_pool(strategy),
             cls=cia,
             name_prefix=self.name_prefix,
@@ -331,7 +336,7 @@ class RayWorkerGroup(WorkerGroup):
         )
         super().__init__(
             group_name=group_name,
-            namespace=namespace,
+            ray_namespace=ray_namespace,
             worker_names=launched.worker_names,
             handles=launched.handles,
             methods=registered_methods(cia.cls),
@@ -340,7 +345,7 @@ class RayWorkerGroup(WorkerGroup):
 
     def _init_detached(
         self,
-        namespace: str,
+        ray_namespace: str,
         worker_names: Sequence[str] | None,
         worker_handles: Sequence[Any] | None,
     ) -> None:
@@ -356,16 +361,16 @@ class RayWorkerGroup(WorkerGroup):
             names = list(worker_names)
             handles = []
             for name in names:
-                handle = get_actor(name, namespace)
+                handle = get_actor(name, ray_namespace)
                 if handle is None:
-                    raise_missing_worker(name, namespace, None)
+                    raise_missing_worker(name, ray_namespace, None)
                 handles.append(handle)
         from tgruntime.controller import registry
 
-        record = registry.with_names(names, namespace) if worker_names is not None else None
+        record = registry.with_names(names, ray_namespace) if worker_names is not None else None
         super().__init__(
             group_name=record.group_name if record else "",
-            namespace=namespace,
+            ray_namespace=ray_namespace,
             worker_names=names,
             handles=handles,
             methods=methods_from(self.ray_cls_with_init, record),
@@ -434,9 +439,11 @@ def _worker_env(
     return env
 
 
-def _namespace() -> str:
+def _ray_namespace() -> str:
     if not ray.is_initialized():
-        raise RuntimeError("call ray.init(namespace=...) (or tgruntime.ray_connect.connect) first")
+        raise RuntimeError(
+            "call ray.init(namespace=...) (or tgruntime.ray_connect.connect) first"
+        )
     return str(ray.get_runtime_context().namespace)
 
 
@@ -465,7 +472,8 @@ def _bundle_cpus(max_colocate_count: int, processes: int) -> float:
     if fit >= max_colocate_count:
         return float(max_colocate_count)
     log.warning(
-        "verl's bundles of max_colocate_count=%d CPUs cannot be placed here (largest node: %g CPUs for %d "
+        "verl's bundles of max_colocate_count=%d CPUs cannot be placed here (largest node: %g CPUs "
+        "for %d "
         "processes); using %.3g CPUs per bundle",
         max_colocate_count,
         largest,

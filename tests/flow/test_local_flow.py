@@ -73,9 +73,9 @@ def leftovers(cluster: RayCluster, namespace: str) -> dict[str, Any]:
         import json, ray
         from ray.util.state import list_actors, list_placement_groups
         from tgruntime.ray_connect import connect
-        connect(namespace="probe")
-        actors = [a.name for a in list_actors(filters=[("ray_namespace", "=", {namespace!r})], limit=1000)
-                  if a.state != "DEAD"]
+        connect(ray_namespace="probe")
+        mine = [("ray_namespace", "=", {namespace!r})]
+        actors = [a.name for a in list_actors(filters=mine, limit=1000) if a.state != "DEAD"]
         pgs = [p.name for p in list_placement_groups(limit=1000)
                if p.state != "REMOVED" and {namespace!r} in (p.name or "")]
         print("LEFT " + json.dumps({{"actors": actors, "pgs": pgs}}))
@@ -88,8 +88,8 @@ def last_steps(cluster: RayCluster, group: str, namespace: str) -> list[dict[str
         import json
         from tgruntime.controller import WorkerGroup
         from tgruntime.ray_connect import connect
-        connect(namespace={namespace!r})
-        wg = WorkerGroup.attach(group_name={group!r}, namespace={namespace!r})
+        connect(ray_namespace={namespace!r})
+        wg = WorkerGroup.attach(group_name={group!r}, ray_namespace={namespace!r})
         print("LAST " + json.dumps(wg.last_step()))
     """)
     return tagged("LAST", out)[-1]
@@ -156,8 +156,8 @@ def test_checkpoint_resumes_in_a_recreated_generation(
     ray_cluster.run_python(f"""
         from tgruntime.controller import WorkerGroup
         from tgruntime.ray_connect import connect
-        connect(namespace={ns!r})
-        print(WorkerGroup.attach(group_name={name!r}, namespace={ns!r}).save_checkpoint())
+        connect(ray_namespace={ns!r})
+        print(WorkerGroup.attach(group_name={name!r}, ray_namespace={ns!r}).save_checkpoint())
     """)
     (continued,) = [
         s["loss"] for s in tagged("TG_STEP", run(ray_cluster, *train, "--steps", "1").stdout)
@@ -304,7 +304,16 @@ def test_tgctl_up_status_train_down(ray_cluster: RayCluster, tmp_path: Path) -> 
     assert "phase: Ready" in status.stdout and "2/2 workers alive" in status.stdout
     assert "device: cpu (gloo, float32)" in status.stdout
     train = run(
-        ray_cluster, "-m", "tgruntime.cli", "train", "-f", str(path), "--steps", "2", "--json", *addr
+        ray_cluster,
+        "-m",
+        "tgruntime.cli",
+        "train",
+        "-f",
+        str(path),
+        "--steps",
+        "2",
+        "--json",
+        *addr,
     )
     assert len(tagged("TG_STEP", train.stdout)) == 2
     run(ray_cluster, "-m", "tgruntime.cli", "down", "-f", str(path), *addr)

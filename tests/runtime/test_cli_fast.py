@@ -61,7 +61,8 @@ def test_client_namespace_defaults_to_the_pods(tmp_path: Path) -> None:
     kubeconfig.write_text(
         "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
         "contexts: [{name: c, context: {cluster: x, user: u, namespace: team-b}}]\n"
-        "clusters: [{name: x, cluster: {server: 'https://127.0.0.1:1'}}]\nusers: [{name: u, user: {token: t}}]\n"
+        "clusters: [{name: x, cluster: {server: 'https://127.0.0.1:1'}}]\nusers: [{name: u, user: "
+        "{token: t}}]\n"
     )
     assert tgapi.client.default_k8s_namespace(kubeconfig=str(kubeconfig)) == "team-b"
     absent = str(tmp_path / "absent")
@@ -170,7 +171,8 @@ def test_tgctl_fast_quiet_paths_without_dashboard(tmp_path: Path) -> None:
             rc = cli.main(["status", "-f", {str(path)!r}, "--json"])
             import ray
             print("PROBE " + json.dumps({{"rc": rc, "driver": ray.is_initialized(),
-                "torch": "torch" in sys.modules, "worker_module": {WORKER_MODULE!r} in sys.modules}}))
+                "torch": "torch" in sys.modules,
+                "worker_module": {WORKER_MODULE!r} in sys.modules}}))
         """,
         )
         assert st.returncode == 0, st.stderr[-3000:]
@@ -193,9 +195,9 @@ def test_tgctl_fast_quiet_paths_without_dashboard(tmp_path: Path) -> None:
             from tgruntime.ray_connect import connect
             from tgruntime.gcs_view import use_light_handles
             from tgruntime.controller import WorkerGroup
-            connect(address=json.load(open({str(state)!r}))["gcs_address"], namespace={ns!r})
+            connect(address=json.load(open({str(state)!r}))["gcs_address"], ray_namespace={ns!r})
             assert use_light_handles()
-            wg = WorkerGroup.attach(group_name={name!r}, namespace={ns!r})
+            wg = WorkerGroup.attach(group_name={name!r}, ray_namespace={ns!r})
             out = wg.init_model()
             print("PROBE " + json.dumps({{"ranks": [r["rank"] for r in out],
                 "worker_module": {WORKER_MODULE!r} in sys.modules}}))

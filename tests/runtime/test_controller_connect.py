@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 
 import pytest
 
 from tests.fixtures_ray import RayCluster
 from tgruntime.controller import RayConnectError
-from tgruntime.ray_connect import connect, is_reachable, parse_address, stop_local_head
+from tgruntime.local_head import start_local_head, stop_local_head
+from tgruntime.ray_connect import connect, is_reachable, parse_address
 
 pytestmark = pytest.mark.ray
 
@@ -19,12 +21,13 @@ def test_explicit_loopback_address_and_ray_address_env(ray_cluster: RayCluster) 
     out = ray_cluster.run_python(f"""
         import json, os
         from tgruntime.ray_connect import connect
-        explicit = connect("127.0.0.1:{port}", namespace="c1")
+        explicit = connect("127.0.0.1:{port}", ray_namespace="c1")
         import ray
         ray.shutdown()
-        from_env = connect(namespace="c2")   # RAY_ADDRESS, set by the fixture
+        from_env = connect(ray_namespace="c2")   # RAY_ADDRESS, set by the fixture
         print(json.dumps({{"explicit": explicit.node_id, "env": from_env.node_id,
-                          "dashboard": from_env.dashboard_url, "ns": ray.get_runtime_context().namespace}}))
+                          "dashboard": from_env.dashboard_url,
+                          "ns": ray.get_runtime_context().namespace}}))
     """)
     res = json.loads(out.strip().splitlines()[-1])
     assert res["explicit"] == res["env"] and res["ns"] == "c2"
@@ -41,7 +44,7 @@ def test_unreachable_address_fails_fast_and_clearly(ray_cluster: RayCluster) -> 
         from tgruntime.ray_connect import connect
         t = time.monotonic()
         try:
-            connect("127.0.0.1:{port}", namespace="nowhere", timeout_s=5)
+            connect("127.0.0.1:{port}", ray_namespace="nowhere", timeout_s=5)
             print(json.dumps({{"error": None}}))
         except RayConnectError as exc:
             print(json.dumps({{"error": str(exc), "took": time.monotonic() - t}}))
@@ -52,37 +55,50 @@ def test_unreachable_address_fails_fast_and_clearly(ray_cluster: RayCluster) -> 
     assert not is_reachable(f"127.0.0.1:{port}")
     with pytest.raises(RayConnectError, match="invalid Ray address"):
         parse_address("no-port-here")
-    assert stop_local_head(gcs_address=f"127.0.0.1:{port}") is False
+    # a pid that is not a head's `ray start` (this pytest process) is never signalled
+    assert stop_local_head(pid=os.getpid(), temp_dir="/tmp/tgray-none") is False
 
 
 def test_reconnecting_with_another_namespace_is_refused(ray_driver: RayCluster) -> None:
-    assert connect(ray_driver.gcs_address, namespace="tgtests").namespace == "tgtests"  # same: fine
+    assert (
+        connect(ray_driver.gcs_address, ray_namespace="tgtests").ray_namespace == "tgtests"
+    )  # same: fine
     with pytest.raises(RayConnectError, match="already connected"):
-        connect(ray_driver.gcs_address, namespace="other")
+        connect(ray_driver.gcs_address, ray_namespace="other")
 
 
 def test_token_auth_cluster_with_explicit_address() -> None:
-    """The field note of docs/design.md, reproduced: a token-auth head (what ``ray start`` makes whenever
-    ~/.ray/auth_token exists), a driver given an explicit loopback address. Plain
+    """The field note of docs/design.md, reproduced: a token-auth head (what ``ray start``
+    makes whenever ~/.ray/auth_token exists), a driver given an explicit loopback address. Plain
     ``ray.init(address=...)`` fails with "Failed to connect to Ray cluster at <node ip>:<port>";
     ``connect`` uses the token and works."""
-    import os
     import subprocess
     import sys
     import uuid
 
-    from tgruntime.ray_connect import start_local_head
-
     token = uuid.uuid4().hex
-    head = start_local_head(num_cpus=1, env={"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}, timeout_s=180)
+    head = start_local_head(
+        num_cpus=1, env={"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}, timeout_s=180
+    )
     try:
         env = {**os.environ, "RAY_AUTH_TOKEN": token}
         env.pop("RAY_AUTH_MODE", None)  # as on a machine where nobody set it
         env.pop("RAY_ADDRESS", None)
-        plain = f"import ray; ray.init(address={head.gcs_address!r}, namespace='p'); print('connected')"
-        ours = f"from tgruntime.ray_connect import connect; connect({head.gcs_address!r}, namespace='p'); print('connected')"
+        plain = (
+            f"import ray; ray.init(address={head.gcs_address!r}, namespace='p'); print('connected')"
+        )
+        ours = (
+            "from tgruntime.ray_connect import connect; "
+            f"connect({head.gcs_address!r}, ray_namespace='p'); print('connected')"
+        )
         procs = [
-            subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            subprocess.Popen(
+                [sys.executable, "-c", code],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
             for code in (plain, ours)
         ]
         (plain_out, plain_err), (ours_out, ours_err) = (p.communicate(timeout=180) for p in procs)

@@ -32,7 +32,9 @@ from tgruntime.controller.registry import GroupRecord
 
 
 class FakeGroup:
-    def __init__(self, n: int, mapping: list[int] | None = None, collect: list[bool] | None = None) -> None:
+    def __init__(
+        self, n: int, mapping: list[int] | None = None, collect: list[bool] | None = None
+    ) -> None:
         self._n = n
         self.mapping = mapping or list(range(n))
         self.collect = collect or [True] * n
@@ -122,7 +124,10 @@ def test_nd_mesh_dispatch_and_collect() -> None:
 
 def test_nd_collect_orders_by_dp_rank_and_checks_marks() -> None:
     g = FakeGroup(2, mapping=[1, 0], collect=[True, True])
-    outs = [proto(2), DataProto.from_dict(tensors={"x": torch.tensor([7, 8])}, non_tensors={"i": [0, 1]})]
+    outs = [
+        proto(2),
+        DataProto.from_dict(tensors={"x": torch.tensor([7, 8])}, non_tensors={"i": [0, 1]}),
+    ]
     assert d.collect_nd_proto("m", g, outs).batch["x"].tolist() == [7, 8, 0, 1]
     bad = FakeGroup(2, mapping=[0, 0], collect=[True, True])
     with pytest.raises(ValueError, match="exactly one rank per dp rank"):
@@ -137,7 +142,10 @@ def test_register_records_spec_and_keeps_method_callable() -> None:
         def step(self, data: DataProto) -> DataProto:
             return data
 
-        @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="train"), execute_mode=Execute.ALL)
+        @register(
+            dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="train"),
+            execute_mode=Execute.ALL,
+        )
         def train(self, data: DataProto) -> DataProto:
             return data
 
@@ -149,7 +157,12 @@ def test_register_records_spec_and_keeps_method_callable() -> None:
     assert specs["step"].dispatch_mode is Dispatch.DP_COMPUTE_PROTO and not specs["step"].blocking
     assert isinstance(specs["train"].dispatch_mode, MeshDispatch)
     assert specs["plain"].dispatch_mode is Dispatch.ALL_TO_ALL  # verl's default
-    assert {"_query_dispatch_info", "_query_collect_info", "_tg_mesh_info", "_tg_worker_info"} <= set(specs)
+    assert {
+        "_query_dispatch_info",
+        "_query_collect_info",
+        "_tg_mesh_info",
+        "_tg_worker_info",
+    } <= set(specs)
     w = W()
     assert w.plain(1) == 2
     # the controller's trim keyword is accepted (Ray validates calls against this signature)
@@ -160,13 +173,23 @@ def test_register_records_spec_and_keeps_method_callable() -> None:
 def test_method_spec_description_round_trip() -> None:
     for spec in (
         MethodSpec(dispatch_mode=Dispatch.ONE_TO_ALL),
-        MethodSpec(dispatch_mode=MeshDispatch("train"), execute_mode=Execute.RANK_ZERO, blocking=False),
-        MethodSpec(dispatch_mode=CustomDispatch(dispatch_fn=d.dispatch_one_to_all, collect_fn=d.collect_all_to_all)),
+        MethodSpec(
+            dispatch_mode=MeshDispatch("train"), execute_mode=Execute.RANK_ZERO, blocking=False
+        ),
+        MethodSpec(
+            dispatch_mode=CustomDispatch(
+                dispatch_fn=d.dispatch_one_to_all, collect_fn=d.collect_all_to_all
+            )
+        ),
     ):
         back = MethodSpec.from_description(spec.describe())
         assert back.describe() == spec.describe()
     lazy = MethodSpec.from_description(
-        MethodSpec(dispatch_mode=CustomDispatch(dispatch_fn=d.dispatch_one_to_all, collect_fn=d.collect_all_to_all)).describe()
+        MethodSpec(
+            dispatch_mode=CustomDispatch(
+                dispatch_fn=d.dispatch_one_to_all, collect_fn=d.collect_all_to_all
+            )
+        ).describe()
     )
     assert isinstance(lazy.dispatch_mode, CustomDispatch)
     assert lazy.dispatch_mode.dispatch_fn(FakeGroup(2), 1) == (([1, 1],), {})
@@ -192,15 +215,21 @@ def test_worker_mesh_registration() -> None:
 
 
 def test_naming() -> None:
-    assert naming.worker_name(prefix="trainer", class_name="Trainer", pg_index=0, local_rank=1) == "trainerTrainer_0:1"
+    assert (
+        naming.worker_name(prefix="trainer", class_name="Trainer", pg_index=0, local_rank=1)
+        == "trainerTrainer_0:1"
+    )
     assert naming.parse_worker_name("trainerTrainer_0:1") == ("trainerTrainer", 0, 1)
-    assert naming.placement_group_name(namespace="ns", group_name="g", generation=2, index=1) == "tg:ns:g:g2:1"
-    assert naming.placement_group_name(namespace="ns", group_name="g", generation=0, index=0).startswith(
-        naming.placement_group_prefix(namespace="ns", group_name="g")
+    assert (
+        naming.placement_group_name(namespace="ns", group_name="g", generation=2, index=1)
+        == "tg:ns:g:g2:1"
     )
-    assert not naming.placement_group_name(namespace="ns", group_name="g2", generation=0, index=0).startswith(
-        naming.placement_group_prefix(namespace="ns", group_name="g")
-    )
+    assert naming.placement_group_name(
+        namespace="ns", group_name="g", generation=0, index=0
+    ).startswith(naming.placement_group_prefix(namespace="ns", group_name="g"))
+    assert not naming.placement_group_name(
+        namespace="ns", group_name="g2", generation=0, index=0
+    ).startswith(naming.placement_group_prefix(namespace="ns", group_name="g"))
     for bad in ("", "a:b", "a/b", "-x", "x" * 200):
         with pytest.raises(ValueError):
             naming.validate_group_name(bad)
@@ -210,9 +239,16 @@ def test_naming() -> None:
 
 def test_group_record_json_round_trip() -> None:
     record = GroupRecord(
-        group_name="g", ray_namespace="ns", worker_names=("gW_0:0", "gW_0:1"), world_size=2,
-        mesh={"tp": 2}, worker_class="m:W", generation=1, created_at=1.5,
-        methods={"f": MethodSpec(dispatch_mode=Dispatch.ONE_TO_ALL).describe()}, placement_groups=("tg:ns:g:g1:0",),
+        group_name="g",
+        ray_namespace="ns",
+        worker_names=("gW_0:0", "gW_0:1"),
+        world_size=2,
+        mesh={"tp": 2},
+        worker_class="m:W",
+        generation=1,
+        created_at=1.5,
+        methods={"f": MethodSpec(dispatch_mode=Dispatch.ONE_TO_ALL).describe()},
+        placement_groups=("tg:ns:g:g1:0",),
     )
     assert GroupRecord.from_json(record.to_json()) == record
     legacy = json.loads(record.to_json())
@@ -222,11 +258,26 @@ def test_group_record_json_round_trip() -> None:
 
 def test_errors_name_group_rank_cause_and_pickle() -> None:
     errors = [
-        WorkerDiedError(group_name="g", rank=1, worker_name="gW_0:1", cause="SIGKILL", method="train"),
-        WorkerMethodError(group_name="g", rank=0, worker_name="gW_0:0", method="train", error_type="ValueError", summary="bad"),
+        WorkerDiedError(
+            group_name="g", rank=1, worker_name="gW_0:1", cause="SIGKILL", method="train"
+        ),
+        WorkerMethodError(
+            group_name="g",
+            rank=0,
+            worker_name="gW_0:0",
+            method="train",
+            error_type="ValueError",
+            summary="bad",
+        ),
         GroupNotFoundError(group_name="g", namespace="ns", existing=["h"]),
-        PlacementTimeoutError(group_name="g", timeout_s=3, bundles=[[{"CPU": 4.0}] * 2], strategy="STRICT_PACK",
-                              available={"CPU": 2.0}, total={"CPU": 2.0, "node:1.2.3.4": 1.0}),
+        PlacementTimeoutError(
+            group_name="g",
+            timeout_s=3,
+            bundles=[[{"CPU": 4.0}] * 2],
+            strategy="STRICT_PACK",
+            available={"CPU": 2.0},
+            total={"CPU": 2.0, "node:1.2.3.4": 1.0},
+        ),
     ]
     texts = [str(e) for e in errors]
     assert "rank 1" in texts[0] and "gW_0:1" in texts[0] and "SIGKILL" in texts[0]

@@ -43,7 +43,7 @@ def groups(ray_driver: object) -> Iterator[Groups]:
 
     def make(name: str, tp: int) -> WorkerGroup:
         return WorkerGroup.create(
-            group_name=name, namespace=namespace, resource_pool=pool,
+            group_name=name, ray_namespace=namespace, resource_pool=pool,
             cls=ClassWithInitArgs(Echo, scale=2, tp=tp), actor_timeout_s=240, pg_timeout_s=60,
         )
 
@@ -69,7 +69,9 @@ def test_worker_env_and_master_port(groups: Groups) -> None:
     infos = groups.a.info()
     assert [i["rank"] for i in infos] == [0, 1]
     assert {i["world_size"] for i in infos} == {2}
-    assert [i["local_rank"] for i in infos] == [0, 1] and {i["local_world_size"] for i in infos} == {2}
+    assert [i["local_rank"] for i in infos] == [0, 1] and {
+        i["local_world_size"] for i in infos
+    } == {2}
     masters = {i["master"] for i in infos}
     assert len(masters) == 1 and None not in next(iter(masters))
     assert groups.a.worker_names == ["aEcho_0:0", "aEcho_0:1"]
@@ -122,7 +124,9 @@ def test_nd_mesh_dispatch(groups: Groups) -> None:
     # b: tp=2 -> dp=1: both ranks get the whole batch; only rank 0's output is collected
     out_b = groups.b.nd_step(batch(5, tags=False))
     assert out_b.batch["y"].tolist() == [0, 1, 2, 3, 4] and out_b.batch["rank"].tolist() == [0] * 5
-    assert groups.b.mesh_dispatch_info("train") == [0, 0] and groups.b.mesh_collect_info("train") == [True, False]
+    assert groups.b.mesh_dispatch_info("train") == [0, 0] and groups.b.mesh_collect_info(
+        "train"
+    ) == [True, False]
 
 
 def test_rank_zero_custom_and_execute_modes(groups: Groups) -> None:
@@ -170,13 +174,30 @@ def test_call_timeout(groups: Groups) -> None:
 
 
 def test_attach_paths_share_the_workers(groups: Groups) -> None:
-    by_name = WorkerGroup.attach(group_name="a", namespace=groups.namespace)
+    by_name = WorkerGroup.attach(group_name="a", ray_namespace=groups.namespace)
     assert by_name.worker_names == groups.a.worker_names and by_name.record is not None
+    assert by_name.ray_namespace == groups.namespace
+    # Ray's namespace was ``namespace=`` before: it still works, for one release, and warns.
+    with pytest.warns(DeprecationWarning, match="ray_namespace"):
+        old = WorkerGroup.attach(group_name="a", namespace=groups.namespace)
+    assert old.worker_names == by_name.worker_names
+    with pytest.warns(DeprecationWarning, match="WorkerGroup.ray_namespace"):
+        assert old.namespace == groups.namespace
+    with pytest.raises(TypeError, match="disagree"):
+        WorkerGroup.attach(group_name="a", ray_namespace=groups.namespace, namespace="other")
+    with pytest.raises(TypeError, match="'ray_namespace'"):
+        WorkerGroup.attach(group_name="a")
     assert by_name.record.world_size == 2 and by_name.record.worker_class.endswith(":Echo")
     assert set(by_name.record.methods) >= {"double", "nd_step", "custom"}
-    by_names = WorkerGroup.from_worker_names(worker_names=groups.a.worker_names, namespace=groups.namespace)
-    by_handles = WorkerGroup.from_handles(handles=groups.a.workers, worker_cls=Echo, namespace=groups.namespace)
-    assert by_name.all_to_all([1, 2]) == by_names.all_to_all([1, 2]) == by_handles.all_to_all([1, 2])
+    by_names = WorkerGroup.from_worker_names(
+        worker_names=groups.a.worker_names, ray_namespace=groups.namespace
+    )
+    by_handles = WorkerGroup.from_handles(
+        handles=groups.a.workers, worker_cls=Echo, ray_namespace=groups.namespace
+    )
+    assert (
+        by_name.all_to_all([1, 2]) == by_names.all_to_all([1, 2]) == by_handles.all_to_all([1, 2])
+    )
     # custom dispatch functions travel by import path in the record
     assert by_name.custom(1) == 3
     health = by_name.health()

@@ -41,7 +41,10 @@ def live_actors(namespace: str) -> list[Any]:
     from ray.util.state import list_actors
 
     return [
-        a for a in list_actors(address=dashboard_url(), filters=[("ray_namespace", "=", namespace)], limit=1000)
+        a
+        for a in list_actors(
+            address=dashboard_url(), filters=[("ray_namespace", "=", namespace)], limit=1000
+        )
         if a.state != "DEAD"
     ]
 
@@ -65,11 +68,13 @@ def test_create_in_one_process_attach_from_another_then_teardown(
         from tgruntime.ray_connect import connect
         from tgruntime.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
         from tests.runtime.light_workers import Counter
-        connect(namespace="creator")  # another namespace than the group's: names are explicit
-        wg = WorkerGroup.create(group_name="life", namespace={ns!r},
-                                resource_pool=ResourcePool(process_on_nodes=[2], cpus_per_process=0.1),
-                                cls=ClassWithInitArgs(Counter, start=100), name_prefix="trainer",
-                                mesh={{"tp": 1, "dp": 2}}, actor_timeout_s=180)
+        connect(ray_namespace="creator")  # another namespace than the group's: names are explicit
+        wg = WorkerGroup.create(
+            group_name="life", ray_namespace={ns!r},
+            resource_pool=ResourcePool(process_on_nodes=[2], cpus_per_process=0.1),
+            cls=ClassWithInitArgs(Counter, start=100), name_prefix="trainer",
+            mesh={{"tp": 1, "dp": 2}}, actor_timeout_s=180,
+        )
         wg.add(1)
         print(json.dumps(wg.worker_names))
     """)
@@ -81,13 +86,15 @@ def test_create_in_one_process_attach_from_another_then_teardown(
         import json, time
         from tgruntime.ray_connect import connect
         from tgruntime.controller import WorkerGroup
-        connect(namespace="client")
-        WorkerGroup.attach(group_name="life", namespace={ns!r})  # warm-up (imports, first lookup)
+        connect(ray_namespace="client")
+        # warm-up (imports, first lookup)
+        WorkerGroup.attach(group_name="life", ray_namespace={ns!r})
         t = time.perf_counter()
-        wg = WorkerGroup.attach(group_name="life", namespace={ns!r})
+        wg = WorkerGroup.attach(group_name="life", ray_namespace={ns!r})
         took = time.perf_counter() - t
-        print(json.dumps({{"took": took, "add": wg.add(5), "who": wg.whoami(), "mesh": dict(wg.record.mesh),
-                          "scaled": wg.scaled([1, 1]), "leader": wg.leader(7)}}))
+        print(json.dumps({{"took": took, "add": wg.add(5), "who": wg.whoami(),
+                          "mesh": dict(wg.record.mesh), "scaled": wg.scaled([1, 1]),
+                          "leader": wg.leader(7)}}))
     """)
     out = json.loads(attached.strip().splitlines()[-1])
     assert out["add"] == [106, 106]
@@ -98,22 +105,31 @@ def test_create_in_one_process_attach_from_another_then_teardown(
 
     # Same name again: refused before anything is placed.
     with pytest.raises(GroupExistsError, match="life"):
-        WorkerGroup.create(group_name="life", namespace=ns, resource_pool=LIGHT_POOL, cls=Counter)
+        WorkerGroup.create(
+            group_name="life", ray_namespace=ns, resource_pool=LIGHT_POOL, cls=Counter
+        )
 
     assert len(live_actors(ns)) == 2 and len(live_placement_groups(ns, "life")) == 1
-    report = teardown_group(group_name="life", namespace=ns, timeout_s=60)
+    report = teardown_group(group_name="life", ray_namespace=ns, timeout_s=60)
     assert report.complete, report
     assert set(report.actors_killed) == set(names) and len(report.placement_groups_removed) == 1
     assert live_actors(ns) == [] and live_placement_groups(ns, "life") == []
     with pytest.raises(GroupNotFoundError):
-        WorkerGroup.attach(group_name="life", namespace=ns, timeout_s=0)
-    again = teardown_group(group_name="life", namespace=ns)
+        WorkerGroup.attach(group_name="life", ray_namespace=ns, timeout_s=0)
+    again = teardown_group(group_name="life", ray_namespace=ns)
     assert again.complete and not again.removed_anything
 
 
-def test_killed_worker_is_dead_in_health_and_calls_fail_fast(ray_driver: RayCluster, unique_namespace: str) -> None:
-    wg = WorkerGroup.create(group_name="victim", namespace=unique_namespace, resource_pool=LIGHT_POOL,
-                            cls=Counter, actor_timeout_s=180)
+def test_killed_worker_is_dead_in_health_and_calls_fail_fast(
+    ray_driver: RayCluster, unique_namespace: str
+) -> None:
+    wg = WorkerGroup.create(
+        group_name="victim",
+        ray_namespace=unique_namespace,
+        resource_pool=LIGHT_POOL,
+        cls=Counter,
+        actor_timeout_s=180,
+    )
     try:
         pids = [w["pid"] for w in wg.whoami()]
         # rank 0 is busy in a long call when rank 1 dies: the call must fail at once, not
@@ -144,8 +160,10 @@ def test_killed_worker_is_dead_in_health_and_calls_fail_fast(ray_driver: RayClus
 
         # Attaching now: strict refuses, tolerant attaches and reports the dead rank.
         with pytest.raises(WorkerDiedError, match="rank 1"):
-            WorkerGroup.attach(group_name="victim", namespace=unique_namespace)
-        tolerant = WorkerGroup.attach(group_name="victim", namespace=unique_namespace, strict=False)
+            WorkerGroup.attach(group_name="victim", ray_namespace=unique_namespace)
+        tolerant = WorkerGroup.attach(
+            group_name="victim", ray_namespace=unique_namespace, strict=False
+        )
         assert [h.state for h in tolerant.health()] == ["ALIVE", "DEAD"]
     finally:
         report = wg.teardown()
@@ -160,7 +178,9 @@ def _capture(errors: list[BaseException], fn: Any, *args: Any) -> None:
         errors.append(exc)
 
 
-def test_placement_timeout_is_clear_and_leaves_nothing(ray_driver: RayCluster, unique_namespace: str) -> None:
+def test_placement_timeout_is_clear_and_leaves_nothing(
+    ray_driver: RayCluster, unique_namespace: str
+) -> None:
     # Feasible by the cluster's totals but held by another placement group: a bounded wait.
     # (A group the totals can never hold fails at once instead: tests/runtime/test_gpu_auto.py.)
     from ray.util.placement_group import placement_group, remove_placement_group
@@ -171,8 +191,13 @@ def test_placement_timeout_is_clear_and_leaves_nothing(ray_driver: RayCluster, u
         assert blocker is None or blocker.wait(timeout_seconds=60)
         held = ResourcePool(process_on_nodes=[2], cpus_per_process=0.5)
         with pytest.raises(PlacementTimeoutError) as info:  # its message names the 3 s wait
-            WorkerGroup.create(group_name="huge", namespace=unique_namespace, resource_pool=held, cls=Counter,
-                               pg_timeout_s=3)
+            WorkerGroup.create(
+                group_name="huge",
+                ray_namespace=unique_namespace,
+                resource_pool=held,
+                cls=Counter,
+                pg_timeout_s=3,
+            )
         text = str(info.value)
         assert "'huge'" in text and "3s" in text and "CPU=1" in text and "STRICT_PACK" in text
         assert f"CPU={ray.cluster_resources()['CPU']:g}" in text  # what the cluster has
@@ -183,16 +208,31 @@ def test_placement_timeout_is_clear_and_leaves_nothing(ray_driver: RayCluster, u
             remove_placement_group(blocker)
     gpus = ResourcePool(process_on_nodes=[1], use_gpu=True, gpus_per_process=1)
     with pytest.raises(PlacementInfeasibleError, match="GPU=1"):
-        WorkerGroup.create(group_name="gpu", namespace=unique_namespace, resource_pool=gpus, cls=Counter,
-                           pg_timeout_s=600)
+        WorkerGroup.create(
+            group_name="gpu",
+            ray_namespace=unique_namespace,
+            resource_pool=gpus,
+            cls=Counter,
+            pg_timeout_s=600,
+        )
 
 
-def test_failing_constructor_is_reported_and_cleaned(ray_driver: RayCluster, unique_namespace: str) -> None:
+def test_failing_constructor_is_reported_and_cleaned(
+    ray_driver: RayCluster, unique_namespace: str
+) -> None:
     with pytest.raises(WorkerStartError, match="constructor exploded") as info:
-        WorkerGroup.create(group_name="broken", namespace=unique_namespace, resource_pool=LIGHT_POOL, cls=Broken,
-                           actor_timeout_s=180)
+        WorkerGroup.create(
+            group_name="broken",
+            ray_namespace=unique_namespace,
+            resource_pool=LIGHT_POOL,
+            cls=Broken,
+            actor_timeout_s=180,
+        )
     assert info.value.group_name == "broken" and info.value.rank in (0, 1)
-    assert live_actors(unique_namespace) == [] and live_placement_groups(unique_namespace, "broken") == []
+    assert (
+        live_actors(unique_namespace) == []
+        and live_placement_groups(unique_namespace, "broken") == []
+    )
     assert registry.load_members(group_name="broken", namespace=unique_namespace) is None
 
 
@@ -207,10 +247,10 @@ def test_lookup_errors_name_what_exists(ray_driver: RayCluster, unique_namespace
         # an unknown name fails at once: with no record there is nothing to wait for, so even
         # a 10-minute attach timeout ends in GroupNotFoundError (pytest-timeout guards a hang)
         with pytest.raises(GroupNotFoundError, match="nope") as nf:
-            WorkerGroup.attach(group_name="nope", namespace=unique_namespace, timeout_s=600)
+            WorkerGroup.attach(group_name="nope", ray_namespace=unique_namespace, timeout_s=600)
         assert unique_namespace in str(nf.value)
         with pytest.raises(NamespaceMismatchError, match=other):
-            WorkerGroup.attach(group_name="elsewhere", namespace=unique_namespace)
+            WorkerGroup.attach(group_name="elsewhere", ray_namespace=unique_namespace)
     finally:
         registry.delete_group_keys(group_name="elsewhere", namespace=other)
 
@@ -219,9 +259,13 @@ def test_lookup_errors_name_what_exists(ray_driver: RayCluster, unique_namespace
     ray.get(actor.ping.remote())
     try:
         with pytest.raises(NamespaceMismatchError, match=other):
-            WorkerGroup.from_worker_names(worker_names=["lonely_0:0"], namespace=unique_namespace, worker_cls=Counter)
+            WorkerGroup.from_worker_names(
+                worker_names=["lonely_0:0"], ray_namespace=unique_namespace, worker_cls=Counter
+            )
         with pytest.raises(GroupNotFoundError, match="no live actor named 'ghost_0:0'"):
-            WorkerGroup.from_worker_names(worker_names=["ghost_0:0"], namespace=unique_namespace, worker_cls=Counter)
+            WorkerGroup.from_worker_names(
+                worker_names=["ghost_0:0"], ray_namespace=unique_namespace, worker_cls=Counter
+            )
     finally:
         ray.kill(actor)
 
@@ -233,4 +277,9 @@ class _Plain:
 
 def test_group_class_accepts_bare_class_and_validates_names(ray_driver: RayCluster) -> None:
     with pytest.raises(ValueError, match="invalid group name"):
-        WorkerGroup.create(group_name="bad:name", namespace="x", resource_pool=LIGHT_POOL, cls=ClassWithInitArgs(Counter))
+        WorkerGroup.create(
+            group_name="bad:name",
+            ray_namespace="x",
+            resource_pool=LIGHT_POOL,
+            cls=ClassWithInitArgs(Counter),
+        )

@@ -26,13 +26,24 @@ def test_basics_len_getitem_iter() -> None:
     assert len(d) == 6
     assert d.keys() == ["x", "m"]
     item = d[2]
-    assert int(item.batch["x"]) == 2 and item.non_tensor_batch["tag"] == "s2" and item.meta_info["step"] == 3
+    assert (
+        int(item.batch["x"]) == 2
+        and item.non_tensor_batch["tag"] == "s2"
+        and item.meta_info["step"] == 3
+    )
     sl = d[1:4]
-    assert len(sl) == 3 and sl.batch["x"].tolist() == [1, 2, 3] and list(sl.non_tensor_batch["tag"]) == ["s1", "s2", "s3"]
+    assert (
+        len(sl) == 3
+        and sl.batch["x"].tolist() == [1, 2, 3]
+        and list(sl.non_tensor_batch["tag"]) == ["s1", "s2", "s3"]
+    )
     assert sl.batch["x"].data_ptr() == d.batch["x"][1:].data_ptr()  # a view, not a copy
     assert [int(i.batch["x"]) for i in d] == list(range(6))
     picked = d[[5, 0]]
-    assert picked.batch["x"].tolist() == [5, 0] and list(picked.non_tensor_batch["tag"]) == ["s5", "s0"]
+    assert picked.batch["x"].tolist() == [5, 0] and list(picked.non_tensor_batch["tag"]) == [
+        "s5",
+        "s0",
+    ]
     mask = d[np.array([True, False] * 3)]
     assert mask.batch["x"].tolist() == [0, 2, 4]
 
@@ -94,7 +105,11 @@ def test_repeat_reorder_to_clone() -> None:
     assert d.repeat(2).batch["x"].tolist() == [0, 0, 1, 1, 2, 2]
     assert d.repeat(2, interleave=False).batch["x"].tolist() == [0, 1, 2, 0, 1, 2]
     d.reorder(torch.tensor([2, 0, 1]))
-    assert d.batch["x"].tolist() == [2, 0, 1] and list(d.non_tensor_batch["tag"]) == ["s2", "s0", "s1"]
+    assert d.batch["x"].tolist() == [2, 0, 1] and list(d.non_tensor_batch["tag"]) == [
+        "s2",
+        "s0",
+        "s1",
+    ]
     assert d.to("cpu") is d
     c = d.clone()
     c.batch["x"][0] = 99
@@ -112,12 +127,23 @@ def test_nested_keys_and_multi_dim_batch() -> None:
 
 
 @pytest.mark.parametrize(
-    "dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.bool, torch.uint8, torch.float8_e4m3fn]
+    "dtype",
+    [
+        torch.float32,
+        torch.bfloat16,
+        torch.float16,
+        torch.int64,
+        torch.bool,
+        torch.uint8,
+        torch.float8_e4m3fn,
+    ],
 )
 def test_serialisation_round_trip_every_dtype(dtype: torch.dtype) -> None:
     base = torch.arange(24, dtype=torch.float32).reshape(6, 4)
     t = base.to(dtype) if dtype is not torch.bool else base > 10
-    d = DataProto.from_dict(tensors={"t": t}, non_tensors={"o": np.array([{"k": i} for i in range(6)], dtype=object)})
+    d = DataProto.from_dict(
+        tensors={"t": t}, non_tensors={"o": np.array([{"k": i} for i in range(6)], dtype=object)}
+    )
     back = pickle.loads(pickle.dumps(d, protocol=5))
     assert back.batch["t"].dtype == dtype
     assert torch.equal(back.batch["t"].view(torch.uint8), t.contiguous().view(torch.uint8))
@@ -140,7 +166,9 @@ def test_tensor_bytes_travel_out_of_band() -> None:
     assert len(head) < 4096
     assert sum(memoryview(b).nbytes for b in buffers) == 256 * 1024 * 2
     back = pickle.loads(head, buffers=buffers)
-    assert back.batch["big"].dtype == torch.bfloat16 and float(back.batch["big"].sum()) == 256 * 1024
+    assert (
+        back.batch["big"].dtype == torch.bfloat16 and float(back.batch["big"].sum()) == 256 * 1024
+    )
 
 
 def test_encode_is_zero_copy_and_decode_shares_memory() -> None:

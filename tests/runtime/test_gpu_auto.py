@@ -143,7 +143,7 @@ def test_infeasible_group_fails_at_once_and_leaves_nothing(
     with pytest.raises(PlacementInfeasibleError) as info:
         WorkerGroup.create(
             group_name="gpus",
-            namespace=unique_namespace,
+            ray_namespace=unique_namespace,
             resource_pool=pool,
             cls=Counter,
             pg_timeout_s=600,
@@ -178,10 +178,10 @@ def test_server_resolves_auto_to_cpu_and_reports_the_device(
             import json
             from tgruntime.controller import load_record
             from tgruntime.ray_connect import connect
-            connect(namespace={ns!r})
-            r = load_record(group_name={name!r}, namespace={ns!r})
+            connect(ray_namespace={ns!r})
+            r = load_record(group_name={name!r}, ray_namespace={ns!r})
             echo = __import__("tgruntime.controller", fromlist=["WorkerGroup"]).WorkerGroup
-            wg = echo.attach(group_name={name!r}, namespace={ns!r})
+            wg = echo.attach(group_name={name!r}, ray_namespace={ns!r})
             print("REC " + json.dumps({{"use_gpu": r.use_gpu, "device": dict(r.device),
                                         "seen": [x["use_gpu"] for x in wg.init_model()]}}))
         """)

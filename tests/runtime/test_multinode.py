@@ -110,7 +110,7 @@ CASES = [[1, 1], [2, 1], [1, 2]]
 def test_placement_ranks_names(two_nodes: TwoNodes, counts: list[int]) -> None:
     prefix = f"p{uuid.uuid4().hex[:6]}"
     wg = WorkerGroup.create(
-        group_name=f"mn-{prefix}", namespace=f"t-{prefix}", name_prefix=prefix,
+        group_name=f"mn-{prefix}", ray_namespace=f"t-{prefix}", name_prefix=prefix,
         resource_pool=pinned_pool(counts, cpus_per_process=0.2),
         cls=ClassWithInitArgs(Counter), detached=False, **TIMEOUTS,  # type: ignore[arg-type]
     )
@@ -158,7 +158,7 @@ def test_mesh_dispatch(two_nodes: TwoNodes, counts: list[int]) -> None:
     dp_ranks = MESHES[key]
     prefix = f"m{uuid.uuid4().hex[:6]}"
     wg = WorkerGroup.create(
-        group_name=f"mn-{prefix}", namespace=f"t-{prefix}", name_prefix=prefix,
+        group_name=f"mn-{prefix}", ray_namespace=f"t-{prefix}", name_prefix=prefix,
         resource_pool=pinned_pool(counts, cpus_per_process=0.2),
         cls=ClassWithInitArgs(MeshProbe, dp_ranks), detached=False, **TIMEOUTS,  # type: ignore[arg-type]
     )
@@ -176,7 +176,9 @@ def test_mesh_dispatch(two_nodes: TwoNodes, counts: list[int]) -> None:
         wg.teardown()
 
 
-def test_ip_sort_bug_counts_follow_spec(two_nodes: TwoNodes, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ip_sort_bug_counts_follow_spec(
+    two_nodes: TwoNodes, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The bug: placement groups were re-sorted by node IP, the counts were not.
 
     Both raylets here share one IP, so the old sort was a no-op on this machine; reporting
@@ -198,7 +200,7 @@ def test_ip_sort_bug_counts_follow_spec(two_nodes: TwoNodes, monkeypatch: pytest
     counts = [2, 1]
     prefix = f"b{uuid.uuid4().hex[:6]}"
     wg = WorkerGroup.create(
-        group_name=f"mn-{prefix}", namespace=f"t-{prefix}", name_prefix=prefix,
+        group_name=f"mn-{prefix}", ray_namespace=f"t-{prefix}", name_prefix=prefix,
         resource_pool=pinned_pool(counts, cpus_per_process=0.2),
         cls=ClassWithInitArgs(Counter), detached=False, **TIMEOUTS,  # type: ignore[arg-type]
     )
@@ -216,7 +218,9 @@ def test_ip_sort_bug_counts_follow_spec(two_nodes: TwoNodes, monkeypatch: pytest
 def test_node_resources_must_match_entries() -> None:
     with pytest.raises(ValueError, match="node_resources"):
         ResourcePool(process_on_nodes=[1, 1], node_resources=[{"x": 1.0}])
-    pool = ResourcePool(process_on_nodes=[2, 1], cpus_per_process=0.5, node_resources=[{"a": 0.01}, {"b": 0.01}])
+    pool = ResourcePool(
+        process_on_nodes=[2, 1], cpus_per_process=0.5, node_resources=[{"a": 0.01}, {"b": 0.01}]
+    )
     assert pool.bundles() == [[{"CPU": 0.5, "a": 0.01}] * 2, [{"CPU": 0.5, "b": 0.01}]]
 
 
@@ -230,7 +234,7 @@ def test_megatron_tp2_across_nodes(two_nodes: TwoNodes, tmp_path: Path) -> None:
     wire = json.dumps(tgapi.to_wire(tiny_spec(tp=2, checkpoint_dir=str(tmp_path / "ckpt"))))
     prefix = f"t{uuid.uuid4().hex[:6]}"
     wg = WorkerGroup.create(
-        group_name=f"mn-{prefix}", namespace=f"t-{prefix}", name_prefix=prefix,
+        group_name=f"mn-{prefix}", ray_namespace=f"t-{prefix}", name_prefix=prefix,
         resource_pool=pinned_pool([1, 1], cpus_per_process=1.0),
         cls=ClassWithInitArgs(MegatronTrainer, wire), detached=False, **TIMEOUTS,  # type: ignore[arg-type]
     )
@@ -239,7 +243,9 @@ def test_megatron_tp2_across_nodes(two_nodes: TwoNodes, tmp_path: Path) -> None:
         meshes: list[dict[str, Any]] = wg.init_model()
         assert [m["tp_rank"] for m in meshes] == [0, 1]
         assert [m["is_collect"] for m in meshes] == [True, False]
-        bundle_nodes = [placement_group_table(pg)["bundles_to_node_id"][0] for pg in wg.placement_groups]
+        bundle_nodes = [
+            placement_group_table(pg)["bundles_to_node_id"][0] for pg in wg.placement_groups
+        ]
         assert bundle_nodes == [two_nodes.node_ids[k] for k in NODE_KEYS]
         data = DataProto.from_dict(tensors={"input_ids": fixed_batch()})
         losses = [float(wg.train_model(data).meta_info["loss"]) for _ in range(3)]

@@ -47,7 +47,7 @@ def test_incomplete_teardown_exits_non_zero_and_a_retry_completes(
     # Six workers: teardown kills them in name order, so after the first (the contested
     # name) five more kills, the placement group and the keys come before its check.
     pool = ResourcePool(process_on_nodes=[6], cpus_per_process=0.05)
-    wg = WorkerGroup.create(group_name="td", namespace=unique_namespace, resource_pool=pool,
+    wg = WorkerGroup.create(group_name="td", ray_namespace=unique_namespace, resource_pool=pool,
                             cls=Counter, actor_timeout_s=180)
     contested = wg.worker_names[0]
     holder = ray.remote(num_cpus=0)(Holder)

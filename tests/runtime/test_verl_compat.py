@@ -19,7 +19,9 @@ from tgruntime.verl_compat import RayResourcePool, _bundle_cpus
 pytestmark = pytest.mark.ray
 
 
-def test_verl_detached_server_and_client_round_trip(ray_driver: RayCluster, unique_namespace: str) -> None:
+def test_verl_detached_server_and_client_round_trip(
+    ray_driver: RayCluster, unique_namespace: str
+) -> None:
     ns = unique_namespace
     server = ray_driver.run_python(f"""
         import json, ray
@@ -30,14 +32,18 @@ def test_verl_detached_server_and_client_round_trip(ray_driver: RayCluster, uniq
         resource_pool = RayResourcePool(process_on_nodes=[2], use_gpu=False, detached=True)
         cls_with_init_args = RayClassWithInitArgs(cls=VerlStyle)
         worker_group = RayWorkerGroup(
-            resource_pool=resource_pool, ray_cls_with_init=cls_with_init_args, name_prefix="trainer", detached=True,
+            resource_pool=resource_pool, ray_cls_with_init=cls_with_init_args,
+            name_prefix="trainer", detached=True,
         )
         worker_group.init_model()
-        print(json.dumps({{"names": worker_group.worker_names, "world_size": worker_group.world_size,
-                          "bundles": [list(b) for b in resource_pool.to_resource_pool().bundles()]}}))
+        bundles = [list(b) for b in resource_pool.to_resource_pool().bundles()]
+        print(json.dumps({{"names": worker_group.worker_names,
+                          "world_size": worker_group.world_size, "bundles": bundles}}))
     """)
     out = json.loads(server.strip().splitlines()[-1])
-    assert out["names"] == ["trainerVerlStyle_0:0", "trainerVerlStyle_0:1"] and out["world_size"] == 2
+    assert (
+        out["names"] == ["trainerVerlStyle_0:0", "trainerVerlStyle_0:1"] and out["world_size"] == 2
+    )
     # verl would ask 2 bundles of max_colocate_count=10 CPUs (never placeable on 2 CPUs)
     assert out["bundles"] == [[{"CPU": 1.0}, {"CPU": 1.0}]]
 
@@ -50,14 +56,17 @@ def test_verl_detached_server_and_client_round_trip(ray_driver: RayCluster, uniq
         ray.init(namespace={ns!r})
         worker_names = {out["names"]!r}
         cls_with_init_args = RayClassWithInitArgs(cls=VerlStyle)
-        worker_group = RayWorkerGroup.from_detached(worker_names=worker_names, ray_cls_with_init=cls_with_init_args)
+        worker_group = RayWorkerGroup.from_detached(
+            worker_names=worker_names, ray_cls_with_init=cls_with_init_args
+        )
         before = worker_group.steps()
         input_ids = torch.arange(4 * 3).reshape(4, 3)
         data = DataProto(batch=TensorDict({{"input_ids": input_ids}}, batch_size=4), meta_info={{}})
         output = worker_group.train_model(data)
         # without the class: the group record describes the methods
         bare = RayWorkerGroup.from_detached(worker_names=worker_names)
-        print(json.dumps({{"before": before, "after": bare.steps(), "loss": output.batch["loss"].tolist(),
+        print(json.dumps({{"before": before, "after": bare.steps(),
+                          "loss": output.batch["loss"].tolist(),
                           "world_size": worker_group.world_size}}))
     """)
     res = json.loads(client.strip().splitlines()[-1])
@@ -66,13 +75,19 @@ def test_verl_detached_server_and_client_round_trip(ray_driver: RayCluster, uniq
 
     # The verl group is a regular published group: attach by name, then remove everything.
     group = "trainerVerlStyle"
-    attached = WorkerGroup.attach(group_name=group, namespace=ns)
+    attached = WorkerGroup.attach(group_name=group, ray_namespace=ns)
     assert attached.steps() == [1, 1]
-    report = teardown_group(group_name=group, namespace=ns, timeout_s=60)
-    assert report.complete and len(report.actors_killed) == 2 and len(report.placement_groups_removed) == 1
+    report = teardown_group(group_name=group, ray_namespace=ns, timeout_s=60)
+    assert (
+        report.complete
+        and len(report.actors_killed) == 2
+        and len(report.placement_groups_removed) == 1
+    )
     prefix = naming.placement_group_prefix(namespace=ns, group_name=group)
     assert not [
-        p for p in placement_group_table().values() if p["name"].startswith(prefix) and p["state"] != "REMOVED"
+        p
+        for p in placement_group_table().values()
+        if p["name"].startswith(prefix) and p["state"] != "REMOVED"
     ]
 
 
@@ -81,4 +96,6 @@ def test_bundle_size_fits_the_cluster(ray_driver: RayCluster) -> None:
     assert _bundle_cpus(10, 2) == pytest.approx(cpus / 2)
     assert _bundle_cpus(1, 1) == 1.0  # fits: verl's size is kept
     pool = RayResourcePool(process_on_nodes=[2], use_gpu=False).to_resource_pool()
-    assert pool.actor_options()["num_cpus"] == pytest.approx(cpus / 2 / 10)  # room for 10 colocated groups
+    assert pool.actor_options()["num_cpus"] == pytest.approx(
+        cpus / 2 / 10
+    )  # room for 10 colocated groups

@@ -35,8 +35,17 @@ from tgruntime.verl_compat import (
 )
 from tgruntime.verl_compat import tensordict_utils as tu
 
-ENV_KEYS = ("RANK", "WORLD_SIZE", "WG_PREFIX", "WG_BACKEND", "RAY_LOCAL_WORLD_SIZE", "RAY_LOCAL_RANK",
-            "MASTER_ADDR", "MASTER_PORT", "MY_FLAG")
+ENV_KEYS = (
+    "RANK",
+    "WORLD_SIZE",
+    "WG_PREFIX",
+    "WG_BACKEND",
+    "RAY_LOCAL_WORLD_SIZE",
+    "RAY_LOCAL_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "MY_FLAG",
+)
 
 
 @ray.remote
@@ -82,7 +91,7 @@ def cleanup() -> Iterator[list[str]]:
     yield groups
     namespace = ray.get_runtime_context().namespace
     for g in groups:
-        teardown_group(group_name=g, namespace=namespace, timeout_s=60)
+        teardown_group(group_name=g, ray_namespace=namespace, timeout_s=60)
 
 
 # ---------------------------------------------------------------------------- worker_env
@@ -107,8 +116,19 @@ def test_worker_env_and_verl_env_vars(ray_driver: RayCluster, cleanup: list[str]
 
 
 @pytest.mark.ray
-@pytest.mark.parametrize("key", ["RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "WG_PREFIX", "WG_BACKEND",
-                                 "RAY_LOCAL_WORLD_SIZE", "TG_GROUP_NAME"])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "RANK",
+        "WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "WG_PREFIX",
+        "WG_BACKEND",
+        "RAY_LOCAL_WORLD_SIZE",
+        "TG_GROUP_NAME",
+    ],
+)
 def test_worker_env_refuses_protected_variables(ray_driver: RayCluster, key: str) -> None:
     with pytest.raises(ValueError, match=f"Cannot override protected system env: {key}"):
         RayWorkerGroup(
@@ -120,7 +140,15 @@ def test_worker_env_refuses_protected_variables(ray_driver: RayCluster, key: str
 
 
 def test_protected_set_covers_verls() -> None:
-    verl = {"WORLD_SIZE", "RANK", "WG_PREFIX", "WG_BACKEND", "RAY_LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
+    verl = {
+        "WORLD_SIZE",
+        "RANK",
+        "WG_PREFIX",
+        "WG_BACKEND",
+        "RAY_LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    }
     assert verl <= PROTECTED_ENV
 
 
@@ -139,8 +167,11 @@ def test_use_gpu_must_match_the_pool() -> None:
 
 def test_master_addr_needs_master_port() -> None:
     with pytest.raises(ValueError, match="master_port"):
-        RayWorkerGroup(resource_pool=RayResourcePool([1], use_gpu=False),
-                       ray_cls_with_init=RayClassWithInitArgs(cls=EnvActor), master_addr="127.0.0.1")
+        RayWorkerGroup(
+            resource_pool=RayResourcePool([1], use_gpu=False),
+            ray_cls_with_init=RayClassWithInitArgs(cls=EnvActor),
+            master_addr="127.0.0.1",
+        )
 
 
 # ---------------------------------------------------------------------------- auto padding
@@ -166,7 +197,9 @@ def test_auto_padding_dp_compute_proto(ray_driver: RayCluster, cleanup: list[str
             first = (size + 1) // 2  # rank 0 gets the first ceil(size/2) rows
             assert out.batch["a"].tolist() == [0.0] * first + [1.0] * (size - first)
     DataProtoConfig.auto_padding = False
-    out = wg.add(DataProto.from_single_dict({"a": torch.zeros(3), "na": np.array(["x"] * 3, dtype=object)}))
+    out = wg.add(
+        DataProto.from_single_dict({"a": torch.zeros(3), "na": np.array(["x"] * 3, dtype=object)})
+    )
     assert len(out) == 3  # padding here does not depend on the switch
 
 
@@ -207,8 +240,10 @@ def test_worker_uses_tensordict_utils(ray_driver: RayCluster, cleanup: list[str]
     # WorkerGroup's alternate constructors, inherited, build a RayWorkerGroup (its parent's
     # contract): attach by name and by worker names, with verl's attributes set
     for again in (
-        RayWorkerGroup.attach(group_name=wg.group_name, namespace=wg.namespace),
-        RayWorkerGroup.from_worker_names(worker_names=wg.worker_names, namespace=wg.namespace),
+        RayWorkerGroup.attach(group_name=wg.group_name, ray_namespace=wg.ray_namespace),
+        RayWorkerGroup.from_worker_names(
+            worker_names=wg.worker_names, ray_namespace=wg.ray_namespace
+        ),
     ):
         assert type(again) is RayWorkerGroup and again.device_name == "cuda"
         assert again.use_gpu is False and again.fused_worker_used is False
@@ -251,7 +286,11 @@ def test_tensordict_utils_get_pop_contiguous() -> None:
     assert not td["obs"].is_contiguous()
     c = tu.contiguous(td)
     assert c is not td and c["obs"].is_contiguous() and torch.equal(c["obs"], td["obs"])
-    assert tu.get(c, "experiment") == "run_001" and tu.get(c, "turn_scores") == [[], [0.5, 0.8], [0.9]]
+    assert tu.get(c, "experiment") == "run_001" and tu.get(c, "turn_scores") == [
+        [],
+        [0.5, 0.8],
+        [0.9],
+    ]
 
     assert tu.pop(td, "experiment") == "run_001" and "experiment" not in list(td.keys())
     sub = tu.get_keys(td, ["obs"])
@@ -265,7 +304,9 @@ def test_tensordict_utils_get_pop_contiguous() -> None:
 def test_tensordict_utils_assign_pad_union() -> None:
     td = TensorDict({"a": torch.arange(3)}, batch_size=[3])
     tu.assign_non_tensor(td, config={"lr": 0.01}, per_row=[{"acc": 1.0}, {"acc": 0.0}, {}])
-    assert tu.get(td, "config") == {"lr": 0.01} and tu.get_non_tensor_data(td, "config", None) == {"lr": 0.01}
+    assert tu.get(td, "config") == {"lr": 0.01} and tu.get_non_tensor_data(td, "config", None) == {
+        "lr": 0.01
+    }
     assert tu.get(td, "per_row") == [{"acc": 1.0}, {"acc": 0.0}, {}]
     padded, pad = tu.pad_to_divisor(TensorDict({"a": torch.arange(5)}, [5]), 4)
     assert pad == 3 and padded["a"].tolist() == [0, 1, 2, 3, 4, 0, 1, 2]
@@ -274,7 +315,9 @@ def test_tensordict_utils_assign_pad_union() -> None:
                                   TensorDict({"a": torch.ones(2), "b": torch.zeros(2)}, [2]))
     assert sorted(merged.keys()) == ["a", "b"]
     with pytest.raises(ValueError):
-        tu.union_tensor_dict(TensorDict({"a": torch.ones(2)}, [2]), TensorDict({"a": torch.zeros(2)}, [2]))
+        tu.union_tensor_dict(
+            TensorDict({"a": torch.ones(2)}, [2]), TensorDict({"a": torch.zeros(2)}, [2])
+        )
     with pytest.raises(ValueError):
         tu.get_tensordict({"a": torch.zeros(2), "b": [1, 2, 3]})
     parts = tu.chunk_tensordict(TensorDict({"a": torch.arange(4)}, [4]), 2)

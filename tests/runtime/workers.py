@@ -22,7 +22,9 @@ from tgruntime.controller import (
 def split_by_rank(group: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
     """A custom dispatch: every rank gets (its rank, the argument)."""
     n = group.world_size
-    return tuple([(r, a) for r in range(n)] for a in args), {k: [(r, v) for r in range(n)] for k, v in kwargs.items()}
+    return tuple([(r, a) for r in range(n)] for a in args), {
+        k: [(r, v) for r in range(n)] for k, v in kwargs.items()
+    }
 
 
 def sum_collect(group: Any, outputs: list[Any]) -> Any:
@@ -75,7 +77,9 @@ class Echo(Worker):
     def double(self, data: DataProto) -> DataProto:
         out = DataProto.from_dict(
             tensors={"y": data.batch["x"] * 2, "rank": torch.full((len(data),), self.rank)},
-            non_tensors={"tag": data.non_tensor_batch["tag"]} if "tag" in data.non_tensor_batch else None,
+            non_tensors={"tag": data.non_tensor_batch["tag"]}
+            if "tag" in data.non_tensor_batch
+            else None,
         )
         return out
 
@@ -94,7 +98,10 @@ class Echo(Worker):
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="train"))
     def nd_step(self, data: DataProto) -> DataProto:
         return DataProto.from_dict(
-            tensors={"y": data.batch["x"] + 1000 * (self.rank // self.tp), "rank": torch.full((len(data),), self.rank)}
+            tensors={
+                "y": data.batch["x"] + 1000 * (self.rank // self.tp),
+                "rank": torch.full((len(data),), self.rank),
+            }
         )
 
     @register(dispatch_mode=Dispatch.RANK_ZERO)

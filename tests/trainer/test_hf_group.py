@@ -72,7 +72,7 @@ def ray_session() -> Iterator[None]:
 def _group(spec: tgapi.TrainerGroupSpec) -> WorkerGroup:
     wg = WorkerGroup.create(
         group_name=f"hf-{uuid.uuid4().hex[:8]}",
-        namespace=ray.get_runtime_context().namespace,
+        ray_namespace=ray.get_runtime_context().namespace,
         resource_pool=ResourcePool(process_on_nodes=[2], use_gpu=False, strategy="PACK"),
         cls=ClassWithInitArgs(MegatronTrainer, json.dumps(tgapi.to_wire(spec))),
         detached=False,

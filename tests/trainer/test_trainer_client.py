@@ -42,7 +42,7 @@ WAIT = 180.0  # seconds for any one call (CPU, shared 2-core machine)
 def _new_group(spec: tgapi.TrainerGroupSpec) -> WorkerGroup:
     wg = WorkerGroup.create(
         group_name=f"rl-{uuid.uuid4().hex[:8]}",
-        namespace=ray.get_runtime_context().namespace,
+        ray_namespace=ray.get_runtime_context().namespace,
         resource_pool=ResourcePool(process_on_nodes=[2], use_gpu=False, strategy="PACK"),
         cls=ClassWithInitArgs(MegatronTrainer, json.dumps(tgapi.to_wire(spec))),
         detached=False,
@@ -80,7 +80,7 @@ def group(ray_session: None) -> Iterator[WorkerGroup]:
 @pytest.fixture(scope="module")
 def client(group: WorkerGroup) -> TrainerClient:
     return TrainerClient.connect_local(
-        group_name=group.group_name, ray_namespace=group.namespace
+        group_name=group.group_name, ray_namespace=group.ray_namespace
     )
 
 

@@ -1,4 +1,5 @@
-"""The trainer on a GPU (NCCL, bf16, RoPE, megatron's schedule/DDP/optimizer); skipped without CUDA."""
+"""The trainer on a GPU (NCCL, bf16, RoPE, megatron's schedule/DDP/optimizer); skipped
+without CUDA."""
 
 from __future__ import annotations
 

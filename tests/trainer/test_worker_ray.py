@@ -45,7 +45,7 @@ def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[WorkerGrou
     wire = json.dumps(tgapi.to_wire(spec))
     wg = WorkerGroup.create(
         group_name=f"trainer-{uuid.uuid4().hex[:8]}",
-        namespace=ray.get_runtime_context().namespace,
+        ray_namespace=ray.get_runtime_context().namespace,
         resource_pool=ResourcePool(process_on_nodes=[2], use_gpu=False, strategy="PACK"),
         cls=ClassWithInitArgs(MegatronTrainer, wire),
         detached=False,

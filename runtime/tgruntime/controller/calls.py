@@ -30,7 +30,8 @@ class CallContext:
 
 
 def resolve(refs: Sequence[Any], ctx: CallContext, *, timeout_s: float | None = None) -> list[Any]:
-    """``ray.get`` the references, raising WorkerDiedError / WorkerMethodError / CallTimeoutError."""
+    """``ray.get`` the references, raising WorkerDiedError / WorkerMethodError /
+    CallTimeoutError."""
     refs = list(refs)
     try:
         return list(ray.get(refs, timeout=timeout_s))
@@ -43,7 +44,10 @@ def resolve(refs: Sequence[Any], ctx: CallContext, *, timeout_s: float | None = 
             if ref in pending_set
         ]
         raise CallTimeoutError(
-            group_name=ctx.group_name, method=ctx.method, timeout_s=float(timeout_s or 0), pending=names
+            group_name=ctx.group_name,
+            method=ctx.method,
+            timeout_s=float(timeout_s or 0),
+            pending=names,
         ) from None
     except RayError as exc:
         raise translate(exc, refs, ctx) from exc
@@ -93,7 +97,9 @@ def actor_error_cause(exc: RayActorError) -> str:
 
 
 def _failed_index(exc: BaseException, refs: Sequence[Any], ctx: CallContext) -> int | None:
-    actor_id = getattr(exc, "actor_id", None) or getattr(getattr(exc, "cause", None), "actor_id", None)
+    actor_id = getattr(exc, "actor_id", None) or getattr(
+        getattr(exc, "cause", None), "actor_id", None
+    )
     if actor_id is None and isinstance(exc, RayTaskError):
         actor_id = getattr(exc, "_actor_id", None)
     if isinstance(actor_id, str) and actor_id in ctx.actor_ids:

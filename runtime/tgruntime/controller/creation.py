@@ -169,7 +169,7 @@ def launch(
         registry.publish_record(record)
     except BaseException:
         teardown_group(
-            group_name=group_name, namespace=namespace, timeout_s=30, extra_worker_names=names
+            group_name=group_name, ray_namespace=namespace, timeout_s=30, extra_worker_names=names
         )
         raise
     return Launched(
@@ -253,7 +253,7 @@ def _start_cause(exc: RayActorError) -> str:
 
 def _check_before_create(*, group_name: str, namespace: str) -> None:
     """A live group of that name is an error; leftovers without live parts are cleaned."""
-    record = registry.load_record(group_name=group_name, namespace=namespace)
+    record = registry.load_record(group_name=group_name, ray_namespace=namespace)
     members = registry.load_members(group_name=group_name, namespace=namespace)
     if record is None and members is None:
         return

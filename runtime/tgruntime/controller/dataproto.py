@@ -152,7 +152,9 @@ class DataProto:
         raise TypeError(f"DataProto indices must be int, slice or index arrays, not {type(item)}")
 
     # ---------------------------------------------------------------- selection
-    def slice(self, start: int | None = None, end: int | None = None, step: int | None = None) -> DataProto:
+    def slice(
+        self, start: int | None = None, end: int | None = None, step: int | None = None
+    ) -> DataProto:
         """Rows ``start:end:step``; tensors are views (no copy)."""
         sl = slice(start, end, step)
         return DataProto(
@@ -255,7 +257,9 @@ class DataProto:
                     else:
                         self.batch.set(tkey, tensor)
         for key, array in other.non_tensor_batch.items():
-            if key in self.non_tensor_batch and not _arrays_equal(self.non_tensor_batch[key], array):
+            if key in self.non_tensor_batch and not _arrays_equal(
+                self.non_tensor_batch[key], array
+            ):
                 raise ValueError(f"union: non_tensor_batch key {key!r} differs between the two")
             self.non_tensor_batch[key] = array
         for key, value in other.meta_info.items():
@@ -284,7 +288,9 @@ class DataProto:
         if split_size < 1:
             raise ValueError(f"split_size must be >= 1, got {split_size}")
         n = len(self)
-        return [self.slice(i, min(i + split_size, n)) for i in range(0, n, split_size)] or [self.slice(0, 0)]
+        return [self.slice(i, min(i + split_size, n)) for i in range(0, n, split_size)] or [
+            self.slice(0, 0)
+        ]
 
     @classmethod
     def concat(cls, data: Sequence[DataProto]) -> DataProto:
@@ -336,7 +342,9 @@ class DataProto:
 
     def reorder(self, indices: torch.Tensor | Sequence[int]) -> None:
         """Permute rows in place."""
-        reordered = self.select_idxs(indices if isinstance(indices, torch.Tensor) else list(indices))
+        reordered = self.select_idxs(
+            indices if isinstance(indices, torch.Tensor) else list(indices)
+        )
         self.batch = reordered.batch
         self.non_tensor_batch = reordered.non_tensor_batch
 
@@ -406,7 +414,10 @@ def _cat_batches(batches: list[TensorDict]) -> TensorDict:
 
 def _cat_tensors(tensors: list[torch.Tensor]) -> torch.Tensor:
     plain = all(
-        t.device.type == "cpu" and t.layout is torch.strided and not t.requires_grad and t.dtype == tensors[0].dtype
+        t.device.type == "cpu"
+        and t.layout is torch.strided
+        and not t.requires_grad
+        and t.dtype == tensors[0].dtype
         for t in tensors
     )
     if plain:

@@ -146,7 +146,8 @@ def as_dispatch_mode(mode: Any) -> DispatchMode:
         missing = {"dispatch_fn", "collect_fn"} - set(mode)
         if missing:
             raise ValueError(
-                f"a custom dispatch mode needs keys dispatch_fn and collect_fn; missing {sorted(missing)}"
+                "a custom dispatch mode needs keys dispatch_fn and collect_fn; missing "
+                f"{sorted(missing)}"
             )
         if not callable(mode["dispatch_fn"]) or not callable(mode["collect_fn"]):
             raise TypeError("dispatch_fn and collect_fn must be callables")

@@ -86,7 +86,8 @@ def _split_many(
             length = len(value)
         elif len(value) != length:
             raise ValueError(
-                f"all DataProto arguments of a DP call must have the same length, got {length} and {len(value)}"
+                f"all DataProto arguments of a DP call must have the same length, got {length} and "
+                f"{len(value)}"
             )
         pieces, t = split_proto(value, parts)
         trims = t

@@ -146,8 +146,10 @@ class PlacementTimeoutError(TrainerGroupError):
             f"placement groups for group {group_name!r} not placed within {timeout_s:g}s: asked "
             f"{_fmt(asked)} as {sum(len(b) for b in self.bundles)} bundles in "
             f"{len(self.bundles)} placement group(s) ({strategy}, per group: "
-            f"{[len(b) for b in self.bundles]} bundles of {_fmt(self.bundles[0][0]) if self.bundles and self.bundles[0] else '{}'}); "
-            f"cluster has {_fmt(_filter(self.total))} in total, {_fmt(_filter(self.available))} available"
+            f"{[len(b) for b in self.bundles]} bundles of "
+            f"{_fmt(self.bundles[0][0]) if self.bundles and self.bundles[0] else '{}'}); "
+            f"cluster has {_fmt(_filter(self.total))} in total, {_fmt(_filter(self.available))} "
+            "available"
         )
 
 
@@ -228,7 +230,9 @@ class GroupExistsError(TrainerGroupError):
 class CallTimeoutError(TrainerGroupError):
     """A group call did not finish within its timeout (workers are still running it)."""
 
-    def __init__(self, *, group_name: str, method: str, timeout_s: float, pending: Sequence[str]) -> None:
+    def __init__(
+        self, *, group_name: str, method: str, timeout_s: float, pending: Sequence[str]
+    ) -> None:
         self._keep(locals())
         self.group_name = group_name
         self.method = method

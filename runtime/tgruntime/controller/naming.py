@@ -11,6 +11,7 @@ teardown and attach can find it again without any state kept by the creating pro
 from __future__ import annotations
 
 import re
+import warnings
 
 KV_NAMESPACE = "trainergroup"
 
@@ -54,7 +55,9 @@ def placement_group_prefix(*, namespace: str, group_name: str) -> str:
 
 
 def placement_group_name(*, namespace: str, group_name: str, generation: int, index: int) -> str:
-    return f"{placement_group_prefix(namespace=namespace, group_name=group_name)}g{generation}:{index}"
+    return (
+        f"{placement_group_prefix(namespace=namespace, group_name=group_name)}g{generation}:{index}"
+    )
 
 
 def record_key(*, namespace: str, group_name: str) -> str:
@@ -88,3 +91,39 @@ def ray_class_name(cls: type) -> str:
     name = cls.__name__
     match = re.fullmatch(r"ActorClass\((.+)\)", name)
     return match.group(1) if match else name
+
+
+def ray_namespace_arg(
+    *, ray_namespace: str | None, namespace: str | None, where: str, stacklevel: int = 3
+) -> str | None:
+    """``ray_namespace``, or the deprecated ``namespace=`` keyword it replaced (one release).
+
+    "namespace" alone is Kubernetes' namespace elsewhere in TrainerGroup; Ray's is
+    ``ray_namespace`` in every public signature.
+    """
+    if namespace is None:
+        return ray_namespace
+    if ray_namespace is not None and ray_namespace != namespace:
+        raise TypeError(
+            f"{where}: ray_namespace={ray_namespace!r} and the deprecated namespace="
+            f"{namespace!r} disagree; pass ray_namespace only"
+        )
+    warnings.warn(
+        f"{where}(namespace=...) is deprecated and will be removed in the next release: pass "
+        "ray_namespace=... (Ray's namespace; 'namespace' is Kubernetes' in TrainerGroup)",
+        DeprecationWarning,
+        stacklevel=stacklevel,  # the public function's caller
+    )
+    return namespace
+
+
+def required_ray_namespace(
+    *, ray_namespace: str | None, namespace: str | None, where: str
+) -> str:
+    """Like ``ray_namespace_arg``, for a signature where the Ray namespace is required."""
+    ns = ray_namespace_arg(
+        ray_namespace=ray_namespace, namespace=namespace, where=where, stacklevel=4
+    )
+    if ns is None:
+        raise TypeError(f"{where}() missing required keyword argument: 'ray_namespace'")
+    return ns

@@ -91,7 +91,7 @@ def publish_record(record: GroupRecord) -> None:
 
 def update_record(*, group_name: str, namespace: str, **changes: Any) -> GroupRecord | None:
     """Re-publish the record with ``changes`` (e.g. ``device=...``); None when there is none."""
-    record = load_record(group_name=group_name, namespace=namespace)
+    record = load_record(group_name=group_name, ray_namespace=namespace)
     if record is None:
         return None
     updated = replace(record, **changes)
@@ -99,15 +99,27 @@ def update_record(*, group_name: str, namespace: str, **changes: Any) -> GroupRe
     return updated
 
 
-def load_record(*, group_name: str, namespace: str) -> GroupRecord | None:
+def load_record(
+    *, group_name: str, ray_namespace: str | None = None, namespace: str | None = None
+) -> GroupRecord | None:
+    """The published record of a group (``namespace=``: deprecated name of ``ray_namespace``)."""
+    namespace = naming.required_ray_namespace(
+        ray_namespace=ray_namespace, namespace=namespace, where="load_record"
+    )
     raw = internal_kv._internal_kv_get(
         naming.record_key(namespace=namespace, group_name=group_name), namespace=_NS
     )
     return None if raw is None else GroupRecord.from_json(raw)
 
 
-def list_groups(*, namespace: str | None = None) -> list[tuple[str, str]]:
-    """(namespace, group name) of every published record (optionally in one namespace)."""
+def list_groups(
+    *, ray_namespace: str | None = None, namespace: str | None = None
+) -> list[tuple[str, str]]:
+    """(Ray namespace, group name) of every published record (optionally in one Ray
+    namespace; ``namespace=`` is the deprecated name of ``ray_namespace``)."""
+    namespace = naming.ray_namespace_arg(
+        ray_namespace=ray_namespace, namespace=namespace, where="list_groups"
+    )
     keys = internal_kv._internal_kv_list(naming.record_prefix(namespace=namespace), namespace=_NS)
     out = []
     for key in keys:
@@ -180,14 +192,14 @@ def namespaces_with_group(group_name: str) -> list[str]:
 
 
 def groups_in(namespace: str) -> list[str]:
-    return [name for ns, name in list_groups(namespace=namespace) if ns == namespace]
+    return [name for ns, name in list_groups(ray_namespace=namespace) if ns == namespace]
 
 
 def with_names(names: Sequence[str], namespace: str) -> GroupRecord | None:
     """The record in ``namespace`` whose workers are exactly ``names`` (any order), if any."""
     wanted = set(names)
-    for _, name in list_groups(namespace=namespace):
-        record = load_record(group_name=name, namespace=namespace)
+    for _, name in list_groups(ray_namespace=namespace):
+        record = load_record(group_name=name, ray_namespace=namespace)
         if record is not None and set(record.worker_names) == wanted:
             return record
     return None

@@ -70,14 +70,16 @@ class ResourcePool:
         counts = tuple(int(c) for c in self.process_on_nodes)
         if not counts or any(c < 1 for c in counts):
             raise ValueError(
-                f"process_on_nodes must be a non-empty list of positive counts, got {list(self.process_on_nodes)}"
+                "process_on_nodes must be a non-empty list of positive counts, got "
+                f"{list(self.process_on_nodes)}"
             )
         object.__setattr__(self, "process_on_nodes", counts)
         object.__setattr__(self, "strategy", PlacementStrategy(self.strategy))
         extra = tuple({str(k): float(v) for k, v in r.items()} for r in self.node_resources)
         if extra and len(extra) != len(counts):
             raise ValueError(
-                f"node_resources has {len(extra)} entries for {len(counts)} entries of process_on_nodes"
+                f"node_resources has {len(extra)} entries for {len(counts)} entries of "
+                "process_on_nodes"
             )
         object.__setattr__(self, "node_resources", extra)
         if self.cpus_per_process < 0 or self.gpus_per_process < 0:
@@ -173,7 +175,9 @@ def infeasibility(
                 for k, v in bundle.items():
                     whole[k] = whole.get(k, 0.0) + float(v)
             if not any(fits(whole, n) for n in nodes):
-                return f"STRICT_PACK needs {whole} of placement group {i} on one node; no node has it"
+                return (
+                    f"STRICT_PACK needs {whole} of placement group {i} on one node; no node has it"
+                )
         if strategy is PlacementStrategy.STRICT_SPREAD and group:
             hosts = sum(1 for n in nodes if fits(group[0], n))
             if hosts < len(group):
@@ -235,7 +239,9 @@ def create_placement_groups(
         placement_group(
             bundles=group,
             strategy=str(PlacementStrategy(pool.strategy).value),
-            name=naming.placement_group_name(namespace=namespace, group_name=group_name, generation=generation, index=i),
+            name=naming.placement_group_name(
+                namespace=namespace, group_name=group_name, generation=generation, index=i
+            ),
             lifetime="detached" if (detached if pool.detached is None else pool.detached) else None,
         )
         for i, group in enumerate(bundles)

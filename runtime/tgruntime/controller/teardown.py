@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import ray
 from ray.util.placement_group import placement_group_table
 
-from tgruntime.controller import registry
+from tgruntime.controller import naming, registry
 from tgruntime.controller.resource_pool import find_placement_groups, remove_by_id
 
 
@@ -46,12 +46,23 @@ class TeardownReport:
 
 
 def teardown_group(
-    *, group_name: str, namespace: str, timeout_s: float = 30, extra_worker_names: Iterable[str] = ()
+    *,
+    group_name: str,
+    ray_namespace: str | None = None,
+    timeout_s: float = 30,
+    extra_worker_names: Iterable[str] = (),
+    namespace: str | None = None,
 ) -> TeardownReport:
-    """Remove a group's actors, placement groups and record; safe to call repeatedly."""
+    """Remove a group's actors, placement groups and record; safe to call repeatedly.
+
+    ``ray_namespace`` is required (``namespace=`` is its deprecated old name, one release).
+    """
+    namespace = naming.required_ray_namespace(
+        ray_namespace=ray_namespace, namespace=namespace, where="teardown_group"
+    )
     errors: list[str] = []
     names: set[str] = set(extra_worker_names)
-    record = registry.load_record(group_name=group_name, namespace=namespace)
+    record = registry.load_record(group_name=group_name, ray_namespace=namespace)
     if record is not None:
         names.update(record.worker_names)
     members = registry.load_members(group_name=group_name, namespace=namespace)
@@ -63,9 +74,13 @@ def teardown_group(
     checked.append(f"placement groups named tg:{namespace}:{group_name}:* (GCS)")
     pg_ids = {p.id_hex for p in pgs}
     if pg_ids:
-        found = _actors_in_placement_groups(namespace, pg_ids, timeout_s=min(10.0, timeout_s), errors=errors)
+        found = _actors_in_placement_groups(
+            namespace, pg_ids, timeout_s=min(10.0, timeout_s), errors=errors
+        )
         if found is None:
-            not_checked.append("other actors in the group's placement groups (GCS actor table unreadable)")
+            not_checked.append(
+                "other actors in the group's placement groups (GCS actor table unreadable)"
+            )
         else:
             checked.append("actors in the group's placement groups (GCS actor table)")
             names.update(found)
@@ -105,9 +120,13 @@ def teardown_group(
         left = _still_there(group_name=group_name, namespace=namespace, names=killed)
         if left:
             complete = False
-            errors.append(f"still there after teardown (created again meanwhile?): {', '.join(left)}")
+            errors.append(
+                f"still there after teardown (created again meanwhile?): {', '.join(left)}"
+            )
     complete = complete and not failed
-    checked.append(f"every killed worker and removed placement group gone (waited up to {timeout_s:g}s)")
+    checked.append(
+        f"every killed worker and removed placement group gone (waited up to {timeout_s:g}s)"
+    )
     return TeardownReport(
         group_name=group_name,
         namespace=namespace,
@@ -133,10 +152,13 @@ def _still_there(*, group_name: str, namespace: str, names: Iterable[str]) -> li
             left.append(f"actor {name}")
         except ValueError:
             pass
-    left += [f"placement group {p.name}" for p in find_placement_groups(namespace=namespace, group_name=group_name)]
+    left += [
+        f"placement group {p.name}"
+        for p in find_placement_groups(namespace=namespace, group_name=group_name)
+    ]
     if registry.load_members(group_name=group_name, namespace=namespace) is not None:
         left.append("members key")
-    if registry.load_record(group_name=group_name, namespace=namespace) is not None:
+    if registry.load_record(group_name=group_name, ray_namespace=namespace) is not None:
         left.append("record")
     return left
 
@@ -153,7 +175,9 @@ def _actors_in_placement_groups(
     except Exception as exc:
         errors.append(f"GCS actor table unreadable, relying on names only: {exc}")
         return None
-    return {a.name for a in actors if a.name and a.state != "DEAD" and a.placement_group_id in pg_ids}
+    return {
+        a.name for a in actors if a.name and a.state != "DEAD" and a.placement_group_id in pg_ids
+    }
 
 
 def _wait_gone(namespace: str, names: list[str], pg_ids: set[str], *, timeout_s: float) -> bool:
@@ -172,7 +196,9 @@ def _wait_gone(namespace: str, names: list[str], pg_ids: set[str], *, timeout_s:
         pending_names = still
         if pending_pgs:
             table = placement_group_table()
-            pending_pgs = {i for i in pending_pgs if str(table.get(i, {}).get("state", "REMOVED")) != "REMOVED"}
+            pending_pgs = {
+                i for i in pending_pgs if str(table.get(i, {}).get("state", "REMOVED")) != "REMOVED"
+            }
         if not pending_names and not pending_pgs:
             return True
         if time.monotonic() > deadline:

@@ -3,7 +3,8 @@
 Before the subclass's ``__init__`` runs (in ``__new__``, so subclasses that never call
 ``super().__init__()`` are covered too) a worker created by a WorkerGroup has RANK,
 WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT in its
-environment (and verl's WG_PREFIX, WG_BACKEND, RAY_LOCAL_WORLD_SIZE, RAY_LOCAL_RANK), so ``torch.distributed.init_process_group(init_method="env://")`` works.
+environment (and verl's WG_PREFIX, WG_BACKEND, RAY_LOCAL_WORLD_SIZE, RAY_LOCAL_RANK), so
+``torch.distributed.init_process_group(init_method="env://")`` works.
 
 Master port without the bind-then-close race: rank 0 binds a socket to a free port with
 SO_REUSEADDR and *keeps it bound* (not listening) for its whole life. While it is held,
@@ -63,14 +64,18 @@ def _setup_master_from_group() -> None:
         sock, port = _reserve_port()
         addr = _node_ip()
         _process_master["socket"] = sock
-        registry.publish_master(group_name=group, namespace=namespace, generation=generation, addr=addr, port=port)
+        registry.publish_master(
+            group_name=group, namespace=namespace, generation=generation, addr=addr, port=port
+        )
     else:
         timeout = float(os.environ.get(ENV_MASTER_TIMEOUT, "120"))
         deadline = time.monotonic() + timeout
         found = None
         delay = 0.02
         while found is None:
-            found = registry.load_master(group_name=group, namespace=namespace, generation=generation)
+            found = registry.load_master(
+                group_name=group, namespace=namespace, generation=generation
+            )
             if found is None:
                 if time.monotonic() > deadline:
                     raise TimeoutError(
@@ -171,14 +176,18 @@ class Worker:
         )
 
     # ------------------------------------------------------------------ meshes
-    def _register_dispatch_collect_info(self, mesh_name: str, dp_rank: int, is_collect: bool) -> None:
+    def _register_dispatch_collect_info(
+        self, mesh_name: str, dp_rank: int, is_collect: bool
+    ) -> None:
         """Declare this worker's dp rank in ``mesh_name`` and whether its output is collected."""
         if not hasattr(self, "_tg_dispatch_dp_rank"):
             self._tg_read_env()
         old = (self._tg_dispatch_dp_rank.get(mesh_name), self._tg_collect.get(mesh_name))
         new = (int(dp_rank), bool(is_collect))
         if old != (None, None) and old != new:
-            raise ValueError(f"mesh {mesh_name!r} already registered as dp_rank={old[0]}, is_collect={old[1]}")
+            raise ValueError(
+                f"mesh {mesh_name!r} already registered as dp_rank={old[0]}, is_collect={old[1]}"
+            )
         self._tg_dispatch_dp_rank[mesh_name] = new[0]
         self._tg_collect[mesh_name] = new[1]
 
@@ -200,7 +209,10 @@ class Worker:
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def _tg_mesh_info(self) -> dict[str, tuple[int, bool]]:
         """Every mesh this worker registered: name -> (dp rank, is_collect)."""
-        return {m: (self._tg_dispatch_dp_rank[m], self._tg_collect[m]) for m in self._tg_dispatch_dp_rank}
+        return {
+            m: (self._tg_dispatch_dp_rank[m], self._tg_collect[m])
+            for m in self._tg_dispatch_dp_rank
+        }
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def _tg_worker_info(self) -> dict[str, Any]:

@@ -13,6 +13,7 @@ published record), ``from_worker_names`` and ``from_handles``.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Self
 
@@ -64,7 +65,7 @@ class WorkerGroup:
         self,
         *,
         group_name: str,
-        namespace: str,
+        ray_namespace: str,
         worker_names: Sequence[str],
         handles: Sequence[Any | None],
         methods: Mapping[str, MethodSpec],
@@ -75,7 +76,7 @@ class WorkerGroup:
         if len(worker_names) != len(handles):
             raise ValueError(f"{len(worker_names)} names for {len(handles)} handles")
         self._group_name = group_name
-        self._namespace = namespace
+        self._ray_namespace = ray_namespace
         self._worker_names: tuple[str, ...] = tuple(worker_names)
         self._handles: list[Any | None] = list(handles)  # strong references
         self._generation = generation
@@ -113,7 +114,7 @@ class WorkerGroup:
         group_cls,  # ``cls`` is the worker-class argument of the public API
         *,
         group_name: str,
-        namespace: str,
+        ray_namespace: str | None = None,
         resource_pool: ResourcePool,
         cls: ClassWithInitArgs | type,
         name_prefix: str | None = None,
@@ -125,18 +126,24 @@ class WorkerGroup:
         mesh: Mapping[str, Any] | None = None,
         call_timeout_s: float | None = None,
         placement_groups: list[Any] | None = None,
+        namespace: str | None = None,
     ) -> Self:
         """Place and start a new group, publish its record, return it.
 
         ``cls``: the worker class with its constructor arguments (a bare class is wrapped).
         ``name_prefix`` defaults to the group name. ``mesh`` (e.g. {"tp": 2, "dp": 1}) is
         published in the record. ``placement_groups``: already placed groups to use instead
-        of creating them (they stay owned by whoever created them).
+        of creating them (they stay owned by whoever created them). ``ray_namespace`` is
+        required (``namespace=``, its old name, still works for one release, with a
+        DeprecationWarning).
         """
+        ray_namespace = naming.required_ray_namespace(
+            ray_namespace=ray_namespace, namespace=namespace, where="WorkerGroup.create"
+        )
         worker_cls = cls if isinstance(cls, ClassWithInitArgs) else ClassWithInitArgs(cls)
         launched = launch(
             group_name=group_name,
-            namespace=namespace,
+            namespace=ray_namespace,
             resource_pool=resource_pool,
             cls=worker_cls,
             name_prefix=group_name if name_prefix is None else name_prefix,
@@ -150,7 +157,7 @@ class WorkerGroup:
         )
         group = group_cls._from_parts(
             group_name=group_name,
-            namespace=namespace,
+            ray_namespace=ray_namespace,
             worker_names=launched.worker_names,
             handles=launched.handles,
             methods=registered_methods(worker_cls.cls),
@@ -166,28 +173,33 @@ class WorkerGroup:
         cls,
         *,
         group_name: str,
-        namespace: str,
+        ray_namespace: str | None = None,
         timeout_s: float = 30,
         strict: bool = True,
         worker_cls: Any = None,
         call_timeout_s: float | None = None,
+        namespace: str | None = None,
     ) -> Self:
         """Attach to a published group by name (one KV read plus one lookup per worker).
 
         Waits up to ``timeout_s`` only while the group is being created; an unknown name
         fails at once. ``strict``: a missing worker raises WorkerDiedError (else its handle
         is None, health() reports it NOT_FOUND or DEAD and calls raise when they reach it).
+        ``ray_namespace`` is required (``namespace=`` is its deprecated old name).
         """
+        ns = naming.required_ray_namespace(
+            ray_namespace=ray_namespace, namespace=namespace, where="WorkerGroup.attach"
+        )
         deadline = time.monotonic() + timeout_s
         while True:
-            record = registry.load_record(group_name=group_name, namespace=namespace)
+            record = registry.load_record(group_name=group_name, ray_namespace=ns)
             if record is not None:
                 break
-            creating = registry.load_members(group_name=group_name, namespace=namespace) is not None
+            creating = registry.load_members(group_name=group_name, namespace=ns) is not None
             if not creating or time.monotonic() > deadline:
-                _raise_not_found(group_name, namespace, creating=creating, timeout_s=timeout_s)
+                _raise_not_found(group_name, ns, creating=creating, timeout_s=timeout_s)
             time.sleep(0.05)
-        handles = [get_actor(name, namespace) for name in record.worker_names]
+        handles = [get_actor(name, ns) for name in record.worker_names]
         if strict:
             for rank, (name, handle) in enumerate(zip(record.worker_names, handles, strict=True)):
                 if handle is None:
@@ -195,7 +207,7 @@ class WorkerGroup:
                         group_name=group_name,
                         rank=rank,
                         worker_name=name,
-                        cause=f"no live actor named {name!r} in namespace {namespace!r}",
+                        cause=f"no live actor named {name!r} in Ray namespace {ns!r}",
                     )
         methods = (
             registered_methods(unwrap_actor_class(_plain(worker_cls))[0])
@@ -204,7 +216,7 @@ class WorkerGroup:
         )
         return cls._from_parts(
             group_name=group_name,
-            namespace=namespace,
+            ray_namespace=ns,
             worker_names=record.worker_names,
             handles=handles,
             methods=methods,
@@ -218,17 +230,20 @@ class WorkerGroup:
         cls,
         *,
         worker_names: Sequence[str],
-        namespace: str | None = None,
+        ray_namespace: str | None = None,
         worker_cls: Any = None,
         group_name: str | None = None,
         call_timeout_s: float | None = None,
+        namespace: str | None = None,
     ) -> Self:
         """Attach to named workers (rank order = the order given).
 
         The methods come from ``worker_cls`` (a class, ray.remote class or
         ClassWithInitArgs) or, without it, from the record of the group those workers form.
         """
-        ns = namespace or ray.get_runtime_context().namespace
+        ns = naming.ray_namespace_arg(
+            ray_namespace=ray_namespace, namespace=namespace, where="WorkerGroup.from_worker_names"
+        ) or ray.get_runtime_context().namespace
         handles = []
         for name in worker_names:
             handle = get_actor(name, ns)
@@ -236,14 +251,14 @@ class WorkerGroup:
                 raise_missing_worker(name, ns, group_name)
             handles.append(handle)
         record = (
-            registry.load_record(group_name=group_name, namespace=ns)
+            registry.load_record(group_name=group_name, ray_namespace=ns)
             if group_name
             else registry.with_names(worker_names, ns)
         )
         methods = methods_from(worker_cls, record)
         return cls._from_parts(
             group_name=group_name or (record.group_name if record else ""),
-            namespace=ns,
+            ray_namespace=ns,
             worker_names=worker_names,
             handles=handles,
             methods=methods,
@@ -259,21 +274,26 @@ class WorkerGroup:
         handles: Sequence[Any],
         worker_cls: Any = None,
         worker_names: Sequence[str] | None = None,
-        namespace: str | None = None,
+        ray_namespace: str | None = None,
         group_name: str | None = None,
         call_timeout_s: float | None = None,
+        namespace: str | None = None,
     ) -> Self:
         """A group over actor handles you already hold (strong references are kept)."""
-        ns = namespace or ray.get_runtime_context().namespace
+        ns = naming.ray_namespace_arg(
+            ray_namespace=ray_namespace, namespace=namespace, where="WorkerGroup.from_handles"
+        ) or ray.get_runtime_context().namespace
         names = (
             list(worker_names)
             if worker_names is not None
             else [f"rank{i}" for i in range(len(handles))]
         )
-        record = registry.load_record(group_name=group_name, namespace=ns) if group_name else None
+        record = (
+            registry.load_record(group_name=group_name, ray_namespace=ns) if group_name else None
+        )
         return cls._from_parts(
             group_name=group_name or "",
-            namespace=ns,
+            ray_namespace=ns,
             worker_names=names,
             handles=handles,
             methods=methods_from(worker_cls, record),
@@ -296,8 +316,18 @@ class WorkerGroup:
         return self._group_name
 
     @property
+    def ray_namespace(self) -> str:
+        return self._ray_namespace
+
+    @property
     def namespace(self) -> str:
-        return self._namespace
+        """Deprecated (one release): ``ray_namespace``."""
+        warnings.warn(
+            "WorkerGroup.namespace is deprecated: use WorkerGroup.ray_namespace",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self._ray_namespace
 
     @property
     def generation(self) -> int:
@@ -326,7 +356,8 @@ class WorkerGroup:
         if name.startswith("_") or "_methods" not in self.__dict__:
             raise AttributeError(name)
         raise AttributeError(
-            f"group {self._group_name!r} has no method {name!r}; registered: {sorted(self._methods)}"
+            f"group {self._group_name!r} has no method {name!r}; registered: "
+            f"{sorted(self._methods)}"
         )
 
     # ================================================================== calls
@@ -335,7 +366,8 @@ class WorkerGroup:
         spec = self._methods.get(method)
         if spec is None:
             raise AttributeError(
-                f"group {self._group_name!r} has no method {method!r}; registered: {sorted(self._methods)}"
+                f"group {self._group_name!r} has no method {method!r}; registered: "
+                f"{sorted(self._methods)}"
             )
         return self._invoke(method, spec, args, kwargs)
 
@@ -381,7 +413,10 @@ class WorkerGroup:
                     group_name=self._group_name,
                     rank=rank,
                     worker_name=self._worker_names[rank],
-                    cause="this handle is gone (the group was torn down here, or the worker was missing when attached)",
+                    cause=(
+                        "this handle is gone (the group was torn down here, or the worker was "
+                        "missing when attached)"
+                    ),
                     method=name,
                 )
             call_args = [_swap(a[rank], shared) for a in per_args]
@@ -421,7 +456,8 @@ class WorkerGroup:
         )
 
     def execute_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
-        """verl's raw call: ObjectRefs from every rank (lists of world-size values are scattered)."""
+        """verl's raw call: ObjectRefs from every rank (lists of world-size values are
+        scattered)."""
         per_args, per_kwargs = dispatch_mod.normalize(self, args, kwargs)
         return self._submit(method, list(range(self.world_size)), per_args, per_kwargs)
 
@@ -474,9 +510,10 @@ class WorkerGroup:
 
     # ================================================================== lifecycle
     def health(self, timeout_s: float = 10) -> list[WorkerHealth]:
-        """Each worker's state (ALIVE / DEAD with cause / UNREACHABLE); never raises for a dead one."""
+        """Each worker's state (ALIVE / DEAD with cause / UNREACHABLE); never raises for a
+        dead one."""
         return group_health(
-            namespace=self._namespace,
+            namespace=self._ray_namespace,
             worker_names=self._worker_names,
             actor_ids=[a or None for a in self._actor_ids],
             handles=self._handles,
@@ -488,7 +525,7 @@ class WorkerGroup:
         if self._group_name:
             report = teardown_group(
                 group_name=self._group_name,
-                namespace=self._namespace,
+                ray_namespace=self._ray_namespace,
                 timeout_s=timeout_s,
                 extra_worker_names=[
                     n
@@ -502,13 +539,13 @@ class WorkerGroup:
                 if handle is not None:
                     ray.kill(handle, no_restart=True)
                     killed.append(name)
-            report = TeardownReport("", self._namespace, tuple(killed), (), (), True)
+            report = TeardownReport("", self._ray_namespace, tuple(killed), (), (), True)
         self._handles = [None] * len(self._handles)
         return report
 
     def __repr__(self) -> str:
         return (
-            f"WorkerGroup(group_name={self._group_name!r}, namespace={self._namespace!r}, "
+            f"WorkerGroup(group_name={self._group_name!r}, ray_namespace={self._ray_namespace!r}, "
             f"world_size={self.world_size}, generation={self._generation})"
         )
 

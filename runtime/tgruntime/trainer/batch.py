@@ -56,7 +56,8 @@ def lm_batch(input_ids: torch.Tensor, *, device: torch.device, vocab_size: int) 
 def split_microbatches(batch: LMBatch, micro_batch_size: int) -> list[LMBatch]:
     if batch.batch_size % micro_batch_size != 0:
         raise ValueError(
-            f"local batch {batch.batch_size} is not divisible by micro-batch size {micro_batch_size}"
+            f"local batch {batch.batch_size} is not divisible by micro-batch size "
+            f"{micro_batch_size}"
         )
     return [
         LMBatch(

@@ -132,7 +132,8 @@ def init_model_parallel(*, tp: int, pp: int, cp: int) -> None:
     world = dist.get_world_size()
     if world % (tp * pp * cp) != 0:
         raise ValueError(
-            f"tensor x pipeline x context = {tp} x {pp} x {cp} does not divide the world size {world}"
+            f"tensor x pipeline x context = {tp} x {pp} x {cp} does not divide the world size "
+            f"{world}"
         )
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()

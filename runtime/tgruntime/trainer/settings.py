@@ -3,8 +3,8 @@
 One resolved, frozen value decides every CPU/GPU fork in the trainer, so the rest of the
 code reads ``settings.on_gpu`` instead of probing CUDA again:
 
-* GPU (``workers.useGpu`` true or "auto", and CUDA present): NCCL, the spec's dtype (bf16 by default),
-  RoPE for ``position_embedding: auto``, megatron's pipeline schedules, DDP and optimizer.
+* GPU (``workers.useGpu`` true or "auto", and CUDA present): NCCL, the spec's dtype (bf16 by
+  default), RoPE for ``position_embedding: auto``, megatron's pipeline schedules, DDP and optimizer.
 * CPU: gloo, float32 whatever the spec's dtype, learned absolute positions for ``auto``
   (``rope`` still works through the device-local rotary module), and the trainer's own
   CPU schedule and optimizer (megatron's allocate CUDA tensors unconditionally).

@@ -109,6 +109,15 @@ def install_crd(plane: Any) -> None:
         "--timeout=60s",
         "crd/trainergroups.trainergroup.io",
     )
+    # Established is not yet served: until the API server's storage for the new resource is
+    # initialised, a list answers 429 "storage is (re)initializing", which kopf logs at ERROR
+    # (and retries). List it the way kopf does until it answers.
+    deadline = time.monotonic() + 60
+    raw = "/apis/trainergroup.io/v1alpha1/trainergroups"
+    while plane.kubectl("get", "--raw", raw, check=False).returncode != 0:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the TrainerGroup CRD was not served within 60 s: GET {raw}")
+        time.sleep(0.5)
 
 
 def grant(

@@ -32,7 +32,7 @@ def test_the_servers_failure_line_is_read_by_the_operator(
 def test_the_ready_line_is_read_by_the_operator() -> None:
     wg = types.SimpleNamespace(
         group_name="demo",
-        namespace="tg-team-a-demo",
+        ray_namespace="tg-team-a-demo",
         generation=2,
         worker_names=["demoTrainer_0:0", "demoTrainer_0:1"],
         world_size=2,

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import uuid
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -62,3 +65,48 @@ def ray_endpoint(request: pytest.FixtureRequest) -> RayEndpoint:
     if not url.startswith("http"):
         url = f"http://{url}"
     return RayEndpoint(dashboard_url=url.rstrip("/"), gcs_address=gcs)
+
+
+# -- the real-plane operator tests' namespace and operator (one per test module) ----------
+# A module sets OPERATOR_ENV (extra operator environment) to tune its operator.
+
+
+@pytest.fixture(scope="module")
+def ns(k8s_plane: Any) -> Iterator[str]:
+    """A fresh namespace for the module, with its default ServiceAccount ready."""
+    from hack import operator_plane as ks
+
+    name = f"tgop-{uuid.uuid4().hex[:8]}"
+    k8s_plane.kubectl("create", "namespace", name)
+    ks.wait_for(
+        lambda: k8s_plane.kubectl("get", "sa", "default", "-n", name, check=False).returncode
+        == 0,
+        timeout=60,
+        what="the namespace's default ServiceAccount",
+    )
+    yield name
+    k8s_plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="module")
+def operator(
+    request: pytest.FixtureRequest,
+    k8s_plane: Any,
+    ns: str,
+    ray_endpoint: RayEndpoint,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Any]:
+    """The operator (least-privilege account) watching ``ns``, for the whole module."""
+    from hack import operator_plane as ks
+
+    log = tmp_path_factory.mktemp("operator") / "operator.log"
+    with ks.running_operator(
+        k8s_plane,
+        namespace=ns,
+        ray_dashboard=ray_endpoint.dashboard_url,
+        ray_gcs=ray_endpoint.gcs_address,
+        log_path=log,
+        extra_env=dict(getattr(request.module, "OPERATOR_ENV", {})),
+    ) as op:
+        yield op
+    print(f"operator log: {log}")

@@ -10,49 +10,17 @@ events, the final phase), not on how long anything took.
 from __future__ import annotations
 
 import datetime
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from hack import operator_plane as ks
-from tests.operator.conftest import RayEndpoint
 
 pytestmark = [pytest.mark.k8s, pytest.mark.ray]
 BACKOFF_S = 4
 MAX_RESTARTS = 2
-
-
-@pytest.fixture(scope="module")
-def ns(k8s_plane: Any) -> Iterator[str]:
-    name = f"tgbo-{uuid.uuid4().hex[:8]}"
-    k8s_plane.kubectl("create", "namespace", name)
-    ks.wait_for(
-        lambda: k8s_plane.kubectl("get", "sa", "default", "-n", name, check=False).returncode == 0,
-        timeout=60,
-        what="the namespace's default ServiceAccount",
-    )
-    yield name
-    k8s_plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
-
-
-@pytest.fixture(scope="module")
-def operator(
-    k8s_plane: Any, ns: str, ray_endpoint: RayEndpoint, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ks.OperatorProcess]:
-    log = tmp_path_factory.mktemp("operator") / "operator.log"
-    with ks.running_operator(
-        k8s_plane,
-        namespace=ns,
-        ray_dashboard=ray_endpoint.dashboard_url,
-        ray_gcs=ray_endpoint.gcs_address,
-        log_path=log,
-        extra_env={"TG_RESTART_BACKOFF_SECONDS": str(BACKOFF_S)},
-    ) as op:
-        yield op
-    print(f"operator log: {log}")
+OPERATOR_ENV = {"TG_RESTART_BACKOFF_SECONDS": str(BACKOFF_S)}
 
 
 def _time(value: str) -> datetime.datetime:

@@ -15,8 +15,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,40 +27,6 @@ from tg_operator import rbac
 
 pytestmark = [pytest.mark.k8s, pytest.mark.ray]
 READY_TIMEOUT = 900.0
-
-
-@pytest.fixture(scope="module")
-def ns(k8s_plane: Any) -> Iterator[str]:
-    name = f"tgop-{uuid.uuid4().hex[:8]}"
-    k8s_plane.kubectl("create", "namespace", name)
-    ks.wait_for(
-        lambda: (
-            k8s_plane.kubectl(
-                "get", "serviceaccount", "default", "-n", name, check=False
-            ).returncode
-            == 0
-        ),
-        timeout=60,
-        what="the namespace's default ServiceAccount",
-    )
-    yield name
-    k8s_plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
-
-
-@pytest.fixture(scope="module")
-def operator(
-    k8s_plane: Any, ns: str, ray_endpoint: RayEndpoint, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ks.OperatorProcess]:
-    log = tmp_path_factory.mktemp("operator") / "operator.log"
-    with ks.running_operator(
-        k8s_plane,
-        namespace=ns,
-        ray_dashboard=ray_endpoint.dashboard_url,
-        ray_gcs=ray_endpoint.gcs_address,
-        log_path=log,
-    ) as op:
-        yield op
-    print(f"operator log: {log}")
 
 
 def delete_and_wait(

@@ -3,11 +3,14 @@
 #
 #   hack/build-tools.sh            build (or reuse) and print the bin dir on the last line
 #   hack/build-tools.sh --print    print the bin dir the current versions map to; build nothing
+#   hack/build-tools.sh --verify   exit 0 when that set is complete and intact; build nothing
 #
 # Output: ${TG_K8S_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/trainergroup/k8s-tools}/<hash>/bin
 # holding etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kubelet,
 # kubeadm, kube-proxy (the last three for the kind node image, hack/kind/), kwok, ray-operator, helm, kind; <hash>/assets holds the KubeRay CRDs and kwok's stage config. <hash> covers hack/versions.env's values and `go version`, so a version
-# bump builds a new set and an unchanged one is reused. The set is built in a temporary
+# bump builds a new set and an unchanged one is reused. <hash>/SHA256SUMS records every binary's
+# checksum when the set is built; a reuse checks them (3 s), and a set that fails the check (a
+# truncated or overwritten binary) is rebuilt, never trusted. The set is built in a temporary
 # directory and renamed into place, so a half-finished build is never mistaken for a done one.
 #
 # Only a Go toolchain is needed (GO=/path/to/go, else `go` on PATH, else /usr/local/go/bin/go)
@@ -47,12 +50,34 @@ if [[ "${1:-}" == "--print" ]]; then
   exit 0
 fi
 
-complete() {
+present() {
   local t
   for t in "${TOOLS[@]}"; do [[ -x "$BIN/$t" ]] || return 1; done
   [[ -f "$DEST/BUILD_INFO" ]]
 }
+record_sums() {  # <dest>: the checksums a later reuse verifies
+  (cd "$1/bin" && sha256sum "${TOOLS[@]}") > "$1/SHA256SUMS.tmp" && mv "$1/SHA256SUMS.tmp" "$1/SHA256SUMS"
+}
+intact() {  # every binary matches SHA256SUMS (quiet; lists the bad ones on stderr)
+  [[ -f "$DEST/SHA256SUMS" ]] || return 1
+  (cd "$BIN" && sha256sum --quiet -c "$DEST/SHA256SUMS" >&2)
+}
+complete() {
+  present || return 1
+  if [[ ! -f "$DEST/SHA256SUMS" ]]; then
+    # A set built before checksums were recorded: record them once (it was complete).
+    record_sums "$DEST" && log "recorded checksums for $DEST (built before SHA256SUMS existed)"
+  fi
+  if ! intact; then
+    log "cached set $DEST fails its checksums (truncated or changed binary): rebuilding it"
+    return 1
+  fi
+}
 
+if [[ "${1:-}" == "--verify" ]]; then
+  complete
+  exit $?
+fi
 
 # ---- Assets: KubeRay CRDs and kwok's stages, from the same module versions. ------------------
 # Cheap (module cache + cp); checked and refreshed on every run, independently of the binaries.
@@ -209,6 +234,7 @@ ELAPSED=$(( $(date +%s) - START ))
 } > "$TMP/BUILD_INFO"
 
 rm -rf "$TMP/src"
+record_sums "$TMP"
 if [[ -d "$DEST" ]]; then rm -rf "$DEST"; fi   # an incomplete earlier attempt
 mv -T "$TMP" "$DEST"
 trap - EXIT

@@ -1,67 +1,154 @@
 #!/usr/bin/env bash
 # The test command: installs what is needed, then runs every check and test that can run here.
-#   ./tools/test.sh            everything (lint, types, unit, Ray, Megatron-on-CPU, Kubernetes plane)
-#   ./tools/test.sh -k api     extra arguments go to pytest
+#   ./tools/test.sh              everything (CI: .ci/run calls this)
+#   ./tools/test.sh --quick      the inner loop: lint, types, unit, Ray, Megatron-on-CPU tests;
+#                                no Go, no Docker, no kind (<= 10 min warm; docs/testing.md)
+#   ./tools/test.sh -k api       extra arguments go to every pytest phase
 # Tiers that cannot run on this machine (GPU) are skipped by pytest with their reason. The kind
 # tier (real pods, tests/e2e) runs here: this script starts the Docker engine it needs.
+#
+# Order (docs/testing.md): the Go tools and the images build in the background while the
+# foreground installs Python and runs lint, types and the tests that need neither (unit, Ray,
+# Megatron); then the control-plane tests, then real pods on kind with a three-fault chaos
+# subset (seed printed; TG_CHAOS_SEED=N replays one, TG_CHAOS=0 skips it). Every run ends with
+# a phase table (seconds, cache hit/miss), also saved as $TG_TEST_TIMES (default
+# .cache/test-times.json).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT" || exit 2
 log() { printf '%s test: %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 T0=$(date +%s)
+QUICK=0
+if [[ "${1:-}" == --quick ]]; then QUICK=1; shift; fi
+mkdir -p "$ROOT/.cache"
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/tg-test.XXXXXX")"
+PHASES="$WORK/phases.tsv"   # name <TAB> seconds <TAB> cache <TAB> rc
+: > "$PHASES"
+record() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >> "$PHASES"; }
+# phase NAME CACHE CMD...: run CMD in the foreground, record its wall time and exit status.
+phase() {
+  local name="$1" cache="$2" t0 rc; shift 2
+  log "$name"
+  t0=$(date +%s)
+  "$@"; rc=$?
+  record "$name" "$(( $(date +%s) - t0 ))" "$cache" "$rc"
+  return $rc
+}
+# bg NAME CMD...: run CMD in the background into $WORK/NAME.log; `bg_wait NAME` records it.
+declare -A BG_PID BG_T0
+bg() {
+  local name="$1"; shift
+  BG_T0[$name]=$(date +%s)
+  ( "$@" ) > "$WORK/$name.log" 2>&1 &
+  BG_PID[$name]=$!
+  log "$name: started in the background (log: $WORK/$name.log)"
+}
+bg_wait() {  # NAME CACHE
+  local name="$1" cache="$2" rc
+  wait "${BG_PID[$name]}"; rc=$?
+  record "$name" "$(( $(date +%s) - BG_T0[$name] ))" "$cache" "$rc"
+  unset "BG_PID[$name]"
+  return $rc
+}
+# shellcheck disable=SC2329  # called by the EXIT trap
+stop_bg() { local p; for p in "${BG_PID[@]}"; do kill "$p" 2>/dev/null || true; done; }
+trap stop_bg EXIT
+# The load average, sampled every 20 s, for the table (these machines are shared).
+( while sleep 20; do cut -d' ' -f1 /proc/loadavg; done ) > "$WORK/load.txt" 2>/dev/null &
+LOAD_PID=$!
+table() {
+  kill "$LOAD_PID" 2>/dev/null || true
+  local args=("$PHASES" --total "$(( $(date +%s) - T0 ))" --load-samples "$WORK/load.txt")
+  [[ -n "${E2E_ARTIFACTS:-}" && -f "$E2E_ARTIFACTS/stamps.env" ]] && args+=(--stamps "$E2E_ARTIFACTS/stamps.env")
+  python3 tools/phase_table.py "${args[@]}" --json "${TG_TEST_TIMES:-$ROOT/.cache/test-times.json}" || true
+}
 
-# Real pods on kind need a Docker engine: install Debian's docker.io if absent and start
-# dockerd if it is not running (tests/e2e skips with the reason if this fails).
-log "Docker engine (hack/docker/up.sh)"
-PREBUILD_PID=""
-PREBUILD_LOG="${TMPDIR:-/tmp}/tg-images-prebuild.$$.log"
-if bash hack/docker/up.sh; then
-  # The images' builds download wheels and unpack them (network and disk) while the Go
-  # build below keeps the CPUs busy; the kind tests reuse what this builds (cached by Docker).
-  log "building the images in the background (log: $PREBUILD_LOG)"
-  bash hack/images/build.sh operator runtime > "$PREBUILD_LOG" 2>&1 &
-  PREBUILD_PID=$!
-  trap 'kill "$PREBUILD_PID" 2>/dev/null || true' EXIT   # an early exit stops it too
-else
-  log "no Docker engine: the kind tests will be skipped (see the messages above)"
-fi
-
-./tools/install.sh || { log "install failed: see the messages above"; exit 2; }
+# pytest phases: every test is in exactly one (tests/test_phases.py checks the split).
+UNIT="not ray and not megatron and not k8s and not docker and not kind and not e2e"
+RAY="ray and not megatron and not k8s and not docker and not kind and not e2e"
+MEGATRON="megatron and not k8s and not docker and not kind and not e2e"
+PLANE="(k8s or docker) and not kind and not e2e"
+KIND="kind or e2e"
+status=0
 PY="$ROOT/.venv/bin/python"
-export PATH="$ROOT/.venv/bin:$PATH"
+pytest_phase() {  # NAME MARKEXPR [pytest args]
+  local name="$1" expr="$2" rc; shift 2
+  phase "$name" - "$PY" -m pytest -q -m "$expr" -p no:cacheprovider "$@"; rc=$?
+  # 5: nothing selected (e.g. -k matched nothing in this phase): not a failure of the phase
+  if (( rc == 5 )); then sed -i '$ s/\t5$/\t0 (none selected)/' "$PHASES"; rc=0; fi
+  (( rc != 0 )) && status=1
+  return 0
+}
 
-# No Go toolchain (the same search as hack/build-tools.sh): nothing is built and pytest skips
-# the Kubernetes tiers (k8s, deploy on the plane) with that reason. A Go that is there but
-# fails to build is a hard failure (exit 2): docs/control-plane.md, "Tests".
-if [ -n "${GO:-}" ] || command -v go >/dev/null 2>&1 || [ -x /usr/local/go/bin/go ]; then
-  log "building the local Kubernetes control plane tools (cached by version after the first build)"
-  bash hack/build-tools.sh || { log "control-plane build failed: see the messages above"; exit 2; }
-else
-  log "no Go toolchain: the Kubernetes control-plane tests will be skipped with that reason"
-fi
-
-if [ -n "$PREBUILD_PID" ]; then
-  if wait "$PREBUILD_PID"; then
-    trap - EXIT
-    log "images built: $(grep -o 'times: .*' "$PREBUILD_LOG" | tail -n 1)"
+# ---- background builds (full run only) ----------------------------------------------------------
+HAVE_DOCKER=0
+HAVE_GO=0
+if (( ! QUICK )); then
+  cache=hit; command -v dockerd >/dev/null 2>&1 || cache=miss
+  # Real pods on kind need a Docker engine: Debian's docker.io is installed when absent.
+  if phase docker "$cache" bash hack/docker/up.sh; then
+    HAVE_DOCKER=1
+    IMG_BEFORE="$(docker image inspect -f '{{.Id}}' ghcr.io/trainergroup/operator:0.1.0 ghcr.io/trainergroup/runtime:0.1.0 2>/dev/null | sort | tr '\n' ' ')"
+    bg images bash hack/images/build.sh operator runtime
   else
-    log "the background image build failed (the kind test rebuilds and reports); its tail:"
-    tail -n 20 "$PREBUILD_LOG" >&2
+    log "no Docker engine: the kind tests will be skipped (see the messages above)"
+  fi
+  # No Go toolchain: pytest skips the Kubernetes tiers with that reason. A Go that is there but
+  # fails to build is a hard failure (docs/control-plane.md, "Tests").
+  if [ -n "${GO:-}" ] || command -v go >/dev/null 2>&1 || [ -x /usr/local/go/bin/go ]; then
+    HAVE_GO=1
+    GO_CACHE=miss; bash hack/build-tools.sh --verify >/dev/null 2>&1 && GO_CACHE=hit
+    bg go-tools bash hack/build-tools.sh
+  else
+    log "no Go toolchain: the Kubernetes control-plane tests will be skipped with that reason"
   fi
 fi
 
-status=0
-log "ruff"
-"$PY" -m ruff check . || status=1
-log "mypy --strict (api, operator, runtime)"
-"$PY" -m mypy || status=1
-log "CRD is generated from the spec model"
-"$PY" -m tgapi.crd --check . || status=1
+# ---- foreground: Python, lint, types, and the tests that need no Go/Docker -----------------------
+cache=miss; [[ -f .venv/.tg-installed ]] && cache=hit
+phase install "$cache" ./tools/install.sh || { log "install failed: see the messages above"; table; exit 2; }
+export PATH="$ROOT/.venv/bin:$PATH"
+phase lint - "$PY" -m ruff check . || status=1
+phase types - "$PY" -m mypy || status=1
+phase crd - "$PY" -m tgapi.crd --check . || status=1
+pytest_phase unit "$UNIT" "$@"
+pytest_phase ray "$RAY" "$@"
+pytest_phase megatron-cpu "$MEGATRON" "$@"
 
-log "pytest"
-"$PY" -m pytest "$@"
-rc=$?
-if [ $rc -eq 5 ]; then log "pytest collected no tests"; rc=1; fi
-[ $rc -ne 0 ] && status=$rc
+if (( QUICK )); then
+  table
+  log "quick tier finished in $(( $(date +%s) - T0 ))s with status $status (CI runs everything: ./tools/test.sh)"
+  exit $status
+fi
+
+# ---- the builds, then the control plane and real pods ------------------------------------------
+if (( HAVE_GO )); then
+  bg_wait go-tools "$GO_CACHE" || { tail -n 30 "$WORK/go-tools.log" >&2; log "control-plane build failed: see above"; table; exit 2; }
+fi
+if (( HAVE_DOCKER )); then
+  if bg_wait images -; then
+    IMG_AFTER="$(docker image inspect -f '{{.Id}}' ghcr.io/trainergroup/operator:0.1.0 ghcr.io/trainergroup/runtime:0.1.0 2>/dev/null | sort | tr '\n' ' ')"
+    cache=miss; [[ "$IMG_BEFORE" == "$IMG_AFTER" ]] && cache=hit
+    sed -i "\$ s/\t-\t/\t$cache\t/" "$PHASES"
+    log "images built: $(grep -o 'times: .*' "$WORK/images.log" | tail -n 1)"
+  else
+    log "the background image build failed (the kind test rebuilds and reports); its tail:"
+    tail -n 20 "$WORK/images.log" >&2
+  fi
+fi
+pytest_phase plane "$PLANE" "$@"
+
+export E2E_ARTIFACTS="${E2E_ARTIFACTS:-$ROOT/tests/e2e/.artifacts/test-sh}"
+rm -rf "$E2E_ARTIFACTS"
+if [[ "${TG_CHAOS:-1}" != 0 ]]; then
+  # Three faults on every run (docs/testing.md); the seed varies per run and is printed.
+  export E2E_CHAOS=1
+  export E2E_CHAOS_FAULTS="${E2E_CHAOS_FAULTS:-worker-killed-mid-step,operator-killed-restarting,head-killed}"
+  export E2E_CHAOS_SEED="${TG_CHAOS_SEED:-$(( $(date +%s) % 100000 ))}"
+  log "chaos subset: $E2E_CHAOS_FAULTS, seed $E2E_CHAOS_SEED (replay: TG_CHAOS_SEED=$E2E_CHAOS_SEED)"
+fi
+pytest_phase kind "$KIND" "$@"
+
+table
 log "finished in $(( $(date +%s) - T0 ))s with status $status"
 exit $status

@@ -61,6 +61,13 @@ PRINTER_COLUMNS = [
         "description": "What the workers run on (cuda or cpu)",
         "priority": 1,
     },
+    {
+        "name": "API",
+        "type": "string",
+        "jsonPath": ".status.apiURL",
+        "description": "The Tinker API's base URL (TINKER_BASE_URL)",
+        "priority": 1,
+    },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

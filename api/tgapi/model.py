@@ -387,6 +387,20 @@ class ModelSpec:
     activation: str = spec_field(
         name="activation", description="MLP activation.", default="swiglu", enum=("swiglu", "gelu")
     )
+    pretrained: str | None = spec_field(
+        name="pretrained",
+        description="Directory holding a Hugging Face LlamaForCausalLM checkpoint (config.json, "
+        "safetensors) and its tokenizer, on the workers' filesystem (a volume such as "
+        "rayCluster.storage). Where the spec is parsed with the files at hand (the runtime, "
+        "tgctl) the shape (vocabSize, hiddenSize, numLayers, numAttentionHeads, numQueryGroups, "
+        "ffnHiddenSize, maxSequenceLength) comes from its config.json and a shape field set "
+        "in the spec must agree with it; the operator cannot read the volume, so it checks "
+        "only the path and the Llama-only fields (rope, RMSNorm, swiglu), and sizes the model "
+        "by the shape fields as written. Absent: random initialisation.",
+        default=None,
+        pattern=_ABSOLUTE_DIR,
+        max_length=1024,
+    )
     seed: int = spec_field(
         name="seed",
         description="Initialisation seed (numpy takes seeds below 2**32; each pipeline stage "
@@ -474,6 +488,78 @@ class TimeoutsSpec:
         return self.cluster_ready_seconds + self.workers_ready_seconds
 
 
+TINKER_PORT = 8000
+"""The port of a group's Tinker API server (its Service ``<name>-tinker``)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TinkerServerSpec:
+    """The Tinker API server of a group: one pod, a Deployment ``<name>-tinker``."""
+
+    port: int = spec_field(
+        name="port",
+        description="Port of the server and of its Service <name>-tinker.",
+        default=TINKER_PORT,
+        minimum=1,
+        maximum=65535,
+    )
+    replicas: int = spec_field(
+        name="replicas",
+        description="Server pods: exactly 1 (the server keeps the sessions and futures of "
+        "its clients in memory; a second replica would split them).",
+        default=1,
+        minimum=1,
+        maximum=1,
+    )
+    cpu: str = spec_field(
+        name="cpu",
+        description="CPU request/limit of the server pod.",
+        default="2",
+        pattern=_QUANTITY,
+    )
+    memory: str = spec_field(
+        name="memory",
+        description="Memory request/limit of the server pod.",
+        default="4Gi",
+        pattern=_QUANTITY,
+    )
+    node_selector: dict[str, str] = spec_field(
+        name="nodeSelector", description="Node selector of the server pod.", default_factory=dict
+    )
+    tolerations: list[dict[str, Any]] = spec_field(
+        name="tolerations",
+        description="Tolerations of the server pod (core/v1 Toleration).",
+        default_factory=list,
+        free_form=True,
+    )
+    pod_labels: dict[str, str] = spec_field(
+        name="podLabels",
+        description="Extra labels of the server pod (the operator's own labels win).",
+        default_factory=dict,
+    )
+    pod_annotations: dict[str, str] = spec_field(
+        name="podAnnotations",
+        description="Annotations of the server pod.",
+        default_factory=dict,
+    )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ApiSpec:
+    tinker: bool = spec_field(
+        name="tinker",
+        description="Serve the Tinker API for the group (default true): a Deployment and a "
+        "Service <name>-tinker, API keys in the Secret <name>-tinker-keys, reachable only from "
+        "pods labelled trainergroup.io/client=<name>; status.apiURL once it is available.",
+        default=True,
+    )
+    server: TinkerServerSpec = spec_field(
+        name="server",
+        description="The Tinker API server's pod.",
+        default_factory=TinkerServerSpec,
+    )
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainerGroupSpec:
     image: str = spec_field(
@@ -526,6 +612,11 @@ class TrainerGroupSpec:
     )
     timeouts: TimeoutsSpec = spec_field(
         name="timeouts", description="Timeouts.", default_factory=TimeoutsSpec
+    )
+    api: ApiSpec = spec_field(
+        name="api",
+        description="The APIs the group serves besides Ray (the Tinker API).",
+        default_factory=ApiSpec,
     )
 
     # -- derived values -------------------------------------------------------------

@@ -237,14 +237,22 @@ def parse_spec(
 ) -> TrainerGroupSpec:
     """Parse and validate a ``spec`` mapping.
 
-    ``local=True`` is tgctl's mode: no Kubernetes, so the rayCluster/rayClusterRef
-    choice is not required.
+    ``local=True`` is tgctl's and the runtime's mode: no Kubernetes, so the
+    rayCluster/rayClusterRef choice is not required, and the files are at hand, so
+    ``model.pretrained``'s config.json gives the model's shape (``tgapi.pretrained``).
     """
     from tgapi.sizing import sizing_errors
     from tgapi.validation import cross_field_errors
 
+    from tgapi.pretrained import apply_pretrained
+
     parser = _Parser()
     spec = parser.parse_dataclass(TrainerGroupSpec, {} if data is None else data, path)
+    if spec is not None and local and spec.model.pretrained is not None:
+        # With the files at hand, the checkpoint's config.json gives the model's shape.
+        written = data.get("model") if isinstance(data, Mapping) else None
+        spec, pretrained_errors = apply_pretrained(spec, written=written, path=path)
+        parser.errors.extend(pretrained_errors)
     if spec is not None:
         parser.errors.extend(cross_field_errors(spec, path=path, local=local))
         parser.errors.extend(sizing_errors(spec, path=path, local=local))

@@ -769,6 +769,7 @@ GPU = HAS_CLUSTER & (USE_GPU.eq(True) | (USE_GPU.eq("auto") & (GPUS_PER_WORKER >
 CHECKPOINT_DIR = Field("training.checkpointDir")
 HAS_STORAGE = HAS_CLUSTER & Has("rayCluster.storage")
 MOUNT_PATH = Field("rayCluster.storage.mountPath")
+PRETRAINED = Has("model.pretrained")
 
 
 RULES: tuple[Rule, ...] = (
@@ -937,6 +938,42 @@ RULES: tuple[Rule, ...] = (
         cluster=True,
     ),
 )
+
+
+PRETRAINED_RULES: tuple[Rule, ...] = (
+    Rule(
+        name="pretrained-rope",
+        field="model.positionEmbedding",
+        holds=~PRETRAINED | Field("model.positionEmbedding").eq("rope"),
+        problem=Text(
+            "is {} but model.pretrained is a Llama checkpoint, which uses rotary positions "
+            "(auto picks learned positions on a CPU)",
+            Str(Field("model.positionEmbedding")),
+        ),
+        fix=Text("set model.positionEmbedding: rope, or remove model.pretrained"),
+    ),
+    Rule(
+        name="pretrained-rmsnorm",
+        field="model.normalization",
+        holds=~PRETRAINED | Field("model.normalization").eq("RMSNorm"),
+        problem=Text(
+            "is {} but model.pretrained is a Llama checkpoint, which uses RMSNorm",
+            Str(Field("model.normalization")),
+        ),
+        fix=Text("set model.normalization: RMSNorm, or remove model.pretrained"),
+    ),
+    Rule(
+        name="pretrained-swiglu",
+        field="model.activation",
+        holds=~PRETRAINED | Field("model.activation").eq("swiglu"),
+        problem=Text(
+            "is {} but model.pretrained is a Llama checkpoint, whose MLP is SwiGLU",
+            Str(Field("model.activation")),
+        ),
+        fix=Text("set model.activation: swiglu, or remove model.pretrained"),
+    ),
+)
+RULES = RULES + PRETRAINED_RULES
 
 
 def crd_rules() -> list[Rule]:

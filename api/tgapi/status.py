@@ -142,6 +142,13 @@ class TrainerGroupStatus:
         description='The workers\' torch.distributed backend: "nccl" (GPU) or "gloo" (CPU).',
         default="",
     )
+    api_url: str = spec_field(
+        name="apiURL",
+        description="Base URL of the group's Tinker API (TINKER_BASE_URL), "
+        "http://<name>-tinker.<namespace>.svc:<port>, once its server is available; empty "
+        "otherwise.",
+        default="",
+    )
     phase_since: str = spec_field(
         name="phaseSince",
         description="When the phase last changed (RFC 3339); timeouts count from here.",

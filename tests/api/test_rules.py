@@ -61,6 +61,11 @@ def _random_spec(rnd: random.Random) -> dict[str, Any]:
     )
     if "rayCluster" in spec and rnd.random() < 0.5:
         spec["rayCluster"]["storage"] = {"claimName": "ckpt", "mountPath": "/ckpt"}
+    if rnd.random() < 0.4:  # drawn last too: a Llama checkpoint, with Llama or other layers
+        spec["model"]["pretrained"] = "/ckpt/llama"
+        spec["model"]["positionEmbedding"] = rnd.choice(["auto", "rope", "learned_absolute"])
+        spec["model"]["normalization"] = rnd.choice(["RMSNorm", "LayerNorm"])
+        spec["model"]["activation"] = rnd.choice(["swiglu", "gelu"])
     return spec
 
 

@@ -1,0 +1,164 @@
+"""``spec.model.pretrained``: the model's shape read from a Hugging Face Llama checkpoint.
+
+Where the spec is parsed with the checkpoint's files at hand (``parse_spec(local=True)``:
+the runtime's server on the head, ``tgctl``), :func:`apply_pretrained` reads
+``<dir>/config.json`` and returns the spec with the shape fields taken from it. A shape field
+the user wrote in the spec must agree with the file; one that disagrees is an error naming the
+field, the two values and the fix. The tokenizer must be there too (the Tinker API's
+``get_info`` hands it to the SDK).
+
+The operator parses without the files (it cannot mount the group's volume): it checks the
+path's form and the Llama-only fields (``rules.py``: rope, RMSNorm, swiglu) and sizes the
+model by the shape fields as written; the rest is checked when the server job parses the spec
+on the head, which fails the group with the same messages (``ServerFailed``).
+
+Standard library only, like the rest of tgapi; ``tgruntime.trainer.hf_weights.LlamaShape``
+checks the same file again, tensor by tensor, when the weights are loaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from tgapi.errors import SpecError
+from tgapi.model import ModelSpec, TrainerGroupSpec
+
+CONFIG = "config.json"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
+"""One of these must be in the directory (a fast tokenizer, or a SentencePiece model)."""
+ARCHITECTURE = "LlamaForCausalLM"
+
+SHAPE_FIELDS: tuple[tuple[str, str, str], ...] = (
+    # (dataclass attribute, spec wire name, config.json key)
+    ("vocab_size", "vocabSize", "vocab_size"),
+    ("hidden_size", "hiddenSize", "hidden_size"),
+    ("num_layers", "numLayers", "num_hidden_layers"),
+    ("num_attention_heads", "numAttentionHeads", "num_attention_heads"),
+    ("num_query_groups", "numQueryGroups", "num_key_value_heads"),
+    ("ffn_hidden_size", "ffnHiddenSize", "intermediate_size"),
+    ("max_sequence_length", "maxSequenceLength", "max_position_embeddings"),
+)
+"""The fields of ``spec.model`` a checkpoint's config.json decides."""
+
+
+def shape_from_config(config: Mapping[str, Any]) -> dict[str, int]:
+    """The shape fields (attribute -> value) in a Llama config.json; ValueError if absent."""
+    out: dict[str, int] = {}
+    missing: list[str] = []
+    for attr, _wire, key in SHAPE_FIELDS:
+        value = config.get(key)
+        if key == "num_key_value_heads" and value is None:
+            value = config.get("num_attention_heads")
+        if type(value) is not int or value < 1:
+            missing.append(key)
+            continue
+        out[attr] = value
+    if missing:
+        raise ValueError(f"lacks a positive integer {', '.join(missing)}")
+    return out
+
+
+def _error(path: str, problem: str, fix: str) -> SpecError:
+    return SpecError(field=path, problem=problem, fix=fix)
+
+
+def apply_pretrained(
+    spec: TrainerGroupSpec, *, written: Mapping[str, Any] | None, path: str = "spec"
+) -> tuple[TrainerGroupSpec, list[SpecError]]:
+    """``spec`` with the shape of ``spec.model.pretrained`` (and the errors, if any).
+
+    ``written`` is the ``model`` mapping as the user wrote it: only the fields set there are
+    compared with the checkpoint (the others are defaults, which the checkpoint replaces).
+    """
+    directory = spec.model.pretrained
+    if directory is None:
+        return spec, []
+    field = f"{path}.model.pretrained"
+    root = Path(directory)
+    config_path = root / CONFIG
+    if not root.is_dir():
+        return spec, [
+            _error(
+                field,
+                f"{directory} is not a directory here",
+                "point it at a directory holding a LlamaForCausalLM checkpoint (config.json, "
+                "*.safetensors, tokenizer.json) that every worker can read, e.g. on "
+                "rayCluster.storage",
+            )
+        ]
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return spec, [
+            _error(
+                field,
+                f"{directory} holds no {CONFIG}",
+                "save the checkpoint there with save_pretrained() (config.json, "
+                "*.safetensors) or fix the path",
+            )
+        ]
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        return spec, [
+            _error(
+                field,
+                f"{config_path} cannot be read as JSON ({exc})",
+                "write it with save_pretrained() from transformers",
+            )
+        ]
+    errors: list[SpecError] = []
+    if not isinstance(config, Mapping):
+        return spec, [_error(field, f"{config_path} is not a JSON object", "re-save it")]
+    architectures = config.get("architectures") or []
+    if config.get("model_type") != "llama" or (
+        architectures and ARCHITECTURE not in architectures
+    ):
+        errors.append(
+            _error(
+                field,
+                f"{config_path} describes model_type {config.get('model_type')!r} "
+                f"({', '.join(map(str, architectures)) or 'no architectures'}), not a "
+                f"{ARCHITECTURE}",
+                f"use a {ARCHITECTURE} checkpoint (the trainer builds a Llama)",
+            )
+        )
+    if not any((root / name).is_file() for name in TOKENIZER_FILES):
+        errors.append(
+            _error(
+                field,
+                f"{directory} holds no tokenizer ({' or '.join(TOKENIZER_FILES)})",
+                "save the tokenizer beside the weights (tokenizer.save_pretrained(dir)); the "
+                "Tinker API's get_info hands it to the SDK",
+            )
+        )
+    try:
+        shape = shape_from_config(config)
+    except ValueError as exc:
+        errors.append(
+            _error(field, f"{config_path} {exc}", "write a complete Llama config.json")
+        )
+        return spec, errors
+    model_written = written if isinstance(written, Mapping) else {}
+    for attr, wire, key in SHAPE_FIELDS:
+        if wire not in model_written or model_written[wire] is None:
+            continue
+        mine = getattr(spec.model, attr)
+        if attr == "num_query_groups" and mine == 0:
+            mine = spec.model.num_attention_heads
+        if mine != shape[attr]:
+            errors.append(
+                _error(
+                    f"{path}.model.{wire}",
+                    f"{getattr(spec.model, attr)} contradicts {key} = {shape[attr]} in "
+                    f"{config_path}",
+                    f"remove model.{wire} (the checkpoint gives the shape) or set it to "
+                    f"{shape[attr]}",
+                )
+            )
+    if errors:
+        return spec, errors
+    model: ModelSpec = dataclasses.replace(spec.model, **shape)
+    return dataclasses.replace(spec, model=model), []

@@ -241,10 +241,9 @@ def parse_spec(
     rayCluster/rayClusterRef choice is not required, and the files are at hand, so
     ``model.pretrained``'s config.json gives the model's shape (``tgapi.pretrained``).
     """
+    from tgapi.pretrained import apply_pretrained
     from tgapi.sizing import sizing_errors
     from tgapi.validation import cross_field_errors
-
-    from tgapi.pretrained import apply_pretrained
 
     parser = _Parser()
     spec = parser.parse_dataclass(TrainerGroupSpec, {} if data is None else data, path)

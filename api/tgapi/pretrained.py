@@ -160,5 +160,6 @@ def apply_pretrained(
             )
     if errors:
         return spec, errors
-    model: ModelSpec = dataclasses.replace(spec.model, **shape)
+    changes: dict[str, Any] = dict(shape)
+    model: ModelSpec = dataclasses.replace(spec.model, **changes)
     return dataclasses.replace(spec, model=model), []

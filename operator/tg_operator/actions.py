@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from tg_operator import events, names, recreate, security
+from tg_operator import events, names, recreate, security, tinker
 from tg_operator.context import Context
 from tg_operator.dashboard import DashboardError
 from tg_operator.events import EventSink
@@ -17,6 +17,7 @@ from tg_operator.snapshot import (
     CreateCluster,
     Decision,
     DeleteCluster,
+    ServeTinker,
     Snapshot,
     StopServer,
     SubmitServer,
@@ -24,6 +25,7 @@ from tg_operator.snapshot import (
     WaitForSlot,
 )
 from tg_operator.teardown import teardown_group
+from tgapi import TrainerGroup
 
 log = logging.getLogger(__name__)
 
@@ -49,12 +51,14 @@ async def submit(ctx: Context, snap: Snapshot, action: SubmitServer, *, sink: Ev
 async def act(
     ctx: Context,
     snap: Snapshot,
-    action: CreateCluster | DeleteCluster | StopServer | WaitForSlot,
+    action: ServeTinker | CreateCluster | DeleteCluster | StopServer | WaitForSlot,
     *,
     sink: EventSink,
 ) -> None:
     tg, kube = snap.tg, ctx.kube
-    if isinstance(action, CreateCluster):
+    if isinstance(action, ServeTinker):
+        await serve_tinker(ctx, tg, action, sink=sink)
+    elif isinstance(action, CreateCluster):
         await security.ensure_group_objects(ctx, tg, sink=sink)
         if await kube.create_raycluster(action.body) is not None:
             name = names.cluster_name(tg)
@@ -81,6 +85,28 @@ async def act(
             )
         except DashboardError as exc:
             log.warning("%s/%s: cleanup after timeout failed: %s", tg.namespace, tg.name, exc)
+
+
+async def serve_tinker(
+    ctx: Context, tg: TrainerGroup, action: ServeTinker, *, sink: EventSink
+) -> None:
+    """Create what is missing: the keys Secret (a fresh key; an existing Secret, with the
+    keys users added, is never replaced), then the other objects, the Deployment last."""
+    kube = ctx.kube
+    if await kube.create_object(tinker.build_keys_secret(tg, key=tinker.new_api_key())):
+        events.info(
+            sink,
+            reason="TinkerKeysCreated",
+            message=f"created Secret {action.secret_name} with one random API key",
+        )
+    for body in action.bodies:
+        if await kube.create_object(body) and body["kind"] == "Deployment":
+            name = body["metadata"]["name"]
+            events.info(
+                sink,
+                reason="TinkerServerCreated",
+                message=f"created the Tinker API server {name} (Deployment and Service)",
+            )
 
 
 async def tear_down(ctx: Context, snap: Snapshot, decision: Decision) -> Decision:

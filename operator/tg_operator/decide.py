@@ -11,6 +11,7 @@ readiness) is read by :mod:`tg_operator.observed`.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from tg_operator import (
@@ -23,6 +24,7 @@ from tg_operator import (
     raycluster,
     recreate,
     spec_change,
+    tinker,
 )
 from tg_operator import status as status_mod
 from tg_operator.context import Step
@@ -31,6 +33,7 @@ from tg_operator.snapshot import (
     CreateCluster,
     Decision,
     DeleteCluster,
+    ServeTinker,
     Settings,
     Snapshot,
     StopServer,
@@ -46,6 +49,8 @@ DASHBOARD_POLL_S = 2.0
 """Pods are Ready but the dashboard does not answer yet (nothing watchable)."""
 JOB_POLL_S = 1.0
 """Looking at a running server job (Ray has no watch)."""
+TINKER_POLL_S = 1.0
+"""After creating the Tinker server's objects (the Deployment watch usually wakes sooner)."""
 SLOT_WAIT_S = 30.0
 """Fallback while waiting for a job slot (a freed slot wakes the waiters at once)."""
 
@@ -81,6 +86,33 @@ def cluster_conflict(snap: Snapshot, cfg: Settings) -> Decision | None:
     return outcomes.fail(
         snap, snap.status, rule="cluster-conflict", error=errors.ClusterConflict, message=msg
     )
+
+
+def serve_tinker(snap: Snapshot, cfg: Settings) -> Decision | None:
+    """The Tinker API server's Deployment is missing: create its objects (once each)."""
+    tg, seen = snap.tg, snap.tinker
+    if seen is None or seen.deployment is not None or not tinker.wanted(tg):
+        return None
+    action = ServeTinker(
+        secret_name=tinker.keys_secret_name(tg), bodies=tinker.objects(tg, python=cfg.python)
+    )
+    msg = f"creating the Tinker API server {tinker.server_name(tg)}"
+    # the Deployment watch wakes the group once it sees the new Deployment
+    return Decision(
+        rule="serve-tinker", status=snap.status, step=Step.wait(TINKER_POLL_S, msg), action=action
+    )
+
+
+def with_api_url(snap: Snapshot, decision: Decision) -> Decision:
+    """``status.apiURL``: the Tinker API's URL while its Deployment is available, else empty
+    (kept as it was when the pass did not look at the Deployment)."""
+    tg = snap.tg
+    if snap.tinker is None and tinker.wanted(tg):
+        return decision
+    url = tinker.api_url(tg, snap.tinker.deployment if snap.tinker is not None else None)
+    if decision.status.api_url == url:
+        return decision
+    return dataclasses.replace(decision, status=dataclasses.replace(decision.status, api_url=url))
 
 
 def replace_cluster(snap: Snapshot, cfg: Settings) -> Decision | None:
@@ -219,6 +251,7 @@ RULES: tuple[Rule, ...] = (
     respec,
     create_cluster,
     cluster_conflict,
+    serve_tinker,
     replace_cluster,
     cluster_not_ready,
     ray_unreadable,
@@ -235,5 +268,5 @@ def decide(snap: Snapshot, *, settings: Settings) -> Decision:
     for rule in RULES:
         decision = rule(snap, settings)
         if decision is not None:
-            return decision
+            return with_api_url(snap, decision)
     raise AssertionError(f"no rule decided for {snap.tg.namespace}/{snap.tg.name}")

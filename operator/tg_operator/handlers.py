@@ -10,6 +10,8 @@ this module has no side effects):
 * create / update (spec) / resume: wake the group's loop (they never wait);
 * indexes of RayClusters and of the pods KubeRay labels ``ray.io/cluster``, and
   event handlers on both that wake the groups running on that cluster;
+* an index of the Tinker servers' Deployments (label ``trainergroup.io/tinker``) and an
+  event handler that wakes their group (``status.apiURL`` follows availability);
 * delete: keeps kopf's finalizer on the object; the loop does the cleanup. Only
   for an object already being deleted when this process started (no loop ran for
   it) does the handler clean up itself, one step per retry.
@@ -23,7 +25,7 @@ from typing import Any
 import aiohttp
 import kopf
 
-from tg_operator import deletion, group_loop, metrics, names, storage, watched
+from tg_operator import deletion, group_loop, metrics, names, storage, tinker, watched
 from tg_operator.context import Context
 from tg_operator.dashboard import DashboardClient
 from tg_operator.events import KopfEvents
@@ -35,6 +37,9 @@ TG = (names.GROUP, names.VERSION, names.TG_PLURAL)
 RAYCLUSTERS = (names.RAY_GROUP, names.RAY_VERSION, names.RAY_PLURAL)
 PODS = ("", "v1", "pods")
 POD_FILTER = {names.RAY_CLUSTER_LABEL: kopf.PRESENT}
+DEPLOYMENTS = ("apps", "v1", "deployments")
+TINKER_FILTER = {tinker.SERVER_LABEL: kopf.PRESENT}
+TINKER_INDEX = "tinker_index"
 CLUSTER_INDEX = "rayclusters_index"
 POD_INDEX = "raypods_index"
 
@@ -114,6 +119,16 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     def raypods_index(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any]:
         return watched.pod_entry(namespace=str(namespace), body=body)
 
+    @kopf.index(*DEPLOYMENTS, labels=TINKER_FILTER, registry=registry, id=TINKER_INDEX)
+    def tinker_index(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+        return tinker.deployment_entry(namespace=str(namespace), body=body)
+
+    @kopf.on.event(*DEPLOYMENTS, labels=TINKER_FILTER, registry=registry, id="tinker-changed")
+    def tinker_changed(namespace: str | None, labels: kopf.Labels, memo: Any, **_: Any) -> None:
+        ctx = memo.get("ctx")
+        if isinstance(ctx, Context):
+            ctx.wake(namespace=str(namespace), name=str(labels.get(tinker.SERVER_LABEL)))
+
     @kopf.on.event(*RAYCLUSTERS, registry=registry, id="raycluster-changed")
     def raycluster_changed(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
         ctx = memo.get("ctx")
@@ -139,7 +154,10 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         ctx = _ctx(memo)
         if not isinstance(ctx.kube, watched.WatchedKube):
             ctx.kube = watched.WatchedKube(
-                api=memo["base_kube"], clusters=kwargs[CLUSTER_INDEX], pods=kwargs[POD_INDEX]
+                api=memo["base_kube"],
+                clusters=kwargs[CLUSTER_INDEX],
+                pods=kwargs[POD_INDEX],
+                tinker=kwargs[TINKER_INDEX],
             )
         done = await group_loop.run(ctx, body=body, stopped=stopped, sink=KopfEvents(body))
         logger.info("group loop exited: %s", done)

@@ -31,6 +31,8 @@ class KubeApi:
         self._custom = k8s.CustomObjectsApi(client)
         self._core = k8s.CoreV1Api(client)
         self._net = k8s.NetworkingV1Api(client)
+        self._apps = k8s.AppsV1Api(client)
+        self._rbac = k8s.RbacAuthorizationV1Api(client)
         self._timeout = request_timeout_s
 
     def close(self) -> None:
@@ -188,6 +190,42 @@ class KubeApi:
     async def create_networkpolicy(self, body: dict[str, Any]) -> bool:
         """Create a NetworkPolicy; False if one with that name already exists."""
         return await self._create(self._net.create_namespaced_network_policy, body)
+
+    # -- the Tinker server's objects (tg_operator.tinker) ------------------------------------
+    async def get_tinker_deployment(
+        self, *, namespace: str, group: str
+    ) -> dict[str, Any] | None:
+        """One GET of ``<group>-tinker`` (the operator itself reads the watch's index)."""
+
+        def call() -> dict[str, Any] | None:
+            try:
+                resp: Any = self._apps.read_namespaced_deployment(
+                    f"{group}-tinker",
+                    namespace,
+                    _preload_content=False,
+                    _request_timeout=self._timeout,
+                )
+            except ApiException as exc:
+                if exc.status == 404:
+                    return None
+                raise
+            return cast(dict[str, Any], json.loads(resp.data))
+
+        return await asyncio.to_thread(call)
+
+    async def create_object(self, body: dict[str, Any]) -> bool:
+        """Create a ServiceAccount, Role, RoleBinding, Secret, Service, NetworkPolicy or
+        Deployment; False if one with that name already exists (it is left as it is)."""
+        methods = {
+            "ServiceAccount": self._core.create_namespaced_service_account,
+            "Secret": self._core.create_namespaced_secret,
+            "Service": self._core.create_namespaced_service,
+            "Role": self._rbac.create_namespaced_role,
+            "RoleBinding": self._rbac.create_namespaced_role_binding,
+            "NetworkPolicy": self._net.create_namespaced_network_policy,
+            "Deployment": self._apps.create_namespaced_deployment,
+        }
+        return await self._create(methods[str(body["kind"])], body)
 
     async def _create(self, method: Any, body: dict[str, Any]) -> bool:
         namespace = body["metadata"]["namespace"]

@@ -54,15 +54,28 @@ OPERATOR_RULES: list[dict[str, Any]] = [
     # Each group's Ray token Secret (tg_operator.ray_token): create only. The token is
     # derived from the operator's key, so the operator reads no Secret anywhere.
     {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
-    # Each group's NetworkPolicy (tg_operator.networkpolicy).
+    # Each group's NetworkPolicies (tg_operator.networkpolicy, tg_operator.tinker).
     {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["create"]},
+    # The Tinker API server of each group (tg_operator.tinker): its Deployment is watched
+    # (an index: the group's status.apiURL follows its availability) and created once; its
+    # Service and ServiceAccount are created once; the keys Secret is the create above.
+    {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["list", "watch", "create"]},
+    {"apiGroups": [""], "resources": ["services", "serviceaccounts"], "verbs": ["create"]},
+    # The server's Role (get/watch on its own TrainerGroup, which the operator holds itself:
+    # no escalate or bind needed) and its RoleBinding.
+    {
+        "apiGroups": ["rbac.authorization.k8s.io"],
+        "resources": ["roles", "rolebindings"],
+        "verbs": ["create"],
+    },
 ]
 
 CLIENT_RULES: list[dict[str, Any]] = [
     {"apiGroups": [names.GROUP], "resources": [names.TG_PLURAL], "verbs": ["get", "watch"]},
 ]
 CLIENT_TOKEN_RULES: list[dict[str, Any]] = [
-    # the group's Ray token (Secret <name>-ray-token, docs/security.md)
+    # the group's Ray token (Secret <name>-ray-token, docs/security.md) and its Tinker API
+    # keys (Secret <name>-tinker-keys)
     {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]},
 ]
 

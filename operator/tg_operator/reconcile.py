@@ -22,12 +22,29 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from tg_operator import actions, decide, errors, events, metrics, names, observed, outcomes
+from tg_operator import (
+    actions,
+    decide,
+    errors,
+    events,
+    metrics,
+    names,
+    observed,
+    outcomes,
+    tinker,
+)
 from tg_operator import status as status_mod
 from tg_operator.context import Context, Step
 from tg_operator.dashboard import DashboardError, JobInfo
 from tg_operator.events import EventSink
-from tg_operator.snapshot import Decision, Settings, Snapshot, SubmitServer, TearDown
+from tg_operator.snapshot import (
+    Decision,
+    Settings,
+    Snapshot,
+    SubmitServer,
+    TearDown,
+    TinkerSeen,
+)
 from tgapi import (
     SpecErrors,
     TrainerGroup,
@@ -91,6 +108,9 @@ async def observe(ctx: Context, bare: Snapshot) -> Snapshot:
     if rc is not None:
         pods = await kube.list_cluster_pods(namespace=tg.namespace, cluster=cluster)
     snap = dataclasses.replace(bare, raycluster=rc, pods=tuple(pods))
+    if tinker.wanted(tg):
+        deployment = await kube.get_tinker_deployment(namespace=tg.namespace, group=tg.name)
+        snap = dataclasses.replace(snap, tinker=TinkerSeen(deployment=deployment))
     reads = observed.ray_reads(snap)
     if not reads.probe:
         return snap

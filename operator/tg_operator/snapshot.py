@@ -64,10 +64,20 @@ class Snapshot:
     actors: tuple[ActorInfo, ...] | None = None
     """The actors of the group's Ray namespace (None: not read, or unreadable)."""
     actors_error: str = ""
+    tinker: TinkerSeen | None = None
+    """The group's Tinker server as the Deployment watch shows it (None: not looked at,
+    e.g. ``spec.api.tinker`` is off)."""
     slot_free: bool = True
     """A Ray job slot is free for the server job (``TG_MAX_CONCURRENT_JOBS``)."""
     slots_in_flight: int = 0
     slot_limit: int = 0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TinkerSeen:
+    """The Tinker server's Deployment ``<name>-tinker`` (None: the watch shows none)."""
+
+    deployment: Mapping[str, Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -144,7 +154,24 @@ class TearDown:
     """The owned RayCluster is being rebuilt: an unreachable Ray need not be cleaned."""
 
 
-Action = CreateCluster | DeleteCluster | SubmitServer | WaitForSlot | StopServer | TearDown
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ServeTinker:
+    """Create the Tinker server's objects that are missing (an existing one is left as it
+    is): the keys Secret with a fresh random key, then ``bodies`` in order."""
+
+    secret_name: str
+    bodies: tuple[dict[str, Any], ...]
+
+
+Action = (
+    ServeTinker
+    | CreateCluster
+    | DeleteCluster
+    | SubmitServer
+    | WaitForSlot
+    | StopServer
+    | TearDown
+)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

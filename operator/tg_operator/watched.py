@@ -2,7 +2,8 @@
 
 kopf keeps two indexes filled from its watch streams (see :mod:`tg_operator.handlers`):
 RayClusters by ``(namespace, name)`` and the pods KubeRay made by ``(namespace,
-ray.io/cluster)``. :class:`WatchedKube` answers the reconcile's reads from them and
+ray.io/cluster)``, and the Tinker servers' Deployments by ``(namespace, group)``.
+:class:`WatchedKube` answers the reconcile's reads from them and
 sends writes to the API server. A RayCluster the index does not hold yet (just
 created, the watch event still on its way) is read with one GET.
 """
@@ -45,10 +46,13 @@ def pod_entry(*, namespace: str, body: Mapping[str, Any]) -> dict[Any, Any]:
 class WatchedKube:
     """A :class:`~tg_operator.ports.KubeApi` reading RayClusters and pods from the indexes."""
 
-    def __init__(self, *, api: KubeApi, clusters: Index, pods: Index) -> None:
+    def __init__(
+        self, *, api: KubeApi, clusters: Index, pods: Index, tinker: Index | None = None
+    ) -> None:
         self._api = api
         self._clusters = clusters
         self._pods = pods
+        self._tinker: Index = tinker if tinker is not None else {}
 
     async def patch_trainergroup_status(
         self, *, namespace: str, name: str, status: dict[str, Any]
@@ -84,3 +88,14 @@ class WatchedKube:
 
     async def create_networkpolicy(self, body: dict[str, Any]) -> bool:
         return await self._api.create_networkpolicy(body)
+
+    async def get_tinker_deployment(
+        self, *, namespace: str, group: str
+    ) -> dict[str, Any] | None:
+        """From the Deployment index only: no GET (a Deployment created a moment ago and not
+        yet in the index is created again, which answers "exists" and changes nothing)."""
+        found = list(self._tinker.get((namespace, group), ()))
+        return dict(found[-1]) if found else None
+
+    async def create_object(self, body: dict[str, Any]) -> bool:
+        return await self._api.create_object(body)

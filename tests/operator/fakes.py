@@ -54,6 +54,8 @@ class FakeKube:
     def __init__(self) -> None:
         self.secrets: dict[tuple[str, str], dict[str, Any]] = {}
         self.policies: dict[tuple[str, str], dict[str, Any]] = {}
+        self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
+        """The Tinker server's objects by (kind, namespace, name)."""
         self.calls: collections.Counter[str] = collections.Counter()
         self.clusters: dict[tuple[str, str], dict[str, Any]] = {}
         self.pods: dict[tuple[str, str], list[dict[str, Any]]] = {}
@@ -109,6 +111,28 @@ class FakeKube:
         fresh = key not in self.policies
         self.policies.setdefault(key, copy.deepcopy(body))
         return fresh
+
+    async def get_tinker_deployment(
+        self, *, namespace: str, group: str
+    ) -> dict[str, Any] | None:
+        self.calls["tinker_index"] += 1  # the operator reads it from the Deployment watch
+        found = self.objects.get(("Deployment", namespace, f"{group}-tinker"))
+        return copy.deepcopy(found) if found is not None else None
+
+    async def create_object(self, body: dict[str, Any]) -> bool:
+        self.calls[f"create_{str(body['kind']).lower()}"] += 1
+        key = (str(body["kind"]), body["metadata"]["namespace"], body["metadata"]["name"])
+        fresh = key not in self.objects
+        self.objects.setdefault(key, copy.deepcopy(body))
+        return fresh
+
+    def make_tinker_available(self, namespace: str, group: str) -> None:
+        """The Deployment controller's part: the Tinker server's pod is available."""
+        dep = self.objects[("Deployment", namespace, f"{group}-tinker")]
+        dep["status"] = {
+            "availableReplicas": 1,
+            "conditions": [{"type": "Available", "status": "True"}],
+        }
 
     def make_ready(self, namespace: str, name: str, *, workers: int = 1) -> None:
         """KubeRay's part: the pods are Ready and the cluster is provisioned."""

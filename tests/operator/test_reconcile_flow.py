@@ -71,7 +71,8 @@ def test_a_settled_group_costs_three_dashboard_calls_and_no_api_call_per_health_
     assert w.status["phase"] == "Ready"
     # each tick: the cluster from the watch (no API call); on Ray version, alive_worker_nodes
     # (every worker pod's raylet registered) and list_actors
-    assert sum(w.kube.calls.values()) - kube == 10 * 2  # get_raycluster + list_pods (index)
+    # get_raycluster + list_pods + the Tinker server's Deployment: all three from the indexes
+    assert sum(w.kube.calls.values()) - kube == 10 * 3
     assert w.kube.calls["patch_status"] <= 8
     assert sum(w.ray.calls.values()) - ray == 10 * 3
 

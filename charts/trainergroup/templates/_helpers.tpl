@@ -106,14 +106,28 @@ ConfigMaps, no create/delete of TrainerGroups, read-only Pods. Proven on a real 
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
-# Each group's Ray token Secret (<name>-ray-token): create only (no get/list/watch). The
-# token is derived from the operator's key, so the operator reads no Secret anywhere.
+# Each group's Ray token Secret (<name>-ray-token) and Tinker API keys Secret
+# (<name>-tinker-keys, created once with one random key): create only (no get/list/watch).
+# The token is derived from the operator's key, so the operator reads no Secret anywhere.
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["create"]
-# Each group's NetworkPolicy (<name>-ray), created with its RayCluster.
+# Each group's NetworkPolicies (<name>-ray with its RayCluster, <name>-tinker).
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
+  verbs: ["create"]
+# The Tinker API server (<name>-tinker): its Deployment is watched (status.apiURL follows
+# its availability) and created once; its Service and ServiceAccount are created once.
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["list", "watch", "create"]
+- apiGroups: [""]
+  resources: ["services", "serviceaccounts"]
+  verbs: ["create"]
+# The server's Role (get/watch on its own TrainerGroup, which the operator holds itself)
+# and RoleBinding.
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["roles", "rolebindings"]
   verbs: ["create"]
 {{- end }}
 

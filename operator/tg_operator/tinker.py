@@ -1,0 +1,371 @@
+"""The objects that serve a group's Tinker API (``spec.api.tinker``): pure builders.
+
+For a TrainerGroup ``NAME`` the operator creates, all owned by the TrainerGroup (the
+garbage collector removes them with it) and created once (an existing object is left as it
+is; the Deployment, made last, is what a pass looks for):
+
+* ServiceAccount ``NAME-tinker`` with a Role and RoleBinding ``NAME-tinker``: ``get`` and
+  ``watch`` on this TrainerGroup only (the server reads its status to attach);
+* Secret ``NAME-tinker-keys``: one random key ``tml-...`` under the key ``default``, never
+  overwritten (create answers 409 once it exists; the operator reads no Secret). Users add
+  keys to it; the server reads every file of the mounted volume, so a key removed from the
+  Secret stops working once the kubelet syncs the volume;
+* Service ``NAME-tinker`` (the API's port, 8000 by default);
+* NetworkPolicy ``NAME-tinker``: the server pod admits pods labelled
+  ``trainergroup.io/client=NAME`` on the API's port, and the group's Ray pods (the server is a
+  Ray driver: workers call back into it), nothing else;
+* Deployment ``NAME-tinker``: one pod from the group's runtime image running
+  ``python -m tgruntime.service --trainergroup NAME --k8s-namespace NS --port PORT`` with the
+  keys mounted at :data:`KEYS_DIR`, the Ray token from ``NAME-ray-token``, and the label
+  ``trainergroup.io/client=NAME`` (the group's Ray NetworkPolicy admits it).
+
+``status.apiURL`` (``http://NAME-tinker.NS.svc:PORT``) is published once the Deployment is
+available (:func:`api_url`).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import secrets
+from collections.abc import Mapping
+from typing import Any
+
+from tg_operator import names, platform, ray_token
+from tg_operator.networkpolicy import CLIENT_LABEL
+from tgapi import TrainerGroup
+
+SERVER_LABEL = "trainergroup.io/tinker"
+"""On the server's pods and its Deployment: the group's name (the watch's label filter)."""
+HASH_ANNOTATION = "trainergroup.io/tinker-hash"
+SUFFIX = "-tinker"
+KEYS_SUFFIX = "-tinker-keys"
+FIRST_KEY = "default"
+"""The Secret's key that holds the operator's random key (users add others beside it)."""
+KEY_PREFIX = "tml-"
+KEYS_DIR = "/etc/tinker/keys"
+"""Where the server pod mounts the keys Secret (``TG_TINKER_KEYS_DIR``)."""
+KEYS_DIR_ENV = "TG_TINKER_KEYS_DIR"
+SERVICE_MODULE = "tgruntime.service"
+PORT_NAME = "http"
+
+
+def wanted(tg: TrainerGroup) -> bool:
+    return tg.spec.api.tinker
+
+
+def server_name(tg: TrainerGroup) -> str:
+    """The Deployment, Service, ServiceAccount, Role, RoleBinding and NetworkPolicy."""
+    return f"{tg.name}{SUFFIX}"
+
+
+def keys_secret_name(tg: TrainerGroup) -> str:
+    return f"{tg.name}{KEYS_SUFFIX}"
+
+
+def port(tg: TrainerGroup) -> int:
+    return tg.spec.api.server.port
+
+
+def base_url(tg: TrainerGroup) -> str:
+    """``TINKER_BASE_URL`` inside the cluster: the Service's DNS name."""
+    return f"http://{server_name(tg)}.{tg.namespace}.svc:{port(tg)}"
+
+
+def new_api_key() -> str:
+    """A random API key: ``tml-`` and 43 URL-safe characters (256 bits)."""
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+def _owner(tg: TrainerGroup) -> dict[str, Any]:
+    return {
+        "apiVersion": names.TG_API_VERSION,
+        "kind": names.TG_KIND,
+        "name": tg.name,
+        "uid": tg.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _metadata(tg: TrainerGroup, name: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": tg.namespace,
+        "labels": {**names.labels(tg), SERVER_LABEL: tg.name},
+        "ownerReferences": [_owner(tg)],
+    }
+
+
+def server_selector(tg: TrainerGroup) -> dict[str, str]:
+    return {SERVER_LABEL: tg.name}
+
+
+# -- the server's identity: reads its own TrainerGroup, nothing else ----------------------
+def build_service_account(tg: TrainerGroup) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": _metadata(tg, server_name(tg)),
+    }
+
+
+def build_role(tg: TrainerGroup) -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": _metadata(tg, server_name(tg)),
+        "rules": [
+            {
+                "apiGroups": [names.GROUP],
+                "resources": [names.TG_PLURAL],
+                "resourceNames": [tg.name],
+                "verbs": ["get", "watch"],
+            }
+        ],
+    }
+
+
+def build_role_binding(tg: TrainerGroup) -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": _metadata(tg, server_name(tg)),
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": server_name(tg),
+        },
+        "subjects": [
+            {"kind": "ServiceAccount", "name": server_name(tg), "namespace": tg.namespace}
+        ],
+    }
+
+
+# -- keys, Service, NetworkPolicy ------------------------------------------------------------
+def build_keys_secret(tg: TrainerGroup, *, key: str) -> dict[str, Any]:
+    """The keys Secret with its first key (created once: an existing one is never replaced)."""
+    if not key.startswith(KEY_PREFIX):
+        raise ValueError(f"a Tinker API key starts with {KEY_PREFIX!r}")
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": _metadata(tg, keys_secret_name(tg)),
+        "data": {FIRST_KEY: base64.b64encode(key.encode()).decode()},
+    }
+
+
+def build_service(tg: TrainerGroup) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(tg, server_name(tg)),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": server_selector(tg),
+            "ports": [
+                {
+                    "name": PORT_NAME,
+                    "protocol": "TCP",
+                    "port": port(tg),
+                    "targetPort": PORT_NAME,
+                }
+            ],
+        },
+    }
+
+
+def build_networkpolicy(tg: TrainerGroup) -> dict[str, Any]:
+    """Only the group's labelled clients reach the API; the group's Ray pods reach the
+    server's Ray ports (it is a driver). Everything else gets no TCP."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(tg, server_name(tg)),
+        "spec": {
+            "podSelector": {"matchLabels": server_selector(tg)},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {
+                    "from": [{"podSelector": {"matchLabels": {CLIENT_LABEL: tg.name}}}],
+                    "ports": [{"protocol": "TCP", "port": port(tg)}],
+                },
+                {
+                    "from": [
+                        {
+                            "podSelector": {
+                                "matchLabels": {names.RAY_CLUSTER_LABEL: names.cluster_name(tg)}
+                            }
+                        }
+                    ]
+                },
+            ],
+        },
+    }
+
+
+# -- the server ------------------------------------------------------------------------------
+def server_command(tg: TrainerGroup, *, python: str) -> list[str]:
+    return [
+        python,
+        "-m",
+        SERVICE_MODULE,
+        "--trainergroup",
+        tg.name,
+        "--k8s-namespace",
+        tg.namespace,
+        "--port",
+        str(port(tg)),
+    ]
+
+
+def _pod_spec(tg: TrainerGroup, *, python: str) -> dict[str, Any]:
+    server = tg.spec.api.server
+    quantities = {"cpu": server.cpu, "memory": server.memory}
+    env: list[dict[str, Any]] = [
+        {"name": KEYS_DIR_ENV, "value": KEYS_DIR},
+        {"name": "TG_TINKER_PORT", "value": str(port(tg))},
+        *ray_token.token_env(tg),
+    ]
+    mounts = [
+        {"name": "keys", "mountPath": KEYS_DIR, "readOnly": True},
+        {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+        *platform.checkpoint_mount(tg),
+    ]
+    volumes = [
+        {"name": "keys", "secret": {"secretName": keys_secret_name(tg), "defaultMode": 0o440}},
+        {"name": "tmp", "emptyDir": {}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+        *platform.checkpoint_volume(tg),
+    ]
+    container = {
+        "name": "tinker",
+        "image": tg.spec.image,
+        "command": server_command(tg, python=python),
+        "env": env,
+        "ports": [{"name": PORT_NAME, "containerPort": port(tg), "protocol": "TCP"}],
+        "readinessProbe": {
+            "httpGet": {"path": "/healthz", "port": PORT_NAME},
+            "periodSeconds": 5,
+            "failureThreshold": 3,
+        },
+        "livenessProbe": {
+            "httpGet": {"path": "/healthz", "port": PORT_NAME},
+            "initialDelaySeconds": 60,
+            "periodSeconds": 20,
+            "failureThreshold": 6,
+        },
+        "resources": {"requests": dict(quantities), "limits": dict(quantities)},
+        "volumeMounts": mounts,
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "runAsNonRoot": True,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
+    spec: dict[str, Any] = {
+        "serviceAccountName": server_name(tg),
+        "containers": [container],
+        "volumes": volumes,
+    }
+    if server.node_selector:
+        spec["nodeSelector"] = dict(server.node_selector)
+    if server.tolerations:
+        spec["tolerations"] = [dict(t) for t in server.tolerations]
+    rc = tg.spec.ray_cluster
+    if rc is not None and rc.image_pull_secrets:
+        spec["imagePullSecrets"] = [{"name": n} for n in rc.image_pull_secrets]
+    if rc is not None and rc.priority_class_name:
+        spec["priorityClassName"] = rc.priority_class_name
+    return spec
+
+
+def build_deployment(tg: TrainerGroup, *, python: str) -> dict[str, Any]:
+    """The server's Deployment: one replica, replaced (never two servers for one group)."""
+    server = tg.spec.api.server
+    pod_labels = {
+        **server.pod_labels,
+        **names.labels(tg),
+        SERVER_LABEL: tg.name,
+        CLIENT_LABEL: tg.name,  # the group's Ray NetworkPolicy admits the server (a driver)
+    }
+    pod_spec = _pod_spec(tg, python=python)
+    meta = _metadata(tg, server_name(tg))
+    meta["annotations"] = {HASH_ANNOTATION: spec_hash(pod_spec)}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": meta,
+        "spec": {
+            "replicas": server.replicas,
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": server_selector(tg)},
+            "template": {
+                "metadata": {"labels": pod_labels, "annotations": dict(server.pod_annotations)},
+                "spec": pod_spec,
+            },
+        },
+    }
+
+
+def spec_hash(pod_spec: Mapping[str, Any]) -> str:
+    raw = json.dumps(pod_spec, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(raw).hexdigest()[:16]
+
+
+# -- what the watch sees ---------------------------------------------------------------------
+def available(deployment: Mapping[str, Any] | None) -> bool:
+    """Whether the server's Deployment has an available pod (Available=True)."""
+    if deployment is None or (deployment.get("metadata") or {}).get("deletionTimestamp"):
+        return False
+    status = deployment.get("status") or {}
+    for cond in status.get("conditions") or []:
+        if isinstance(cond, Mapping) and cond.get("type") == "Available":
+            return cond.get("status") == "True" and int(status.get("availableReplicas") or 0) > 0
+    return int(status.get("availableReplicas") or 0) > 0
+
+
+def api_url(tg: TrainerGroup, deployment: Mapping[str, Any] | None) -> str:
+    """``status.apiURL``: the base URL once the server is available, else empty."""
+    return base_url(tg) if wanted(tg) and available(deployment) else ""
+
+
+def deployment_entry(*, namespace: str, body: Mapping[str, Any]) -> dict[Any, Any]:
+    """What the Deployment index keeps: (namespace, group) -> name, labels, annotations,
+    deletion mark and the availability status."""
+    meta = body.get("metadata") or {}
+    labels = dict(meta.get("labels") or {})
+    group = labels.get(SERVER_LABEL)
+    if not group:
+        return {}
+    status = body.get("status") or {}
+    slim = {
+        "metadata": {
+            "name": meta.get("name"),
+            "labels": labels,
+            "annotations": dict(meta.get("annotations") or {}),
+            "deletionTimestamp": meta.get("deletionTimestamp"),
+        },
+        "status": {
+            "availableReplicas": status.get("availableReplicas") or 0,
+            "conditions": list(status.get("conditions") or []),
+        },
+    }
+    return {(namespace, group): slim}
+
+
+def objects(tg: TrainerGroup, *, python: str) -> tuple[dict[str, Any], ...]:
+    """What to create besides the keys Secret (whose key is drawn when it is created), in
+    order; the Deployment last (its presence marks the set)."""
+    return (
+        build_service_account(tg),
+        build_role(tg),
+        build_role_binding(tg),
+        build_service(tg),
+        build_networkpolicy(tg),
+        build_deployment(tg, python=python),
+    )

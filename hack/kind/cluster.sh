@@ -19,6 +19,10 @@
 #   TG_KIND_TIMEOUT     seconds for each wait (default 300)
 #   TG_KIND_RECREATE=1  recreate a cluster that runs an older node image (default: reuse it)
 #   TG_KIND_GPU=1       real NVIDIA hosts: NOT IMPLEMENTED (TODO hook, see docs/kind-cluster.md)
+#   TG_KIND_KEEP_STORES=1 (default) the two workers' containerd stores live on the host, under
+#                       ~/.cache/trainergroup/kind/stores/<name>/<node>, so an image loaded
+#                       once (the 6 GB runtime image) is still there in the next cluster of that
+#                       name; 0: kind's throw-away /var volume (docs/testing.md)
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -30,6 +34,8 @@ GPU_NODE="$CLUSTER-worker"
 CPU_NODE="$CLUSTER-worker2"
 CP_NODE="$CLUSTER-control-plane"
 mkdir -p "$TG_KIND_CACHE"
+KEEP_STORES="${TG_KIND_KEEP_STORES:-1}"
+STORES="$TG_KIND_CACHE/stores/$CLUSTER"
 
 tools() {
   BIN="$(tools_bin)"
@@ -79,6 +85,7 @@ nodes:
     labels:
       nvidia.com/gpu.present: "true"
       trainergroup.local/pool: gpu
+$(store_mount worker)
     kubeadmConfigPatches:
       - |
         kind: JoinConfiguration
@@ -90,7 +97,36 @@ nodes:
   - role: worker
     labels:
       trainergroup.local/pool: cpu
+$(store_mount worker2)
 EOF
+}
+
+store_mount() {  # <node suffix>: the extraMounts entry of a kept containerd store (or nothing)
+  [[ "$KEEP_STORES" == 1 ]] || return 0
+  printf '    extraMounts:\n      - hostPath: %s\n        containerPath: /var/lib/containerd\n' "$STORES/$1"
+}
+
+# The kept stores start as a copy of the node image's own /var/lib/containerd (its preloaded
+# control-plane and CNI images), once per node image; a store made from another node image is
+# thrown away and seeded again. Stale pods of an earlier cluster in a store are garbage
+# collected by the new kubelet, as after a node reboot.
+seed_stores() {  # <node image>
+  [[ "$KEEP_STORES" == 1 ]] || return 0
+  local id n dir; id="$("$DOCKER" image inspect -f '{{.Id}}' "$1")"
+  for n in worker worker2; do
+    dir="$STORES/$n"
+    [[ -d "$dir" && "$(cat "$dir.seeded" 2>/dev/null)" == "$id" ]] && continue
+    log "seeding the kept containerd store of $CLUSTER-$n from $1"
+    rm -rf "$dir" "$dir.seeded"; mkdir -p "$dir"
+    "$DOCKER" run --rm --entrypoint cp -v "$dir:/out" "$1" -a /var/lib/containerd/. /out/ \
+      || { rm -rf "$dir"; die "could not seed $dir from $1 (disk space? df -h $TG_KIND_CACHE)"; }
+    echo "$id" > "$dir.seeded"
+  done
+}
+drop_stores() {  # a cluster that failed to come up does not leave its stores for the next one
+  [[ "$KEEP_STORES" == 1 && -d "$STORES" ]] || return 0
+  log "removing the kept containerd stores $STORES (the cluster did not come up with them)"
+  rm -rf "$STORES"
 }
 
 advertise_gpus() {
@@ -167,15 +203,16 @@ cmd_up() {
     fi
   fi
   preflight_exec
+  seed_stores "$image"
   local cfg; cfg="$(mktemp)"; kind_config >"$cfg"
   log "kind create cluster --name $CLUSTER --image $image"
   local t0=$SECONDS
   with_timeout 900 "kind create cluster" "$KIND" create cluster --name "$CLUSTER" --image "$image" \
       --config "$cfg" --kubeconfig "$KUBECONFIG_OUT" --wait 0s --retain >&2 \
-    || { rm -f "$cfg"; fail "kind create cluster failed (nodes kept for the diagnostics above; remove them with: bash hack/kind/cluster.sh down)"; }
+    || { rm -f "$cfg"; drop_stores; fail "kind create cluster failed (nodes kept for the diagnostics above; remove them with: bash hack/kind/cluster.sh down)"; }
   rm -f "$cfg"
   log "kind create cluster returned after $((SECONDS - t0))s"
-  wait_ready
+  ( wait_ready ) || { drop_stores; exit 1; }
   advertise_gpus
   echo "$(date -u +%FT%TZ) cluster up (create+ready) $((SECONDS - t0))s" >>"$TG_KIND_CACHE/timings.log"
   log "cluster $CLUSTER ready in $((SECONDS - t0))s; kubeconfig: $KUBECONFIG_OUT"

@@ -245,6 +245,27 @@ def test_operator_rules_are_the_operators_own_list(helm: str) -> None:
     assert _rules(one(docs, "ClusterRole")) == NAMESPACED_RULES
 
 
+def test_operator_rules_for_the_tinker_server_are_create_and_a_watch(helm: str) -> None:
+    """The Tinker API server's objects: created once, never read (Secrets), never updated or
+    deleted (the garbage collector removes them with the TrainerGroup); the Deployment is
+    also listed and watched (an index), never fetched one by one."""
+    verbs: dict[tuple[str, str], set[str]] = {}
+    for group, resource, verb in NAMESPACED_RULES:
+        verbs.setdefault((group, resource), set()).add(verb)
+    assert verbs[("apps", "deployments")] == {"list", "watch", "create"}
+    assert verbs[("", "services")] == {"create"}
+    assert verbs[("", "serviceaccounts")] == {"create"}
+    assert verbs[("", "secrets")] == {"create"}
+    assert verbs[("rbac.authorization.k8s.io", "roles")] == {"create"}
+    assert verbs[("rbac.authorization.k8s.io", "rolebindings")] == {"create"}
+    assert verbs[("networking.k8s.io", "networkpolicies")] == {"create"}
+    # no escalate/bind: the server's Role grants only what the operator holds itself
+    assert not {v for _, _, v in NAMESPACED_RULES} & {"escalate", "bind", "impersonate", "*"}
+    assert ("rbac.authorization.k8s.io", "clusterroles") not in verbs
+    docs = template_docs({"watchNamespaces": ["team-a"]})
+    assert _rules(one(docs, "Role")) == NAMESPACED_RULES
+
+
 def test_rbac_all_namespaces_is_one_clusterrole(helm: str) -> None:
     docs = template(helm, {})
     assert isinstance(docs, list)
@@ -479,11 +500,13 @@ def test_client_rbac_reads_named_trainergroups_only(helm: str) -> None:
         ("RoleBinding", "trainergroup-system", "tg-client-2"),
     }
     role = by[("Role", "team-a", "tg-client")]
+    # the named groups' Ray tokens and Tinker API keys, and no other Secret
+    SECRETS = ["a-ray-token", "a-tinker-keys", "b-ray-token", "b-tinker-keys"]
     # the operator's CLIENT_RULES (what the client's waiter needs), limited to the named groups
     assert role["rules"] == [
         *({**rule, "resourceNames": ["a", "b"]} for rule in rbac.CLIENT_RULES),
         *(
-            {**rule, "resourceNames": ["a-ray-token", "b-ray-token"]}
+            {**rule, "resourceNames": SECRETS}
             for rule in rbac.CLIENT_TOKEN_RULES
         ),
     ]
@@ -497,7 +520,7 @@ def test_client_rbac_reads_named_trainergroups_only(helm: str) -> None:
         {
             "apiGroups": [""],
             "resources": ["secrets"],
-            "resourceNames": ["a-ray-token", "b-ray-token"],
+            "resourceNames": SECRETS,
             "verbs": ["get"],
         },
     ]

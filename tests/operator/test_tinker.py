@@ -1,0 +1,350 @@
+"""The Tinker API server of a group (``spec.api.tinker``): the pure builders of its objects
+and the decide() rows that create them and publish ``status.apiURL`` (pure, no fakes); the
+same objects through the executor and the fake Kubernetes port at the end."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import copy
+from typing import Any
+
+import pytest
+
+from tests.operator.fakes import world
+from tests.operator.helpers import BASE_SPEC, trainergroup
+from tests.operator.snapshots import SETTINGS, actors, running, snap
+from tg_operator import decide, networkpolicy, tinker
+from tg_operator.snapshot import ServeTinker, Snapshot, TinkerSeen
+from tgapi import TrainerGroup
+
+TG = trainergroup()
+PY = "python"
+
+
+def _tg(**api: Any) -> TrainerGroup:
+    spec = copy.deepcopy(BASE_SPEC)
+    spec["api"] = api
+    return trainergroup(spec=spec)
+
+
+def _available(tg: TrainerGroup = TG) -> dict[str, Any]:
+    dep = tinker.build_deployment(tg, python=PY)
+    dep["status"] = {
+        "availableReplicas": 1,
+        "conditions": [{"type": "Available", "status": "True"}],
+    }
+    return dep
+
+
+def _owned(obj: dict[str, Any], tg: TrainerGroup = TG) -> None:
+    (ref,) = obj["metadata"]["ownerReferences"]
+    assert ref["kind"] == "TrainerGroup" and ref["name"] == tg.name and ref["uid"] == tg.uid
+    assert ref["controller"] is True and ref["blockOwnerDeletion"] is True
+    assert obj["metadata"]["namespace"] == tg.namespace
+    assert obj["metadata"]["labels"][tinker.SERVER_LABEL] == tg.name
+
+
+# -- builders -----------------------------------------------------------------------------------
+def test_tinker_is_on_by_default_with_one_server_on_port_8000() -> None:
+    assert tinker.wanted(TG)
+    assert tinker.server_name(TG) == "demo-tinker"
+    assert tinker.keys_secret_name(TG) == "demo-tinker-keys"
+    assert tinker.base_url(TG) == "http://demo-tinker.team-a.svc:8000"
+    assert not tinker.wanted(_tg(tinker=False))
+
+
+def test_every_object_is_owned_by_the_group_and_the_deployment_comes_last() -> None:
+    objs = tinker.objects(TG, python=PY)
+    kinds = [o["kind"] for o in objs]
+    assert kinds == [
+        "ServiceAccount",
+        "Role",
+        "RoleBinding",
+        "Service",
+        "NetworkPolicy",
+        "Deployment",
+    ]
+    for o in (*objs, tinker.build_keys_secret(TG, key=tinker.new_api_key())):
+        _owned(o)
+
+
+def test_the_keys_secret_holds_one_random_tml_key() -> None:
+    a, b = tinker.new_api_key(), tinker.new_api_key()
+    assert a.startswith("tml-") and b.startswith("tml-") and a != b and len(a) >= 40
+    secret = tinker.build_keys_secret(TG, key=a)
+    assert secret["metadata"]["name"] == "demo-tinker-keys"
+    assert secret["data"] == {"default": base64.b64encode(a.encode()).decode()}
+    with pytest.raises(ValueError, match="tml-"):
+        tinker.build_keys_secret(TG, key="not-a-key")
+
+
+def test_the_service_selects_the_server_pod_on_port_8000() -> None:
+    svc = tinker.build_service(TG)
+    assert svc["metadata"]["name"] == "demo-tinker"
+    assert svc["spec"]["selector"] == {tinker.SERVER_LABEL: "demo"}
+    assert svc["spec"]["ports"] == [
+        {"name": "http", "protocol": "TCP", "port": 8000, "targetPort": "http"}
+    ]
+    assert tinker.build_service(_tg(server={"port": 9000}))["spec"]["ports"][0]["port"] == 9000
+
+
+def test_the_networkpolicy_admits_labelled_clients_on_the_port_and_the_ray_pods() -> None:
+    pol = tinker.build_networkpolicy(TG)
+    assert pol["spec"]["podSelector"] == {"matchLabels": {tinker.SERVER_LABEL: "demo"}}
+    assert pol["spec"]["policyTypes"] == ["Ingress"]
+    clients, ray = pol["spec"]["ingress"]
+    assert clients == {
+        "from": [{"podSelector": {"matchLabels": {networkpolicy.CLIENT_LABEL: "demo"}}}],
+        "ports": [{"protocol": "TCP", "port": 8000}],
+    }
+    # the server is a Ray driver: the group's Ray pods call back into it (all ports)
+    assert ray == {"from": [{"podSelector": {"matchLabels": {"ray.io/cluster": "demo"}}}]}
+    # no namespaceSelector anywhere: only pods of the group's own namespace
+    assert "namespaceSelector" not in str(pol["spec"])
+
+
+def test_the_deployment_runs_the_server_entrypoint_from_the_runtime_image() -> None:
+    dep = tinker.build_deployment(TG, python="/opt/venv/bin/python")
+    spec = dep["spec"]
+    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    assert spec["selector"] == {"matchLabels": {tinker.SERVER_LABEL: "demo"}}
+    pod = spec["template"]
+    labels = pod["metadata"]["labels"]
+    assert labels[tinker.SERVER_LABEL] == "demo"
+    assert labels[networkpolicy.CLIENT_LABEL] == "demo"  # the Ray NetworkPolicy admits it
+    ps = pod["spec"]
+    assert ps["serviceAccountName"] == "demo-tinker"
+    (c,) = ps["containers"]
+    assert c["image"] == TG.spec.image
+    assert c["command"] == [
+        "/opt/venv/bin/python",
+        "-m",
+        "tgruntime.service",
+        "--trainergroup",
+        "demo",
+        "--k8s-namespace",
+        "team-a",
+        "--port",
+        "8000",
+    ]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["TG_TINKER_KEYS_DIR"]["value"] == tinker.KEYS_DIR
+    assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "demo-ray-token"
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert mounts["keys"] == {"name": "keys", "mountPath": tinker.KEYS_DIR, "readOnly": True}
+    volumes = {v["name"]: v for v in ps["volumes"]}
+    # a volume, not env: the kubelet updates it, so a key removed from the Secret stops working
+    assert volumes["keys"]["secret"]["secretName"] == "demo-tinker-keys"
+    assert volumes["dshm"]["emptyDir"] == {"medium": "Memory"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert c["resources"]["requests"] == c["resources"]["limits"] == {"cpu": "2", "memory": "4Gi"}
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    assert dep["metadata"]["annotations"][tinker.HASH_ANNOTATION]
+
+
+def test_server_settings_reach_the_pod() -> None:
+    tg = _tg(
+        server={
+            "port": 9000,
+            "cpu": "1",
+            "memory": "2Gi",
+            "nodeSelector": {"pool": "cpu"},
+            "tolerations": [{"key": "k", "operator": "Exists"}],
+            "podLabels": {"team": "rl", tinker.SERVER_LABEL: "spoofed"},
+            "podAnnotations": {"a": "b"},
+        }
+    )
+    pod = tinker.build_deployment(tg, python=PY)["spec"]["template"]
+    assert pod["metadata"]["labels"]["team"] == "rl"
+    assert pod["metadata"]["labels"][tinker.SERVER_LABEL] == "demo"  # the operator's win
+    assert pod["metadata"]["annotations"] == {"a": "b"}
+    assert pod["spec"]["nodeSelector"] == {"pool": "cpu"}
+    assert pod["spec"]["tolerations"] == [{"key": "k", "operator": "Exists"}]
+    (c,) = pod["spec"]["containers"]
+    assert c["ports"][0]["containerPort"] == 9000 and c["command"][-1] == "9000"
+    assert c["resources"]["limits"] == {"cpu": "1", "memory": "2Gi"}
+
+
+def test_the_servers_role_reads_its_own_trainergroup_only() -> None:
+    role = tinker.build_role(TG)
+    assert role["rules"] == [
+        {
+            "apiGroups": ["trainergroup.io"],
+            "resources": ["trainergroups"],
+            "resourceNames": ["demo"],
+            "verbs": ["get", "watch"],
+        }
+    ]
+    binding = tinker.build_role_binding(TG)
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": "demo-tinker",
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "demo-tinker", "namespace": "team-a"}
+    ]
+
+
+def test_replicas_other_than_one_are_refused_naming_the_field() -> None:
+    from tgapi import SpecErrors
+
+    with pytest.raises(SpecErrors, match=r"spec\.api\.server\.replicas: 2 is too large"):
+        _tg(server={"replicas": 2})
+
+
+def test_availability_and_the_api_url() -> None:
+    assert not tinker.available(None)
+    assert not tinker.available(tinker.build_deployment(TG, python=PY))  # no status yet
+    assert tinker.available(_available())
+    dep = _available()
+    dep["status"]["conditions"] = [{"type": "Available", "status": "False"}]
+    assert not tinker.available(dep)
+    dep = _available()
+    dep["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    assert not tinker.available(dep)
+    assert tinker.api_url(TG, _available()) == "http://demo-tinker.team-a.svc:8000"
+    assert tinker.api_url(TG, None) == ""
+
+
+def test_the_index_keeps_a_slim_deployment_keyed_by_group() -> None:
+    entry = tinker.deployment_entry(namespace="team-a", body=_available())
+    ((key, slim),) = entry.items()
+    assert key == ("team-a", "demo")
+    assert tinker.available(slim)
+    assert "spec" not in slim
+    assert tinker.deployment_entry(namespace="team-a", body={"metadata": {"labels": {}}}) == {}
+
+
+# -- decide() rows ------------------------------------------------------------------------------
+NO_TINKER = _tg(tinker=False)
+MISSING = TinkerSeen(deployment=None)
+
+# id -> (snapshot, rule, action type, status.apiURL written)
+ROWS: dict[str, tuple[Snapshot, str, type | None, str]] = {
+    "deployment-missing-creates-the-server": (
+        snap(status=running(), actors=actors(), tinker=MISSING),
+        "serve-tinker",
+        ServeTinker,
+        "",
+    ),
+    "deployment-not-available-yet-no-url": (
+        snap(
+            status=running(),
+            actors=actors(),
+            tinker=TinkerSeen(deployment=tinker.build_deployment(TG, python=PY)),
+        ),
+        "watch",
+        None,
+        "",
+    ),
+    "deployment-available-publishes-the-url": (
+        snap(status=running(), actors=actors(), tinker=TinkerSeen(deployment=_available())),
+        "watch",
+        None,
+        "http://demo-tinker.team-a.svc:8000",
+    ),
+    "server-became-unavailable-clears-the-url": (
+        snap(
+            status=running(api_url="http://demo-tinker.team-a.svc:8000"),
+            actors=actors(),
+            tinker=TinkerSeen(deployment=None),
+        ),
+        "serve-tinker",
+        ServeTinker,
+        "",
+    ),
+    "not-looked-at-keeps-the-url": (
+        snap(status=running(api_url="http://demo-tinker.team-a.svc:8000"), actors=actors()),
+        "watch",
+        None,
+        "http://demo-tinker.team-a.svc:8000",
+    ),
+    "tinker-off-creates-nothing-and-clears-the-url": (
+        snap(
+            tg=NO_TINKER,
+            status=running(api_url="http://demo-tinker.team-a.svc:8000"),
+            actors=actors(),
+        ),
+        "watch",
+        None,
+        "",
+    ),
+    "missing-cluster-comes-first": (
+        snap(raycluster=None, pods=(), tinker=MISSING),
+        "create-cluster",
+        None,  # CreateCluster; the server follows at the next pass
+        "",
+    ),
+    "available-while-a-worker-died-keeps-the-url": (
+        snap(
+            status=running(restarts=2, next_restart_time="2099-01-01T00:00:00Z"),
+            actors=actors("w0-0"),
+            tinker=TinkerSeen(deployment=_available()),
+        ),
+        "restart-back-off",
+        None,
+        "http://demo-tinker.team-a.svc:8000",
+    ),
+}
+
+
+@pytest.mark.parametrize(("seen", "rule", "action", "url"), ROWS.values(), ids=ROWS.keys())
+def test_decide(seen: Snapshot, rule: str, action: type | None, url: str) -> None:
+    d = decide.decide(seen, settings=SETTINGS)
+    assert d.rule == rule, d
+    if action is not None:
+        assert type(d.action) is action, d.action
+    elif rule == "create-cluster":
+        assert d.action is not None and type(d.action).__name__ == "CreateCluster"
+    else:
+        assert d.action is None, d.action
+    assert d.status.api_url == url, d.status
+
+
+def test_serve_tinker_keeps_the_status_and_carries_no_key() -> None:
+    seen = snap(status=running(), actors=actors(), tinker=MISSING)
+    d = decide.decide(seen, settings=SETTINGS)
+    assert isinstance(d.action, ServeTinker)
+    assert d.status.phase == "Ready" and not d.step.done
+    assert d.action.secret_name == "demo-tinker-keys"
+    assert [b["kind"] for b in d.action.bodies][-1] == "Deployment"
+    # the key is drawn by the executor, never in the pure decision (nor twice the same)
+    assert "tinker-keys" not in str([b["metadata"]["name"] for b in d.action.bodies])
+    assert decide.decide(seen, settings=SETTINGS).action == d.action
+
+
+# -- through the executor and the fake port -----------------------------------------------------
+def test_the_reconcile_creates_the_server_once_and_never_replaces_the_key() -> None:
+    from tests.operator.test_reconcile_flow import drive, phase_is
+
+    w = world()
+    asyncio.run(drive(w, until=phase_is("Ready")))
+    kinds = sorted(k for k, ns, _ in w.kube.objects if ns == "team-a")
+    assert kinds == sorted(
+        [
+            "Deployment",
+            "NetworkPolicy",
+            "Role",
+            "RoleBinding",
+            "Secret",
+            "Service",
+            "ServiceAccount",
+        ]
+    )
+    key = w.kube.objects[("Secret", "team-a", "demo-tinker-keys")]["data"]["default"]
+    assert base64.b64decode(key).decode().startswith("tml-")
+    assert "TinkerKeysCreated" in w.reasons() and "TinkerServerCreated" in w.reasons()
+    assert w.status.get("apiURL", "") == ""  # not available yet
+    w.kube.make_tinker_available("team-a", "demo")
+    asyncio.run(drive(w, passes=2))
+    assert w.status["apiURL"] == "http://demo-tinker.team-a.svc:8000"
+    # the Deployment deleted by hand: re-created, and the Secret (with its key) left alone
+    del w.kube.objects[("Deployment", "team-a", "demo-tinker")]
+    creates = w.kube.calls["create_secret"]
+    asyncio.run(drive(w, passes=3))
+    assert ("Deployment", "team-a", "demo-tinker") in w.kube.objects
+    assert w.kube.objects[("Secret", "team-a", "demo-tinker-keys")]["data"]["default"] == key
+    assert w.kube.calls["create_secret"] == creates + 1  # tried once, answered "exists"
+    assert w.status["apiURL"] == ""

@@ -1,0 +1,121 @@
+"""``spec.model.pretrained``: the shape from config.json where the files are at hand
+(``local=True``: the runtime, tgctl), and what is checked without them (the operator, the CRD)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tgapi
+from tgapi import crd
+
+CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": 128,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+    "hidden_act": "silu",
+}
+
+
+def _checkpoint(
+    tmp_path: Path, config: dict[str, Any] | None = None, tokenizer: bool = True
+) -> str:
+    d = tmp_path / "llama"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(CONFIG if config is None else config))
+    if tokenizer:
+        (d / "tokenizer.json").write_text("{}")
+    return str(d)
+
+
+def _spec(path: str, **model: Any) -> dict[str, Any]:
+    return {
+        "model": {"pretrained": path, "positionEmbedding": "rope", **model},
+        "training": {"batchSize": 2, "sequenceLength": 64},
+    }
+
+
+def _errors(spec: dict[str, Any], *, local: bool) -> list[str]:
+    with pytest.raises(tgapi.SpecErrors) as info:
+        tgapi.parse_spec(spec, local=local)
+    return [str(e) for e in info.value.errors]
+
+
+def test_the_shape_comes_from_config_json_where_the_files_are(tmp_path: Path) -> None:
+    spec = tgapi.parse_spec(_spec(_checkpoint(tmp_path)), local=True)
+    m = spec.model
+    assert (m.vocab_size, m.hidden_size, m.ffn_hidden_size, m.num_layers) == (128, 64, 96, 2)
+    assert (m.num_attention_heads, m.num_query_groups, m.max_sequence_length) == (4, 2, 256)
+
+
+def test_a_written_field_that_agrees_is_fine_one_that_contradicts_is_named(
+    tmp_path: Path,
+) -> None:
+    path = _checkpoint(tmp_path)
+    assert tgapi.parse_spec(_spec(path, hiddenSize=64), local=True).model.hidden_size == 64
+    (err,) = _errors(_spec(path, hiddenSize=2048), local=True)
+    assert err.startswith("spec.model.hiddenSize: 2048 contradicts hidden_size = 64 in ")
+    assert "Fix: remove model.hiddenSize (the checkpoint gives the shape) or set it to 64" in err
+
+
+def test_a_missing_tokenizer_directory_or_config_is_a_clear_error(tmp_path: Path) -> None:
+    (err,) = _errors(_spec(_checkpoint(tmp_path, tokenizer=False)), local=True)
+    assert err.startswith("spec.model.pretrained: ") and "holds no tokenizer" in err
+    (err,) = _errors(_spec(str(tmp_path / "absent")), local=True)
+    assert "is not a directory here" in err and "Fix:" in err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (err,) = _errors(_spec(str(empty)), local=True)
+    assert "holds no config.json" in err
+
+
+def test_another_architecture_is_refused(tmp_path: Path) -> None:
+    config = {**CONFIG, "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}
+    (err,) = _errors(_spec(_checkpoint(tmp_path, config)), local=True)
+    assert "not a LlamaForCausalLM" in err
+
+
+def test_the_operator_checks_the_path_and_the_llama_fields_only(tmp_path: Path) -> None:
+    spec = {**_spec("/volume/not-here"), "rayClusterRef": {"name": "rc"}}
+    # no files read without local=True: the shape is the spec's own
+    assert tgapi.parse_spec(spec).model.pretrained == "/volume/not-here"
+    errs = _errors(
+        {
+            "model": {
+                "pretrained": "/volume/llama",
+                "normalization": "LayerNorm",
+                "activation": "gelu",
+            },
+            "rayClusterRef": {"name": "rc"},
+        },
+        local=False,
+    )
+    assert errs == [
+        "spec.model.positionEmbedding: is auto but model.pretrained is a Llama checkpoint, "
+        "which uses rotary positions (auto picks learned positions on a CPU). Fix: set "
+        "model.positionEmbedding: rope, or remove model.pretrained",
+        "spec.model.normalization: is LayerNorm but model.pretrained is a Llama checkpoint, "
+        "which uses RMSNorm. Fix: set model.normalization: RMSNorm, or remove model.pretrained",
+        "spec.model.activation: is gelu but model.pretrained is a Llama checkpoint, whose MLP "
+        "is SwiGLU. Fix: set model.activation: swiglu, or remove model.pretrained",
+    ]
+    (err,) = _errors({**spec, "model": {"pretrained": "relative/dir"}}, local=False)
+    assert err.startswith("spec.model.pretrained: 'relative/dir' has the wrong format")
+
+
+def test_the_crd_states_the_llama_rules_and_the_api_fields() -> None:
+    text = crd.render()
+    assert "has(self.model.pretrained)" in text
+    assert "apiURL" in text and ".status.apiURL" in text
+    spec = tgapi.parse_spec({"rayClusterRef": {"name": "rc"}})
+    assert spec.api.tinker is True and spec.api.server.port == 8000
+    assert spec.api.server.replicas == 1 and spec.model.pretrained is None

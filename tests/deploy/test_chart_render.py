@@ -688,6 +688,32 @@ def test_client_job_runs_the_client_against_the_example() -> None:
     assert vol["emptyDir"]["medium"] == "Memory"
 
 
+def test_tinker_client_job_reaches_the_example_groups_server_with_its_key() -> None:
+    """manifests/examples/tinker-client-job.yaml: the Service, the Secret and the label the
+    operator's Tinker objects use for the example group (tg_operator.tinker)."""
+    import kubernetes_validate as kv
+
+    from tg_operator import networkpolicy, tinker
+
+    job = yaml.safe_load((MANIFESTS / "examples" / "tinker-client-job.yaml").read_text())
+    kv.validate(job, K8S_VERSION, strict=True)
+    tg = tgapi.load_file(EXAMPLE_TG)
+    assert tg.spec.api.tinker  # on by default
+    pod = job["spec"]["template"]
+    assert pod["metadata"]["labels"][networkpolicy.CLIENT_LABEL] == tg.name
+    assert job["metadata"]["namespace"] == tg.namespace
+    (container,) = pod["spec"]["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["TINKER_BASE_URL"]["value"] == tinker.base_url(tg)
+    ref = env["TINKER_API_KEY"]["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": tinker.keys_secret_name(tg), "key": tinker.FIRST_KEY}
+    assert container["image"] == tg.spec.image
+    assert pod["spec"]["automountServiceAccountToken"] is False
+    script = container["args"][0]
+    compile(script, "tinker-client-job", "exec")  # valid Python
+    assert "tinker.ServiceClient()" in script and '"cross_entropy"' in script
+
+
 def test_namespace_manifest_enforces_restricted_pod_security(helm: str) -> None:
     """The operator's pod passes the 'restricted' Pod Security Standard its namespace enforces
     (checked for real by the API server in test_chart_k8s.py)."""

@@ -121,6 +121,7 @@ class TrainerClient:
             call_timeout_s=group.call_timeout_s,
         )
         self._dp_size: int | None = None
+        self._vocab_size: int | None = None
 
     # -- connecting -------------------------------------------------------------------
     @classmethod
@@ -216,11 +217,34 @@ class TrainerClient:
             )
 
     # -- the primitives ---------------------------------------------------------------
+    def vocab_size(self) -> int | None:
+        """The model's vocabulary size (queried once; None from workers that do not say)."""
+        if self._vocab_size is None and "get_mesh" in self.group.method_names:
+            mesh = self._all_call("get_mesh").result()
+            value = mesh.get("vocab_size") if isinstance(mesh, dict) else None
+            self._vocab_size = int(value) if value is not None else None
+        return self._vocab_size
+
+    def _check_targets(self, data: DataProto) -> None:
+        """``target_ids`` (when sent) matches ``input_ids`` and lies in the vocabulary."""
+        if data.batch is None or "target_ids" not in data.batch.keys():  # noqa: SIM118
+            return
+        from tgruntime.trainer.token_batch import check_target_ids
+
+        ids = data.batch["input_ids"] if "input_ids" in data.batch.keys() else None  # noqa: SIM118
+        target = data.batch["target_ids"]
+        b, s = (int(x) for x in (ids.shape if ids is not None else target.shape))
+        vocab = self.vocab_size()
+        check_target_ids(target, b=b, s=s, vocab_size=vocab if vocab is not None else 2**62)
+
     def compute_log_prob(
         self, data: DataProto | Mapping[str, Any], *, entropy: bool = False
     ) -> TrainerFuture[DataProto]:
-        """``batch["log_probs"]`` float32 ``[B, S-1]`` (column j: token j+1), ``entropy``."""
-        return self._proto_call("compute_log_prob", _as_proto(data, {"entropy": entropy}))
+        """``batch["log_probs"]`` float32 ``[B, S-1]`` (column j: token j+1), or ``[B, S]``
+        with ``target_ids`` (column j: ``target_ids[:, j]``); ``entropy``."""
+        proto = _as_proto(data, {"entropy": entropy})
+        self._check_targets(proto)
+        return self._proto_call("compute_log_prob", proto)
 
     def forward_backward(
         self,
@@ -228,14 +252,24 @@ class TrainerClient:
         *,
         loss: str | Callable[..., Any] = "cross_entropy",
         loss_config: Mapping[str, Any] | None = None,
+        reduction: str = "mean",
     ) -> TrainerFuture[DataProto]:
-        """Accumulate the gradient of ``loss``: ``batch["loss"]`` per sample, metrics in
-        ``meta_info`` (``loss``, ``tokens``, ``accumulated_tokens``, ``metrics/<name>``)."""
+        """Accumulate the gradient of ``loss``: ``batch["loss"]`` per sample,
+        ``batch["log_probs"]`` per token, metrics in ``meta_info`` (``loss``, ``tokens``,
+        ``accumulated_tokens``, ``metrics/<name>``). ``reduction="sum"``: Tinker's plain sum
+        over tokens (losses reported as sums); ``"mean"``: the token mean."""
+        if reduction not in ("mean", "sum"):
+            raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
         proto = _as_proto(data, {})
         self._check_divisible(proto, "forward_backward")
         self._precheck(loss, proto)
+        self._check_targets(proto)
         return self._proto_call(
-            "forward_backward", proto, loss=loss, loss_config=dict(loss_config or {})
+            "forward_backward",
+            proto,
+            loss=loss,
+            loss_config=dict(loss_config or {}),
+            reduction=reduction,
         )
 
     @staticmethod
@@ -253,9 +287,20 @@ class TrainerClient:
         lr: float | None = None,
         grad_clip: float | None = None,
         weight_decay: float | None = None,
+        betas: tuple[float, float] | None = None,
+        eps: float | None = None,
     ) -> TrainerFuture[dict[str, Any]]:
-        """Apply the accumulated gradient: ``{step, grad_norm, lr, skipped, tokens}``."""
-        return self._all_call("optim_step", lr=lr, grad_clip=grad_clip, weight_decay=weight_decay)
+        """Apply the accumulated gradient: ``{step, grad_norm, lr, skipped, tokens}``.
+
+        Each argument holds for this step only; None = the spec's value; ``grad_clip=0``
+        turns clipping off (Tinker's ``AdamParams``: learning_rate, beta1/beta2, eps,
+        weight_decay, grad_clip_norm)."""
+        kwargs: dict[str, Any] = {"lr": lr, "grad_clip": grad_clip, "weight_decay": weight_decay}
+        if betas is not None:  # only sent when given: older workers lack these parameters
+            kwargs["betas"] = (float(betas[0]), float(betas[1]))
+        if eps is not None:
+            kwargs["eps"] = eps
+        return self._all_call("optim_step", **kwargs)
 
     def zero_grad(self) -> TrainerFuture[bool]:
         return self._all_call("zero_grad")
@@ -270,9 +315,14 @@ class TrainerClient:
         """Model, optimizer and step, sharded by (tp, pp), into ``path`` (shared storage)."""
         return self._all_call("save_state", path)
 
-    def load_state(self, path: str) -> TrainerFuture[int]:
-        """Restore ``save_state``'s files (same tp and pp); the value is the restored step."""
-        return self._all_call("load_state", path)
+    def load_state(self, path: str, *, optimizer: bool = True) -> TrainerFuture[int]:
+        """Restore ``save_state``'s files (same tp and pp); the value is the restored step.
+
+        ``optimizer=False``: weights only, the optimizer starts fresh (Tinker's
+        ``load_weights``; ``True`` is ``load_weights_with_optimizer``)."""
+        if optimizer:
+            return self._all_call("load_state", path)
+        return self._all_call("load_state", path, optimizer=False)
 
     def export_hf(self, path: str, **kwargs: Any) -> TrainerFuture[Any]:
         """Hugging Face Llama safetensors + config into ``path`` (the workers' export_hf)."""

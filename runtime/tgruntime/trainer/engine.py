@@ -32,7 +32,12 @@ from tgruntime.trainer.model import (
     seed_everything,
     transformer_config,
 )
-from tgruntime.trainer.optim import TrainingState, apply_optimizer_spec, build_training_state
+from tgruntime.trainer.optim import (
+    TrainingState,
+    apply_optimizer_spec,
+    build_training_state,
+    reset_optimizer_state,
+)
 from tgruntime.trainer.primitives import (  # noqa: F401 (tests import the helper from here)
     Primitives,
     _default_micro_batch_size,
@@ -153,6 +158,7 @@ class TrainEngine(Primitives):
             dtype=self.settings.dtype_name,
             backend=self.settings.backend,
             position_embedding=self.settings.position_embedding,
+            vocab_size=self.spec.model.vocab_size,
             parameters=count_parameters(self.state.module),
             step=self.step,
         )
@@ -227,8 +233,12 @@ class TrainEngine(Primitives):
         ckpt.barrier()
         return str(target)
 
-    def load_checkpoint(self, path: str | Path) -> int:
-        """Restore the state written by :meth:`save_checkpoint`; returns the restored step."""
+    def load_checkpoint(self, path: str | Path, *, optimizer: bool = True) -> int:
+        """Restore the state written by :meth:`save_checkpoint`; returns the restored step.
+
+        ``optimizer=False``: the weights (and step, RNG) only; the optimizer starts fresh
+        (Adam's moments forgotten; megatron's fp32 main params re-copied from the weights).
+        """
         self._check_open()
         meta = ckpt.read_meta(path)
         mesh = self._mesh
@@ -244,11 +254,15 @@ class TrainEngine(Primitives):
             )
         payload = ckpt.read_shard(path, mesh, map_location=self.device)
         self.state.module.load_state_dict(payload["model"], strict=True)
-        self.state.optimizer.load_state_dict(payload["optimizer"])
+        if optimizer:
+            self.state.optimizer.load_state_dict(payload["optimizer"])
+        else:
+            reset_optimizer_state(self.state.optimizer)
         apply_optimizer_spec(self.state.optimizer, self.spec.optimizer)
         ckpt.restore_rng(payload["rng"])
         self.step = int(payload["step"])
         self._accumulated, self._grads_stale = 0.0, True  # a loaded state has no gradient
+        self._reduction = None
         ckpt.barrier()
         return self.step
 

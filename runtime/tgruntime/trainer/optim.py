@@ -47,6 +47,7 @@ __all__ = [
     "TrainingState",
     "apply_optimizer_spec",
     "build_training_state",
+    "reset_optimizer_state",
     "step_overrides",
     "use_fused_adamw",
 ]
@@ -177,6 +178,19 @@ def apply_optimizer_spec(optimizer: OptimizerLike, spec: OptimizerSpec) -> None:
         group["lr"] = spec.lr * group.get("lr_mult", 1.0)
 
 
+def reset_optimizer_state(optimizer: OptimizerLike) -> None:
+    """Forget Adam's moments and step counts (fresh optimizer state, same hyperparameters),
+    and re-copy the model's weights into megatron's fp32 main params where it keeps them
+    (after the model's weights were replaced, e.g. by a weights-only load)."""
+    for part in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = getattr(part, "optimizer", None)
+        if isinstance(inner, torch.optim.Optimizer):
+            inner.state.clear()
+        reload = getattr(part, "reload_model_params", None)
+        if callable(reload):
+            reload()
+
+
 def use_fused_adamw(optimizer: Any) -> bool:
     """Switch megatron's ``torch.optim.AdamW`` fallback to torch's fused CUDA kernel.
 
@@ -254,17 +268,30 @@ def step_overrides(
     lr: float | None = None,
     clip_grad: float | None = None,
     weight_decay: float | None = None,
+    betas: tuple[float, float] | None = None,
+    eps: float | None = None,
 ) -> Iterator[None]:
-    """Apply per-step overrides (lr, clip_grad, weight_decay) and restore them afterwards.
+    """Apply per-step overrides (lr, clip_grad, weight_decay, betas, eps) and restore them.
 
     ``lr`` and ``weight_decay`` are scaled by each group's ``lr_mult``/``wd_mult`` as the
-    spec's values are; ``clip_grad`` 0 turns clipping off for the step.
+    spec's values are; ``clip_grad`` 0 turns clipping off for the step; ``betas`` and ``eps``
+    are Adam's (every group; torch's AdamW reads them at step time, fused kernel included).
     """
-    for name, value in (("lr", lr), ("grad_clip", clip_grad), ("weight_decay", weight_decay)):
+    for name, value in (
+        ("lr", lr),
+        ("grad_clip", clip_grad),
+        ("weight_decay", weight_decay),
+        ("eps", eps),
+    ):
         if value is not None and (not math.isfinite(value) or value < 0):
             raise ValueError(f"optim_step({name}={value!r}): must be a finite number >= 0")
+    if betas is not None:
+        pair = tuple(float(b) for b in betas)
+        if len(pair) != 2 or not all(0.0 <= b < 1.0 for b in pair):
+            raise ValueError(f"optim_step(betas={betas!r}): must be two numbers in [0, 1)")
+        betas = (pair[0], pair[1])
     groups = optimizer.param_groups
-    saved = [(g["lr"], g["weight_decay"]) for g in groups]
+    saved = [(g["lr"], g["weight_decay"], g["betas"], g["eps"]) for g in groups]
     configs = _configs(optimizer)
     saved_clip = [c.clip_grad for c in configs]
     local_clip = getattr(optimizer, "clip_grad", None)
@@ -274,6 +301,10 @@ def step_overrides(
                 g["lr"] = lr * g.get("lr_mult", 1.0)
             if weight_decay is not None:
                 g["weight_decay"] = weight_decay * g.get("wd_mult", 1.0)
+            if betas is not None:
+                g["betas"] = betas
+            if eps is not None:
+                g["eps"] = eps
         if clip_grad is not None:
             for c in configs:
                 c.clip_grad = clip_grad
@@ -281,8 +312,8 @@ def step_overrides(
                 optimizer.clip_grad = clip_grad  # type: ignore[attr-defined]
         yield
     finally:
-        for g, (old_lr, old_wd) in zip(groups, saved, strict=True):
-            g["lr"], g["weight_decay"] = old_lr, old_wd
+        for g, (old_lr, old_wd, old_betas, old_eps) in zip(groups, saved, strict=True):
+            g["lr"], g["weight_decay"], g["betas"], g["eps"] = old_lr, old_wd, old_betas, old_eps
         for c, old in zip(configs, saved_clip, strict=True):
             c.clip_grad = old
         if local_clip is not None:

@@ -11,6 +11,10 @@ micro-batches, data-parallel ranks and calls. A call with ``N`` new loss tokens,
 ``M`` accumulated ones, rescales the gradient so far by ``M / (M + N)`` and backpropagates
 ``sum(loss_mask * loss) / (M + N)``. So two calls then a step equal one call on the
 concatenated batch (up to float rounding), and one call equals megatron's mean loss.
+
+``reduction="sum"`` (Tinker's semantics): no rescaling at all; the accumulated gradient is the
+gradient of the plain sum of ``loss_mask * loss`` over every token since the last step. The
+two reductions cannot be mixed between two steps.
 """
 
 from __future__ import annotations
@@ -32,7 +36,15 @@ from tgruntime.trainer.settings import RuntimeSettings
 from tgruntime.trainer.token_batch import TokenBatch, split_token_batch
 from tgruntime.trainer.token_steps import dry_run_loss, logprob_forward_step, loss_forward_step
 
-__all__ = ["ForwardBackwardResult", "LogProbResult", "OptimStepResult", "Primitives"]
+__all__ = [
+    "REDUCTIONS",
+    "ForwardBackwardResult",
+    "LogProbResult",
+    "OptimStepResult",
+    "Primitives",
+]
+
+REDUCTIONS = ("mean", "sum")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -48,22 +60,31 @@ class LogProbResult:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ForwardBackwardResult:
-    """One ``forward_backward`` call, identical on every rank of a data shard."""
+    """One ``forward_backward`` call, identical on every rank of a data shard.
 
-    per_sample_loss: tuple[float, ...]  # loss_mask-weighted mean per local sample (0: no weight)
-    local_loss: float  # token mean over this shard's part of the call
-    loss: float  # token mean over the call's global batch
+    With ``reduction="sum"`` the losses are sums (per sample, shard, global batch), not means.
+    """
+
+    per_sample_loss: tuple[float, ...]  # loss_mask-weighted mean (or sum) per local sample
+    local_loss: float  # token mean (or sum) over this shard's part of the call
+    loss: float  # token mean (or sum) over the call's global batch
     local_tokens: float  # sum of loss_mask on this shard
     tokens: float  # sum of loss_mask over the call's global batch
     accumulated_tokens: float  # global, since the last optimizer step (this call included)
     metrics: dict[str, float]  # the loss's metrics, token means over the global batch
     elapsed_s: float
+    reduction: str = "mean"
+    # per-token log-probs [b, T] of the local batch before this call's update (float32, CPU,
+    # 0 on padding); only on the last pipeline stage, None elsewhere
+    log_probs: torch.Tensor | None = None
 
     def meta(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        out.pop("per_sample_loss")
-        metrics = out.pop("metrics")
-        out.update({f"metrics/{k}": v for k, v in metrics.items()})
+        out: dict[str, Any] = {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name not in ("per_sample_loss", "metrics", "log_probs")
+        }
+        out.update({f"metrics/{k}": v for k, v in self.metrics.items()})
         return out
 
 
@@ -98,6 +119,7 @@ class Primitives:
     _forward_backward: ForwardBackwardFunc
     _micro_batch_size: int | None
     _accumulated: float = 0.0  # global loss tokens in the gradient since the last step
+    _reduction: str | None = None  # the reduction of the pending gradient (None: no gradient)
     _grads_stale: bool = True  # the gradient buffers hold a discarded gradient
 
     def _check_open(self) -> None:  # overridden by TrainEngine
@@ -160,6 +182,7 @@ class Primitives:
         self._check_open()
         self.state.zero_grad()
         self._accumulated = 0.0
+        self._reduction = None
         self._grads_stale = False
 
     def forward_backward(
@@ -168,17 +191,31 @@ class Primitives:
         *,
         loss: str | LossFn = "cross_entropy",
         loss_config: Mapping[str, Any] | None = None,
+        reduction: str = "mean",
     ) -> ForwardBackwardResult:
-        """Add the gradient of ``loss`` on ``batch`` to the accumulated one (no step)."""
+        """Add the gradient of ``loss`` on ``batch`` to the accumulated one (no step).
+
+        ``reduction``: ``"mean"`` (token mean over everything since the last step) or
+        ``"sum"`` (plain sum, Tinker's); not mixed between two steps.
+        """
         self._check_open()
         start = time.perf_counter()
+        if reduction not in REDUCTIONS:
+            raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+        pending = None if self._grads_stale else self._reduction
+        if pending is not None and pending != reduction:
+            raise ValueError(
+                f"forward_backward(reduction={reduction!r}): the gradient accumulated since the "
+                f"last optim_step used reduction={pending!r}; the two cannot be mixed: call "
+                "optim_step or zero_grad first"
+            )
         spec = resolve_loss(loss)
         config = dict(loss_config or {})
         micro, mbs = self._micro(batch)
         dry_run_loss(spec, config, micro[0])
         local_tokens = float(batch.weights.sum())
         (tokens,) = self._dp_sum([local_tokens])
-        if tokens <= 0:
+        if tokens <= 0 and reduction == "mean":
             raise ValueError(
                 "forward_backward got no loss tokens: loss_mask x attention_mask[:, 1:] is all "
                 "zero over the global batch"
@@ -187,13 +224,15 @@ class Primitives:
             self.zero_grad()
         before = self._accumulated
         total = before + tokens
-        if before > 0:
+        if reduction == "mean" and before > 0:
             self.state.scale_grads(before / total)
+        # DP averages the gradient: x dp gives the global sum
+        scale = self._mesh.dp_size / (total if reduction == "mean" else 1.0)
         store = self._forward_backward(
             forward_step_func=loss_forward_step(
                 spec=spec,
                 config=config,
-                scale=self._mesh.dp_size / total,  # DP averages: x dp gives the global sum
+                scale=scale,
                 num_microbatches=len(micro),
             ),
             data_iterator=iter(micro),
@@ -204,22 +243,32 @@ class Primitives:
             forward_only=False,
         )
         self._accumulated = total
-        summary = self._summarise(store) if parallel_state.is_pipeline_last_stage() else None
+        self._reduction = reduction
+        last = parallel_state.is_pipeline_last_stage()
+        summary = self._summarise(store, reduction) if last else None
         per_sample, local_sum, loss_sum, metrics = self._from_last_stage(summary)
+        log_probs = torch.cat([r["log_probs"] for r in store]).float().cpu() if last else None
         self._sync()
+        if reduction == "sum":
+            local_loss, global_loss = local_sum, loss_sum
+        else:
+            local_loss = local_sum / local_tokens if local_tokens > 0 else 0.0
+            global_loss = loss_sum / tokens
         return ForwardBackwardResult(
             per_sample_loss=tuple(per_sample),
-            local_loss=local_sum / local_tokens if local_tokens > 0 else 0.0,
-            loss=loss_sum / tokens,
+            local_loss=local_loss,
+            loss=global_loss,
             local_tokens=local_tokens,
             tokens=tokens,
             accumulated_tokens=total,
             metrics=metrics,
             elapsed_s=time.perf_counter() - start,
+            reduction=reduction,
+            log_probs=log_probs,
         )
 
     def _summarise(
-        self, store: list[dict[str, torch.Tensor]]
+        self, store: list[dict[str, torch.Tensor]], reduction: str
     ) -> tuple[list[float], float, float, dict[str, float]]:
         sums = torch.cat([r["sample_loss_sum"] for r in store]).float()
         weights = torch.cat([r["sample_weight"] for r in store]).float()
@@ -230,8 +279,11 @@ class Primitives:
         local = packed.double().cpu().tolist()
         local_sum = local[0]
         reduced = self._dp_sum(local)
-        per_sample = (sums / weights.clamp(min=1e-12)).cpu()
-        per_sample = torch.where(weights.cpu() > 0, per_sample, torch.zeros_like(per_sample))
+        if reduction == "sum":
+            per_sample = sums.cpu()
+        else:
+            per_sample = (sums / weights.clamp(min=1e-12)).cpu()
+            per_sample = torch.where(weights.cpu() > 0, per_sample, torch.zeros_like(per_sample))
         metrics = {}
         for i, key in enumerate(names):
             total, weight = reduced[1 + 2 * i], reduced[2 + 2 * i]
@@ -245,20 +297,29 @@ class Primitives:
         lr: float | None = None,
         grad_clip: float | None = None,
         weight_decay: float | None = None,
+        betas: tuple[float, float] | None = None,
+        eps: float | None = None,
     ) -> OptimStepResult:
         """Apply the accumulated gradient (AdamW), then discard it.
 
-        ``lr``, ``grad_clip`` (0: off), ``weight_decay``: for this step only; the spec's
-        values are restored afterwards.
+        ``lr``, ``grad_clip`` (0: off), ``weight_decay``, ``betas``, ``eps``: for this step
+        only (None: the spec's value); the spec's values are restored afterwards.
         """
         self._check_open()
-        if self._accumulated <= 0:
+        if self._reduction is None or self._grads_stale:
             raise RuntimeError(
                 "optim_step: no gradient accumulated since the last step or zero_grad; "
                 "call forward_backward first"
             )
         optimizer = self.state.optimizer
-        with step_overrides(optimizer, lr=lr, clip_grad=grad_clip, weight_decay=weight_decay):
+        with step_overrides(
+            optimizer,
+            lr=lr,
+            clip_grad=grad_clip,
+            weight_decay=weight_decay,
+            betas=betas,
+            eps=eps,
+        ):
             used_lr = float(optimizer.param_groups[0]["lr"])
             ok, grad_norm, _ = optimizer.step()
             if grad_norm is None:  # megatron skips the norm when clipping is off
@@ -267,6 +328,7 @@ class Primitives:
             self.step += 1
         tokens = self._accumulated
         self._accumulated = 0.0
+        self._reduction = None
         self._grads_stale = True  # zeroed lazily by the next forward_backward / zero_grad
         return OptimStepResult(
             step=self.step,

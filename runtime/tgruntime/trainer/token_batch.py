@@ -10,6 +10,10 @@ tensors) are accepted either ``[B, S - 1]`` (aligned with ``log_probs``) or ``[B
 ``attention_mask`` ``[B, S]`` (1 = real token) must be right-padded (each row: ones, then
 zeros). Padded targets get log-prob 0 and weight 0; real tokens never attend to padding
 (causal attention), so their log-probs are those of the unpadded sequence.
+
+Explicit targets (Tinker's ``target_tokens``): with ``target_ids`` int64 ``[B, S]`` there is no
+shift: ``T = S`` columns, ``log_probs[:, j] = log p(target_ids[:, j] | input_ids[:, :j + 1])``,
+every per-token input is ``[B, S]``, and ``attention_mask[:, j]`` marks column ``j`` real.
 """
 
 from __future__ import annotations
@@ -19,9 +23,16 @@ from collections.abc import Mapping
 
 import torch
 
-__all__ = ["PER_TOKEN", "RESERVED", "TokenBatch", "split_token_batch", "token_batch"]
+__all__ = [
+    "PER_TOKEN",
+    "RESERVED",
+    "TokenBatch",
+    "check_target_ids",
+    "split_token_batch",
+    "token_batch",
+]
 
-RESERVED = frozenset({"input_ids", "attention_mask", "loss_mask", "position_ids"})
+RESERVED = frozenset({"input_ids", "attention_mask", "loss_mask", "position_ids", "target_ids"})
 PER_TOKEN = frozenset({"advantages", "old_log_probs", "ref_log_probs"})  # always [B, S(-1)]
 
 
@@ -29,7 +40,7 @@ PER_TOKEN = frozenset({"advantages", "old_log_probs", "ref_log_probs"})  # alway
 class TokenBatch:
     tokens: torch.Tensor  # int64 [b, S]: the model input
     position_ids: torch.Tensor  # int64 [b, S]
-    labels: torch.Tensor  # int64 [b, S]: labels[:, t] = tokens[:, t + 1]; the last column is 0
+    labels: torch.Tensor  # int64 [b, S]: tokens[:, t + 1] (last column 0), or target_ids
     valid: torch.Tensor  # float32 [b, T]: 1 where the target token is real (attention_mask)
     weights: torch.Tensor  # float32 [b, T]: loss weights (loss_mask x valid)
     extras: dict[str, torch.Tensor]  # per-token [b, T] (or per-sample [b, ...]) loss inputs
@@ -42,6 +53,11 @@ class TokenBatch:
     def seq_length(self) -> int:
         return int(self.tokens.shape[1])
 
+    @property
+    def num_targets(self) -> int:
+        """Per-token columns T: ``S - 1`` (shifted inputs) or ``S`` (explicit target_ids)."""
+        return int(self.valid.shape[1])
+
     def rows(self, start: int, stop: int) -> TokenBatch:
         return TokenBatch(
             tokens=self.tokens[start:stop],
@@ -53,8 +69,18 @@ class TokenBatch:
         )
 
 
-def _per_token(name: str, value: torch.Tensor, b: int, s: int) -> torch.Tensor:
-    """A per-token tensor in log-prob alignment [b, S-1] (from [b, S-1] or [b, S])."""
+def _per_token(
+    name: str, value: torch.Tensor, b: int, s: int, *, explicit: bool = False
+) -> torch.Tensor:
+    """A per-token tensor in log-prob alignment [b, S-1] (from [b, S-1] or [b, S]); with
+    explicit targets, [b, S] as sent."""
+    if explicit:
+        if value.dim() == 2 and tuple(value.shape) == (b, s):
+            return value
+        raise ValueError(
+            f"batch[{name!r}] has shape {tuple(value.shape)}; with target_ids a per-token "
+            f"tensor must be [B, S] = [{b}, {s}] (aligned with target_ids)"
+        )
     if value.dim() == 2 and value.shape[0] == b and value.shape[1] == s - 1:
         return value
     if value.dim() == 2 and value.shape[0] == b and value.shape[1] == s:
@@ -85,17 +111,20 @@ def token_batch(
     lo, hi = int(input_ids.min()), int(input_ids.max())
     if lo < 0 or hi >= vocab_size:
         raise ValueError(f"token ids must lie in [0, {vocab_size}), got [{lo}, {hi}]")
+    explicit = "target_ids" in tensors
     tokens = input_ids.to(device=device, dtype=torch.int64)
-    labels = torch.zeros_like(tokens)
-    labels[:, :-1] = tokens[:, 1:]
+    if explicit:
+        labels = check_target_ids(tensors["target_ids"], b=b, s=s, vocab_size=vocab_size)
+        labels = labels.to(device=device, dtype=torch.int64)
+    else:
+        labels = torch.zeros_like(tokens)
+        labels[:, :-1] = tokens[:, 1:]
 
-    valid = torch.ones((b, s - 1), dtype=torch.float32)
+    valid = torch.ones((b, s if explicit else s - 1), dtype=torch.float32)
     if "attention_mask" in tensors:
         mask = tensors["attention_mask"]
         if tuple(mask.shape) != (b, s):
-            raise ValueError(
-                f"attention_mask must be [B, S] = [{b}, {s}], got {tuple(mask.shape)}"
-            )
+            raise ValueError(f"attention_mask must be [B, S] = [{b}, {s}], got {tuple(mask.shape)}")
         m = mask.to(torch.float32)
         if bool(((m != 0) & (m != 1)).any()):
             raise ValueError("attention_mask must hold only 0 and 1")
@@ -104,16 +133,17 @@ def token_batch(
                 "attention_mask must be right-padded (each row: ones, then zeros); "
                 "left padding is not supported: move the padding to the end"
             )
-        valid = m[:, 1:].contiguous()
+        valid = (m if explicit else m[:, 1:]).contiguous()
     weights = valid.clone()
     if "loss_mask" in tensors:
-        weights = weights * _per_token("loss_mask", tensors["loss_mask"], b, s).float()
+        mask_t = _per_token("loss_mask", tensors["loss_mask"], b, s, explicit=explicit)
+        weights = weights * mask_t.float()
     extras: dict[str, torch.Tensor] = {}
     for name, value in tensors.items():
         if name in RESERVED:
             continue
         if name in PER_TOKEN or (value.dim() == 2 and value.shape[1] in (s, s - 1)):
-            value = _per_token(name, value, b, s)
+            value = _per_token(name, value, b, s, explicit=explicit)
         extras[name] = value.to(device)
     return TokenBatch(
         tokens=tokens,
@@ -123,6 +153,25 @@ def token_batch(
         weights=weights.to(device),
         extras=extras,
     )
+
+
+def check_target_ids(target_ids: torch.Tensor, *, b: int, s: int, vocab_size: int) -> torch.Tensor:
+    """``target_ids`` is int ``[B, S]`` (the shape of input_ids) with ids in ``[0, vocab)``."""
+    if target_ids.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"target_ids must be int64, got {target_ids.dtype}")
+    if tuple(target_ids.shape) != (b, s):
+        raise ValueError(
+            f"target_ids must be [B, S] = [{b}, {s}] (the shape of input_ids), got "
+            f"{tuple(target_ids.shape)}"
+        )
+    if target_ids.numel():
+        lo, hi = int(target_ids.min()), int(target_ids.max())
+        if lo < 0 or hi >= vocab_size:
+            raise ValueError(
+                f"target_ids must lie in [0, {vocab_size}) (the model's vocab_size is "
+                f"{vocab_size}), got ids in [{lo}, {hi}]"
+            )
+    return target_ids
 
 
 def split_token_batch(batch: TokenBatch, micro_batch_size: int) -> list[TokenBatch]:

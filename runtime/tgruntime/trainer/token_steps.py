@@ -56,7 +56,7 @@ def _loss_tensors(batch: TokenBatch) -> dict[str, torch.Tensor]:
 def _logprob_loss(
     batch: TokenBatch, entropy: bool, output: torch.Tensor
 ) -> tuple[torch.Tensor, Reported]:
-    t = batch.seq_length - 1
+    t = batch.num_targets  # S - 1, or S with target_ids
     if entropy:  # output: logits [b, s, V/tp]
         ent = vocab_parallel_entropy(output[:, :t])
         labels = batch.labels.transpose(0, 1).contiguous()
@@ -97,7 +97,7 @@ def _pg_loss(
     factor: float,
     output: torch.Tensor,
 ) -> tuple[torch.Tensor, Reported]:
-    t = batch.seq_length - 1
+    t = batch.num_targets  # S - 1, or S with target_ids
     log_probs = -output[:, :t].float()
     out = spec.fn(log_probs, TokenTensors(_loss_tensors(batch), loss=spec.name), config)
     check_loss_output(spec, out, tuple(log_probs.shape))
@@ -107,6 +107,7 @@ def _pg_loss(
     reported: Reported = {
         "sample_loss_sum": weighted.detach().sum(dim=1),
         "sample_weight": w.sum(dim=1),
+        "log_probs": log_probs.detach() * batch.valid,
     }
     w_sum = w.sum()
     for name, value in metrics.items():

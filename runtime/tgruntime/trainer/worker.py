@@ -121,15 +121,14 @@ class MegatronTrainer(HFWeightsMixin, Worker):
     def _token_batch(self, engine: TrainEngine, data: DataProto, method: str) -> TokenBatch:
         keys = [] if data.batch is None else [str(k) for k in data.batch.keys()]  # noqa: SIM118
         if data.batch is None or "input_ids" not in keys:
-            raise ValueError(
-                f"{method} needs a DataProto with batch['input_ids'] (int64 [B, S])"
-            )
+            raise ValueError(f"{method} needs a DataProto with batch['input_ids'] (int64 [B, S])")
         tensors = {k: data.batch[k] for k in keys}
         return token_batch(tensors, device=engine.device, vocab_size=self.spec.model.vocab_size)
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name=TRAIN_MESH))
     def compute_log_prob(self, data: DataProto) -> DataProto:
-        """Per-token log-probs ``[B, S-1]`` (``meta_info={"entropy": True}``: and entropy)."""
+        """Per-token log-probs ``[B, S-1]``, or ``[B, S]`` with ``batch["target_ids"]``
+        (``meta_info={"entropy": True}``: and entropy)."""
         engine = self._engine()
         entropy = bool(data.meta_info.get("entropy", False))
         result = engine.compute_log_prob(
@@ -149,20 +148,25 @@ class MegatronTrainer(HFWeightsMixin, Worker):
         data: DataProto,
         loss: str | LossFn = "cross_entropy",
         loss_config: dict[str, Any] | None = None,
+        reduction: str = "mean",
     ) -> DataProto:
-        """Accumulate the gradient of ``loss`` on this shard's part of the batch (no step)."""
+        """Accumulate the gradient of ``loss`` on this shard's part of the batch (no step).
+
+        Returns ``batch["loss"]`` per sample (mean, or sum with ``reduction="sum"``) and
+        ``batch["log_probs"]`` per token (before this call's update)."""
         engine = self._engine()
         result = engine.forward_backward(
             self._token_batch(engine, data, "forward_backward"),
             loss=loss,
             loss_config=loss_config,
+            reduction=reduction,
         )
         meta = result.meta()
         meta.update(rank=self.rank, dp_rank=engine.mesh_info.dp_rank, step=engine.step)
-        return DataProto.from_dict(
-            tensors={"loss": torch.tensor(result.per_sample_loss, dtype=torch.float32)},
-            meta_info=meta,
-        )
+        tensors = {"loss": torch.tensor(result.per_sample_loss, dtype=torch.float32)}
+        if result.log_probs is not None:
+            tensors["log_probs"] = result.log_probs
+        return DataProto.from_dict(tensors=tensors, meta_info=meta)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def optim_step(
@@ -170,10 +174,18 @@ class MegatronTrainer(HFWeightsMixin, Worker):
         lr: float | None = None,
         grad_clip: float | None = None,
         weight_decay: float | None = None,
+        betas: tuple[float, float] | None = None,
+        eps: float | None = None,
     ) -> dict[str, Any]:
         """Apply the accumulated gradient; overrides hold for this step only."""
         engine = self._engine()
-        result = engine.optim_step(lr=lr, grad_clip=grad_clip, weight_decay=weight_decay)
+        result = engine.optim_step(
+            lr=lr,
+            grad_clip=grad_clip,
+            weight_decay=weight_decay,
+            betas=None if betas is None else (float(betas[0]), float(betas[1])),
+            eps=eps,
+        )
         return {**dataclasses.asdict(result), "rank": self.rank}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -188,9 +200,11 @@ class MegatronTrainer(HFWeightsMixin, Worker):
         return self._engine().save_checkpoint(path)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def load_state(self, path: str) -> int:
-        """Restore what ``save_state`` wrote (same tp and pp); returns the restored step."""
-        return self._engine().load_checkpoint(path)
+    def load_state(self, path: str, optimizer: bool = True) -> int:
+        """Restore what ``save_state`` wrote (same tp and pp); returns the restored step.
+
+        ``optimizer=False``: weights only, fresh optimizer state (Tinker's load_weights)."""
+        return self._engine().load_checkpoint(path, optimizer=optimizer)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def last_step(self) -> dict[str, Any] | None:

@@ -1,0 +1,169 @@
+"""Tinker's built-in losses, as Tinker defines them (tinker 0.38.0 docs, "Loss functions").
+
+Each is a pure ``fn(log_probs, batch, config) -> (per_token_loss, metrics)`` (the contract of
+:mod:`tgruntime.trainer.losses`). The trainer multiplies the per-token loss by ``loss_mask``
+(Tinker's ``weights``; 1 on every real token when not sent) and, with
+``forward_backward(..., reduction="sum")``, sums it: Tinker's losses are sums over tokens.
+
+Notation: ``logp`` = the learner's log-prob of the target token, ``q`` = the sampler's
+log-prob (``old_log_probs``, Tinker's ``logprobs`` input), ``A`` = ``advantages``,
+``r = exp(logp - q)``, ``sg`` = stop-gradient.
+
+=====================  ========================================================  ===========
+Tinker name            per-token loss                                            config
+=====================  ========================================================  ===========
+cross_entropy          ``-logp``                                                 -
+importance_sampling    ``-r * A``                                                -
+ppo                    ``-min(r * A, clip(r, lo, hi) * A)``                      lo, hi
+cispo                  ``-sg(clip(r, lo, hi)) * logp * A``                       lo, hi
+dro                    ``-(logp * A - beta / 2 * (logp - q) ** 2)``              beta
+=====================  ========================================================  ===========
+
+``lo``/``hi`` are ``loss_config["clip_low_threshold"]`` / ``["clip_high_threshold"]``: bounds
+on the ratio itself (defaults 0.8 and 1.2: Tinker's epsilon 0.2), or per-token / per-sample
+tensors of the same names in the batch (Tinker's ``loss_fn_inputs`` may carry them).
+``beta`` has no documented default: it is required.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from tgruntime.trainer.losses import Metrics, TokenTensors, register_loss
+
+__all__ = [
+    "TINKER_INPUTS",
+    "TINKER_LOSSES",
+    "UNSUPPORTED",
+    "tinker_cispo",
+    "tinker_cross_entropy",
+    "tinker_dro",
+    "tinker_importance_sampling",
+    "tinker_loss_name",
+    "tinker_ppo",
+]
+
+# Tinker's loss name -> the registered loss.
+TINKER_LOSSES: dict[str, str] = {
+    "cross_entropy": "tinker_cross_entropy",
+    "importance_sampling": "tinker_importance_sampling",
+    "ppo": "tinker_ppo",
+    "cispo": "tinker_cispo",
+    "dro": "tinker_dro",
+}
+# Datum.loss_fn_inputs key -> DataProto key (model_input -> input_ids).
+TINKER_INPUTS: dict[str, str] = {
+    "target_tokens": "target_ids",
+    "weights": "loss_mask",
+    "logprobs": "old_log_probs",
+    "advantages": "advantages",
+    "clip_low_threshold": "clip_low_threshold",
+    "clip_high_threshold": "clip_high_threshold",
+}
+UNSUPPORTED: dict[str, str] = {
+    "gspo": "sequence-level ratios are not implemented",
+    "stable_reinforce": "not implemented",
+    "custom": "forward_backward_custom is built on forward + cross_entropy: use those",
+}
+
+
+def tinker_loss_name(name: str) -> str:
+    """The registered loss for Tinker's ``name``; a clear ``ValueError`` otherwise."""
+    if name in TINKER_LOSSES:
+        return TINKER_LOSSES[name]
+    why = UNSUPPORTED.get(name, "unknown loss")
+    raise ValueError(
+        f"loss_fn {name!r} is not supported ({why}); supported: {sorted(TINKER_LOSSES)}"
+    )
+
+
+def _ratio(log_probs: torch.Tensor, batch: TokenTensors) -> torch.Tensor:
+    return torch.exp(log_probs - batch["old_log_probs"].to(log_probs.dtype))
+
+
+def _bound(
+    batch: TokenTensors, config: Mapping[str, Any], key: str, default: float, like: torch.Tensor
+) -> torch.Tensor | float:
+    if key in batch:
+        value = batch[key].to(like.dtype)
+        return value.unsqueeze(1) if value.dim() == 1 else value
+    raw = config.get(key, default)
+    if isinstance(raw, bool) or not isinstance(raw, int | float):
+        raise ValueError(f"loss_config[{key!r}] must be a number, got {raw!r}")
+    return float(raw)
+
+
+def _clipped(ratio: torch.Tensor, batch: TokenTensors, config: Mapping[str, Any]) -> torch.Tensor:
+    lo = _bound(batch, config, "clip_low_threshold", 0.8, ratio)
+    hi = _bound(batch, config, "clip_high_threshold", 1.2, ratio)
+    if isinstance(lo, float) and isinstance(hi, float) and lo > hi:
+        raise ValueError(f"clip_low_threshold {lo} > clip_high_threshold {hi}")
+    lo_t = torch.as_tensor(lo, dtype=ratio.dtype, device=ratio.device)
+    hi_t = torch.as_tensor(hi, dtype=ratio.dtype, device=ratio.device)
+    return torch.minimum(torch.maximum(ratio, lo_t), hi_t)
+
+
+def tinker_cross_entropy(
+    log_probs: torch.Tensor, batch: TokenTensors, config: Mapping[str, Any]
+) -> tuple[torch.Tensor, Metrics]:
+    """``-logp`` per token (``weights`` = ``loss_mask``, applied by the trainer)."""
+    return -log_probs, {}
+
+
+def tinker_importance_sampling(
+    log_probs: torch.Tensor, batch: TokenTensors, config: Mapping[str, Any]
+) -> tuple[torch.Tensor, Metrics]:
+    """``-exp(logp - q) * A`` per token."""
+    ratio = _ratio(log_probs, batch)
+    return -ratio * batch["advantages"].to(log_probs.dtype), {"ratio": ratio.detach()}
+
+
+def tinker_ppo(
+    log_probs: torch.Tensor, batch: TokenTensors, config: Mapping[str, Any]
+) -> tuple[torch.Tensor, Metrics]:
+    """``-min(r * A, clip(r, lo, hi) * A)`` per token."""
+    adv = batch["advantages"].to(log_probs.dtype)
+    ratio = _ratio(log_probs, batch)
+    unclipped = ratio * adv
+    clipped = _clipped(ratio, batch, config) * adv
+    objective = torch.minimum(unclipped, clipped)
+    return -objective, {
+        "ratio": ratio.detach(),
+        "clip_frac": (clipped < unclipped).to(log_probs.dtype).detach(),
+    }
+
+
+def tinker_cispo(
+    log_probs: torch.Tensor, batch: TokenTensors, config: Mapping[str, Any]
+) -> tuple[torch.Tensor, Metrics]:
+    """``-sg(clip(r, lo, hi)) * logp * A`` per token."""
+    adv = batch["advantages"].to(log_probs.dtype)
+    ratio = _ratio(log_probs, batch)
+    weight = _clipped(ratio, batch, config).detach()
+    return -weight * log_probs * adv, {
+        "ratio": ratio.detach(),
+        "clip_frac": (weight != ratio).to(log_probs.dtype).detach(),
+    }
+
+
+def tinker_dro(
+    log_probs: torch.Tensor, batch: TokenTensors, config: Mapping[str, Any]
+) -> tuple[torch.Tensor, Metrics]:
+    """``-(logp * A - beta / 2 * (logp - q) ** 2)`` per token; ``beta`` is required."""
+    beta = config.get("beta")
+    if isinstance(beta, bool) or not isinstance(beta, int | float):
+        raise ValueError(f"loss 'dro' needs loss_config['beta'] (a number), got {beta!r}")
+    adv = batch["advantages"].to(log_probs.dtype)
+    delta = log_probs - batch["old_log_probs"].to(log_probs.dtype)
+    return -(log_probs * adv - 0.5 * float(beta) * delta * delta), {}
+
+
+_NEEDS = ("advantages", "old_log_probs")
+register_loss("tinker_cross_entropy", tinker_cross_entropy)
+register_loss("tinker_importance_sampling", tinker_importance_sampling, required=_NEEDS)
+register_loss("tinker_ppo", tinker_ppo, required=_NEEDS)
+register_loss("tinker_cispo", tinker_cispo, required=_NEEDS)
+register_loss("tinker_dro", tinker_dro, required=_NEEDS)

@@ -26,7 +26,7 @@
 #   E2E_ARTIFACTS=tests/e2e/.artifacts   diagnostics, timings (timeline.json) written here
 #   E2E_STEPS=10 (nvidia) / 5 (fake)     client training steps
 #   E2E_READY_TIMEOUT=1800          seconds for the TrainerGroup to become Ready
-#   E2E_PHASES="resume"             phases run after the recovery step (tests/e2e/phases/); "" none
+#   E2E_PHASES="resume"             phases run after the recovery step (tests/e2e/phases/: resume, tinker); "" none
 #   E2E_CHAOS=0                     1: then the chaos suite (tests/e2e/chaos.py, ~25 min, docs/chaos.md)
 #   E2E_CHAOS_SEED=1 E2E_CHAOS_FAULTS=   its seed; a comma-separated subset of its faults
 #   E2E_WORKER_CPU, E2E_WORKER_MEMORY, E2E_HEAD_CPU, E2E_HEAD_MEMORY   Ray pod sizes

@@ -513,14 +513,15 @@ class TinkerServerSpec:
     )
     cpu: str = spec_field(
         name="cpu",
-        description="CPU request/limit of the server pod.",
-        default="2",
+        description="CPU request/limit of the server pod (it mostly waits on the workers).",
+        default="1",
         pattern=_QUANTITY,
     )
     memory: str = spec_field(
         name="memory",
-        description="Memory request/limit of the server pod.",
-        default="4Gi",
+        description="Memory request/limit of the server pod (its Ray driver's object store "
+        "is in a memory-backed /dev/shm and counts against it).",
+        default="2Gi",
         pattern=_QUANTITY,
     )
     node_selector: dict[str, str] = spec_field(

@@ -138,7 +138,7 @@ def test_the_deployment_runs_the_server_entrypoint_from_the_runtime_image() -> N
     assert volumes["keys"]["secret"]["secretName"] == "demo-tinker-keys"
     assert volumes["dshm"]["emptyDir"] == {"medium": "Memory"}
     assert c["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
-    assert c["resources"]["requests"] == c["resources"]["limits"] == {"cpu": "2", "memory": "4Gi"}
+    assert c["resources"]["requests"] == c["resources"]["limits"] == {"cpu": "1", "memory": "2Gi"}
     assert c["securityContext"]["allowPrivilegeEscalation"] is False
     assert dep["metadata"]["annotations"][tinker.HASH_ANNOTATION]
 

@@ -15,8 +15,9 @@ is; the Deployment, made last, is what a pass looks for):
   ``trainergroup.io/client=NAME`` on the API's port, and the group's Ray pods (the server is a
   Ray driver: workers call back into it), nothing else;
 * Deployment ``NAME-tinker``: one pod from the group's runtime image running
-  ``python -m tgruntime.service --trainergroup NAME --k8s-namespace NS --port PORT`` with the
-  keys mounted at :data:`KEYS_DIR`, the Ray token from ``NAME-ray-token``, and the label
+  ``python -m tgruntime.service --trainergroup NAME --k8s-namespace NS --host 0.0.0.0 --port
+  PORT --keys-dir KEYS_DIR`` (docs/tinker.md) with the keys Secret mounted at
+  :data:`KEYS_DIR`, the Ray token from ``NAME-ray-token``, and the label
   ``trainergroup.io/client=NAME`` (the group's Ray NetworkPolicy admits it).
 
 ``status.apiURL`` (``http://NAME-tinker.NS.svc:PORT``) is published once the Deployment is
@@ -45,7 +46,7 @@ FIRST_KEY = "default"
 """The Secret's key that holds the operator's random key (users add others beside it)."""
 KEY_PREFIX = "tml-"
 KEYS_DIR = "/etc/tinker/keys"
-"""Where the server pod mounts the keys Secret (``TG_TINKER_KEYS_DIR``)."""
+"""Where the server pod mounts the keys Secret (``--keys-dir``; also ``TG_TINKER_KEYS_DIR``)."""
 KEYS_DIR_ENV = "TG_TINKER_KEYS_DIR"
 SERVICE_MODULE = "tgruntime.service"
 PORT_NAME = "http"
@@ -216,8 +217,12 @@ def server_command(tg: TrainerGroup, *, python: str) -> list[str]:
         tg.name,
         "--k8s-namespace",
         tg.namespace,
+        "--host",
+        "0.0.0.0",
         "--port",
         str(port(tg)),
+        "--keys-dir",
+        KEYS_DIR,
     ]
 
 

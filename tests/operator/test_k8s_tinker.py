@@ -77,8 +77,12 @@ def test_apply_creates_the_server_once_publishes_the_url_and_delete_removes_it(
         NAME,
         "--k8s-namespace",
         ns,
+        "--host",
+        "0.0.0.0",
         "--port",
         "8000",
+        "--keys-dir",
+        "/etc/tinker/keys",
     ]
     svc = objs["service"]
     assert svc is not None and svc["spec"]["ports"][0]["port"] == 8000

@@ -125,8 +125,12 @@ def test_the_deployment_runs_the_server_entrypoint_from_the_runtime_image() -> N
         "demo",
         "--k8s-namespace",
         "team-a",
+        "--host",
+        "0.0.0.0",
         "--port",
         "8000",
+        "--keys-dir",
+        "/etc/tinker/keys",
     ]
     env = {e["name"]: e for e in c["env"]}
     assert env["TG_TINKER_KEYS_DIR"]["value"] == tinker.KEYS_DIR
@@ -162,7 +166,8 @@ def test_server_settings_reach_the_pod() -> None:
     assert pod["spec"]["nodeSelector"] == {"pool": "cpu"}
     assert pod["spec"]["tolerations"] == [{"key": "k", "operator": "Exists"}]
     (c,) = pod["spec"]["containers"]
-    assert c["ports"][0]["containerPort"] == 9000 and c["command"][-1] == "9000"
+    assert c["ports"][0]["containerPort"] == 9000
+    assert c["command"][c["command"].index("--port") + 1] == "9000"
     assert c["resources"]["limits"] == {"cpu": "1", "memory": "2Gi"}
 
 

@@ -1,0 +1,212 @@
+"""``CachedDecoder``: the trainer's own ``GPTModel`` run token by token with a KV cache.
+
+The forward pass is rebuilt from the model's own submodules (embedding, per-layer norms,
+fused QKV column-parallel linear, megatron's rotary arithmetic, row-parallel output
+projection, MLP, final norm, vocab-parallel output layer), so it reads the very parameters
+the trainer trains, in any tensor-parallel split, and computes the same function as
+``GPTModel.forward`` (tested to fp32 rounding). Only core attention differs: it reads keys
+and values from a :class:`KVCache` instead of recomputing them.
+
+Why not megatron's inference path: its ``StaticInferenceContext`` keeps one sequence offset
+for the whole batch (prompts of different lengths need teacher-forced steps from the
+shortest prompt on), the dynamic engine's paged cache and megatron's CUDA graphs need
+Transformer Engine / flash-attn kernels, which neither the CPU path nor the H200 image has.
+Here every row has its own position: prompts are right-padded for the prefill (causal
+attention never sees the padding) and each decode step writes row ``r``'s key/value at
+``pos[r]`` and attends to ``[0, pos[r]]``.
+
+Tensor layouts follow megatron: hidden states ``[s, b, h]``; the cache is ``[b, groups, L,
+head_dim]`` per layer (this rank's key/value groups), the layout SDPA reads without a copy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from megatron.core import parallel_state, tensor_parallel
+from megatron.core.models.common.embeddings.rope_utils import apply_rotary_pos_emb
+
+__all__ = ["CachedDecoder", "KVCache", "unwrap_gpt"]
+
+
+@dataclasses.dataclass
+class KVCache:
+    """Per-layer key and value buffers ``[rows, groups, length, head_dim]``."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+
+    @property
+    def rows(self) -> int:
+        return int(self.keys[0].shape[0])
+
+    @property
+    def length(self) -> int:
+        return int(self.keys[0].shape[2])
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+
+
+def unwrap_gpt(module: torch.nn.Module) -> Any:
+    """The ``GPTModel`` inside megatron's DDP / Float16Module wrappers."""
+    inner: Any = module
+    while not hasattr(inner, "decoder") and hasattr(inner, "module"):
+        inner = inner.module
+    if not hasattr(inner, "decoder"):
+        raise TypeError(f"{type(module).__name__} holds no megatron GPTModel")
+    return inner
+
+
+class CachedDecoder:
+    """Prefill and single-token decode over one rank's ``GPTModel`` shard (no autograd)."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        model = unwrap_gpt(module)
+        if parallel_state.get_pipeline_model_parallel_world_size() > 1:
+            raise NotImplementedError(
+                "sampling under pipeline parallelism is not implemented: the sampler needs "
+                "every layer on one rank (run the group with parallelism.pipeline = 1)"
+            )
+        self.model = model
+        self.config = model.config
+        self.layers = list(model.decoder.layers)
+        self.rope = model.position_embedding_type == "rope"
+        self.vocab_size = int(model.vocab_size)
+        self.max_sequence_length = int(model.max_sequence_length)
+        attn = self.layers[0].self_attention
+        self.heads = int(attn.num_attention_heads_per_partition)
+        self.groups = int(attn.num_query_groups_per_partition)
+        self.head_dim = int(attn.hidden_size_per_attention_head)
+        self.scale = float(attn.core_attention.softmax_scale)
+        self.tp_size = parallel_state.get_tensor_model_parallel_world_size()
+        weight = model.embedding.word_embeddings.weight
+        self.device = weight.device
+        self.dtype = weight.dtype
+        self._freqs: torch.Tensor | None = None
+
+    # -- buffers ------------------------------------------------------------------------
+    def allocate(self, rows: int, length: int) -> KVCache:
+        shape = (rows, self.groups, length, self.head_dim)
+
+        def buf() -> torch.Tensor:
+            return torch.zeros(shape, dtype=self.dtype, device=self.device)
+
+        return KVCache(
+            keys=[buf() for _ in self.layers], values=[buf() for _ in self.layers]
+        )
+
+    def freqs(self) -> torch.Tensor | None:
+        """RoPE angles ``[max_sequence_length, 1, 1, rot_dim]`` (None for learned positions)."""
+        if not self.rope:
+            return None
+        if self._freqs is None:
+            self._freqs = self.model.rotary_pos_emb.get_emb(self.max_sequence_length)
+        return self._freqs
+
+    # -- the forward pieces ---------------------------------------------------------------
+    def _embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """``tokens``/``positions`` ``[b, s]`` -> hidden ``[s, b, h]``."""
+        out: torch.Tensor = self.model.embedding(input_ids=tokens, position_ids=positions)
+        return out
+
+    def _attention_prefill(
+        self, layer: Any, x: torch.Tensor, cache: KVCache, index: int, freqs: torch.Tensor | None
+    ) -> torch.Tensor:
+        attn = layer.self_attention
+        query, key, value = attn.get_query_key_value_tensors(x, None)[:3]
+        if freqs is not None:
+            query = apply_rotary_pos_emb(query, freqs, self.config)
+            key = apply_rotary_pos_emb(key, freqs, self.config)
+        s, b = query.shape[0], query.shape[1]
+        k = key.permute(1, 2, 0, 3)  # [b, g, s, d]
+        v = value.permute(1, 2, 0, 3)
+        cache.keys[index][:, :, :s].copy_(k)
+        cache.values[index][:, :, :s].copy_(v)
+        gqa = {"enable_gqa": True} if self.groups != self.heads else {}
+        out = F.scaled_dot_product_attention(
+            query.permute(1, 2, 0, 3), k, v, is_causal=True, scale=self.scale, **gqa
+        )
+        return out.permute(2, 0, 1, 3).reshape(s, b, self.heads * self.head_dim)
+
+    def _attention_decode(
+        self,
+        layer: Any,
+        x: torch.Tensor,
+        cache: KVCache,
+        index: int,
+        pos: torch.Tensor,
+        mask: torch.Tensor,
+        freqs: torch.Tensor | None,
+    ) -> torch.Tensor:
+        attn = layer.self_attention
+        query, key, value = attn.get_query_key_value_tensors(x, None)[:3]  # [1, b, n, d]
+        b = query.shape[1]
+        if freqs is not None:  # freqs [1, b, 1, d]: each row at its own position
+            query = apply_rotary_pos_emb(query, freqs, self.config)
+            key = apply_rotary_pos_emb(key, freqs, self.config)
+        rows = torch.arange(b, device=pos.device)
+        cache.keys[index][rows, :, pos] = key[0]
+        cache.values[index][rows, :, pos] = value[0]
+        # One query token per row: the group's query heads act as the query "sequence"
+        # of that group's key/value head (GQA without repeating the cache).
+        q = query[0].reshape(b, self.groups, self.heads // self.groups, self.head_dim)
+        out = F.scaled_dot_product_attention(
+            q, cache.keys[index], cache.values[index], attn_mask=mask, scale=self.scale
+        )
+        return out.reshape(1, b, self.heads * self.head_dim)
+
+    @staticmethod
+    def _residual(x: torch.Tensor, out: tuple[torch.Tensor, torch.Tensor | None]) -> torch.Tensor:
+        y, bias = out
+        return x + y if bias is None else x + y + bias
+
+    def _layers(self, x: torch.Tensor, attend: Any) -> torch.Tensor:
+        for index, layer in enumerate(self.layers):
+            h = attend(layer, layer.input_layernorm(x), index)
+            x = self._residual(x, layer.self_attention.linear_proj(h))
+            x = self._residual(x, layer.mlp(layer.pre_mlp_layernorm(x)))
+        return x
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final norm + output layer: hidden ``[s, b, h]`` -> full-vocabulary fp32 ``[s, b, V]``."""
+        x = self.model.decoder.final_layernorm(hidden)
+        shard, _ = self.model.output_layer(x)
+        if self.tp_size > 1:
+            shard = tensor_parallel.gather_from_tensor_model_parallel_region(shard)
+        return shard.float()
+
+    @torch.no_grad()
+    def prefill(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Right-padded prompts ``[b, P]`` -> hidden ``[P, b, h]``; fills the cache's first P."""
+        b, s = tokens.shape
+        positions = torch.arange(s, device=tokens.device).unsqueeze(0).expand(b, s)
+        freqs = self.freqs()
+        freqs = None if freqs is None else freqs[:s]
+        x = self._embed(tokens, positions)
+        return self._layers(
+            x, lambda layer, h, i: self._attention_prefill(layer, h, cache, i, freqs)
+        )
+
+    @torch.no_grad()
+    def decode(self, tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """One token per row (``tokens``, ``pos`` ``[b]``) -> logits ``[b, V]`` (fp32).
+
+        Writes each row's key/value at ``pos[r]`` and attends to positions ``<= pos[r]``.
+        Free of host synchronisation (capturable in a CUDA graph).
+        """
+        b = tokens.shape[0]
+        freqs = self.freqs()
+        if freqs is not None:
+            freqs = freqs[pos].reshape(1, b, 1, -1)
+        span = torch.arange(cache.length, device=pos.device)
+        mask = (span.unsqueeze(0) <= pos.unsqueeze(1)).view(b, 1, 1, cache.length)
+        x = self._embed(tokens.unsqueeze(1), pos.unsqueeze(1))
+        x = self._layers(
+            x,
+            lambda layer, h, i: self._attention_decode(layer, h, cache, i, pos, mask, freqs),
+        )
+        return self.logits(x)[0]

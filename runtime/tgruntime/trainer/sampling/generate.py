@@ -1,0 +1,272 @@
+"""``Sampler``: batched autoregressive generation over a :class:`CachedDecoder`.
+
+One call: every prompt is repeated ``num_samples`` times (a row each), the rows are
+right-padded and prefilled together, then decoded one token per step for all rows at once.
+A step is ``decode -> next_token -> write`` on device tensors only (:func:`advance`); on a
+GPU with tensor parallel size 1 it is captured once in a CUDA graph per batch shape and
+replayed (``TG_SAMPLER_CUDA_GRAPHS=0`` turns that off). Stop sequences are checked on the
+host every ``check_every`` steps; rows that have stopped keep computing until every row has
+(their extra tokens are dropped), so the device never waits on the host inside a stretch.
+
+Tensor-parallel ranks compute the same full-vocabulary logits and the same noise; the
+chosen tokens are still broadcast from the first tensor rank each step so the ranks can
+never drift apart.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+
+from tgruntime.trainer.sampling.decoder import CachedDecoder, KVCache
+from tgruntime.trainer.sampling.params import SamplingParams, row_keys
+from tgruntime.trainer.sampling.select import next_token
+from tgruntime.trainer.sampling.stops import first_stop
+
+__all__ = ["DecodeState", "Sampler", "advance"]
+
+
+@dataclasses.dataclass
+class DecodeState:
+    """The device tensors one decode step reads and writes (fixed addresses)."""
+
+    tokens: torch.Tensor  # [R] int64: the token to feed (the last one chosen)
+    pos: torch.Tensor  # [R] int64: its position
+    step: torch.Tensor  # [] int64: index of the token this step chooses
+    keys: torch.Tensor  # [R] int64: noise keys
+    out_tokens: torch.Tensor  # [R, T] int64
+    out_logprobs: torch.Tensor  # [R, T] float32
+    cache: KVCache
+
+    @classmethod
+    def allocate(
+        cls, decoder: CachedDecoder, rows: int, length: int, max_tokens: int
+    ) -> DecodeState:
+        dev = decoder.device
+
+        def ints(*shape: int) -> torch.Tensor:
+            return torch.zeros(shape, dtype=torch.int64, device=dev)
+
+        return cls(
+            tokens=ints(rows),
+            pos=ints(rows),
+            step=ints(),
+            keys=ints(rows),
+            out_tokens=ints(rows, max_tokens),
+            out_logprobs=torch.zeros(rows, max_tokens, dtype=torch.float32, device=dev),
+            cache=decoder.allocate(rows, length),
+        )
+
+
+def _agree(token: torch.Tensor, tp_size: int) -> torch.Tensor:
+    if tp_size > 1:
+        dist.broadcast(
+            token,
+            src=parallel_state.get_tensor_model_parallel_src_rank(),
+            group=parallel_state.get_tensor_model_parallel_group(),
+        )
+    return token
+
+
+def advance(decoder: CachedDecoder, state: DecodeState, params: SamplingParams) -> None:
+    """One decode step for every row: feed ``tokens`` at ``pos``, choose and record the next."""
+    logits = decoder.decode(state.tokens, state.pos, state.cache)
+    token, logprob = next_token(logits, state.keys, state.step, params)
+    token = _agree(token, decoder.tp_size)
+    column = state.step.view(1)
+    state.out_tokens.index_copy_(1, column, token.view(-1, 1))
+    state.out_logprobs.index_copy_(1, column, logprob.view(-1, 1))
+    state.tokens.copy_(token)
+    state.pos.add_(1)
+    state.step.add_(1)
+
+
+class _GraphedStep:
+    """``advance`` captured in a CUDA graph over one persistent :class:`DecodeState`."""
+
+    def __init__(self, decoder: CachedDecoder, state: DecodeState, params: SamplingParams):
+        self.decoder = decoder
+        self.state = state
+        self.params = params
+        self.graph: torch.cuda.CUDAGraph | None = None
+
+    def _capture(self) -> None:
+        s = self.state
+        saved = [t.clone() for t in (s.tokens, s.pos, s.step)]
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up (allocations, lazy buffers) off the graph
+            for _ in range(2):
+                advance(self.decoder, s, self.params)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            advance(self.decoder, s, self.params)
+        for live, old in zip((s.tokens, s.pos, s.step), saved, strict=True):
+            live.copy_(old)
+        # The warm-up wrote keys/values at pos and pos + 1 and outputs at step and step + 1:
+        # each is rewritten by the step that owns it before anything reads it.
+        self.graph = graph
+
+    def __call__(self) -> None:
+        if self.graph is None:
+            self._capture()
+        assert self.graph is not None
+        self.graph.replay()
+
+
+class Sampler:
+    """Generation over one rank's model shard; all ranks of a TP group call it together."""
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        *,
+        check_every: int = 16,
+        cuda_graphs: bool | None = None,
+        max_graphs: int = 2,
+    ) -> None:
+        self.decoder = CachedDecoder(module)
+        self.check_every = check_every
+        on_gpu = self.decoder.device.type == "cuda"
+        if cuda_graphs is None:
+            cuda_graphs = os.environ.get("TG_SAMPLER_CUDA_GRAPHS", "1") != "0"
+        self.cuda_graphs = bool(cuda_graphs and on_gpu and self.decoder.tp_size == 1)
+        self.max_graphs = max_graphs
+        self._graphs: collections.OrderedDict[tuple[Any, ...], _GraphedStep] = (
+            collections.OrderedDict()
+        )
+
+    def clear(self) -> None:
+        """Drop the cached CUDA graphs and their KV caches."""
+        self._graphs.clear()
+
+    def _state(
+        self, rows: int, length: int, params: SamplingParams
+    ) -> tuple[DecodeState, _GraphedStep | None]:
+        if not self.cuda_graphs:
+            return DecodeState.allocate(self.decoder, rows, length, params.max_tokens), None
+        key = (rows, length, params.max_tokens, params.temperature, params.top_k, params.top_p)
+        step = self._graphs.pop(key, None)
+        if step is None:
+            while len(self._graphs) >= self.max_graphs:
+                self._graphs.popitem(last=False)
+            state = DecodeState.allocate(self.decoder, rows, length, params.max_tokens)
+            step = _GraphedStep(self.decoder, state, params)
+        self._graphs[key] = step
+        return step.state, step
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[dict[str, Any]]:
+        """One dict per prompt (docs/sampling.md): sequences, and prompt log-probs on request."""
+        d = self.decoder
+        n = params.num_samples
+        rows = [p for p in prompts for _ in range(n)]
+        r_count = len(rows)
+        lens = [len(p) for p in rows]
+        width = max(lens)
+        t_max = params.max_tokens
+        state, graphed = self._state(r_count, width + t_max - 1, params)
+
+        padded = torch.zeros(r_count, width, dtype=torch.int64)
+        for i, p in enumerate(rows):
+            padded[i, : len(p)] = torch.tensor(p, dtype=torch.int64)
+        padded = padded.to(d.device)
+        lengths = torch.tensor(lens, dtype=torch.int64, device=d.device)
+        keys = row_keys(prompts, seed=params.seed, num_samples=n)
+        state.keys.copy_(torch.tensor(keys, dtype=torch.int64))
+
+        hidden = d.prefill(padded, state.cache)  # [P, R, h]
+        last = hidden[lengths - 1, torch.arange(r_count, device=d.device)]  # [R, h]
+        logits = d.logits(last.unsqueeze(0))[0]
+        token, logprob = next_token(logits, state.keys, 0, params)
+        token = _agree(token, d.tp_size)
+        state.out_tokens[:, 0] = token
+        state.out_logprobs[:, 0] = logprob
+        state.tokens.copy_(token)
+        state.pos.copy_(lengths)
+        state.step.fill_(1)
+        prompt_lps = None
+        if params.prompt_logprobs:
+            prompt_lps = self._prompt_logprobs(hidden, prompts, padded)
+        del hidden, last, logits
+
+        ends: list[int | None] = [None] * r_count
+        scanned = 0
+        for step in range(1, t_max):
+            if graphed is not None:
+                graphed()
+            else:
+                advance(d, state, params)
+            done = step + 1
+            if params.stop and (done % self.check_every == 0 or done == t_max):
+                scanned = self._scan(state, params, ends, scanned, done)
+                if all(e is not None for e in ends):
+                    break
+        produced = int(state.step.item())
+        if params.stop:
+            self._scan(state, params, ends, scanned, produced)
+        out_tokens = state.out_tokens[:, :produced].cpu().tolist()
+        out_lps = state.out_logprobs[:, :produced].cpu().tolist()
+
+        results: list[dict[str, Any]] = []
+        for i in range(len(prompts)):
+            sequences = []
+            for j in range(n):
+                r = i * n + j
+                end = ends[r]
+                stop = end is not None
+                keep = end if end is not None else t_max
+                sequences.append(
+                    {
+                        "tokens": out_tokens[r][:keep],
+                        "logprobs": out_lps[r][:keep],
+                        "stop_reason": "stop" if stop else "length",
+                    }
+                )
+            results.append(
+                {
+                    "sequences": sequences,
+                    "prompt_logprobs": None if prompt_lps is None else prompt_lps[i],
+                }
+            )
+        return results
+
+    @staticmethod
+    def _scan(
+        state: DecodeState, params: SamplingParams, ends: list[int | None], scanned: int, upto: int
+    ) -> int:
+        """Record in ``ends`` the rows whose tokens ``[:upto]`` complete a stop sequence."""
+        longest = max(len(s) for s in params.stop)
+        start = max(0, scanned - longest + 1)
+        window = state.out_tokens[:, start:upto].cpu().tolist()
+        for r, tail in enumerate(window):
+            if ends[r] is None:
+                hit = first_stop(tail, params.stop, start=max(0, scanned - start))
+                if hit is not None:
+                    ends[r] = start + hit
+        return upto
+
+    def _prompt_logprobs(
+        self, hidden: torch.Tensor, prompts: list[list[int]], padded: torch.Tensor
+    ) -> list[list[float | None]]:
+        """Per prompt: None, then log p(token t | tokens < t) for t >= 1 (one prompt at a time)."""
+        n = len(padded) // len(prompts)
+        out: list[list[float | None]] = []
+        for i, prompt in enumerate(prompts):
+            r = i * n
+            m = len(prompt)
+            values: list[float | None] = [None]
+            if m > 1:
+                logits = self.decoder.logits(hidden[: m - 1, r : r + 1])[:, 0]  # [m-1, V]
+                targets = padded[r, 1:m].unsqueeze(-1)
+                lp = torch.log_softmax(logits, dim=-1).gather(-1, targets).squeeze(-1)
+                values.extend(float(v) for v in lp.cpu().tolist())
+            out.append(values)
+        return out

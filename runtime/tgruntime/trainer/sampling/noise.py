@@ -1,0 +1,54 @@
+"""Counter-based Gumbel noise: a pure function of (row key, step, token id).
+
+Sampling by Gumbel-max, ``argmax(z + g)`` with ``g = -log(-log(u))``, draws a token from
+``softmax(z)``. Here ``u`` is a hash of the row's key, the decode step and the token id
+(a splitmix64-style mixer in int64 tensor arithmetic), not a stateful generator, so:
+
+* a row's tokens depend only on its own key (seed, prompt, sample index), never on the
+  other rows in the batch or on how many calls came before;
+* every tensor-parallel rank computes the same noise without communicating;
+* the step can be a device tensor, so a decode step with sampling can be captured in a
+  CUDA graph (no host RNG state, no host synchronisation).
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["gumbel_noise", "uniform_noise"]
+
+
+def _signed(x: int) -> int:
+    """A 64-bit constant as the int64 with the same bits."""
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+_GOLDEN = _signed(0x9E3779B97F4A7C15)
+_MUL1 = _signed(0xBF58476D1CE4E5B9)
+_MUL2 = _signed(0x94D049BB133111EB)
+_STEP = _signed(0xD1B54A32D192ED03)
+
+
+def _shr(z: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 (torch's ``>>`` is arithmetic)."""
+    return (z >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def _mix(z: torch.Tensor) -> torch.Tensor:
+    z = (z ^ _shr(z, 30)) * _MUL1
+    z = (z ^ _shr(z, 27)) * _MUL2
+    return z ^ _shr(z, 31)
+
+
+def uniform_noise(keys: torch.Tensor, step: torch.Tensor | int, vocab: int) -> torch.Tensor:
+    """``u`` in (0, 1), float32 ``[R, vocab]``, from int64 ``keys [R]`` and the decode step."""
+    ids = torch.arange(1, vocab + 1, dtype=torch.int64, device=keys.device)
+    z = _mix(keys.unsqueeze(1) + (torch.as_tensor(step, device=keys.device) + 1) * _STEP)
+    z = _mix(z + ids.unsqueeze(0) * _GOLDEN)
+    # top 24 bits -> (0, 1), never exactly 0 or 1
+    return (_shr(z, 40).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+
+
+def gumbel_noise(keys: torch.Tensor, step: torch.Tensor | int, vocab: int) -> torch.Tensor:
+    """Standard Gumbel noise ``[R, vocab]`` (float32)."""
+    return -torch.log(-torch.log(uniform_noise(keys, step, vocab)))

@@ -42,6 +42,8 @@ _PRIMITIVES = (
     "load_state",
     "export_hf",
     "import_hf",
+    "save_sampler_weights",
+    "sample",
 )
 
 
@@ -331,3 +333,41 @@ class TrainerClient:
     def import_hf(self, path: str, **kwargs: Any) -> TrainerFuture[Any]:
         """Load Hugging Face Llama weights from ``path`` (the workers' import_hf)."""
         return self._all_call("import_hf", path, **kwargs)
+
+    # -- sampling (docs/sampling.md) ---------------------------------------------------
+    def save_sampler_weights(
+        self, name: str, path: str | None = None
+    ) -> TrainerFuture[dict[str, Any]]:
+        """Keep the current weights under ``name`` for ``sample`` (and write them to ``path``):
+        ``{name, path, parameters, bytes, seconds, rank}``."""
+        return self._all_call("save_sampler_weights", name, path)
+
+    def sample(
+        self,
+        prompts: list[list[int]],
+        *,
+        max_tokens: int,
+        temperature: float = 1.0,
+        top_k: int = -1,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop: list[list[int]] | None = None,
+        num_samples: int = 1,
+        prompt_logprobs: bool = False,
+        weights: str | None = None,
+    ) -> TrainerFuture[list[dict[str, Any]]]:
+        """Generate from the group's model: one dict per prompt, ``{"sequences": [{"tokens",
+        "logprobs", "stop_reason"}] * num_samples, "prompt_logprobs"}`` (docs/sampling.md)."""
+        return self._all_call(
+            "sample",
+            [list(p) for p in prompts],
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            seed=seed,
+            stop=None if stop is None else [list(s) for s in stop],
+            num_samples=num_samples,
+            prompt_logprobs=prompt_logprobs,
+            weights=weights,
+        )

@@ -36,6 +36,7 @@ from tgruntime.controller import (
 from tgruntime.trainer.engine import StepResult, TrainEngine
 from tgruntime.trainer.hf_worker import HFWeightsMixin
 from tgruntime.trainer.losses import LossFn
+from tgruntime.trainer.sampling.mixin import SamplingMixin
 from tgruntime.trainer.token_batch import TokenBatch, token_batch
 
 __all__ = ["TRAIN_MESH", "MegatronTrainer"]
@@ -43,7 +44,7 @@ __all__ = ["TRAIN_MESH", "MegatronTrainer"]
 TRAIN_MESH = "train"
 
 
-class MegatronTrainer(HFWeightsMixin, Worker):
+class MegatronTrainer(SamplingMixin, HFWeightsMixin, Worker):
     """One rank of a Megatron GPT training job inside a TrainerGroup."""
 
     def __init__(self, spec_json: str) -> None:

@@ -97,3 +97,21 @@ def checkpoint_mount(tg: TrainerGroup) -> list[dict[str, Any]]:
     if storage is None:
         return []
     return [{"name": CHECKPOINT_VOLUME, "mountPath": storage.mount_path}]
+
+
+def head_reads_checkpoints(tg: TrainerGroup) -> bool:
+    """Whether the head pod mounts the checkpoint claim too (read-only): when
+    ``model.pretrained`` is set, the server job parses the spec on the head and reads the
+    checkpoint's config.json there (tgapi.pretrained)."""
+    rc = tg.spec.ray_cluster
+    return rc is not None and rc.storage is not None and tg.spec.model.pretrained is not None
+
+
+def head_checkpoint_mount(tg: TrainerGroup) -> list[dict[str, Any]]:
+    if not head_reads_checkpoints(tg):
+        return []
+    return [{**mount, "readOnly": True} for mount in checkpoint_mount(tg)]
+
+
+def head_checkpoint_volume(tg: TrainerGroup) -> list[dict[str, Any]]:
+    return checkpoint_volume(tg) if head_reads_checkpoints(tg) else []

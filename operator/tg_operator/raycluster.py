@@ -94,8 +94,10 @@ def build_raycluster(tg: TrainerGroup, *, cluster_hash: str) -> dict[str, Any]:
                                     {"containerPort": 8265, "name": "dashboard"},
                                     {"containerPort": 10001, "name": "client"},
                                 ],
+                                **_mounts(platform.head_checkpoint_mount(tg)),
                             }
                         ],
+                        **_volumes(platform.head_checkpoint_volume(tg)),
                         **platform.pod_identity(tg),
                         **platform.head_placement(tg),
                     },
@@ -119,6 +121,14 @@ def build_raycluster(tg: TrainerGroup, *, cluster_hash: str) -> dict[str, Any]:
     add_token_auth(manifest, tg)
     add_gcs_fault_tolerance(manifest, tg)
     return manifest
+
+
+def _mounts(mounts: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"volumeMounts": mounts} if mounts else {}
+
+
+def _volumes(volumes: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"volumes": volumes} if volumes else {}
 
 
 def ray_containers(manifest: dict[str, Any]) -> list[dict[str, Any]]:

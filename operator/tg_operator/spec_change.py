@@ -49,13 +49,14 @@ def cluster_hash(spec: TrainerGroupSpec) -> str:
     """Hash of the spec fields the RayCluster is built from."""
     if spec.ray_cluster_ref is not None:
         return _digest({"rayClusterRef": spec.ray_cluster_ref.name})
-    return _digest(
-        {
-            "image": spec.image,
-            "rayVersion": spec.ray_version,
-            "rayCluster": to_wire(spec.ray_cluster),
-        }
-    )
+    fields = {
+        "image": spec.image,
+        "rayVersion": spec.ray_version,
+        "rayCluster": to_wire(spec.ray_cluster),
+    }
+    if spec.model.pretrained is not None and spec.ray_cluster is not None:
+        fields["headReadsCheckpoints"] = spec.ray_cluster.storage is not None  # head mount
+    return _digest(fields)
 
 
 def classify(status: TrainerGroupStatus, spec: TrainerGroupSpec) -> SpecChange:

@@ -353,3 +353,26 @@ def test_the_reconcile_creates_the_server_once_and_never_replaces_the_key() -> N
     assert w.kube.objects[("Secret", "team-a", "demo-tinker-keys")]["data"]["default"] == key
     assert w.kube.calls["create_secret"] == creates + 1  # tried once, answered "exists"
     assert w.status["apiURL"] == ""
+
+
+def test_a_pretrained_checkpoint_on_the_claim_is_mounted_on_the_head_read_only() -> None:
+    """The server job parses the spec on the head (local=True) and reads config.json there."""
+    from tg_operator import raycluster, spec_change
+
+    spec = copy.deepcopy(BASE_SPEC)
+    spec["rayCluster"]["storage"] = {"claimName": "ckpt", "mountPath": "/ckpt"}
+    plain = trainergroup(spec=copy.deepcopy(spec))
+    spec["model"].update(pretrained="/ckpt/llama", positionEmbedding="rope")
+    tg = trainergroup(spec=spec)
+    head = raycluster.build_raycluster(tg, cluster_hash="h")["spec"]["headGroupSpec"]
+    (c,) = head["template"]["spec"]["containers"]
+    assert c["volumeMounts"] == [{"name": "checkpoints", "mountPath": "/ckpt", "readOnly": True}]
+    (vol,) = head["template"]["spec"]["volumes"]
+    assert vol["persistentVolumeClaim"] == {"claimName": "ckpt"}
+    plain_head = raycluster.build_raycluster(plain, cluster_hash="h")["spec"]["headGroupSpec"]
+    assert "volumeMounts" not in plain_head["template"]["spec"]["containers"][0]
+    # a group without pretrained keeps its cluster hash (no rebuild on an operator upgrade)
+    assert spec_change.cluster_hash(plain.spec) != spec_change.cluster_hash(tg.spec)
+    assert spec_change.cluster_hash(TG.spec) == spec_change.cluster_hash(
+        trainergroup(spec=copy.deepcopy(BASE_SPEC)).spec
+    )

@@ -42,6 +42,7 @@ _PRIMITIVES = (
     "load_state",
     "export_hf",
     "import_hf",
+    "get_mesh",
     "save_sampler_weights",
     "sample",
 )
@@ -221,7 +222,7 @@ class TrainerClient:
     # -- the primitives ---------------------------------------------------------------
     def vocab_size(self) -> int | None:
         """The model's vocabulary size (queried once; None from workers that do not say)."""
-        if self._vocab_size is None and "get_mesh" in self.group.method_names:
+        if self._vocab_size is None and "get_mesh" in self._async.method_names:
             mesh = self._all_call("get_mesh").result()
             value = mesh.get("vocab_size") if isinstance(mesh, dict) else None
             self._vocab_size = int(value) if value is not None else None

@@ -73,7 +73,7 @@ def test_cispo_by_hand_and_its_gradient_is_stopped_through_the_ratio() -> None:
         advantages=torch.tensor([[ADV]], dtype=torch.float64),
     )
     per_token, _ = resolve_loss("tinker_cispo").fn(lp, batch, {"clip_high_threshold": 5.0})
-    per_token.sum().backward()
+    per_token.sum().backward()  # type: ignore[no-untyped-call]
     assert lp.grad is not None
     assert float(lp.grad) == pytest.approx(-math.exp(0.5) * ADV, abs=1e-15)  # sg(r) * A
 
@@ -239,3 +239,95 @@ def test_adam_params_per_step_and_weights_only_load(suite: dict[str, Any]) -> No
         assert adam["moved"] > 0 and adam["restored_diff"] == 0.0
         assert adam["state_after_weights_only"] == 0
         assert adam["state_after_full"] > 0
+
+
+# -- the same through TrainerClient and a real Ray group (what the Tinker server calls) ------
+@pytest.mark.ray
+def test_trainer_client_tinker_calls(tmp_path: Path) -> None:
+    ray = pytest.importorskip("ray")
+    pytest.importorskip("megatron.core")
+    import json
+    import uuid
+
+    import tgapi
+    from tests.trainer.scenarios import VOCAB, tiny_spec
+    from tests.trainer.tinker_scenarios import MODEL, tinker_inputs
+    from tgruntime import TrainerClient
+    from tgruntime.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
+    from tgruntime.controller.errors import WorkerMethodError
+    from tgruntime.trainer.worker import MegatronTrainer
+
+    wait = 180.0
+
+    def batch_of(proto: Any) -> Any:
+        assert proto.batch is not None
+        return proto.batch
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(
+            address="local",
+            num_cpus=4,
+            include_dashboard=False,
+            namespace=f"tg-tinker-{uuid.uuid4().hex[:8]}",
+        )
+    spec = tiny_spec(tp=2, **MODEL)  # type: ignore[arg-type]
+    wg = WorkerGroup.create(
+        group_name=f"tinker-{uuid.uuid4().hex[:8]}",
+        ray_namespace=ray.get_runtime_context().namespace,
+        resource_pool=ResourcePool(process_on_nodes=[2], use_gpu=False, strategy="PACK"),
+        cls=ClassWithInitArgs(MegatronTrainer, json.dumps(tgapi.to_wire(spec))),
+        detached=False,
+        pg_timeout_s=120,
+        actor_timeout_s=180,
+    )
+    try:
+        wg.init_model()
+        client = TrainerClient(wg)
+        raw = tinker_inputs()
+        data = {k: raw[k] for k in ("input_ids", "target_ids", "attention_mask")}
+        lp = batch_of(client.compute_log_prob(data).result(timeout=wait))["log_probs"]
+        assert tuple(lp.shape) == tuple(raw["input_ids"].shape)
+        batch = {
+            **data,
+            "advantages": raw["advantages"],
+            "old_log_probs": (lp + raw["noise"]) * raw["attention_mask"],
+        }
+        bad = {
+            **batch,
+            "target_ids": torch.where(
+                raw["target_ids"] > 3, raw["target_ids"], torch.full_like(raw["target_ids"], VOCAB)
+            ),
+        }
+        with pytest.raises(ValueError, match=rf"target_ids must lie in \[0, {VOCAB}\)"):
+            client.forward_backward(bad, loss="tinker_ppo", reduction="sum")  # before sending
+        fb = client.forward_backward(
+            batch,
+            loss=tinker_loss_name("ppo"),
+            reduction="sum",
+            loss_config={"clip_low_threshold": 0.9},
+        )
+        out = fb.result(timeout=wait)
+        torch.testing.assert_close(batch_of(out)["log_probs"], lp, atol=1e-6, rtol=0)
+        assert out.meta_info["reduction"] == "sum"
+        assert out.meta_info["loss"] == pytest.approx(float(batch_of(out)["loss"].sum()), rel=1e-5)
+        with pytest.raises(WorkerMethodError, match="cannot be mixed"):
+            client.forward_backward(batch, loss="tinker_importance_sampling").result(timeout=wait)
+        step = client.optim_step(
+            lr=1e-3, betas=(0.8, 0.9), eps=1e-10, weight_decay=0.01, grad_clip=0.0
+        ).result(timeout=wait)
+        assert step["step"] == 1 and step["lr"] == pytest.approx(1e-3)
+        path = client.save_state(str(tmp_path / "state")).result(timeout=wait)
+        client.forward_backward(batch, loss="tinker_cross_entropy", reduction="sum")
+        client.optim_step(lr=1e-2, grad_clip=0.0).result(timeout=wait)
+        assert client.load_state(path, optimizer=False).result(timeout=wait) == 1
+        after = batch_of(client.compute_log_prob(data).result(timeout=wait))["log_probs"]
+        fb2 = client.forward_backward(batch, loss="tinker_ppo", reduction="sum").result(
+            timeout=wait
+        )
+        torch.testing.assert_close(batch_of(fb2)["log_probs"], after, atol=1e-6, rtol=0)
+        assert client.load_state(path).result(timeout=wait) == 1
+    finally:
+        wg.teardown()
+        if started:
+            ray.shutdown()

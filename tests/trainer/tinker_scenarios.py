@@ -25,7 +25,13 @@ LOSSES: dict[str, dict[str, float]] = {
     "cispo": {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1},
     "dro": {"beta": 0.5},
 }
-ADAM = {"lr": 1e-2, "betas": (0.5, 0.7), "eps": 1e-6, "weight_decay": 0.0, "grad_clip": 0.0}
+ADAM: dict[str, Any] = {
+    "lr": 1e-2,
+    "betas": (0.5, 0.7),
+    "eps": 1e-6,
+    "weight_decay": 0.0,
+    "grad_clip": 0.0,
+}
 
 
 def tinker_inputs(seed: int = 5) -> dict[str, torch.Tensor]:

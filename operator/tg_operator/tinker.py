@@ -241,7 +241,9 @@ def _pod_spec(tg: TrainerGroup, *, python: str) -> dict[str, Any]:
         *platform.checkpoint_mount(tg),
     ]
     volumes = [
-        {"name": "keys", "secret": {"secretName": keys_secret_name(tg), "defaultMode": 0o440}},
+        # 0444: the files are root's and the runtime image runs as uid 1000 (only this pod
+        # mounts the Secret; 0440 would need an fsGroup, which also chowns the checkpoint claim)
+        {"name": "keys", "secret": {"secretName": keys_secret_name(tg), "defaultMode": 0o444}},
         {"name": "tmp", "emptyDir": {}},
         {"name": "dshm", "emptyDir": {"medium": "Memory"}},
         *platform.checkpoint_volume(tg),

@@ -100,8 +100,16 @@ def test_invalid_spec_ends_failed_and_creates_nothing(
         k8s_plane.kubectl("get", "raycluster", "badexpert", "-n", ns, check=False).returncode != 0
     )
     assert ks.ray_jobs(ray_endpoint.dashboard_url, f"tg-{ns}-badexpert-") == []
-    reasons = {e["reason"] for e in ks.events_of(k8s_plane, ns, "badexpert")}
-    assert {"InvalidSpec", "Failed"} <= reasons
+    # The events are posted after the status write (kopf posts them in the background): wait.
+    def reasons() -> set[str]:
+        return {e["reason"] for e in ks.events_of(k8s_plane, ns, "badexpert")}
+
+    ks.wait_for(
+        lambda: {"InvalidSpec", "Failed"} <= reasons(),
+        timeout=60,
+        what="the InvalidSpec and Failed events of badexpert",
+        detail=lambda: f"events so far: {sorted(reasons())}",
+    )
 
     # a client waiting for it (with the client's least-privilege account) is told why
     client = ks.grant(

@@ -221,12 +221,23 @@ OPERATOR_DENIED: list[tuple[str, str]] = [
     ("get", "pods/log"),
     ("create", "serviceaccounts/token"),
     ("impersonate", "serviceaccounts"),
-    ("create", "deployments.apps"),
+    # the Tinker server's objects: created once (tg_operator.tinker), never read, changed or
+    # deleted by the operator (the garbage collector removes them with the group)
+    ("get", "deployments.apps"),
     ("patch", "deployments.apps"),
-    ("create", "rolebindings.rbac.authorization.k8s.io"),
+    ("update", "deployments.apps"),
+    ("delete", "deployments.apps"),
+    ("get", "services"),
+    ("patch", "services"),
+    ("delete", "services"),
+    ("update", "secrets"),
+    ("patch", "secrets"),
+    ("delete", "secrets"),
+    ("update", "rolebindings.rbac.authorization.k8s.io"),
+    ("delete", "roles.rbac.authorization.k8s.io"),
     ("escalate", "roles.rbac.authorization.k8s.io"),
+    ("bind", "roles.rbac.authorization.k8s.io"),
     ("bind", "clusterroles.rbac.authorization.k8s.io"),
-    ("create", "services"),
     ("create", "rayjobs.ray.io"),
 ]
 OPERATOR_DENIED_CLUSTER = [
@@ -239,6 +250,7 @@ OPERATOR_DENIED_CLUSTER = [
     ("delete", "namespaces"),
     ("get", "nodes"),
     ("create", "clusterrolebindings.rbac.authorization.k8s.io"),
+    ("create", "clusterroles.rbac.authorization.k8s.io"),
 ]
 
 

@@ -501,10 +501,15 @@ def test_client_reads_its_trainergroup_and_nothing_else(
             ("patch", "tg", "mine", "-n", ns, "--type=merge", "-p", '{"spec": {}}'),
             ("delete", "tg", "mine", "-n", ns),
             ("get", "secrets", "-n", ns),
+            ("get", "secret", "other-tinker-keys", "-n", ns),
             ("get", "tg", "mine", "-n", watched[1]),
         ):
             ok, out = kubectl_as(k8s_plane, kc, *denied)
             assert not ok and "Forbidden" in out, (denied, out)
+        # its group's Tinker keys and Ray token: allowed to read (none exists here: NotFound)
+        for secret in ("mine-tinker-keys", "mine-ray-token"):
+            ok, out = kubectl_as(k8s_plane, kc, "get", "secret", secret, "-n", ns)
+            assert not ok and "NotFound" in out, (secret, out)
 
         # watch, restricted to the one name by a field selector (kubectl get tg mine -w)
         answers = access(

@@ -25,8 +25,9 @@ import dataclasses
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
-from megatron.core import parallel_state, tensor_parallel
+from megatron.core import parallel_state
 from megatron.core.models.common.embeddings.rope_utils import apply_rotary_pos_emb
 
 __all__ = ["CachedDecoder", "KVCache", "unwrap_gpt"]
@@ -126,9 +127,13 @@ class CachedDecoder:
         v = value.permute(1, 2, 0, 3)
         cache.keys[index][:, :, :s].copy_(k)
         cache.values[index][:, :, :s].copy_(v)
-        gqa = {"enable_gqa": True} if self.groups != self.heads else {}
         out = F.scaled_dot_product_attention(
-            query.permute(1, 2, 0, 3), k, v, is_causal=True, scale=self.scale, **gqa
+            query.permute(1, 2, 0, 3),
+            k,
+            v,
+            is_causal=True,
+            scale=self.scale,
+            enable_gqa=self.groups != self.heads,
         )
         return out.permute(2, 0, 1, 3).reshape(s, b, self.heads * self.head_dim)
 
@@ -176,8 +181,14 @@ class CachedDecoder:
         x = self.model.decoder.final_layernorm(hidden)
         shard, _ = self.model.output_layer(x)
         if self.tp_size > 1:
-            shard = tensor_parallel.gather_from_tensor_model_parallel_region(shard)
-        return shard.float()
+            # megatron's gather_from_tensor_model_parallel_region allocates on CUDA
+            parts = [torch.empty_like(shard) for _ in range(self.tp_size)]
+            dist.all_gather(
+                parts, shard.contiguous(), group=parallel_state.get_tensor_model_parallel_group()
+            )
+            shard = torch.cat(parts, dim=-1)
+        full: torch.Tensor = shard.float()
+        return full
 
     @torch.no_grad()
     def prefill(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:

@@ -99,7 +99,7 @@ class _GraphedStep:
     def _capture(self) -> None:
         s = self.state
         saved = [t.clone() for t in (s.tokens, s.pos, s.step)]
-        side = torch.cuda.Stream()
+        side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up (allocations, lazy buffers) off the graph
             for _ in range(2):

@@ -1,0 +1,50 @@
+"""Per-rank body of the sampler's KV-cache unit check (spawned by ``tgruntime.trainer.launch``)."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+
+from tests.trainer.scenarios import tiny_spec
+
+
+def kv_cache_matches_full_forward(position_embedding: str) -> dict[str, Any]:
+    """Max |logit difference| of prefill and cached decode against ``GPTModel.forward``."""
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(1)
+    from tgruntime.trainer.engine import TrainEngine
+    from tgruntime.trainer.sampling.decoder import CachedDecoder
+
+    model: dict[str, Any] = {"numQueryGroups": 2}
+    if position_embedding == "rope":
+        model["positionEmbedding"] = "rope"
+    engine = TrainEngine.create(spec=tiny_spec(world=1, **model))
+    try:
+        module = engine.state.module
+        decoder = CachedDecoder(module)
+        b, s, p = 3, 20, 7
+        ids = torch.randint(0, 128, (b, s), generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            full = module(ids, torch.arange(s).unsqueeze(0).expand(b, s), None).float()
+        cache = decoder.allocate(b, s)
+        prefill = decoder.logits(decoder.prefill(ids[:, :p], cache)).transpose(0, 1)
+        worst_decode = 0.0
+        for t in range(p, s):
+            logits = decoder.decode(ids[:, t], torch.full((b,), t), cache)
+            worst_decode = max(worst_decode, float((logits - full[:, t]).abs().max()))
+        # rows at different positions in one decode step
+        cache2 = decoder.allocate(b, s)
+        decoder.prefill(ids[:, :p], cache2)
+        staggered = torch.tensor([p, p - 2, p - 4])
+        mixed = decoder.decode(ids[torch.arange(b), staggered], staggered, cache2)
+        want = full[torch.arange(b), staggered]
+        return {
+            "prefill": float((prefill - full[:, :p]).abs().max()),
+            "decode": worst_decode,
+            "staggered": float((mixed - want).abs().max()),
+            "scale": float(full.abs().max()),
+        }
+    finally:
+        engine.shutdown()

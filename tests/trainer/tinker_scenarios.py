@@ -158,3 +158,75 @@ def tinker_suite(hf_dir: str, ckpt_dir: str) -> bytes:
         engine.shutdown()
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _main_grads(module: torch.nn.Module) -> list[torch.Tensor]:
+    """Accumulated gradients: megatron DDP's fp32 ``main_grad`` buffers on a GPU."""
+    out = []
+    for p in module.parameters():
+        g = getattr(p, "main_grad", None)
+        g = p.grad if g is None else g
+        assert g is not None
+        out.append(g.detach().float().clone())
+    return out
+
+
+def tinker_gpu_suite(ckpt_dir: str) -> dict[str, Any]:
+    """One GPU, bf16, megatron's DDP and optimizer: sum reduction accumulates without
+    rescaling, per-step betas/eps are applied and restored, a weights-only load re-copies
+    megatron's fp32 main params (an lr=0 step after it keeps the loaded weights)."""
+    _quiet()
+    from tgruntime.trainer import TrainEngine
+    from tgruntime.trainer.token_batch import token_batch
+
+    spec = tiny_spec(world=1, **MODEL)  # type: ignore[arg-type]
+    engine = TrainEngine.create(spec=spec, device="cuda")
+    try:
+
+        def batch_fn(t: dict[str, torch.Tensor]) -> Any:
+            sent = {k: v for k, v in t.items() if k != "noise"}
+            return token_batch(sent, device=engine.device, vocab_size=VOCAB)
+
+        raw = tinker_inputs()
+        lp = engine.compute_log_prob(batch_fn(raw)).log_probs
+        tensors = dict(raw)
+        tensors["old_log_probs"] = (lp + raw["noise"]) * raw["attention_mask"]
+        module = engine.state.module
+        engine.zero_grad()
+        whole = engine.forward_backward(batch_fn(tensors), loss="tinker_ppo", reduction="sum")
+        g_whole = _main_grads(module)
+        engine.zero_grad()
+        for lo, hi in ((0, BATCH // 2), (BATCH // 2, BATCH)):
+            engine.forward_backward(
+                batch_fn(_rows(tensors, lo, hi)), loss="tinker_ppo", reduction="sum"
+            )
+        g_split = _main_grads(module)
+        rel = max(
+            float((a - b).norm() / b.norm().clamp(min=1e-12))
+            for a, b in zip(g_split, g_whole, strict=True)
+        )
+        step = engine.optim_step(**ADAM)
+        groups = [(g["lr"], g["betas"], g["eps"]) for g in engine.state.optimizer.param_groups]
+        saved = engine.save_checkpoint(ckpt_dir)
+        weights = [p.detach().clone() for p in module.parameters()]
+        engine.forward_backward(batch_fn(tensors), loss="tinker_cross_entropy", reduction="sum")
+        engine.optim_step(**ADAM)
+        moved = max(
+            float((w - p).abs().max()) for w, p in zip(weights, module.parameters(), strict=True)
+        )
+        engine.load_checkpoint(saved, optimizer=False)
+        engine.forward_backward(batch_fn(tensors), loss="tinker_cross_entropy", reduction="sum")
+        engine.optim_step(lr=0.0, weight_decay=0.0, grad_clip=0.0)
+        kept = max(
+            float((w - p).abs().max()) for w, p in zip(weights, module.parameters(), strict=True)
+        )
+        return {
+            "loss": whole.loss,
+            "grad_rel_diff": rel,
+            "grad_norm": step.grad_norm,
+            "groups_after": groups,
+            "moved": moved,
+            "kept_after_weights_only": kept,
+        }
+    finally:
+        engine.shutdown()

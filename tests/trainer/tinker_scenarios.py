@@ -189,6 +189,7 @@ def tinker_gpu_suite(ckpt_dir: str) -> dict[str, Any]:
 
         raw = tinker_inputs()
         lp = engine.compute_log_prob(batch_fn(raw)).log_probs
+        assert lp is not None
         tensors = dict(raw)
         tensors["old_log_probs"] = (lp + raw["noise"]) * raw["attention_mask"]
         module = engine.state.module

@@ -1,0 +1,219 @@
+"""``python -m tgruntime.service``: serve the Tinker API for one trainer group (docs/tinker.md)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import tgapi
+from tgruntime.service.auth import KeyStore, env_keys
+from tgruntime.service.backend import Backend, GroupInfo
+from tgruntime.trainer_client import TrainerClient
+
+log = logging.getLogger("tgruntime.service")
+
+
+def group_info(
+    tg_name: str,
+    spec: tgapi.TrainerGroupSpec,
+    *,
+    base_model: str | None = None,
+    tokenizer: str | None = None,
+    checkpoint_dir: str | None = None,
+    eos_token_ids: tuple[int, ...] = (),
+) -> GroupInfo:
+    """The base model is ``spec.model.pretrained`` (its directory, also the tokenizer) when set,
+    else the TrainerGroup's name; ``--base-model`` overrides it."""
+    pretrained = spec.model.pretrained
+    name = base_model or pretrained or tg_name
+    return GroupInfo(
+        base_model=name,
+        vocab_size=spec.model.vocab_size,
+        max_sequence_length=spec.model.max_sequence_length,
+        checkpoint_dir=spec.training.checkpoint_dir if checkpoint_dir is None else checkpoint_dir,
+        tokenizer_id=tokenizer or pretrained,
+        eos_token_ids=eos_token_ids,
+        aliases=tuple(a for a in (tg_name, pretrained) if a and a != name),
+    )
+
+
+def build_service(client: TrainerClient, info: GroupInfo, keys: KeyStore) -> Any:
+    from tgruntime.service.app import TinkerService
+
+    return TinkerService(Backend(client, info), keys)
+
+
+class Running:
+    """A server on its own event loop in a thread (``tgctl serve`` in the foreground, tests)."""
+
+    def __init__(self, service: Any, host: str, port: int) -> None:
+        self.service = service
+        self.host, self.port = host, port
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, name="tinker-server", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_until_complete(self._serve())
+        except BaseException as exc:
+            self._error = exc
+            self._ready.set()
+
+    async def _serve(self) -> None:
+        from aiohttp import web
+
+        from tgruntime.service.app import create_app
+
+        await self.service.prepare()
+        runner = web.AppRunner(create_app(self.service), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, self.port)
+        await site.start()
+        server = getattr(site, "_server", None)
+        sockets = getattr(server, "sockets", None) or []
+        if sockets:
+            self.port = int(sockets[0].getsockname()[1])
+        self._stop = asyncio.Event()
+        self._ready.set()
+        try:
+            await self._stop.wait()
+        finally:
+            await runner.cleanup()
+
+    def start(self, timeout_s: float = 300.0) -> Running:
+        self._thread.start()
+        if not self._ready.wait(timeout_s):
+            raise TimeoutError(f"the Tinker server did not start within {timeout_s:.0f} s")
+        if self._error is not None:
+            raise RuntimeError(f"the Tinker server failed to start: {self._error}") from (
+                self._error
+            )
+        return self
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        if self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout_s)
+
+    def wait(self) -> None:
+        while self._thread.is_alive():
+            self._thread.join(1.0)
+
+
+def serve(
+    client: TrainerClient,
+    info: GroupInfo,
+    keys: KeyStore,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    on_ready: Callable[[Running], None] | None = None,
+) -> Running:
+    running = Running(build_service(client, info, keys), host, port).start()
+    if on_ready is not None:
+        on_ready(running)
+    return running
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m tgruntime.service", description=__doc__)
+    p.add_argument("--trainergroup", help="the Kubernetes TrainerGroup to serve")
+    p.add_argument("--k8s-namespace", default=None)
+    p.add_argument("--kubeconfig", default=None)
+    p.add_argument("--spec", default=None, help="TrainerGroup YAML (local form)")
+    p.add_argument("--group-name", default=None)
+    p.add_argument("--ray-namespace", default=None)
+    p.add_argument("--address", default=None, help="Ray GCS address")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--keys-file", default=None)
+    p.add_argument("--keys-dir", default=None)
+    p.add_argument("--checkpoint-dir", default=None)
+    p.add_argument("--base-model", default=None)
+    p.add_argument("--tokenizer", default=None)
+    p.add_argument("--eos-token-id", type=int, action="append", default=[])
+    p.add_argument("--log-level", default="WARNING")
+    return p
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        msg = record.getMessage()
+        if msg.startswith("{"):
+            return msg
+        return json.dumps({"level": record.levelname, "logger": record.name, "message": msg})
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handler = logging.StreamHandler()
+    handler.setFormatter(_JsonFormatter())
+    logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
+    keys = KeyStore(keys=env_keys(), keys_file=args.keys_file, keys_dir=args.keys_dir)
+    if keys.empty():
+        print(
+            "tgruntime.service: no API key configured (--keys-file, --keys-dir or "
+            "TG_TINKER_API_KEY); refusing to serve without one",
+            file=sys.stderr,
+        )
+        return 2
+    if args.trainergroup:
+        from tgapi.client.kube import wait_for_ready
+
+        ready = wait_for_ready(
+            name=args.trainergroup, k8s_namespace=args.k8s_namespace, kubeconfig=args.kubeconfig
+        )
+        spec = ready.spec
+        client = TrainerClient.connect_local(
+            group_name=ready.status.group_name or args.trainergroup,
+            ray_namespace=ready.status.ray_namespace,
+            address=args.address or ready.status.ray_address or None,
+        )
+        name = args.trainergroup
+    elif args.spec:
+        tg = tgapi.load_file(args.spec, local=True)
+        spec, name = tg.spec, tg.name
+        client = TrainerClient.connect_local(
+            group_name=args.group_name or tg.group_name,
+            ray_namespace=args.ray_namespace or tg.ray_namespace,
+            address=args.address,
+        )
+    else:
+        print("tgruntime.service: pass --trainergroup NAME or --spec FILE", file=sys.stderr)
+        return 2
+    info = group_info(
+        name,
+        spec,
+        base_model=args.base_model,
+        tokenizer=args.tokenizer,
+        checkpoint_dir=args.checkpoint_dir,
+        eos_token_ids=tuple(args.eos_token_id),
+    )
+    running = serve(client, info, keys, host=args.host, port=args.port)
+    print(
+        json.dumps({"event": "serving", "url": running.url, "base_model": info.base_model}),
+        flush=True,
+    )
+    try:
+        running.wait()
+    except KeyboardInterrupt:
+        running.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

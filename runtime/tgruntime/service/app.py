@@ -1,0 +1,740 @@
+"""The aiohttp application: the Tinker API (SDK 0.38.0) over one trainer group.
+
+Training work of a model runs in seq_id order: a request is admitted when its seq_id is the
+next one, its group call is submitted (TrainerClient calls run in submission order), and the
+next seq_id may go. Anything the server cannot do faithfully is refused at once: a bad
+request body answers 4xx; a well-formed request that is refused still takes its seq_id
+turn (so the client's next request is not stuck behind it) and its future fails with the
+reason."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import torch
+from aiohttp import web
+
+from tgruntime.service import TINKER_SDK_VERSION
+from tgruntime.service.auth import KeyStore
+from tgruntime.service.backend import Backend
+from tgruntime.service.codec import (
+    FwdBwdIn,
+    decode_forward_backward,
+    encode_forward_backward,
+    encode_sample,
+)
+from tgruntime.service.datum import metrics, outputs, to_tensors
+from tgruntime.service.futures import FutureStore, Outcome
+from tgruntime.service.paths import Paths
+from tgruntime.service.sampling import SampleJob, SampleQueue
+from tgruntime.service.sessions import Model, Registry, SamplingSession, ServiceError
+from tgruntime.trainer.tinker_losses import TINKER_LOSSES, tinker_loss_name
+
+log = logging.getLogger("tgruntime.service")
+
+PROTO = "application/x-protobuf"
+POLL_S = 30.0  # retrieve_future long-poll (the SDK waits 45 s per poll)
+BASE = "_base"  # {checkpointDir}/tinker/_base: the base model, saved once
+
+
+def _json_log(event: str, **fields: Any) -> None:
+    if log.isEnabledFor(logging.INFO):
+        log.info(json.dumps({"event": event, **fields}, default=str))
+
+
+Submit = Callable[[], Awaitable[Outcome]]
+
+
+class TinkerService:
+    def __init__(self, backend: Backend, keys: KeyStore) -> None:
+        self.backend = backend
+        self.info = backend.info
+        self.keys = keys
+        self.futures = FutureStore()
+        self.registry = Registry()
+        self.paths = Paths(backend.info.checkpoint_dir)
+        self.samples = SampleQueue(backend)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.base_state: str | None = None
+        self.base_sampler: str | None = None
+
+    # -- start-up ---------------------------------------------------------------------
+    async def prepare(self) -> None:
+        """Keep the group's base weights once on disk (a model starts from them)."""
+        await asyncio.to_thread(self.backend.dp)
+        await asyncio.to_thread(self.backend.client.vocab_size)  # cached: no blocking later
+        if self.paths.root is None:
+            return
+        base = self.paths.root / BASE
+        state, sampler = base / "state", base / "sampler"
+        if not (state / "meta.json").is_file():
+            state.mkdir(parents=True, exist_ok=True)
+            await self.backend.call("save_state", str(state))
+        if not sampler.is_dir() or not any(sampler.iterdir()):
+            sampler.mkdir(parents=True, exist_ok=True)
+            await self.backend.call("save_sampler_weights", str(sampler), str(sampler))
+        self.base_state, self.base_sampler = str(state), str(sampler)
+
+    # -- plumbing ---------------------------------------------------------------------
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    @staticmethod
+    def _failure(exc: BaseException) -> Outcome:
+        if isinstance(exc, ServiceError):
+            return Outcome(error=str(exc), category=exc.category)
+        from tgruntime.controller.errors import WorkerMethodError
+
+        if isinstance(exc, WorkerMethodError | ValueError):
+            return Outcome(error=str(exc), category="user")
+        return Outcome(error=f"{type(exc).__name__}: {exc}", category="server")
+
+    def _run(self, submit: Submit) -> str:
+        rid = self.futures.new()
+
+        async def go() -> None:
+            try:
+                outcome = await submit()
+            except Exception as exc:
+                outcome = self._failure(exc)
+            self.futures.resolve(rid, outcome)
+
+        self._spawn(go())
+        return rid
+
+    def _ordered(
+        self,
+        model: Model,
+        seq_id: int | None,
+        prepare: Callable[[], Callable[[], Awaitable[Outcome]]],
+    ) -> str:
+        """``prepare`` validates and submits the group call (synchronously, in seq_id order)
+        and returns what awaits its result."""
+        if seq_id is not None and seq_id < model.order.next:
+            raise ServiceError(
+                f"seq_id {seq_id} is out of order: model {model.model_id} already ran up to "
+                f"seq_id {model.order.next - 1}; the next one is {model.order.next}"
+            )
+        rid = self.futures.new()
+
+        async def go() -> None:
+            finish: Callable[[], Awaitable[Outcome]] | None = None
+            try:
+                if seq_id is not None:
+                    await model.order.admit(seq_id)
+                try:
+                    finish = prepare()
+                finally:
+                    if seq_id is not None:
+                        await model.order.done(seq_id)
+                outcome = await finish()
+            except Exception as exc:
+                outcome = self._failure(exc)
+            self.futures.resolve(rid, outcome)
+
+        self._spawn(go())
+        return rid
+
+    @staticmethod
+    async def _body(request: web.Request) -> dict[str, Any]:
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ServiceError(f"the request body is not JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise ServiceError("the request body must be a JSON object")
+        return body
+
+    def _base(self, name: str | None) -> None:
+        if not self.info.accepts(name):
+            raise ServiceError(
+                f"base model {name!r} is not served here: this group trains "
+                f"{self.info.base_model!r} (one model per TrainerGroup)"
+            )
+
+    # -- sessions ---------------------------------------------------------------------
+    async def create_session(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        s = self.registry.new_session(list(body.get("tags") or []), body.get("user_metadata"))
+        _json_log("session", session_id=s.session_id, sdk=body.get("sdk_version"))
+        return web.json_response({"type": "create_session", "session_id": s.session_id})
+
+    async def heartbeat(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        self.registry.session(str(body.get("session_id")))
+        return web.json_response({"type": "session_heartbeat"})
+
+    async def finish(self, request: web.Request) -> web.Response:
+        self.registry.finish(request.match_info["session_id"])
+        return web.json_response({})
+
+    # -- models -----------------------------------------------------------------------
+    def _check_optimizer(self, cfg: Any) -> None:
+        if cfg is not None and isinstance(cfg, dict) and cfg.get("type", "adamw") != "adamw":
+            raise ServiceError(
+                f"optimizer {cfg.get('type')!r} is not supported: the group trains with AdamW"
+            )
+
+    @staticmethod
+    def _check_lora(lora: Any) -> int | None:
+        """Full weights until LoRA lands: ``rank`` is accepted and recorded, nothing is frozen;
+        a config that asks to leave parts untrained is refused (docs/tinker.md)."""
+        if lora is None:
+            return None
+        if not isinstance(lora, dict):
+            raise ServiceError("lora_config must be an object")
+        frozen = [k for k in ("train_unembed", "train_mlp", "train_attn") if lora.get(k) is False]
+        if frozen:
+            raise ServiceError(
+                f"lora_config {', '.join(f'{k}=False' for k in frozen)}: this group trains full "
+                "weights (LoRA adapters are not implemented yet), so it cannot leave those "
+                "weights untrained; drop the option"
+            )
+        rank = lora.get("rank")
+        if not isinstance(rank, int) or rank < 1:
+            raise ServiceError(f"lora_config.rank must be a positive integer, got {rank!r}")
+        return rank
+
+    def _reset_to_base(self) -> Callable[[], Awaitable[Outcome]]:
+        if self.base_state is None:
+
+            async def nothing() -> Outcome:
+                return Outcome(body={})
+
+            return nothing
+        load = self.backend.client.load_state(self.base_state, optimizer=False)
+        zero = self.backend.client.zero_grad()
+
+        async def wait() -> Outcome:
+            await self.backend.wait(load)
+            await self.backend.wait(zero)
+            return Outcome(body={})
+
+        return wait
+
+    async def create_model(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        sid = str(body.get("session_id"))
+        self.registry.session(sid)
+        self._base(body.get("base_model"))
+        rank = self._check_lora(body.get("lora_config"))
+        self._check_optimizer(body.get("optimizer_config"))
+        model_id = f"{sid}:train:{int(body.get('model_seq_id', 0))}"
+        model = Model(model_id, sid, self.info.base_model, rank)
+        self.registry.add_model(model)
+        _json_log("create_model", model_id=model_id, lora_rank=rank)
+
+        def prepare() -> Callable[[], Awaitable[Outcome]]:
+            reset = self._reset_to_base()
+
+            async def wait() -> Outcome:
+                await reset()
+                return Outcome(body={"type": "create_model", "model_id": model_id})
+
+            return wait
+
+        rid = self._ordered(model, None, prepare)
+        return web.json_response({"request_id": rid, "model_id": model_id})
+
+    async def get_info(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        m = self.registry.model(str(body.get("model_id")))
+        return web.json_response(
+            {
+                "type": "get_info",
+                "model_id": m.model_id,
+                "model_name": self.info.base_model,
+                "is_lora": False,
+                "lora_rank": None,
+                "model_data": {
+                    "arch": "llama",
+                    "model_name": self.info.base_model,
+                    "tokenizer_id": self.info.tokenizer_id,
+                },
+            }
+        )
+
+    # -- training ---------------------------------------------------------------------
+    async def forward_backward(self, request: web.Request) -> web.Response:
+        raw = await request.read()
+        if request.headers.get("Content-Encoding", "") == "zstd":
+            import zstandard
+
+            try:
+                raw = zstandard.ZstdDecompressor().decompress(raw, max_output_size=1 << 30)
+            except zstandard.ZstdError as exc:
+                raise ServiceError(f"malformed zstd body: {exc}") from None
+        if PROTO not in request.headers.get("Content-Type", PROTO):
+            raise ServiceError(f"forward_backward takes {PROTO} (as the tinker SDK sends it)")
+        fb = decode_forward_backward(raw)
+        model = self.registry.model(fb.model_id)
+
+        def prepare() -> Callable[[], Awaitable[Outcome]]:
+            return self._fwdbwd(fb)
+
+        rid = self._ordered(model, fb.seq_id or None, prepare)
+        return web.json_response({"request_id": rid, "model_id": model.model_id})
+
+    def _fwdbwd(self, fb: FwdBwdIn) -> Callable[[], Awaitable[Outcome]]:
+        try:
+            loss = tinker_loss_name(fb.loss_fn)
+        except ValueError as exc:
+            raise ServiceError(str(exc)) from None
+        batch, lengths = to_tensors(
+            fb.data,
+            loss=fb.loss_fn,
+            vocab_size=self.info.vocab_size,
+            max_len=self.info.max_sequence_length,
+            dp=self.backend.dp(),
+        )
+        client = self.backend.client
+        if fb.forward_only:
+            keys = ("input_ids", "attention_mask", "target_ids")
+            future = client.compute_log_prob({k: batch[k] for k in keys})
+        else:
+            future = client.forward_backward(
+                batch, loss=loss, loss_config=dict(fb.loss_config), reduction="sum"
+            )
+
+        async def wait() -> Outcome:
+            result = await self.backend.wait(future)
+            assert result.batch is not None
+            lp: torch.Tensor = result.batch["log_probs"]
+            meta = dict(result.meta_info)
+            if fb.forward_only:
+                if fb.loss_fn == "cross_entropy":
+                    w = batch["loss_mask"].to(torch.float64)
+                    meta = {"loss": float(-(lp.to(torch.float64) * w).sum())}
+                else:
+                    meta = {}
+            return Outcome(proto=encode_forward_backward(outputs(lp, lengths), metrics(meta)))
+
+        return wait
+
+    async def optim_step(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        model = self.registry.model(str(body.get("model_id")))
+        if "adam_params" not in body:
+            kind = (body.get("optimizer_params") or {}).get("type")
+            raise ServiceError(f"optimizer params {kind!r} are not supported (AdamParams only)")
+        p = dict(body["adam_params"] or {})
+
+        def prepare() -> Callable[[], Awaitable[Outcome]]:
+            lr = float(p.get("learning_rate", 1e-4))
+            future = self.backend.client.optim_step(
+                lr=lr,
+                betas=(float(p.get("beta1", 0.9)), float(p.get("beta2", 0.95))),
+                eps=float(p.get("eps", 1e-12)),
+                weight_decay=float(p.get("weight_decay", 0.0)),
+                grad_clip=float(p.get("grad_clip_norm", 0.0)),
+            )
+
+            async def wait() -> Outcome:
+                r = await self.backend.wait(future)
+                out = {"grad_norm:last": float(r.get("grad_norm", 0.0)), "lr:last": lr}
+                out["step:last"] = float(r.get("step", 0))
+                return Outcome(body={"type": "optim_step", "metrics": out})
+
+            return wait
+
+        rid = self._ordered(model, body.get("seq_id"), prepare)
+        return web.json_response({"request_id": rid, "model_id": model.model_id})
+
+    # -- weights ----------------------------------------------------------------------
+    async def save_weights(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        model = self.registry.model(str(body.get("model_id")))
+        seq = body.get("seq_id")
+        name = str(body.get("path") or f"step-{seq or int(time.time())}")
+        d = self.paths.directory(model.model_id, "weights", name)
+        if d.exists() and not body.get("overwrite", False) and (d / "meta.json").exists():
+            raise ServiceError(f"weights {name!r} already exist for {model.model_id}")
+
+        def prepare() -> Callable[[], Awaitable[Outcome]]:
+            d.mkdir(parents=True, exist_ok=True)
+            future = self.backend.client.save_state(str(d))
+
+            async def wait() -> Outcome:
+                await self.backend.wait(future)
+                uri = self.paths.uri(model.model_id, "weights", name)
+                return Outcome(body={"type": "save_weights", "path": uri})
+
+            return wait
+
+        rid = self._ordered(model, seq, prepare)
+        return web.json_response({"request_id": rid, "model_id": model.model_id})
+
+    async def save_weights_for_sampler(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        model = self.registry.model(str(body.get("model_id")))
+        name = body.get("path")
+
+        def prepare() -> Callable[[], Awaitable[Outcome]]:
+            if name:
+                d = self.paths.directory(model.model_id, "sampler_weights", str(name))
+                d.mkdir(parents=True, exist_ok=True)
+                weights, disk = str(d), str(d)
+            else:  # save_weights_and_get_sampling_client: in memory only
+                n = body.get("sampling_session_seq_id", model.sampler_count)
+                model.sampler_count += 1
+                weights, disk = f"{model.model_id}/ephemeral/{n}", None
+            future = self.backend.client.save_sampler_weights(weights, disk)
+
+            async def wait() -> Outcome:
+                await self.backend.wait(future)
+                if name:
+                    uri = self.paths.uri(model.model_id, "sampler_weights", str(name))
+                    return Outcome(body={"type": "save_weights_for_sampler", "path": uri})
+                ss = self._new_sampler(model.session_id, weights, None)
+                return Outcome(
+                    body={
+                        "type": "save_weights_for_sampler",
+                        "path": None,
+                        "sampling_session_id": ss.sampling_session_id,
+                    }
+                )
+
+            return wait
+
+        rid = self._ordered(model, body.get("seq_id"), prepare)
+        return web.json_response({"request_id": rid, "model_id": model.model_id})
+
+    async def load_weights(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        uri = str(body.get("path"))
+        _, kind, _, d = self.paths.parse(uri)
+        if kind != "weights":
+            raise ServiceError(
+                f"{uri} holds sampler weights (for sampling); load a tinker://.../weights/... "
+                "path saved by save_state"
+            )
+        optimizer = bool(body.get("optimizer", False))
+        if body.get("model_id"):
+            model = self.registry.model(str(body["model_id"]))
+            seq = body.get("seq_id")
+        else:
+            sid = str(body.get("session_id"))
+            self.registry.session(sid)
+            self._base(body.get("base_model"))
+            self._check_optimizer(body.get("optimizer_config"))
+            model = Model(
+                f"{sid}:train:{int(body.get('model_seq_id', 0))}", sid, self.info.base_model, None
+            )
+            self.registry.add_model(model)
+            seq = None
+
+        def prepare() -> Callable[[], Awaitable[Outcome]]:
+            load = self.backend.client.load_state(str(d), optimizer=optimizer)
+            zero = self.backend.client.zero_grad()
+
+            async def wait() -> Outcome:
+                await self.backend.wait(load)
+                await self.backend.wait(zero)
+                return Outcome(
+                    body={"type": "load_weights", "path": uri, "model_id": model.model_id}
+                )
+
+            return wait
+
+        rid = self._ordered(model, seq, prepare)
+        return web.json_response({"request_id": rid, "model_id": model.model_id})
+
+    # -- sampling ---------------------------------------------------------------------
+    def _new_sampler(self, sid: str, weights: str | None, path: str | None) -> SamplingSession:
+        n = len(self.registry.samplers)
+        ss = SamplingSession(f"{sid}:sample:{n}", sid, weights, path, self.info.base_model)
+        self.registry.samplers[ss.sampling_session_id] = ss
+        return ss
+
+    def _weights_for(self, model_path: str | None, base_model: str | None) -> str | None:
+        if model_path:
+            _, kind, _, d = self.paths.parse(model_path)
+            if kind != "sampler_weights":
+                raise ServiceError(
+                    f"{model_path} is a training state; sample from a "
+                    "tinker://.../sampler_weights/... path (save_weights_for_sampler)"
+                )
+            return str(d)
+        self._base(base_model)
+        return self.base_sampler
+
+    async def create_sampling_session(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        sid = str(body.get("session_id"))
+        self.registry.session(sid)
+        weights = self._weights_for(body.get("model_path"), body.get("base_model"))
+        ss = self._new_sampler(sid, weights, body.get("model_path"))
+        return web.json_response(
+            {"type": "create_sampling_session", "sampling_session_id": ss.sampling_session_id}
+        )
+
+    async def get_sampler(self, request: web.Request) -> web.Response:
+        ss = self.registry.samplers.get(request.match_info["sampler_id"])
+        if ss is None:
+            raise ServiceError(
+                f"unknown sampler {request.match_info['sampler_id']!r} (after a server restart, "
+                "create the sampling client again from its tinker:// path)",
+                status=404,
+            )
+        return web.json_response(
+            {
+                "sampler_id": ss.sampling_session_id,
+                "base_model": ss.base_model,
+                "model_path": ss.model_path,
+            }
+        )
+
+    def _stop(self, stop: Any) -> tuple[tuple[int, ...], ...]:
+        if stop is None:
+            return tuple((e,) for e in self.info.eos_token_ids)
+        if isinstance(stop, str) or (
+            isinstance(stop, list) and any(isinstance(s, str) for s in stop)
+        ):
+            raise ServiceError(
+                "stop strings are not supported (the group samples token ids): pass stop "
+                "token ids, e.g. the renderer's get_stop_sequences() as ints"
+            )
+        if not isinstance(stop, list) or not all(isinstance(s, int) for s in stop):
+            raise ServiceError(f"stop must be a list of token ids, got {stop!r}")
+        return tuple((int(s),) for s in stop)
+
+    async def asample(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        if body.get("sampling_session_id"):
+            ss = self.registry.samplers.get(str(body["sampling_session_id"]))
+            if ss is None:
+                raise ServiceError(
+                    f"unknown sampling session {body['sampling_session_id']!r} (after a "
+                    "server restart, create the sampling client again from its tinker:// "
+                    "path)",
+                    status=404,
+                )
+            weights = ss.weights
+        else:
+            weights = self._weights_for(body.get("model_path"), body.get("base_model"))
+        for key in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
+            if body.get(key):
+                raise ServiceError(f"{key} is not supported by this server")
+        if body.get("target_prompt_logprobs") is not None:
+            raise ServiceError("target_prompt_logprobs is not supported by this server")
+        tokens: list[int] = []
+        for chunk in (body.get("prompt") or {}).get("chunks") or []:
+            if chunk.get("type", "encoded_text") != "encoded_text":
+                raise ServiceError(f"{chunk.get('type')} chunks are not supported (text only)")
+            tokens += [int(t) for t in chunk.get("tokens") or []]
+        if not tokens:
+            raise ServiceError("the prompt is empty")
+        vocab = self.info.vocab_size
+        bad = [t for t in tokens if t < 0 or t >= vocab]
+        if bad:
+            raise ServiceError(
+                f"prompt token id {bad[0]} is outside the vocabulary (vocab_size {vocab})"
+            )
+        p = dict(body.get("sampling_params") or {})
+        limit = self.info.max_sequence_length
+        max_tokens = p.get("max_tokens")
+        max_tokens = limit - len(tokens) if max_tokens is None else int(max_tokens)
+        if max_tokens < 1 or len(tokens) + max_tokens > limit:
+            raise ServiceError(
+                f"max_tokens {max_tokens} with a {len(tokens)}-token prompt exceeds the group's "
+                f"sequence limit (model.maxSequenceLength {limit}); at most "
+                f"{limit - len(tokens)}"
+            )
+        n = int(body.get("num_samples", 1))
+        if n < 1:
+            raise ServiceError(f"num_samples must be >= 1, got {n}")
+        key = (
+            weights,
+            max_tokens,
+            float(p.get("temperature", 1.0)),
+            int(p.get("top_k", -1)),
+            float(p.get("top_p", 1.0)),
+            None if p.get("seed") is None else int(p["seed"]),
+            self._stop(p.get("stop")),
+            n,
+            bool(body.get("prompt_logprobs")),
+        )
+        rid = self.futures.new()
+
+        def done(result: dict[str, Any] | None, exc: BaseException | None) -> None:
+            if exc is not None:
+                self.futures.resolve(rid, self._failure(exc))
+                return
+            assert result is not None
+            self.futures.resolve(
+                rid, Outcome(proto=encode_sample(result["sequences"], result["prompt_logprobs"]))
+            )
+
+        self.samples.put(SampleJob(key, tokens, done))
+        return web.json_response(
+            {"request_id": rid, "sample_sequence_ids": [f"{rid}:{i}" for i in range(n)]}
+        )
+
+    # -- futures ----------------------------------------------------------------------
+    async def retrieve_future(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        outcome = await self.futures.wait(str(body.get("request_id")), POLL_S)
+        if outcome is None:
+            return web.json_response({"type": "try_again", "queue_state": "active"}, status=408)
+        if outcome.error is not None:
+            return web.json_response({"error": outcome.error, "category": outcome.category})
+        if outcome.proto is not None:
+            return web.Response(body=outcome.proto, content_type=PROTO)
+        return web.json_response(outcome.body or {})
+
+    # -- service info -----------------------------------------------------------------
+    async def client_config(self, request: web.Request) -> web.Response:
+        return web.json_response({"pjwt_auth_enabled": False, "proto_compress_fwdbwd": False})
+
+    async def dynamic_config(self, request: web.Request) -> web.Response:
+        return web.json_response({"refresh_interval_sec": 300})
+
+    async def capabilities(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "supported_models": [
+                    {
+                        "model_name": self.info.base_model,
+                        "max_context_length": self.info.max_sequence_length,
+                        "trainable": True,
+                        "sampleable": True,
+                    }
+                ],
+                "vocab_size": self.info.vocab_size,
+                "losses": sorted(TINKER_LOSSES),
+                "lora": "full weights (rank recorded, not applied)",
+                "tinker_sdk": TINKER_SDK_VERSION,
+            }
+        )
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def telemetry(self, request: web.Request) -> web.Response:
+        await request.read()
+        return web.json_response({"status": "accepted"})
+
+    def _run_json(self, run_id: str) -> dict[str, Any]:
+        cps = self.paths.list(run_id)
+        m = self.registry.models.get(run_id)
+        last = {t: [c for c in cps if c["checkpoint_type"] == t] for t in ("training", "sampler")}
+        stamp = max([c["time"] for c in cps], default=None)
+        return {
+            "training_run_id": run_id,
+            "base_model": self.info.base_model,
+            "model_owner": "trainergroup",
+            "is_lora": False,
+            "lora_rank": None,
+            "corrupted": False,
+            "last_request_time": stamp
+            or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(m.created if m else time.time())),
+            "last_checkpoint": last["training"][-1] if last["training"] else None,
+            "last_sampler_checkpoint": last["sampler"][-1] if last["sampler"] else None,
+        }
+
+    async def training_runs(self, request: web.Request) -> web.Response:
+        ids = sorted(set(self.paths.runs()) - {BASE} | set(self.registry.models))
+        runs = [self._run_json(i) for i in ids]
+        return web.json_response(
+            {
+                "training_runs": runs,
+                "cursor": {"offset": 0, "limit": len(runs), "total_count": len(runs)},
+            }
+        )
+
+    async def training_run(self, request: web.Request) -> web.Response:
+        return web.json_response(self._run_json(request.match_info["run_id"]))
+
+    async def run_checkpoints(self, request: web.Request) -> web.Response:
+        return web.json_response({"checkpoints": self.paths.list(request.match_info["run_id"])})
+
+    async def checkpoints(self, request: web.Request) -> web.Response:
+        cps = [c for c in self.paths.list() if c["training_run_id"] != BASE]
+        return web.json_response(
+            {
+                "checkpoints": cps,
+                "cursor": {"offset": 0, "limit": len(cps), "total_count": len(cps)},
+            }
+        )
+
+
+@web.middleware
+async def _errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    service: TinkerService = request.app["service"]
+    path = request.path
+    if path.startswith("/api/v1/") and path not in ("/api/v1/healthz",):
+        why = service.keys.check(request.headers.get("X-API-Key"))
+        if why is not None:
+            return web.json_response({"error": why, "category": "user"}, status=401)
+    try:
+        return await handler(request)
+    except ServiceError as exc:
+        _json_log("refused", path=path, status=exc.status, error=str(exc))
+        return web.json_response({"error": str(exc), "category": exc.category}, status=exc.status)
+    except web.HTTPException:
+        raise
+    except Exception as exc:
+        log.exception("unhandled error on %s", path)
+        return web.json_response(
+            {"error": f"{type(exc).__name__}: {exc}", "category": "server"}, status=500
+        )
+
+
+def create_app(service: TinkerService) -> web.Application:
+    app = web.Application(middlewares=[_errors], client_max_size=1 << 30)
+    app["service"] = service
+    s = service
+    v1 = "/api/v1"
+    post = {
+        "client/config": s.client_config,
+        "client/dynamic_config": s.dynamic_config,
+        "create_session": s.create_session,
+        "session_heartbeat": s.heartbeat,
+        "sessions/{session_id}/finish": s.finish,
+        "create_model": s.create_model,
+        "get_info": s.get_info,
+        "forward_backward": s.forward_backward,
+        "optim_step": s.optim_step,
+        "save_weights": s.save_weights,
+        "save_weights_for_sampler": s.save_weights_for_sampler,
+        "load_weights": s.load_weights,
+        "create_sampling_session": s.create_sampling_session,
+        "asample": s.asample,
+        "retrieve_future": s.retrieve_future,
+        "telemetry": s.telemetry,
+    }
+    get = {
+        "healthz": s.healthz,
+        "get_server_capabilities": s.capabilities,
+        "samplers/{sampler_id}": s.get_sampler,
+        "training_runs": s.training_runs,
+        "training_runs/{run_id}": s.training_run,
+        "training_runs/{run_id}/checkpoints": s.run_checkpoints,
+        "checkpoints": s.checkpoints,
+    }
+    for route, handler in post.items():
+        app.router.add_post(f"{v1}/{route}", handler)
+    for route, handler in get.items():
+        app.router.add_get(f"{v1}/{route}", handler)
+    app.router.add_get("/healthz", s.healthz)
+
+    async def on_startup(_: web.Application) -> None:
+        s.samples.start()
+
+    async def on_cleanup(_: web.Application) -> None:
+        await s.samples.stop()
+        for t in list(s._tasks):
+            t.cancel()
+
+    app.on_startup.append(on_startup)
+    app.on_cleanup.append(on_cleanup)
+    return app

@@ -1,0 +1,50 @@
+"""The group behind the server: a ``TrainerClient`` and what the spec says about it.
+
+Calls are submitted on the event loop (so they reach the workers in the order the
+routes admit them) and awaited in a thread with a timeout."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from tgruntime.trainer_client import TrainerClient, TrainerFuture
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class GroupInfo:
+    """What the server tells clients about the group (from its TrainerGroup spec)."""
+
+    base_model: str
+    vocab_size: int
+    max_sequence_length: int
+    checkpoint_dir: str
+    tokenizer_id: str | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    aliases: tuple[str, ...] = field(default=())
+
+    def accepts(self, name: str | None) -> bool:
+        return name is None or name == self.base_model or name in self.aliases
+
+
+class Backend:
+    def __init__(self, client: TrainerClient, info: GroupInfo, *, call_timeout_s: float = 600.0):
+        self.client = client
+        self.info = info
+        self.call_timeout_s = call_timeout_s
+        self._dp: int | None = None
+
+    def dp(self) -> int:
+        if self._dp is None:
+            self._dp = self.client.dp_size()
+        return self._dp
+
+    async def wait(self, future: TrainerFuture[T]) -> T:
+        return await asyncio.to_thread(future.result, self.call_timeout_s)
+
+    async def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        future = getattr(self.client, name)(*args, **kwargs)
+        return await self.wait(future)

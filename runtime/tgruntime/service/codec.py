@@ -1,0 +1,124 @@
+"""The SDK's protobuf messages (``tinker.proto.tinker_public_pb2``, tinker==0.38.0) in and out."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from google.protobuf.message import DecodeError
+from tinker.proto import tinker_public_pb2 as pb
+
+from tgruntime.service.sessions import ServiceError
+
+_NP = {
+    pb.DTYPE_FLOAT32: np.dtype(np.float32),
+    pb.DTYPE_INT64: np.dtype(np.int64),
+    pb.DTYPE_INT32: np.dtype(np.int32),
+}
+
+
+@dataclass
+class DatumIn:
+    tokens: np.ndarray  # int64 [N]
+    inputs: dict[str, np.ndarray] = field(default_factory=dict)  # name -> array, shape kept
+
+
+@dataclass
+class FwdBwdIn:
+    model_id: str
+    seq_id: int
+    loss_fn: str
+    loss_config: dict[str, float | str]
+    forward_only: bool
+    data: list[DatumIn]
+
+
+def _tensor(name: str, msg: pb.Tensor) -> np.ndarray:
+    dtype = _NP.get(msg.dtype)
+    if dtype is None:
+        raise ServiceError(f"loss_fn_inputs[{name!r}]: unsupported dtype {msg.dtype}")
+    if msg.HasField("sparse_csr"):
+        raise ServiceError(f"loss_fn_inputs[{name!r}]: sparse tensors are not supported")
+    if len(msg.dense) % dtype.itemsize:
+        raise ServiceError(
+            f"loss_fn_inputs[{name!r}]: {len(msg.dense)} bytes is not a whole "
+            f"number of {dtype} values"
+        )
+    arr = np.frombuffer(msg.dense, dtype=dtype)
+    shape = list(msg.shape) or [arr.size]
+    if math.prod(shape) != arr.size:
+        raise ServiceError(
+            f"loss_fn_inputs[{name!r}]: shape {shape} does not hold {arr.size} values"
+        )
+    return arr.reshape(shape).copy()
+
+
+def decode_forward_backward(body: bytes) -> FwdBwdIn:
+    msg = pb.ForwardBackwardRequest()
+    try:
+        msg.ParseFromString(body)
+    except DecodeError as exc:
+        raise ServiceError(f"malformed protobuf ForwardBackwardRequest: {exc}") from None
+    if not msg.model_id:
+        raise ServiceError("ForwardBackwardRequest without model_id (malformed request?)")
+    config: dict[str, float | str] = {k: float(v) for k, v in msg.loss_fn_config.items()}
+    for k, v in msg.loss_fn_config_v2.items():
+        config[k] = v.text if v.WhichOneof("value") == "text" else float(v.number)
+    data: list[DatumIn] = []
+    for i, d in enumerate(msg.data):
+        parts: list[np.ndarray] = []
+        for chunk in d.model_input:
+            kind = chunk.WhichOneof("chunk") if chunk.DESCRIPTOR.oneofs else None
+            if kind not in (None, "encoded_text"):
+                raise ServiceError(f"datum {i}: {kind} chunks are not supported (text only)")
+            raw = chunk.encoded_text.tokens
+            if len(raw) % 4:
+                raise ServiceError(f"datum {i}: encoded_text tokens are not int32 bytes")
+            parts.append(np.frombuffer(raw, dtype=np.int32).astype(np.int64))
+        tokens = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        inputs = {name: _tensor(name, t) for name, t in d.loss_fn_inputs.items()}
+        data.append(DatumIn(tokens, inputs))
+    return FwdBwdIn(msg.model_id, int(msg.seq_id), msg.loss_fn, config, msg.forward_only, data)
+
+
+def _batched(arrays: list[np.ndarray], dtype: int) -> pb.BatchedTensor:
+    np_dtype = _NP[dtype]
+    flat = [np.ascontiguousarray(a, dtype=np_dtype).reshape(-1) for a in arrays]
+    offsets = np.zeros(len(flat) + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([a.nbytes for a in flat])
+    bt = pb.BatchedTensor(
+        data=b"".join(a.tobytes() for a in flat), offsets=offsets.tobytes(), dtype=dtype
+    )
+    return bt
+
+
+def encode_forward_backward(
+    outputs: list[dict[str, np.ndarray]], metrics: dict[str, float]
+) -> bytes:
+    msg = pb.ForwardBackwardOutput(loss_fn_output_type="ArrayRecord")
+    for k, v in metrics.items():
+        msg.metrics[k] = float(v)
+    rec = msg.loss_fn_outputs.add()
+    rec.num_datums = len(outputs)
+    for name in outputs[0] if outputs else []:
+        rec.fields[name].CopyFrom(_batched([o[name] for o in outputs], pb.DTYPE_FLOAT32))
+    return bytes(msg.SerializeToString())
+
+
+def encode_sample(
+    sequences: list[dict[str, Any]], prompt_logprobs: list[float | None] | None
+) -> bytes:
+    msg = pb.SampleResponse()
+    for s in sequences:
+        seq = msg.sequences.add()
+        seq.tokens = np.asarray(s["tokens"], dtype=np.int32).tobytes()
+        seq.logprobs = np.asarray(s["logprobs"], dtype=np.float32).tobytes()
+        seq.stop_reason = (
+            pb.STOP_REASON_STOP if s.get("stop_reason") == "stop" else pb.STOP_REASON_LENGTH
+        )
+    if prompt_logprobs is not None:
+        vals = [math.nan if v is None else float(v) for v in prompt_logprobs]
+        msg.prompt_logprobs = np.asarray(vals, dtype=np.float32).tobytes()
+    return bytes(msg.SerializeToString())

@@ -1,0 +1,122 @@
+"""Tinker ``Datum``s -> the tensors ``TrainerClient.forward_backward`` takes, and back.
+
+One datum per row: ``input_ids`` = model_input, right-padded to the longest datum
+(``attention_mask`` marks the real positions); ``loss_fn_inputs`` map through
+``tinker_losses.TINKER_INPUTS`` (target_tokens -> target_ids, weights -> loss_mask,
+logprobs -> old_log_probs, advantages). Rows are padded to a multiple of the group's
+data-parallel size with weight-0 rows (a sum loss gets nothing from them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from tgruntime.service.codec import DatumIn
+from tgruntime.service.sessions import ServiceError
+from tgruntime.trainer.tinker_losses import TINKER_INPUTS
+
+NEEDS: dict[str, tuple[str, ...]] = {
+    "cross_entropy": ("target_tokens",),
+    "importance_sampling": ("target_tokens", "logprobs", "advantages"),
+    "ppo": ("target_tokens", "logprobs", "advantages"),
+    "cispo": ("target_tokens", "logprobs", "advantages"),
+    "dro": ("target_tokens", "logprobs", "advantages"),
+}
+PER_TOKEN = ("target_tokens", "weights", "logprobs", "advantages")
+
+
+def to_tensors(
+    data: list[DatumIn],
+    *,
+    loss: str,
+    vocab_size: int,
+    max_len: int,
+    dp: int,
+) -> tuple[dict[str, torch.Tensor], list[int]]:
+    """The batch and each datum's length; every shape and id checked first."""
+    if not data:
+        raise ServiceError("forward_backward with no data")
+    needs = NEEDS.get(loss, ("target_tokens",))
+    lengths: list[int] = []
+    for i, d in enumerate(data):
+        n = int(d.tokens.size)
+        if n == 0:
+            raise ServiceError(f"datum {i}: empty model_input")
+        if n > max_len:
+            raise ServiceError(
+                f"datum {i}: {n} tokens exceed the group's sequence limit "
+                f"(model.maxSequenceLength {max_len})"
+            )
+        for name in needs:
+            if name not in d.inputs:
+                raise ServiceError(f"datum {i}: loss {loss!r} needs loss_fn_inputs[{name!r}]")
+        for name, arr in d.inputs.items():
+            if name not in TINKER_INPUTS:
+                raise ServiceError(
+                    f"datum {i}: unknown loss_fn_inputs key {name!r} (known: "
+                    f"{sorted(TINKER_INPUTS)})"
+                )
+            if name in PER_TOKEN and arr.shape != (n,):
+                raise ServiceError(
+                    f"datum {i}: loss_fn_inputs[{name!r}] has shape {list(arr.shape)}, but "
+                    f"model_input has {n} tokens (expected [{n}])"
+                )
+        bad = d.tokens[(d.tokens < 0) | (d.tokens >= vocab_size)]
+        if bad.size:
+            raise ServiceError(
+                f"datum {i}: model_input token id {int(bad[0])} is outside the vocabulary "
+                f"(vocab_size {vocab_size})"
+            )
+        tgt = d.inputs["target_tokens"]
+        badt = tgt[(tgt < 0) | (tgt >= vocab_size)]
+        if badt.size:
+            raise ServiceError(
+                f"datum {i}: target_tokens id {int(badt[0])} is outside the vocabulary "
+                f"(vocab_size {vocab_size})"
+            )
+        lengths.append(n)
+    rows = len(data) + (-len(data)) % dp
+    s = max(lengths)
+    ids = np.zeros((rows, s), np.int64)
+    mask = np.zeros((rows, s), np.int64)
+    target = np.zeros((rows, s), np.int64)
+    weights = np.zeros((rows, s), np.float32)
+    extra: dict[str, np.ndarray] = {}
+    for i, d in enumerate(data):
+        n = lengths[i]
+        ids[i, :n] = d.tokens
+        mask[i, :n] = 1
+        target[i, :n] = d.inputs["target_tokens"]
+        w = d.inputs.get("weights")
+        weights[i, :n] = 1.0 if w is None else w
+        for name in ("logprobs", "advantages"):
+            if name in d.inputs:
+                extra.setdefault(name, np.zeros((rows, s), np.float32))[i, :n] = d.inputs[name]
+    batch: dict[str, torch.Tensor] = {
+        "input_ids": torch.from_numpy(ids),
+        "attention_mask": torch.from_numpy(mask),
+        "target_ids": torch.from_numpy(target),
+        "loss_mask": torch.from_numpy(weights),
+    }
+    for name, arr in extra.items():
+        batch[TINKER_INPUTS[name]] = torch.from_numpy(arr)
+    return batch, lengths
+
+
+def outputs(log_probs: torch.Tensor, lengths: list[int]) -> list[dict[str, np.ndarray]]:
+    lp = log_probs.detach().to(torch.float32).cpu().numpy()
+    return [{"logprobs": lp[i, :n].copy()} for i, n in enumerate(lengths)]
+
+
+def metrics(meta: dict[str, Any]) -> dict[str, float]:
+    """Tinker's ``name:reduction`` keys (a bare key crashes the SDK)."""
+    out = {"loss:sum": float(meta.get("loss", 0.0))}
+    for key, value in meta.items():
+        if key.startswith("metrics/"):
+            try:
+                out[f"{key[len('metrics/') :]}:mean"] = float(value)
+            except (TypeError, ValueError):
+                continue
+    return out

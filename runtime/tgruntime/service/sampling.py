@@ -1,0 +1,82 @@
+"""The sampling queue: concurrent ``asample`` requests with the same weights and parameters
+go to the group as one ``TrainerClient.sample`` call."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tgruntime.service.backend import Backend
+
+log = logging.getLogger("tgruntime.service.sampling")
+
+# (weights, max_tokens, temperature, top_k, top_p, seed, stop, num_samples, prompt_logprobs)
+Key = tuple[Any, ...]
+
+
+@dataclass
+class SampleJob:
+    key: Key
+    prompt: list[int]
+    done: Callable[[dict[str, Any] | None, BaseException | None], None]
+
+
+class SampleQueue:
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self._queue: asyncio.Queue[SampleJob] = asyncio.Queue()
+        self._task: asyncio.Task[None] | None = None
+        self.calls = 0
+        self.prompts = 0
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    def put(self, job: SampleJob) -> None:
+        self._queue.put_nowait(job)
+
+    async def _run(self) -> None:
+        while True:
+            jobs = [await self._queue.get()]
+            await asyncio.sleep(0.002)  # let requests sent together arrive together
+            while not self._queue.empty():
+                jobs.append(self._queue.get_nowait())
+            groups: dict[Key, list[SampleJob]] = {}
+            for job in jobs:
+                groups.setdefault(job.key, []).append(job)
+            await asyncio.gather(*(self._one_call(k, g) for k, g in groups.items()))
+
+    async def _one_call(self, key: Key, jobs: list[SampleJob]) -> None:
+        weights, max_tokens, temperature, top_k, top_p, seed, stop, n, plp = key
+        self.calls += 1
+        self.prompts += len(jobs)
+        try:
+            future = self.backend.client.sample(
+                [j.prompt for j in jobs],
+                max_tokens=max_tokens,
+                temperature=temperature,
+                top_k=top_k,
+                top_p=top_p,
+                seed=seed,
+                stop=None if stop is None else [list(s) for s in stop],
+                num_samples=n,
+                prompt_logprobs=plp,
+                weights=weights,
+            )
+            results = await self.backend.wait(future)
+        except Exception as exc:
+            for j in jobs:
+                j.done(None, exc)
+            return
+        for j, r in zip(jobs, results, strict=True):
+            j.done(r, None)

@@ -1,0 +1,164 @@
+"""Sessions, training runs (models) and the seq_id order of each model's work.
+
+Only soft state lives here (which session holds the group's one full-weight run); weights
+and checkpoints live in the group and the checkpoint directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class ServiceError(Exception):
+    """A request refused with a clear message (HTTP ``status``; ``category`` for futures)."""
+
+    def __init__(self, message: str, *, status: int = 400, category: str = "user") -> None:
+        super().__init__(message)
+        self.status = status
+        self.category = category
+
+
+class SeqOrder:
+    """Admits a model's requests in seq_id order (1, 2, 3, ...).
+
+    A seq_id already admitted is refused at once; one ahead of the next expected waits
+    (the SDK may send chunks out of order) up to ``gap_timeout_s``, then is refused."""
+
+    def __init__(self, *, first: int = 1, gap_timeout_s: float = 60.0) -> None:
+        self.next = first
+        self._cond = asyncio.Condition()
+        self._gap_timeout_s = gap_timeout_s
+
+    async def admit(self, seq_id: int) -> None:
+        async with self._cond:
+            if seq_id < self.next:
+                raise ServiceError(
+                    f"seq_id {seq_id} is out of order: this model already ran up to seq_id "
+                    f"{self.next - 1} (each request needs the next seq_id, {self.next})"
+                )
+            try:
+                await asyncio.wait_for(
+                    self._cond.wait_for(lambda: self.next >= seq_id), self._gap_timeout_s
+                )
+            except TimeoutError:
+                raise ServiceError(
+                    f"seq_id {seq_id} waited {self._gap_timeout_s:.0f} s for seq_id "
+                    f"{self.next}, which never came"
+                ) from None
+            if self.next != seq_id:
+                raise ServiceError(f"seq_id {seq_id} was already used")
+
+    async def done(self, seq_id: int) -> None:
+        async with self._cond:
+            if seq_id == self.next:
+                self.next += 1
+            self._cond.notify_all()
+
+
+@dataclass
+class Model:
+    model_id: str
+    session_id: str
+    base_model: str
+    lora_rank: int | None
+    created: float = field(default_factory=time.time)
+    order: SeqOrder = field(default_factory=SeqOrder)
+    retired: str | None = None
+    sampler_count: int = 0
+
+
+@dataclass
+class Session:
+    session_id: str
+    tags: list[str]
+    metadata: dict[str, Any] | None
+    last_seen: float = field(default_factory=time.monotonic)
+    finished: bool = False
+
+
+@dataclass
+class SamplingSession:
+    sampling_session_id: str
+    session_id: str
+    weights: str | None  # the group's sampler-weights name; None = current training weights
+    model_path: str | None
+    base_model: str
+
+
+class Registry:
+    def __init__(self, *, session_ttl_s: float = 120.0) -> None:
+        self.sessions: dict[str, Session] = {}
+        self.models: dict[str, Model] = {}
+        self.samplers: dict[str, SamplingSession] = {}
+        self._ttl = session_ttl_s
+
+    def new_session(self, tags: list[str], metadata: dict[str, Any] | None) -> Session:
+        sid = f"tg-{uuid.uuid4().hex[:16]}"
+        s = Session(sid, tags, metadata)
+        self.sessions[sid] = s
+        return s
+
+    def session(self, sid: str) -> Session:
+        s = self.sessions.get(sid)
+        if s is None:
+            raise ServiceError(
+                f"unknown session {sid!r} (the server may have restarted: "
+                "create a new ServiceClient)",
+                status=404,
+            )
+        s.last_seen = time.monotonic()
+        return s
+
+    def alive(self, s: Session) -> bool:
+        return not s.finished and time.monotonic() - s.last_seen < self._ttl
+
+    def active_model(self) -> Model | None:
+        for m in self.models.values():
+            if m.retired is None:
+                sess = self.sessions.get(m.session_id)
+                if sess is not None and self.alive(sess):
+                    return m
+        return None
+
+    def add_model(self, model: Model) -> None:
+        """One full-weight run per group: a live model of another session refuses this one;
+        this session's earlier model is retired (a new client from a saved state replaces
+        it)."""
+        current = self.active_model()
+        if current is not None and current.session_id != model.session_id:
+            raise ServiceError(
+                f"this group already trains model {current.model_id} (another session, full "
+                "weights): a second concurrent full-weight run would overwrite its weights. "
+                "Finish that session (or let its heartbeat lapse) first",
+                status=409,
+            )
+        for m in self.models.values():
+            if m.session_id == model.session_id and m.retired is None:
+                m.retired = f"superseded by {model.model_id}"
+        self.models[model.model_id] = model
+
+    def model(self, model_id: str) -> Model:
+        m = self.models.get(model_id)
+        if m is None:
+            raise ServiceError(
+                f"unknown model id {model_id!r}: create it with create_model (or "
+                "create_training_client_from_state) first; the server may have restarted",
+                status=404,
+            )
+        if m.retired is not None:
+            raise ServiceError(
+                f"model {model_id} is no longer trained here ({m.retired})", status=409
+            )
+        self.session(m.session_id)
+        return m
+
+    def finish(self, sid: str) -> None:
+        s = self.session(sid)
+        s.finished = True
+        for m in self.models.values():
+            if m.session_id == sid and m.retired is None:
+                m.retired = "its session finished"

@@ -330,10 +330,12 @@ def available(deployment: Mapping[str, Any] | None) -> bool:
     if deployment is None or (deployment.get("metadata") or {}).get("deletionTimestamp"):
         return False
     status = deployment.get("status") or {}
+    replicas = status.get("availableReplicas")
+    ready = type(replicas) is int and replicas > 0
     for cond in status.get("conditions") or []:
         if isinstance(cond, Mapping) and cond.get("type") == "Available":
-            return cond.get("status") == "True" and int(status.get("availableReplicas") or 0) > 0
-    return int(status.get("availableReplicas") or 0) > 0
+            return cond.get("status") == "True" and ready
+    return ready
 
 
 def api_url(tg: TrainerGroup, deployment: Mapping[str, Any] | None) -> str:

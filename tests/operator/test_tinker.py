@@ -209,6 +209,9 @@ def test_availability_and_the_api_url() -> None:
     dep = _available()
     dep["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     assert not tinker.available(dep)
+    dep = _available()
+    dep["status"]["availableReplicas"] = "1"  # garbage in a status: not available, no crash
+    assert not tinker.available(dep)
     assert tinker.api_url(TG, _available()) == "http://demo-tinker.team-a.svc:8000"
     assert tinker.api_url(TG, None) == ""
 

@@ -195,7 +195,9 @@ class KubeApi:
     async def get_tinker_deployment(
         self, *, namespace: str, group: str
     ) -> dict[str, Any] | None:
-        """One GET of ``<group>-tinker`` (the operator itself reads the watch's index)."""
+        """One GET of ``<group>-tinker``: for tools with the rights to read Deployments. The
+        operator reads the watch's index instead (``WatchedKube``) and holds no ``get`` on
+        Deployments: a 403 counts as "not seen" (the create that follows answers 409)."""
 
         def call() -> dict[str, Any] | None:
             try:
@@ -206,7 +208,7 @@ class KubeApi:
                     _request_timeout=self._timeout,
                 )
             except ApiException as exc:
-                if exc.status == 404:
+                if exc.status in (403, 404):
                     return None
                 raise
             return cast(dict[str, Any], json.loads(resp.data))

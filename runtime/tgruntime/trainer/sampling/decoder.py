@@ -62,6 +62,13 @@ def unwrap_gpt(module: torch.nn.Module) -> Any:
     return inner
 
 
+def _rotate(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Non-interleaved RoPE over the whole head dim: megatron's unfused arithmetic
+    (``t * cos + rotate_half(t) * sin``) with cos/sin computed once per step."""
+    x1, x2 = torch.chunk(t, 2, dim=-1)
+    return t * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
 class CachedDecoder:
     """Prefill and single-token decode over one rank's ``GPTModel`` shard (no autograd)."""
 
@@ -88,6 +95,11 @@ class CachedDecoder:
         self.device = weight.device
         self.dtype = weight.dtype
         self._freqs: torch.Tensor | None = None
+        table = self.freqs()
+        if table is not None and (
+            self.config.rotary_interleaved or table.shape[-1] != self.head_dim
+        ):
+            raise NotImplementedError("the sampler's RoPE is non-interleaved over the full head")
 
     # -- buffers ------------------------------------------------------------------------
     def allocate(self, rows: int, length: int) -> KVCache:
@@ -145,14 +157,13 @@ class CachedDecoder:
         index: int,
         pos: torch.Tensor,
         mask: torch.Tensor,
-        freqs: torch.Tensor | None,
+        rope: tuple[torch.Tensor, torch.Tensor] | None,
     ) -> torch.Tensor:
         attn = layer.self_attention
         query, key, value = attn.get_query_key_value_tensors(x, None)[:3]  # [1, b, n, d]
         b = query.shape[1]
-        if freqs is not None:  # freqs [1, b, 1, d]: each row at its own position
-            query = apply_rotary_pos_emb(query, freqs, self.config)
-            key = apply_rotary_pos_emb(key, freqs, self.config)
+        if rope is not None:  # (cos, sin) [1, b, 1, d]: each row at its own position
+            query, key = _rotate(query, *rope), _rotate(key, *rope)
         rows = torch.arange(b, device=pos.device)
         cache.keys[index][rows, :, pos] = key[0]
         cache.values[index][rows, :, pos] = value[0]
@@ -211,13 +222,15 @@ class CachedDecoder:
         """
         b = tokens.shape[0]
         freqs = self.freqs()
-        if freqs is not None:
-            freqs = freqs[pos].reshape(1, b, 1, -1)
+        rope = None
+        if freqs is not None:  # cos/sin once per step, shared by every layer
+            angles = freqs[pos].reshape(1, b, 1, -1)
+            rope = (torch.cos(angles).to(self.dtype), torch.sin(angles).to(self.dtype))
         span = torch.arange(cache.length, device=pos.device)
         mask = (span.unsqueeze(0) <= pos.unsqueeze(1)).view(b, 1, 1, cache.length)
         x = self._embed(tokens.unsqueeze(1), pos.unsqueeze(1))
         x = self._layers(
             x,
-            lambda layer, h, i: self._attention_decode(layer, h, cache, i, pos, mask, freqs),
+            lambda layer, h, i: self._attention_decode(layer, h, cache, i, pos, mask, rope),
         )
         return self.logits(x)[0]

@@ -86,3 +86,129 @@ def test_training_flow_cross_entropy_against_float64_and_loss_falls(
             tc.optim_step(adam).result(timeout=WAIT)
             losses.append(fb.metrics["loss:sum"])
         assert losses[-1] < losses[0] * 0.9, losses
+
+
+def _rl_datum(prompt: list[int], ans: list[int], old: list[float], adv: float) -> Any:
+    toks = prompt + ans
+    n = len(toks) - 1
+    k = len(prompt) - 1  # positions before the answer carry no loss
+    zeros = [0.0] * k
+    return T.Datum(
+        model_input=T.ModelInput.from_ints(toks[:-1]),
+        loss_fn_inputs={
+            "target_tokens": np.asarray(toks[1:], np.int64),
+            "logprobs": np.asarray(zeros + list(old), np.float32),
+            "advantages": np.asarray(zeros + [adv] * len(ans), np.float32),
+            "weights": np.asarray(zeros + [1.0] * len(ans), np.float32),
+        }
+        if n
+        else {},
+    )
+
+
+def test_each_loss_matches_its_definition_on_policy(served: dict[str, Any]) -> None:
+    """On-policy (old logprobs = the model's): ratio 1, so each loss has a closed form."""
+    prompt, ans = [3, 9, 4], [17, 22, 5]
+    with _sc(served) as sc:
+        tc = sc.create_lora_training_client(base_model=served["base"], rank=4).result()
+        base = tc.forward([_datum(prompt + ans)], "cross_entropy").result(timeout=WAIT)
+        lp = base.loss_fn_outputs[0]["logprobs"].to_numpy()
+        old = [float(x) for x in lp[len(prompt) - 1 :]]
+        a = 0.5
+        d = _rl_datum(prompt, ans, old, a)
+        expect = {
+            "importance_sampling": -a * len(ans),
+            "ppo": -a * len(ans),
+            "cispo": -a * sum(old),
+            "dro": -a * sum(old),
+        }
+        config: dict[str, dict[str, float]] = {"dro": {"beta": 0.1}}
+        for loss, want in expect.items():
+            out = tc.forward_backward([d], loss, loss_fn_config=config.get(loss)).result(
+                timeout=WAIT
+            )
+            assert abs(out.metrics["loss:sum"] - want) < 1e-4, (loss, out.metrics, want)
+            got = out.loss_fn_outputs[0]["logprobs"].to_numpy()
+            np.testing.assert_allclose(got, lp, atol=1e-5)
+        tc.optim_step(T.AdamParams(learning_rate=1e-3)).result(timeout=WAIT)
+
+
+def test_sampling_compute_logprobs_and_seeds(served: dict[str, Any]) -> None:
+    prompt = T.ModelInput.from_ints([5, 6, 7, 8])
+    params = T.SamplingParams(max_tokens=6, temperature=1.0, seed=11, stop=[])
+    with _sc(served) as sc:
+        tc = sc.create_lora_training_client(base_model=served["base"], rank=4).result()
+        path = tc.save_weights_for_sampler("s0").result(timeout=WAIT).path
+        assert path.endswith("/sampler_weights/s0")
+        sampler = sc.create_sampling_client(model_path=path)
+        r1 = sampler.sample(prompt, num_samples=3, sampling_params=params).result(timeout=WAIT)
+        r2 = sampler.sample(prompt, num_samples=3, sampling_params=params).result(timeout=WAIT)
+        assert len(r1.sequences) == 3
+        assert [s.tokens for s in r1.sequences] == [s.tokens for s in r2.sequences]
+        for seq in r1.sequences:
+            assert len(seq.tokens) == 6 and seq.stop_reason == "length"
+            full = T.ModelInput.from_ints([5, 6, 7, 8, *seq.tokens])
+            plp = sampler.compute_logprobs(full).result(timeout=WAIT)
+            assert plp[0] is None
+            np.testing.assert_allclose(plp[4:], seq.logprobs, atol=1e-4)
+        # save_weights_and_get_sampling_client: in-memory weights, same distribution
+        sc2 = tc.save_weights_and_get_sampling_client()
+        r3 = sc2.sample(prompt, num_samples=3, sampling_params=params).result(timeout=WAIT)
+        assert [s.tokens for s in r3.sequences] == [s.tokens for s in r1.sequences]
+        # the checkpoints listing sees the sampler weights
+        rest = sc.create_rest_client()
+        cps = rest.list_checkpoints(tc.model_id).result(timeout=WAIT)
+        assert any(c.tinker_path == path for c in cps.checkpoints)
+
+
+def test_save_state_then_from_state_with_optimizer_gives_the_same_next_loss(
+    served: dict[str, Any],
+) -> None:
+    data = _batch(3)
+    adam = T.AdamParams(learning_rate=5e-3)
+    with _sc(served) as sc:
+        tc = sc.create_lora_training_client(base_model=served["base"], rank=4).result()
+        tc.forward_backward(data, "cross_entropy").result(timeout=WAIT)
+        tc.optim_step(adam).result(timeout=WAIT)
+        path = tc.save_state("mid").result(timeout=WAIT).path
+        tc.forward_backward(data, "cross_entropy").result(timeout=WAIT)
+        tc.optim_step(adam).result(timeout=WAIT)
+        want = tc.forward(data, "cross_entropy").result(timeout=WAIT).metrics["loss:sum"]
+        tc2 = sc.create_training_client_from_state_with_optimizer(path)
+        tc2.forward_backward(data, "cross_entropy").result(timeout=WAIT)
+        tc2.optim_step(adam).result(timeout=WAIT)
+        got = tc2.forward(data, "cross_entropy").result(timeout=WAIT).metrics["loss:sum"]
+        assert abs(got - want) < 1e-4 * max(1.0, abs(want)), (got, want)
+        # weights only (fresh optimizer): the same start, a different next step
+        tc3 = sc.create_training_client_from_state(path)
+        start = tc3.forward(data, "cross_entropy").result(timeout=WAIT).metrics["loss:sum"]
+        assert start != got
+
+
+def test_rl_loop_reward_rises(served: dict[str, Any]) -> None:
+    """Toy task: after the prompt [BOS, d], answer a token of d's parity (reward 1, else 0)."""
+    rng = np.random.default_rng(0)
+    rewards: list[float] = []
+    with _sc(served) as sc:
+        tc = sc.create_lora_training_client(base_model=served["base"], rank=4).result()
+        for it in range(20):
+            sampler = tc.save_weights_and_get_sampling_client()
+            data, rs = [], []
+            for d in rng.integers(0, 10, size=4):
+                prompt = [2, int(d)]
+                res = sampler.sample(
+                    T.ModelInput.from_ints(prompt), num_samples=4,
+                    sampling_params=T.SamplingParams(max_tokens=1, seed=it * 100 + int(d),
+                                                     stop=[]),
+                ).result(timeout=WAIT)
+                r = [float(s.tokens[0] % 2 == d % 2) for s in res.sequences]
+                mean = sum(r) / len(r)
+                rs += r
+                for s, ri in zip(res.sequences, r, strict=True):
+                    data.append(_rl_datum(prompt, list(s.tokens), list(s.logprobs), ri - mean))
+            rewards.append(sum(rs) / len(rs))
+            loss = "importance_sampling" if it % 2 == 0 else "ppo"
+            tc.forward_backward(data, loss).result(timeout=WAIT)
+            tc.optim_step(T.AdamParams(learning_rate=5e-2)).result(timeout=WAIT)
+    first, last = np.mean(rewards[:4]), np.mean(rewards[-4:])
+    assert last > first + 0.2, rewards

@@ -73,7 +73,7 @@ status=0
 PY="$ROOT/.venv/bin/python"
 pytest_phase() {  # NAME MARKEXPR [pytest args]
   local name="$1" expr="$2" rc; shift 2
-  phase "$name" - "$PY" -m pytest -q -m "$expr" -p no:cacheprovider "$@"; rc=$?
+  phase "$name" - "$PY" -m pytest -q -m "$expr" -p no:cacheprovider --durations=8 "$@"; rc=$?
   # 5: nothing selected (e.g. -k matched nothing in this phase): not a failure of the phase
   if (( rc == 5 )); then sed -i '$ s/\t5$/\t0 (none selected)/' "$PHASES"; rc=0; fi
   (( rc != 0 )) && status=1

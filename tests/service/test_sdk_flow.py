@@ -186,22 +186,24 @@ def test_save_state_then_from_state_with_optimizer_gives_the_same_next_loss(
 
 
 def test_rl_loop_reward_rises(served: dict[str, Any]) -> None:
-    """Toy task: after the prompt [BOS, d], answer a token of d's parity (reward 1, else 0)."""
+    """Toy task: after the prompt [BOS, d], answer an even token id (reward 1, else 0).
+
+    A random policy scores about 1/2; the verifier is the parity check."""
     rng = np.random.default_rng(0)
     rewards: list[float] = []
     with _sc(served) as sc:
         tc = sc.create_lora_training_client(base_model=served["base"], rank=4).result()
-        for it in range(20):
-            sampler = tc.save_weights_and_get_sampling_client()
+        for it in range(16):
+            sampler = tc.save_weights_and_get_sampling_client().result()
             data, rs = [], []
             for d in rng.integers(0, 10, size=4):
                 prompt = [2, int(d)]
                 res = sampler.sample(
-                    T.ModelInput.from_ints(prompt), num_samples=4,
+                    T.ModelInput.from_ints(prompt), num_samples=8,
                     sampling_params=T.SamplingParams(max_tokens=1, seed=it * 100 + int(d),
                                                      stop=[]),
                 ).result(timeout=WAIT)
-                r = [float(s.tokens[0] % 2 == d % 2) for s in res.sequences]
+                r = [float(s.tokens[0] % 2 == 0) for s in res.sequences]
                 mean = sum(r) / len(r)
                 rs += r
                 for s, ri in zip(res.sequences, r, strict=True):
@@ -209,6 +211,6 @@ def test_rl_loop_reward_rises(served: dict[str, Any]) -> None:
             rewards.append(sum(rs) / len(rs))
             loss = "importance_sampling" if it % 2 == 0 else "ppo"
             tc.forward_backward(data, loss).result(timeout=WAIT)
-            tc.optim_step(T.AdamParams(learning_rate=5e-2)).result(timeout=WAIT)
+            tc.optim_step(T.AdamParams(learning_rate=1e-2)).result(timeout=WAIT)
     first, last = np.mean(rewards[:4]), np.mean(rewards[-4:])
     assert last > first + 0.2, rewards

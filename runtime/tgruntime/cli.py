@@ -24,6 +24,7 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import re
 import subprocess
 import sys
@@ -468,6 +469,63 @@ def _disconnect() -> None:
         ray.shutdown()
 
 
+# ============================================================================ serve
+def tinker_key(group: str) -> tuple[str, str]:
+    """(key, where it is): TG_TINKER_API_KEY, else a ``tml-`` key generated once and stored
+    0600 under the cache directory (``~/.cache/trainergroup/tinker/<group>.key``)."""
+    import secrets
+
+    env = os.environ.get("TG_TINKER_API_KEY", "").strip()
+    if env:
+        return env, "the TG_TINKER_API_KEY environment variable"
+    path = local_ray.state_file().parent / "tinker" / f"{group}.key"
+    if path.is_file():
+        key = path.read_text(encoding="utf-8").strip()
+        if key:
+            return key, str(path)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    key = "tml-" + secrets.token_urlsafe(24)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(key + "\n")
+    return key, str(path)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from tgruntime.service.__main__ import group_info, serve
+    from tgruntime.service.auth import KeyStore
+    from tgruntime.trainer_client import TrainerClient
+
+    tg = _load(args.file)
+    address = _known_address(args)
+    if address is None:
+        print(
+            "tgctl serve: no Ray cluster is known: run `tgctl up -f FILE` first, or pass "
+            "--address (or set RAY_ADDRESS)",
+            file=sys.stderr,
+        )
+        return 1
+    client = TrainerClient.connect_local(
+        group_name=tg.group_name, ray_namespace=tg.ray_namespace, address=address
+    )
+    key, where = tinker_key(tg.group_name)
+    info = group_info(tg.name, tg.spec, eos_token_ids=tuple(args.eos_token_id))
+    running = serve(client, info, KeyStore(keys=[key]), host=args.host, port=args.port)
+    out = {"baseUrl": running.url, "keyFile": where, "baseModel": info.base_model}
+    if args.json:
+        _emit_json(out)
+    else:
+        print(f"base URL: {running.url}  (TINKER_BASE_URL)")
+        print(f"key: {where}  (TINKER_API_KEY)")
+        print(f"base model: {info.base_model}")
+    sys.stdout.flush()
+    try:
+        running.wait()
+    except KeyboardInterrupt:
+        running.stop()
+    return 0
+
+
 # ============================================================================ main
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -507,6 +565,14 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--fresh-batches", action="store_true", help="a new random batch every step")
     tr.add_argument("--save-checkpoint", default=None)
     tr.add_argument("--no-progress", action="store_true", help="no progress bar")
+    sv = add("serve", "serve the Tinker API for the group (docs/tinker.md)")
+    sv.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    sv.add_argument(
+        "--host", default="127.0.0.1", help="listen address (default loopback only)"
+    )
+    sv.add_argument(
+        "--eos-token-id", type=int, action="append", default=[], help="EOS for stop=None"
+    )
     dn = add("down", "tear the group down")
     dn.add_argument(
         "--stop-ray", action="store_true", help="also stop the local Ray head tgctl started"
@@ -525,7 +591,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.verbose
         else "tgctl: %(message)s",
     )
-    handlers = {"up": cmd_up, "status": cmd_status, "train": cmd_train, "down": cmd_down}
+    handlers = {
+        "up": cmd_up,
+        "status": cmd_status,
+        "train": cmd_train,
+        "serve": cmd_serve,
+        "down": cmd_down,
+    }
     try:
         return handlers[args.command](args)
     except tgapi.SpecErrors as exc:

@@ -550,7 +550,7 @@ class TinkerService:
         n = int(body.get("num_samples", 1))
         if n < 1:
             raise ServiceError(f"num_samples must be >= 1, got {n}")
-        key = (
+        job_key: tuple[Any, ...] = (
             weights,
             max_tokens,
             float(p.get("temperature", 1.0)),
@@ -572,7 +572,7 @@ class TinkerService:
                 rid, Outcome(proto=encode_sample(result["sequences"], result["prompt_logprobs"]))
             )
 
-        self.samples.put(SampleJob(key, tokens, done))
+        self.samples.put(SampleJob(job_key, tokens, done))
         return web.json_response(
             {"request_id": rid, "sample_sequence_ids": [f"{rid}:{i}" for i in range(n)]}
         )
@@ -622,7 +622,7 @@ class TinkerService:
         return web.json_response({"status": "accepted"})
 
     def _run_json(self, run_id: str) -> dict[str, Any]:
-        cps = self.paths.list(run_id)
+        cps = self.paths.listing(run_id)
         m = self.registry.models.get(run_id)
         last = {t: [c for c in cps if c["checkpoint_type"] == t] for t in ("training", "sampler")}
         stamp = max([c["time"] for c in cps], default=None)
@@ -653,10 +653,10 @@ class TinkerService:
         return web.json_response(self._run_json(request.match_info["run_id"]))
 
     async def run_checkpoints(self, request: web.Request) -> web.Response:
-        return web.json_response({"checkpoints": self.paths.list(request.match_info["run_id"])})
+        return web.json_response({"checkpoints": self.paths.listing(request.match_info["run_id"])})
 
     async def checkpoints(self, request: web.Request) -> web.Response:
-        cps = [c for c in self.paths.list() if c["training_run_id"] != BASE]
+        cps = [c for c in self.paths.listing() if c["training_run_id"] != BASE]
         return web.json_response(
             {
                 "checkpoints": cps,

@@ -12,7 +12,7 @@ from tinker.proto import tinker_public_pb2 as pb
 
 from tgruntime.service.sessions import ServiceError
 
-_NP = {
+_NP: dict[int, np.dtype[Any]] = {
     pb.DTYPE_FLOAT32: np.dtype(np.float32),
     pb.DTYPE_INT64: np.dtype(np.int64),
     pb.DTYPE_INT32: np.dtype(np.int32),
@@ -36,7 +36,7 @@ class FwdBwdIn:
 
 
 def _tensor(name: str, msg: pb.Tensor) -> np.ndarray:
-    dtype = _NP.get(msg.dtype)
+    dtype = _NP.get(int(msg.dtype))
     if dtype is None:
         raise ServiceError(f"loss_fn_inputs[{name!r}]: unsupported dtype {msg.dtype}")
     if msg.HasField("sparse_csr"):
@@ -52,7 +52,8 @@ def _tensor(name: str, msg: pb.Tensor) -> np.ndarray:
         raise ServiceError(
             f"loss_fn_inputs[{name!r}]: shape {shape} does not hold {arr.size} values"
         )
-    return arr.reshape(shape).copy()
+    out: np.ndarray = arr.reshape(shape).copy()
+    return out
 
 
 def decode_forward_backward(body: bytes) -> FwdBwdIn:
@@ -83,8 +84,8 @@ def decode_forward_backward(body: bytes) -> FwdBwdIn:
     return FwdBwdIn(msg.model_id, int(msg.seq_id), msg.loss_fn, config, msg.forward_only, data)
 
 
-def _batched(arrays: list[np.ndarray], dtype: int) -> pb.BatchedTensor:
-    np_dtype = _NP[dtype]
+def _batched(arrays: list[np.ndarray], dtype: Any) -> pb.BatchedTensor:
+    np_dtype = _NP[int(dtype)]
     flat = [np.ascontiguousarray(a, dtype=np_dtype).reshape(-1) for a in arrays]
     offsets = np.zeros(len(flat) + 1, dtype=np.int64)
     offsets[1:] = np.cumsum([a.nbytes for a in flat])

@@ -56,7 +56,7 @@ class Paths:
             raise ServiceError(f"no checkpoint at {uri} (looked in {d})", status=404)
         return model_id, kind, name, d
 
-    def list(self, model_id: str | None = None) -> list[dict[str, Any]]:
+    def listing(self, model_id: str | None = None) -> list[dict[str, Any]]:
         if self.root is None or not self.root.is_dir():
             return []
         out: list[dict[str, Any]] = []

@@ -43,7 +43,7 @@ def test_keys_401_and_removed_key_stops_working(served: dict[str, Any]) -> None:
     assert code == 401 and "invalid API key" in body["error"]
     keys = served["keys_file"]
     keys.write_text(served["key"] + "\ntml-second\n")
-    ok = '{"tags": [], "sdk_version": "0.38.0"}'.encode()
+    ok = b'{"tags": [], "sdk_version": "0.38.0"}'
     assert _post(served, "create_session", ok, key="tml-second")[0] == 200
     keys.write_text(served["key"] + "\n")
     assert _post(served, "create_session", ok, key="tml-second")[0] == 401

@@ -1,0 +1,106 @@
+"""Pure logic of the server: seq_id order, keys, paths, the training-run lock (no group)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from tgruntime.service.auth import KeyStore
+from tgruntime.service.futures import FutureStore, Outcome
+from tgruntime.service.paths import Paths
+from tgruntime.service.sessions import Model, Registry, SeqOrder, ServiceError
+
+
+def test_seq_order_admits_in_order_waits_for_gaps_refuses_old() -> None:
+    async def run() -> list[int]:
+        order = SeqOrder(gap_timeout_s=5.0)
+        seen: list[int] = []
+
+        async def one(seq: int) -> None:
+            await order.admit(seq)
+            seen.append(seq)
+            await order.done(seq)
+
+        await asyncio.gather(one(3), one(2), one(1))
+        with pytest.raises(ServiceError, match="out of order"):
+            await order.admit(2)
+        short = SeqOrder(gap_timeout_s=0.05)
+        with pytest.raises(ServiceError, match="never came"):
+            await short.admit(2)
+        return seen
+
+    assert asyncio.run(run()) == [1, 2, 3]
+
+
+def test_keys_file_and_dir_are_reread(tmp_path: Path) -> None:
+    d = tmp_path / "secret"
+    d.mkdir()
+    (d / "a").write_text("tml-a\n")
+    (d / ".hidden").write_text("tml-hidden")
+    store = KeyStore(keys_dir=str(d), keys=["tml-env"], recheck_s=0.0)
+    assert store.check("tml-a") is None and store.check("tml-env") is None
+    assert store.check("tml-hidden") is not None
+    assert "missing" in (store.check(None) or "")
+    (d / "a").unlink()
+    assert "invalid" in (store.check("tml-a") or "")
+
+
+def test_futures_long_poll_and_restart() -> None:
+    async def run() -> None:
+        store = FutureStore()
+        rid = store.new()
+        assert await store.wait(rid, 0.01) is None  # pending: a 408
+        store.resolve(rid, Outcome(body={"ok": 1}))
+        out = await store.wait(rid, 0.01)
+        assert out is not None and out.body == {"ok": 1}
+        old = await store.wait("deadbeef0000-7", 0.01)  # from before a restart
+        assert old is not None and old.category == "server" and "restarted" in (old.error or "")
+
+    asyncio.run(run())
+
+
+def test_one_full_weight_run_per_group() -> None:
+    reg = Registry()
+    a, b = reg.new_session([], None), reg.new_session([], None)
+    reg.add_model(Model(f"{a.session_id}:train:0", a.session_id, "m", 8))
+    with pytest.raises(ServiceError, match="already trains"):
+        reg.add_model(Model(f"{b.session_id}:train:0", b.session_id, "m", 8))
+    reg.add_model(Model(f"{a.session_id}:train:1", a.session_id, "m", None))  # same session
+    with pytest.raises(ServiceError, match="superseded"):
+        reg.model(f"{a.session_id}:train:0")
+    reg.finish(a.session_id)
+    reg.add_model(Model(f"{b.session_id}:train:0", b.session_id, "m", 8))
+
+
+def test_paths_map_to_the_checkpoint_dir(tmp_path: Path) -> None:
+    p = Paths(str(tmp_path))
+    d = p.directory("s:train:0", "weights", "w1")
+    assert d == tmp_path / "tinker" / "s:train:0" / "weights" / "w1"
+    with pytest.raises(ServiceError, match="no checkpoint"):
+        p.parse("tinker://s:train:0/weights/w1")
+    d.mkdir(parents=True)
+    assert p.parse("tinker://s:train:0/weights/w1")[3] == d
+    with pytest.raises(ServiceError, match="expected"):
+        p.parse("tinker://s:train:0/other/w1")
+    with pytest.raises(ServiceError, match="checkpoint name"):
+        p.directory("s:train:0", "weights", "../x")
+    assert [c["tinker_path"] for c in p.listing()] == ["tinker://s:train:0/weights/w1"]
+    with pytest.raises(ServiceError, match="checkpointDir"):
+        Paths("").directory("m", "weights", "x")
+
+
+def test_tgctl_key_generated_0600(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tgruntime.cli import tinker_key
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("TG_TINKER_API_KEY", raising=False)
+    key, where = tinker_key("g")
+    assert key.startswith("tml-") and len(key) > 20
+    assert stat.S_IMODE(os.stat(where).st_mode) == 0o600
+    assert tinker_key("g") == (key, where)
+    monkeypatch.setenv("TG_TINKER_API_KEY", "tml-mine")
+    assert tinker_key("g")[0] == "tml-mine"

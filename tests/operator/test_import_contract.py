@@ -3,7 +3,10 @@
 - the operator never imports Ray, torch, Megatron or the runtime;
 - no runtime module imports the operator or its dependencies (kopf, aiohttp,
   prometheus_client; the last two are in the runtime image only because Ray's dashboard
-  needs them); the runtime reads Kubernetes through ``tgapi.client``;
+  needs them); the runtime reads Kubernetes through ``tgapi.client``. The one exception is
+  the service room (``tgruntime.service``, the Tinker API server), which serves HTTP with
+  aiohttp; it still imports neither the operator, kopf nor prometheus_client, and no other
+  runtime module imports it at import time;
 - ``import tgapi`` needs PyYAML and the standard library only; ``tgapi.client`` adds the
   ``kubernetes`` client and nothing else.
 """
@@ -52,14 +55,25 @@ def test_every_operator_module_imports_without_ray_torch_megatron_or_runtime() -
     assert sorted(_tops(mods) & set(RUNTIME_HEAVY)) == []
 
 
+SERVICE = "tgruntime.service"
+
+
 def test_no_runtime_module_imports_the_operator_or_its_dependencies() -> None:
-    names = _modules_of(tgruntime)
+    names = [n for n in _modules_of(tgruntime) if not n.startswith(SERVICE + ".")]
     assert "tgruntime.client" in names and "tgruntime.cli" in names
     # the client's Kubernetes path too (imported lazily by --trainergroup and `wait`)
     code = "\n".join(f"import {n}" for n in ["tgruntime", *names, "tgapi.client"])
     mods = _modules_after(code)
     assert set(names) <= mods
     assert sorted(_tops(mods) & set(OPERATOR_ONLY)) == []
+
+
+def test_the_service_room_imports_aiohttp_but_not_the_operator() -> None:
+    names = [n for n in _modules_of(tgruntime) if n.startswith(SERVICE + ".")]
+    assert f"{SERVICE}.app" in names
+    mods = _modules_after("\n".join(f"import {n}" for n in names))
+    assert set(names) <= mods
+    assert sorted(_tops(mods) & (set(OPERATOR_ONLY) - {"aiohttp"})) == []
 
 
 def _third_party_added(code: str) -> set[str]:

@@ -272,6 +272,8 @@ if os.environ["MODE"] == "fake":
                      "ffnHiddenSize": 128, "maxSequenceLength": 64, "dtype": "bfloat16"}
     spec["training"] = {"batchSize": 8, "sequenceLength": 32}
     spec["optimizer"] = {"lr": 0.003, "clipGrad": 1.0}
+    # the Tinker server pod (spec.api.tinker, on by default) shares the 2-core CPU node
+    spec["api"] = {"server": {"cpu": "500m", "memory": "2Gi"}}
     # the Tinker API server (spec.api.tinker, on by default) sized for kind on 2 cores
     spec["api"] = {"server": {"cpu": "250m", "memory": "1536Mi"}}
 print(json.dumps({"spec": spec}))')"

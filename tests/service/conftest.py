@@ -1,4 +1,7 @@
-"""One TP=2 group (CPU, gloo, private local Ray) and one Tinker server for the module."""
+"""One TP=2 group (CPU, gloo, private local Ray) and one Tinker server for all of tests/service.
+
+Session-scoped: one group start-up for the whole directory; every test finishes its SDK
+sessions (``with ServiceClient``), so the next one may start its own training run."""
 
 from __future__ import annotations
 
@@ -14,10 +17,10 @@ import pytest
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 
 KEY = "tml-" + uuid.uuid4().hex
-MODEL = {"positionEmbedding": "rope", "numQueryGroups": 2}
+MODEL = {"positionEmbedding": "rope", "numQueryGroups": 2, "maxSequenceLength": 128}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     ray = pytest.importorskip("ray")
     pytest.importorskip("megatron.core")
@@ -57,7 +60,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
         )
         keys_file = root / "keys"
         keys_file.write_text(KEY + "\n")
-        info = group_info("tiny", spec, eos_token_ids=(1,))
+        tok = build_tokenizer(root / "tokenizer")
+        info = group_info("tiny", spec, base_model=str(tok), tokenizer=str(tok), eos_token_ids=(1,))
         running = serve(
             client,
             info,
@@ -84,5 +88,26 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
             ray.shutdown()
 
 
-def hf_dir(root: Path) -> Path:
-    return root / "hf"
+def build_tokenizer(path: Path, vocab: int = 128) -> Path:
+    """A word-level tokenizer of ``vocab`` ids, trained on the cookbook's example conversations
+    when present (else on a few words), saved with PreTrainedTokenizerFast.save_pretrained."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tk = Tokenizer(models.WordLevel(unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    trainer = trainers.WordLevelTrainer(
+        vocab_size=vocab, special_tokens=["<unk>", "<eos>", "<bos>", "<pad>"]
+    )
+    text = ["User: Assistant: System: the a of is and to in"]
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    pattern = "trainergroup/cookbook-venv/lib/python*/site-packages/tinker_cookbook/example_data"
+    for d in cache.glob(pattern):
+        text += (d / "conversations.jsonl").read_text().splitlines()
+    tk.train_from_iterator(text, trainer)
+    fast = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+        tokenizer_object=tk, unk_token="<unk>", eos_token="<eos>", bos_token="<bos>",
+        pad_token="<pad>",
+    )
+    fast.save_pretrained(str(path))
+    return path

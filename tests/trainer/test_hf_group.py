@@ -48,8 +48,9 @@ ATOL = 2e-5
 MODEL = {"positionEmbedding": "rope", "numQueryGroups": 2}
 
 
-def _spec(**parallel: int) -> tgapi.TrainerGroupSpec:
-    return tiny_spec(**parallel, **MODEL)  # type: ignore[arg-type]
+def _spec(*, pretrained: Path | None = None, **parallel: int) -> tgapi.TrainerGroupSpec:
+    extra = {"pretrained": str(pretrained)} if pretrained else {}
+    return tiny_spec(**parallel, **MODEL, **extra)  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +121,13 @@ def _transformers_llama(path: Path) -> dict[str, torch.Tensor]:
     torch.manual_seed(11)
     model = transformers.LlamaForCausalLM(config)
     model.save_pretrained(path)
+    # a tokenizer beside the weights, as spec.model.pretrained requires (built, not downloaded)
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {f"t{i}": i for i in range(shape.vocab_size)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(path)
     return {n: t.detach().clone() for n, t in model.state_dict().items()}
 
 
@@ -148,9 +156,12 @@ def tp_run(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> dict[
 @pytest.fixture(scope="module")
 def pp_run(tp_run: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("hf-pp")
-    wg = _group(_spec(pp=2))
+    # spec.model.pretrained: init_model loads the transformers-created Llama (shape from its
+    # config.json), before any import_hf
+    wg = _group(_spec(pp=2, pretrained=tp_run["theirs"]))
     try:
-        out: dict[str, Any] = {"import": wg.import_hf(str(tp_run["trained"]))}
+        out: dict[str, Any] = {"pretrained_log_probs": _group_log_probs(wg)}
+        out["import"] = wg.import_hf(str(tp_run["trained"]))
         out["log_probs"] = _group_log_probs(wg)
         out["export"] = wg.export_hf(str(root / "sharded"), max_shard_bytes=64 * 1024)
         out["sharded"] = root / "sharded"
@@ -204,3 +215,10 @@ def test_pp2_log_probs_equal_transformers(tp_run: dict[str, Any], pp_run: dict[s
     torch.testing.assert_close(
         pp_run["theirs_log_probs"], _hf_log_probs(tp_run["theirs"]), atol=ATOL, rtol=0
     )
+
+
+def test_pp2_group_starts_from_spec_model_pretrained(
+    tp_run: dict[str, Any], pp_run: dict[str, Any]
+) -> None:
+    ref = _hf_log_probs(tp_run["theirs"])
+    torch.testing.assert_close(pp_run["pretrained_log_probs"], ref, atol=ATOL, rtol=0)

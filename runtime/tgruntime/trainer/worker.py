@@ -52,6 +52,7 @@ class MegatronTrainer(SamplingMixin, HFWeightsMixin, Worker):
         self.spec: TrainerGroupSpec = parse_spec(json.loads(spec_json), local=True)
         self.engine: TrainEngine | None = None
         self.resumed_from: str | None = None
+        self.pretrained_from: str | None = None  # model.pretrained, when init_model loaded it
 
     def _engine(self) -> TrainEngine:
         if self.engine is None:
@@ -63,7 +64,9 @@ class MegatronTrainer(SamplingMixin, HFWeightsMixin, Worker):
         """Join torch.distributed, build model and optimizer, resume from the newest checkpoint.
 
         Returns this rank's mesh (``TrainEngine.mesh()``) plus ``resumed_step`` (None when
-        ``training.checkpointDir`` is empty or holds no complete checkpoint).
+        ``training.checkpointDir`` is empty or holds no complete checkpoint). With
+        ``model.pretrained`` and nothing to resume, the base weights are loaded from that
+        Hugging Face directory (``import_hf``); a checkpoint, when there is one, wins.
         """
         if self.engine is None:
             self.engine = TrainEngine.create(spec=self.spec)
@@ -82,6 +85,10 @@ class MegatronTrainer(SamplingMixin, HFWeightsMixin, Worker):
                 if found is not None:
                     self.engine.load_checkpoint(found)
                     self.resumed_from = str(found)
+            pretrained = self.spec.model.pretrained
+            if pretrained and self.resumed_from is None:
+                self.import_hf(pretrained)
+                self.pretrained_from = pretrained
         return self.get_mesh()
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name=TRAIN_MESH))

@@ -40,7 +40,8 @@ SCRIPT = textwrap.dedent(
     )
     builder = FromConversationFileBuilder(file_path=str(data), common_config=common)
     cfg = train.Config(
-        log_path=log, model_name=tok, renderer_name="role_colon", dataset_builder=builder,
+        log_path=log, model_name=tok, recipe_name="tg-test", renderer_name="role_colon",
+        dataset_builder=builder,
         learning_rate=3e-3, num_epochs=3, lora_rank=8, base_url=url, save_every=0,
         eval_every=0,
     )

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import textwrap
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,17 @@ def test_cookbook_supervised_train_loss_falls(served: dict[str, Any], tmp_path: 
         [str(COOKBOOK_PY), "-c", SCRIPT, served["url"], served["base"], str(log)],
         env=env, capture_output=True, text=True, timeout=900,
     )
+    # train.main exits without sessions/{id}/finish; its heartbeat would hold the group's one
+    # training run for the session TTL (120 s): finish it the way the SDK's `with` would.
+    registry = served["service"].registry
+    for sid, sess in list(registry.sessions.items()):
+        if not sess.finished and any(m.session_id == sid for m in registry.models.values()):
+            req = urllib.request.Request(
+                f"{served['url']}/api/v1/sessions/{sid}/finish", data=b"{}",
+                headers={"X-API-Key": served["key"], "Content-Type": "application/json"},
+            )
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                assert resp.status == 200
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = [json.loads(x) for x in (log / "metrics.jsonl").read_text().splitlines() if x]
     nll = [r["train_mean_nll"] for r in rows if "train_mean_nll" in r]

@@ -208,7 +208,26 @@ def build_networkpolicy(tg: TrainerGroup) -> dict[str, Any]:
 
 
 # -- the server ------------------------------------------------------------------------------
+# A Ray driver must run on a node of its cluster (tgruntime.ray_connect refuses otherwise), so
+# the server pod first joins the group's cluster as a node that runs nothing but the server, as
+# the example client Job does: wait until the group is Ready, `ray start`, then exec the server
+# ("$@", the list below). The raylet's object store is small: the server moves token batches.
+SERVER_SCRIPT = (
+    'addr="$("$1" -m tgruntime.client wait --trainergroup "$TG_NAME" '
+    '--k8s-namespace "$TG_K8S_NAMESPACE" --print-address)"\n'
+    'ray start --address="$addr" --num-cpus=0 --num-gpus=0 '
+    "--object-store-memory=300000000 --disable-usage-stats\n"
+    'exec "$@"\n'
+)
+
+
 def server_command(tg: TrainerGroup, *, python: str) -> list[str]:
+    """``bash -ceu SERVER_SCRIPT tinker-server <python -m tgruntime.service ...>``."""
+    return ["bash", "-ceu", SERVER_SCRIPT, "tinker-server", *server_args(tg, python=python)]
+
+
+def server_args(tg: TrainerGroup, *, python: str) -> list[str]:
+    """The server's own command line (what the script execs once the pod is a Ray node)."""
     return [
         python,
         "-m",
@@ -232,6 +251,8 @@ def _pod_spec(tg: TrainerGroup, *, python: str) -> dict[str, Any]:
     env: list[dict[str, Any]] = [
         {"name": KEYS_DIR_ENV, "value": KEYS_DIR},
         {"name": "TG_TINKER_PORT", "value": str(port(tg))},
+        {"name": "TG_NAME", "value": tg.name},
+        {"name": "TG_K8S_NAMESPACE", "value": tg.namespace},
         *ray_token.token_env(tg),
     ]
     mounts = [

@@ -117,7 +117,9 @@ def test_the_deployment_runs_the_server_entrypoint_from_the_runtime_image() -> N
     assert ps["serviceAccountName"] == "demo-tinker"
     (c,) = ps["containers"]
     assert c["image"] == TG.spec.image
-    assert c["command"] == [
+    assert c["command"][:2] == ["bash", "-ceu"] and "ray start" in c["command"][2]
+    assert c["command"][4:] == tinker.server_args(TG, python="/opt/venv/bin/python")
+    assert tinker.server_args(TG, python="/opt/venv/bin/python") == [
         "/opt/venv/bin/python",
         "-m",
         "tgruntime.service",

@@ -32,4 +32,17 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$HASH" ]; then
 else
   log "python packages up to date"
 fi
+# tinker-cookbook 0.5.8 pins an older transformers/tokenizers than .venv's, so it gets a venv
+# of its own layered over this one (hack/cookbook-venv.sh), in $VENV/cookbook: it belongs to
+# this venv and goes with it. tests/service/test_cookbook.py runs the cookbook with it.
+if [[ ",$EXTRAS," == *",dev,"* ]]; then
+  CB="$VENV/cookbook"
+  CB_HASH="$(cat "$ROOT/hack/cookbook-venv.sh" "$STAMP" | sha256sum | cut -c1-16)"
+  if [ "$(cat "$CB/.tg-installed" 2>/dev/null)" != "$CB_HASH" ]; then
+    log "installing tinker-cookbook into $CB (hack/cookbook-venv.sh)"
+    rm -rf "$CB"
+    UV="$UV" TG_BASE_VENV="$VENV" bash "$ROOT/hack/cookbook-venv.sh" "$CB" >/dev/null
+    echo "$CB_HASH" > "$CB/.tg-installed"
+  fi
+fi
 log "ready: $VENV"

@@ -19,10 +19,10 @@ import pytest
 
 pytestmark = [pytest.mark.ray, pytest.mark.megatron]
 
+# tools/install.sh builds it in .venv/cookbook (next to the venv it is layered over)
 COOKBOOK_PY = Path(
     os.environ.get("TG_COOKBOOK_PYTHON")
-    or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    / "trainergroup/cookbook-venv/bin/python"
+    or Path(__file__).resolve().parents[2] / ".venv" / "cookbook" / "bin" / "python"
 )
 
 SCRIPT = textwrap.dedent(

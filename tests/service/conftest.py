@@ -5,7 +5,6 @@ sessions (``with ServiceClient``), so the next one may start its own training ru
 
 from __future__ import annotations
 
-import json
 import os
 import uuid
 from collections.abc import Iterator
@@ -25,13 +24,11 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     ray = pytest.importorskip("ray")
     pytest.importorskip("megatron.core")
     pytest.importorskip("tinker")
-    import tgapi
+    from tests.trainer.groups import trainer_group
     from tests.trainer.scenarios import tiny_spec
     from tgruntime import TrainerClient
-    from tgruntime.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
     from tgruntime.service.__main__ import group_info, serve
     from tgruntime.service.auth import KeyStore
-    from tgruntime.trainer.worker import MegatronTrainer
 
     root = tmp_path_factory.mktemp("tinker")
     spec = tiny_spec(tp=2, checkpoint_dir=str(root / "ckpt"), **MODEL)  # type: ignore[arg-type]
@@ -43,15 +40,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
             include_dashboard=False,
             namespace=f"tg-svc-{uuid.uuid4().hex[:8]}",
         )
-    wg = WorkerGroup.create(
-        group_name=f"svc-{uuid.uuid4().hex[:8]}",
-        ray_namespace=ray.get_runtime_context().namespace,
-        resource_pool=ResourcePool(process_on_nodes=[2], use_gpu=False, strategy="PACK"),
-        cls=ClassWithInitArgs(MegatronTrainer, json.dumps(tgapi.to_wire(spec))),
-        detached=False,
-        pg_timeout_s=120,
-        actor_timeout_s=180,
-    )
+    wg = trainer_group(spec, prefix="svc")
     running = None
     try:
         wg.init_model()

@@ -17,7 +17,6 @@ every group assertion, plus one spawned single-rank run for the KV-cache unit ch
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,22 +25,15 @@ from typing import Any
 import pytest
 import torch
 
-import tgapi
-
 ray = pytest.importorskip("ray")
 pytest.importorskip("megatron.core")
 transformers = pytest.importorskip("transformers")
 
 from tests.trainer import sampler_scenarios  # noqa: E402
+from tests.trainer.groups import trainer_group  # noqa: E402
 from tests.trainer.scenarios import SEQ, VOCAB, fixed_batch, tiny_spec  # noqa: E402
-from tgruntime.controller import (  # noqa: E402
-    ClassWithInitArgs,
-    ResourcePool,
-    WorkerGroup,
-)
 from tgruntime.controller.errors import WorkerMethodError  # noqa: E402
 from tgruntime.trainer.launch import launch  # noqa: E402
-from tgruntime.trainer.worker import MegatronTrainer  # noqa: E402
 from tgruntime.trainer_client import TrainerClient  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.megatron]
@@ -61,15 +53,7 @@ def client() -> Iterator[TrainerClient]:
             namespace=f"tg-sampler-{uuid.uuid4().hex[:8]}",
         )
     spec = tiny_spec(tp=2, positionEmbedding="rope", numQueryGroups=2)
-    wg = WorkerGroup.create(
-        group_name=f"sampler-{uuid.uuid4().hex[:8]}",
-        ray_namespace=ray.get_runtime_context().namespace,
-        resource_pool=ResourcePool(process_on_nodes=[2], use_gpu=False, strategy="PACK"),
-        cls=ClassWithInitArgs(MegatronTrainer, json.dumps(tgapi.to_wire(spec))),
-        detached=False,
-        pg_timeout_s=120,
-        actor_timeout_s=180,
-    )
+    wg = trainer_group(spec, prefix="sampler")
     try:
         wg.init_model()
         c = TrainerClient(wg)

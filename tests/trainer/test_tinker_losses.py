@@ -245,16 +245,13 @@ def test_adam_params_per_step_and_weights_only_load(suite: dict[str, Any]) -> No
 def test_trainer_client_tinker_calls(tmp_path: Path) -> None:
     ray = pytest.importorskip("ray")
     pytest.importorskip("megatron.core")
-    import json
     import uuid
 
-    import tgapi
+    from tests.trainer.groups import trainer_group
     from tests.trainer.scenarios import VOCAB, tiny_spec
     from tests.trainer.tinker_scenarios import MODEL, tinker_inputs
     from tgruntime import TrainerClient
-    from tgruntime.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
     from tgruntime.controller.errors import WorkerMethodError
-    from tgruntime.trainer.worker import MegatronTrainer
 
     wait = 180.0
 
@@ -271,15 +268,7 @@ def test_trainer_client_tinker_calls(tmp_path: Path) -> None:
             namespace=f"tg-tinker-{uuid.uuid4().hex[:8]}",
         )
     spec = tiny_spec(tp=2, **MODEL)  # type: ignore[arg-type]
-    wg = WorkerGroup.create(
-        group_name=f"tinker-{uuid.uuid4().hex[:8]}",
-        ray_namespace=ray.get_runtime_context().namespace,
-        resource_pool=ResourcePool(process_on_nodes=[2], use_gpu=False, strategy="PACK"),
-        cls=ClassWithInitArgs(MegatronTrainer, json.dumps(tgapi.to_wire(spec))),
-        detached=False,
-        pg_timeout_s=120,
-        actor_timeout_s=180,
-    )
+    wg = trainer_group(spec, prefix="tinker")
     try:
         wg.init_model()
         client = TrainerClient(wg)

@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # Build .whl/carry/site-py312.tar.xz: the Python packages the lent GPU machine's image lacks
 # (ray[default] 2.60.0, megatron-core 0.16.1, tensordict and their missing dependencies),
-# as one xz tarball that bench/gpu/run_on_device.sh unpacks into /tmp/tgsite.
+# as one xz tarball that bench/gpu/run_on_device.sh unpacks into /tmp/tgsite; and
+# .whl/carry/tinker-py312.tar.xz: the tinker 0.38.0 SDK and what of its closure the image lacks
+# (bench/gpu/tinker_overhead.sh unpacks both). Two tarballs so that adding the SDK does not
+# repack Ray (a single-threaded xz -9 of ~200 MB is many minutes on a loaded machine).
 #
-#   tools/device-carry.sh            # writes .whl/carry/site-py312.tar.xz (+ .sha256, .txt)
+#   tools/device-carry.sh            # writes .whl/carry/{site,tinker}-py312.tar.xz (+ .sha256, .txt)
+#   tools/device-carry.sh tinker     # only the tinker tarball
 #   then: run(command="bash bench/gpu/run_on_device.sh ...", carry=[".whl/carry"])
 #
 # Why a tarball and not wheels: Ray's cp312 wheel alone is ~79 MB, over a device call's
@@ -46,6 +50,15 @@ DEPS=(
   opentelemetry-exporter-prometheus==0.66b2 opentelemetry-semantic-conventions==0.66b2
   virtualenv==21.15.11 distlib==0.4.4 platformdirs==4.14.9 python-discovery==1.9.6
 )
+# The tinker SDK (bench/tinker_overhead.py's client) and what of its closure the image lacks:
+# httpx[http2]'s h2, distro, sniffio, orjson, zstandard, pyqwest (its opentelemetry-api and
+# pydantic are in the site tarball). The image's httpx, anyio, click, rich, protobuf,
+# transformers and the server's aiohttp (with its multidict/yarl/frozenlist set) are used as
+# they are.
+TINKER=(
+  tinker==0.38.0 pyqwest==0.12.0 orjson==3.13.0 zstandard==0.25.0 distro==1.9.0 sniffio==1.3.1
+  h2==4.4.1 hpack==4.2.0 hyperframe==6.1.0
+)
 PLATFORM=(
   --only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 --abi abi3 --abi none
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64
@@ -56,27 +69,35 @@ PLATFORM=(
 PRUNE=(ray/jars ray/rllib ray/serve ray/tune ray/train ray/data ray/llm)
 
 mkdir -p "$WHEELS" "$(dirname "$OUT")"
-echo "== downloading ${#TOP[@]} + ${#DEPS[@]} wheels into $WHEELS"
-"$PY" -m pip download -q --disable-pip-version-check --no-deps "${PLATFORM[@]}" -d "$WHEELS" \
-  "${TOP[@]}" "${DEPS[@]}"
 
-echo "== installing into $BUILD"
-rm -rf "$BUILD"; mkdir -p "$BUILD"
-"$PY" -m pip install -q --disable-pip-version-check --no-index --find-links "$WHEELS" --no-deps \
-  --no-compile --target "$BUILD" "${PLATFORM[@]}" "${TOP[@]}" "${DEPS[@]}"
+# pack OUT BUILD PACKAGE...: download, install into BUILD, prune, tar | xz into OUT.
+pack() {
+  local out="$1" build="$2"; shift 2
+  echo "== downloading $# wheels into $WHEELS"
+  "$PY" -m pip download -q --disable-pip-version-check --no-deps "${PLATFORM[@]}" -d "$WHEELS" "$@"
+  echo "== installing into $build"
+  rm -rf "$build"; mkdir -p "$build"
+  "$PY" -m pip install -q --disable-pip-version-check --no-index --find-links "$WHEELS" --no-deps \
+    --no-compile --target "$build" "${PLATFORM[@]}" "$@"
+  for p in "${PRUNE[@]}"; do rm -rf "${build:?}/$p"; done
+  find "$build" -name __pycache__ -type d -prune -exec rm -rf {} +
+  rm -rf "$build/bin"   # console scripts made here point at this machine's python
+  echo "== packing $out"
+  tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner --format=gnu -C "$build" -cf - . \
+    | xz -9 -T1 -c > "$out.tmp"
+  mv "$out.tmp" "$out"
+  sha256sum "$out" | tee "$out.sha256"
+  printf '%s\n' "$@" > "${out%.tar.xz}.packages.txt"
+  echo "== $out: $(( $(stat -c %s "$out") / 1024 / 1024 )) MiB ($(du -sh "$build" | cut -f1) unpacked)"
+}
 
-for p in "${PRUNE[@]}"; do rm -rf "${BUILD:?}/$p"; done
-find "$BUILD" -name __pycache__ -type d -prune -exec rm -rf {} +
-rm -rf "$BUILD/bin"   # console scripts made here point at this machine's python
-
-echo "== packing $OUT"
-tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner --format=gnu -C "$BUILD" -cf - . \
-  | xz -9 -T1 -c > "$OUT.tmp"
-mv "$OUT.tmp" "$OUT"
-sha256sum "$OUT" | tee "$OUT.sha256"
-printf '%s\n' "${TOP[@]}" "${DEPS[@]}" > "$(dirname "$OUT")/packages.txt"
-size=$(stat -c %s "$OUT")
-echo "== $OUT: $((size / 1024 / 1024)) MiB ($(du -sh "$BUILD" | cut -f1) unpacked)"
+if [ "${1:-}" != tinker ]; then
+  pack "$OUT" "$BUILD" "${TOP[@]}" "${DEPS[@]}"
+  cp "${OUT%.tar.xz}.packages.txt" "$(dirname "$OUT")/packages.txt"
+fi
+pack "$(dirname "$OUT")/tinker-py312.tar.xz" .whl/build/tinker "${TINKER[@]}"
+size=$(du -cb .whl/carry/*.tar.xz | tail -1 | cut -f1)
+echo "== .whl/carry: $((size / 1024 / 1024)) MiB"
 if (( size > 56 * 1024 * 1024 )); then
   echo "warning: over 56 MiB: with the working tree it may not fit a device call's 64 MiB" >&2
 fi

@@ -615,6 +615,15 @@ class TinkerService:
         )
 
     async def healthz(self, request: web.Request) -> web.Response:
+        """200 while the attached group is the current one; 503 with the reason otherwise
+        (the Deployment's probes then restart the server, which re-attaches)."""
+        try:
+            why = await asyncio.wait_for(asyncio.to_thread(self.backend.staleness), timeout=10)
+        except TimeoutError:
+            why = "reading the group's record from Ray timed out after 10 s"
+        if why is not None:
+            _json_log("unhealthy", error=why)
+            return web.json_response({"status": "stale", "error": why}, status=503)
         return web.json_response({"status": "ok"})
 
     async def telemetry(self, request: web.Request) -> web.Response:

@@ -48,3 +48,29 @@ class Backend:
     async def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         future = getattr(self.client, name)(*args, **kwargs)
         return await self.wait(future)
+
+    def staleness(self) -> str | None:
+        """Why the attached group is not the group's current one (None: it is).
+
+        The operator re-creates a group under a new generation (a worker or the head died, the
+        RayCluster was replaced); the server's handles then point at dead actors. ``healthz``
+        reports it, so the server's liveness probe restarts the server, which re-attaches by
+        name (its pod re-joins the new Ray cluster first).
+        """
+        from tgruntime.controller import registry
+
+        group = self.client.group
+        try:
+            record = registry.load_record(
+                group_name=group.group_name, ray_namespace=group.ray_namespace
+            )
+        except Exception as exc:  # the GCS is gone (head restarted) or unreachable
+            return f"cannot read the group's record: {type(exc).__name__}: {exc}"
+        if record is None:
+            return f"group {group.group_name!r} no longer exists in Ray"
+        if record.generation != group.generation:
+            return (
+                f"group {group.group_name!r} was re-created (generation {record.generation}, "
+                f"attached to {group.generation}): restart the server to re-attach"
+            )
+        return None

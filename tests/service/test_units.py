@@ -104,3 +104,19 @@ def test_tgctl_key_generated_0600(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert tinker_key("g") == (key, where)
     monkeypatch.setenv("TG_TINKER_API_KEY", "tml-mine")
     assert tinker_key("g")[0] == "tml-mine"
+
+
+def test_stop_strings_cut_at_the_first_decoded_stop(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    from tests.service.conftest import build_tokenizer
+    from tgruntime.service.stops import cut_sequences, load_tokenizer, stop_at, token_stops
+
+    tok = load_tokenizer(str(build_tokenizer(tmp_path / "tok")))
+    ids = tok.encode("the a of is and", add_special_tokens=False)
+    assert token_stops(tok, ["of", "zzz-unknown"]) == ((ids[2],),)  # unknown: decode only
+    assert stop_at(tok, ids, ["of"]) == 3
+    assert stop_at(tok, ids, ["f i"]) == 4  # across tokens: the token that completes it
+    assert stop_at(tok, ids, ["nope"]) is None
+    seqs = [{"tokens": ids, "logprobs": [-1.0] * 5, "stop_reason": "length"}]
+    out = cut_sequences(tok, seqs, ["is", "of"])[0]
+    assert out == {"tokens": ids[:3], "logprobs": [-1.0] * 3, "stop_reason": "stop"}

@@ -14,6 +14,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -33,6 +34,7 @@ from tgruntime.service.futures import FutureStore, Outcome
 from tgruntime.service.paths import Paths
 from tgruntime.service.sampling import SampleJob, SampleQueue
 from tgruntime.service.sessions import Model, Registry, SamplingSession, ServiceError
+from tgruntime.service.stops import Tokenizer, cut_sequences, load_tokenizer, token_stops
 from tgruntime.trainer.tinker_losses import TINKER_LOSSES, tinker_loss_name
 
 log = logging.getLogger("tgruntime.service")
@@ -62,6 +64,8 @@ class TinkerService:
         self._tasks: set[asyncio.Task[None]] = set()
         self.base_state: str | None = None
         self.base_sampler: str | None = None
+        self._tok: Tokenizer | None = None
+        self._tok_tried = False
 
     # -- start-up ---------------------------------------------------------------------
     async def prepare(self) -> None:
@@ -491,19 +495,44 @@ class TinkerService:
             }
         )
 
-    def _stop(self, stop: Any) -> tuple[tuple[int, ...], ...]:
+    async def _tokenizer(self) -> Tokenizer | None:
+        """The base model's tokenizer (``spec.model.pretrained`` or ``--tokenizer``), loaded
+        once on first use; None when the server knows no local tokenizer directory."""
+        if self._tok is None and not self._tok_tried:
+            self._tok_tried = True
+            path = self.info.tokenizer_id
+            if path and Path(path).is_dir():
+                try:
+                    self._tok = await asyncio.to_thread(load_tokenizer, path)
+                except Exception as exc:
+                    log.warning("cannot load the tokenizer at %s: %s", path, exc)
+        return self._tok
+
+    async def _stop(self, stop: Any) -> tuple[tuple[tuple[int, ...], ...], tuple[str, ...]]:
+        """(token stop sequences for the sampler, stop strings to cut at after decoding)."""
         if stop is None:
-            return tuple((e,) for e in self.info.eos_token_ids)
+            return tuple((e,) for e in self.info.eos_token_ids), ()
         if isinstance(stop, str) or (
             isinstance(stop, list) and any(isinstance(s, str) for s in stop)
         ):
-            raise ServiceError(
-                "stop strings are not supported (the group samples token ids): pass stop "
-                "token ids, e.g. the renderer's get_stop_sequences() as ints"
-            )
+            strings = (stop,) if isinstance(stop, str) else tuple(stop)
+            if not all(isinstance(s, str) and s for s in strings):
+                raise ServiceError(
+                    f"stop must be a string, a list of strings or a list of token ids, got "
+                    f"{stop!r}"
+                )
+            tok = await self._tokenizer()
+            if tok is None:
+                raise ServiceError(
+                    "stop strings need the base model's tokenizer, and this server has none "
+                    "(spec.model.pretrained or --tokenizer): pass stop token ids, e.g. the "
+                    "renderer's get_stop_sequences() as ints"
+                )
+            eos = tuple((e,) for e in self.info.eos_token_ids)
+            return eos + token_stops(tok, strings), strings
         if not isinstance(stop, list) or not all(isinstance(s, int) for s in stop):
             raise ServiceError(f"stop must be a list of token ids, got {stop!r}")
-        return tuple((int(s),) for s in stop)
+        return tuple((int(s),) for s in stop), ()
 
     async def asample(self, request: web.Request) -> web.Response:
         body = await self._body(request)
@@ -550,6 +579,7 @@ class TinkerService:
         n = int(body.get("num_samples", 1))
         if n < 1:
             raise ServiceError(f"num_samples must be >= 1, got {n}")
+        token_seqs, strings = await self._stop(p.get("stop"))
         job_key: tuple[Any, ...] = (
             weights,
             max_tokens,
@@ -557,7 +587,7 @@ class TinkerService:
             int(p.get("top_k", -1)),
             float(p.get("top_p", 1.0)),
             None if p.get("seed") is None else int(p["seed"]),
-            self._stop(p.get("stop")),
+            token_seqs,
             n,
             bool(body.get("prompt_logprobs")),
         )
@@ -568,9 +598,15 @@ class TinkerService:
                 self.futures.resolve(rid, self._failure(exc))
                 return
             assert result is not None
-            self.futures.resolve(
-                rid, Outcome(proto=encode_sample(result["sequences"], result["prompt_logprobs"]))
-            )
+            seqs = result["sequences"]
+            if strings:
+                assert self._tok is not None
+                try:
+                    seqs = cut_sequences(self._tok, seqs, strings)
+                except Exception as err:
+                    self.futures.resolve(rid, self._failure(err))
+                    return
+            self.futures.resolve(rid, Outcome(proto=encode_sample(seqs, result["prompt_logprobs"])))
 
         self.samples.put(SampleJob(job_key, tokens, done))
         return web.json_response(

@@ -1,0 +1,84 @@
+"""Stop strings: the group's sampler stops on token sequences only, so the server turns each
+stop string into its exact encoding (when that encoding decodes back to the string) for the
+sampler to halt early, and cuts every sampled sequence at the first token whose incremental
+decoding completes a stop string. The stop string's tokens are kept and ``stop_reason`` is
+``"stop"``, as Tinker/vLLM-style engines return them (docs/tinker.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+
+class Tokenizer(Protocol):
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = ...) -> str: ...
+
+
+def load_tokenizer(path: str) -> Tokenizer:
+    from transformers import AutoTokenizer
+
+    tok: Any = AutoTokenizer.from_pretrained(path)
+    return tok  # type: ignore[no-any-return]
+
+
+def _decode(tok: Tokenizer, ids: Sequence[int]) -> str:
+    return tok.decode(list(ids), skip_special_tokens=False)
+
+
+def token_stops(tok: Tokenizer, strings: Sequence[str]) -> tuple[tuple[int, ...], ...]:
+    """The stop strings whose exact encoding decodes back to them, as token sequences."""
+    out: list[tuple[int, ...]] = []
+    for s in strings:
+        ids = tok.encode(s, add_special_tokens=False)
+        if ids and _decode(tok, ids) == s:
+            out.append(tuple(int(i) for i in ids))
+    return tuple(out)
+
+
+def stop_at(tok: Tokenizer, tokens: Sequence[int], strings: Sequence[str]) -> int | None:
+    """How many tokens to keep: up to and including the first token whose decoded prefix
+    contains a stop string; None when no stop string occurs in the decoded sequence."""
+    if not strings or not tokens:
+        return None
+
+    def hit(n: int) -> bool:
+        text = _decode(tok, tokens[:n])
+        return any(s in text for s in strings)
+
+    if not hit(len(tokens)):
+        return None
+    # the first prefix that completes a stop string: binary search (a decoded prefix is a
+    # prefix of the longer decoding), then step back over any non-monotone decoding
+    lo, hi = 1, len(tokens)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if hit(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    while lo > 1 and hit(lo - 1):
+        lo -= 1
+    return lo
+
+
+def cut_sequences(
+    tok: Tokenizer, sequences: list[dict[str, Any]], strings: Sequence[str]
+) -> list[dict[str, Any]]:
+    """Each sequence cut at its first stop string: tokens and logprobs together."""
+    out = []
+    for s in sequences:
+        n = stop_at(tok, s["tokens"], strings)
+        if n is None:
+            out.append(s)
+            continue
+        out.append(
+            {
+                **s,
+                "tokens": list(s["tokens"])[:n],
+                "logprobs": list(s["logprobs"])[:n],
+                "stop_reason": "stop",
+            }
+        )
+    return out

@@ -9,8 +9,8 @@
 #
 # Order (docs/testing.md): the Go tools and the images build in the background while the
 # foreground installs Python and runs lint, types and the tests that need neither (unit, Ray,
-# Megatron); then the control-plane tests, then real pods on kind with a three-fault chaos
-# subset (seed printed; TG_CHAOS_SEED=N replays one, TG_CHAOS=0 skips it). Every run ends with
+# Megatron); then the control-plane tests, then real pods on kind (TG_CHAOS=1 adds a three-fault
+# chaos subset, seed printed; TG_CHAOS_SEED=N replays one). Every run ends with
 # a phase table (seconds, cache hit/miss), also saved as $TG_TEST_TIMES (default
 # .cache/test-times.json).
 set -uo pipefail
@@ -140,8 +140,9 @@ pytest_phase plane "$PLANE" "$@"
 
 export E2E_ARTIFACTS="${E2E_ARTIFACTS:-$ROOT/tests/e2e/.artifacts/test-sh}"
 rm -rf "$E2E_ARTIFACTS"
-if [[ "${TG_CHAOS:-1}" != 0 ]]; then
-  # Three faults on every run (docs/testing.md); the seed varies per run and is printed.
+if [[ "${TG_CHAOS:-0}" != 0 ]]; then
+  # TG_CHAOS=1: three faults after the kind flow (docs/testing.md); the seed varies per run and
+  # is printed. Off by default until a run of the whole new flow with it has been measured.
   export E2E_CHAOS=1
   export E2E_CHAOS_FAULTS="${E2E_CHAOS_FAULTS:-worker-killed-mid-step,operator-killed-restarting,head-killed}"
   export E2E_CHAOS_SEED="${TG_CHAOS_SEED:-$(( $(date +%s) % 100000 ))}"

@@ -278,12 +278,14 @@ def _pod_spec(tg: TrainerGroup, *, python: str) -> dict[str, Any]:
         "readinessProbe": {
             "httpGet": {"path": "/healthz", "port": PORT_NAME},
             "periodSeconds": 5,
+            "timeoutSeconds": 5,  # healthz reads the group's record from Ray (slow under load)
             "failureThreshold": 3,
         },
         "livenessProbe": {
             "httpGet": {"path": "/healthz", "port": PORT_NAME},
             "initialDelaySeconds": 60,
             "periodSeconds": 20,
+            "timeoutSeconds": 10,
             "failureThreshold": 6,
         },
         "resources": {"requests": dict(quantities), "limits": dict(quantities)},

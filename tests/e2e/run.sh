@@ -26,7 +26,7 @@
 #   E2E_ARTIFACTS=tests/e2e/.artifacts   diagnostics, timings (timeline.json) written here
 #   E2E_STEPS=10 (nvidia) / 5 (fake)     client training steps
 #   E2E_READY_TIMEOUT=1800          seconds for the TrainerGroup to become Ready
-#   E2E_PHASES="resume"             phases run after the recovery step (tests/e2e/phases/: resume, tinker); "" none
+#   E2E_PHASES="resume tinker"      phases run after the recovery step (tests/e2e/phases/); "" none
 #   E2E_CHAOS=0                     1: then the chaos suite (tests/e2e/chaos.py, ~25 min, docs/chaos.md)
 #   E2E_CHAOS_SEED=1 E2E_CHAOS_FAULTS=   its seed; a comma-separated subset of its faults
 #   E2E_WORKER_CPU, E2E_WORKER_MEMORY, E2E_HEAD_CPU, E2E_HEAD_MEMORY   Ray pod sizes
@@ -429,7 +429,7 @@ check_status | tee "$ARTIFACTS/status-recovered.json"
 log "recovered under new names $NEW_NAMES (were $OLD_NAMES)"
 run_client "$TG-client-2"
 # shellcheck source=/dev/null  # ---- phases: tests/e2e/phases/<name>.sh, each from a Ready group
-for phase in ${E2E_PHASES-resume}; do source "tests/e2e/phases/$phase.sh"; done
+for phase in ${E2E_PHASES-resume tinker}; do source "tests/e2e/phases/$phase.sh"; done
 [[ "${E2E_CHAOS:-0}" == 1 ]] && source tests/e2e/phases/chaos.sh   # opt-in: docs/chaos.md
 
 # ---- 8. deletion leaves nothing behind ----------------------------------------------------------

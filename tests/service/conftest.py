@@ -19,7 +19,8 @@ KEY = "tml-" + uuid.uuid4().hex
 MODEL = {"positionEmbedding": "rope", "numQueryGroups": 2, "maxSequenceLength": 128}
 
 
-@pytest.fixture(scope="session")
+# package scope: torn down after tests/service, so its 2 CPUs are free for later groups
+@pytest.fixture(scope="package")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     ray = pytest.importorskip("ray")
     pytest.importorskip("megatron.core")

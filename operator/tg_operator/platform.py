@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from tgapi import TrainerGroup
-from tgapi.model import RayClusterSpec
+from tgapi.model import CheckpointStorageSpec, RayClusterSpec
 
 CHECKPOINT_VOLUME = "checkpoints"
 """Name of the checkpoint volume in worker pods."""
@@ -81,19 +81,25 @@ def head_placement(tg: TrainerGroup) -> dict[str, Any]:
     return out
 
 
+def _storage(tg: TrainerGroup) -> CheckpointStorageSpec | None:
+    """``rayCluster.storage``; None without it, and for a group on a ``rayClusterRef`` (the
+    referenced cluster's volumes are not the operator's to know: the Tinker server of such a
+    group mounts no claim)."""
+    rc = tg.spec.ray_cluster
+    return None if rc is None else rc.storage
+
+
 def checkpoint_volume(tg: TrainerGroup) -> list[dict[str, Any]]:
     """The worker pods' checkpoint volume (none without ``storage``)."""
-    storage = _cluster_spec(tg).storage
+    storage = _storage(tg)
     if storage is None:
         return []
-    return [
-        {"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": storage.claim_name}}
-    ]
+    return [{"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": storage.claim_name}}]
 
 
 def checkpoint_mount(tg: TrainerGroup) -> list[dict[str, Any]]:
     """The worker container's mount of the checkpoint volume (none without ``storage``)."""
-    storage = _cluster_spec(tg).storage
+    storage = _storage(tg)
     if storage is None:
         return []
     return [{"name": CHECKPOINT_VOLUME, "mountPath": storage.mount_path}]

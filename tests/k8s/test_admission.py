@@ -95,6 +95,14 @@ MISTAKES: list[tuple[str, dict[str, Any]]] = [
                                         training={"checkpointDir": "/ckpt-old/run"})),
     ("checkpoint-on-storage", spec_with(rayCluster={"storage": {"claimName": "ckpt"}},
                                         training={"checkpointDir": "/checkpoints/../etc"})),
+    # a Llama checkpoint (model.pretrained) fixes the position embedding, norm and MLP
+    ("pretrained-rope", spec_with(model={"pretrained": "/ckpt/llama",
+                                         "positionEmbedding": "learned_absolute"})),
+    ("pretrained-rmsnorm", spec_with(model={"pretrained": "/ckpt/llama",
+                                            "positionEmbedding": "rope",
+                                            "normalization": "LayerNorm"})),
+    ("pretrained-swiglu", spec_with(model={"pretrained": "/ckpt/llama",
+                                           "positionEmbedding": "rope", "activation": "gelu"})),
 ]
 
 # Accepted: useGpu in each of its three forms (the schema leaves it untyped), and the

@@ -70,7 +70,10 @@ def test_apply_creates_the_server_once_publishes_the_url_and_delete_removes_it(
     dep = objs["deployment"]
     assert dep is not None
     (c,) = dep["spec"]["template"]["spec"]["containers"]
-    assert c["command"][1:] == [
+    # bash -ceu SERVER_SCRIPT tinker-server <python> -m tgruntime.service ...: the pod joins
+    # the group's Ray cluster, then execs the server
+    assert c["command"][:2] == ["bash", "-ceu"] and c["command"][3] == "tinker-server"
+    assert c["command"][5:] == [
         "-m",
         "tgruntime.service",
         "--trainergroup",

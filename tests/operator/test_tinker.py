@@ -149,6 +149,18 @@ def test_the_deployment_runs_the_server_entrypoint_from_the_runtime_image() -> N
     assert dep["metadata"]["annotations"][tinker.HASH_ANNOTATION]
 
 
+def test_a_group_on_a_referenced_cluster_gets_a_server_without_a_claim() -> None:
+    """rayClusterRef: the referenced cluster's volumes are not the operator's to know (the
+    builder raised ValueError here, and the reconcile of such a group never got past it)."""
+    spec = copy.deepcopy(BASE_SPEC)
+    spec.pop("rayCluster", None)
+    spec["rayClusterRef"] = {"name": "shared"}
+    tg = trainergroup(spec=spec)
+    (c,) = tinker.build_deployment(tg, python=PY)["spec"]["template"]["spec"]["containers"]
+    assert "checkpoints" not in {m["name"] for m in c["volumeMounts"]}
+    assert [o["kind"] for o in tinker.objects(tg, python=PY)][-1] == "Deployment"
+
+
 def test_server_settings_reach_the_pod() -> None:
     tg = _tg(
         server={

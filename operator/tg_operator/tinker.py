@@ -40,6 +40,10 @@ from tgapi import TrainerGroup
 SERVER_LABEL = "trainergroup.io/tinker"
 """On the server's pods and its Deployment: the group's name (the watch's label filter)."""
 HASH_ANNOTATION = "trainergroup.io/tinker-hash"
+STARTUP_PERIOD_S = 10
+STARTUP_LIMIT_S = 1800
+"""How long the server pod may take to start (waiting for the group included) before the
+kubelet restarts it."""
 SUFFIX = "-tinker"
 KEYS_SUFFIX = "-tinker-keys"
 FIRST_KEY = "default"
@@ -281,9 +285,18 @@ def _pod_spec(tg: TrainerGroup, *, python: str) -> dict[str, Any]:
             "timeoutSeconds": 5,  # healthz reads the group's record from Ray (slow under load)
             "failureThreshold": 3,
         },
+        # Until the server first answers 200 (the pod waited for the group, joined its Ray
+        # cluster and attached), only this probe runs: the start may take minutes on a small
+        # CPU share, and a liveness probe running then restarts a server that only waits.
+        "startupProbe": {
+            "httpGet": {"path": "/healthz", "port": PORT_NAME},
+            "periodSeconds": STARTUP_PERIOD_S,
+            "timeoutSeconds": 10,
+            "failureThreshold": STARTUP_LIMIT_S // STARTUP_PERIOD_S,
+        },
+        # Then: restart a server whose group was re-created (healthz 503 "stale", 2 min).
         "livenessProbe": {
             "httpGet": {"path": "/healthz", "port": PORT_NAME},
-            "initialDelaySeconds": 60,
             "periodSeconds": 20,
             "timeoutSeconds": 10,
             "failureThreshold": 6,

@@ -118,6 +118,11 @@ diagnose() {
   k -n "$TG_NS" logs "job/$TG-client" --tail=-1 > "$ARTIFACTS/client.log" 2>&1 || true
   k -n "$TG_NS" logs -l "ray.io/cluster=$TG,ray.io/node-type=head" --tail=-1 > "$ARTIFACTS/ray-head.log" 2>&1 || true
   k -n "$TG_NS" logs -l "ray.io/cluster=$TG,ray.io/node-type=worker" --tail=-1 > "$ARTIFACTS/ray-workers.log" 2>&1 || true
+  # the Tinker API server (phase tinker): this container's log, the one before its last
+  # restart, and why it restarted
+  k -n "$TG_NS" logs "deploy/$TG-tinker" --tail=-1 > "$ARTIFACTS/tinker-server.log" 2>&1 || true
+  k -n "$TG_NS" logs "deploy/$TG-tinker" --previous --tail=-1 > "$ARTIFACTS/tinker-server.previous.log" 2>&1 || true
+  k -n "$TG_NS" describe pod -l "trainergroup.io/tinker=$TG" > "$ARTIFACTS/tinker-server.describe.txt" 2>&1 || true
   local head
   head="$(k -n "$TG_NS" get pod -l "ray.io/cluster=$TG,ray.io/node-type=head" -o name 2>/dev/null | head -n1)"
   if [[ -n "$head" ]]; then
@@ -130,6 +135,10 @@ diagnose() {
   log "TrainerGroup:"; k -n "$TG_NS" get tg "$TG" -o jsonpath='{.status.phase}{"\n"}{range .status.conditions[*]}{.type}={.status} {.reason}: {.message}{"\n"}{end}' >&2 2>/dev/null || true
   log "operator log tail:"; tail -n 25 "$ARTIFACTS/operator.log" >&2 || true
   log "Ray logs tail:"; tail -n 25 "$ARTIFACTS/ray-logs.txt" >&2 2>/dev/null || true
+  if [[ -s "$ARTIFACTS/tinker-server.log" ]]; then
+    log "Tinker server log tail:"; tail -n 15 "$ARTIFACTS/tinker-server.log" >&2 || true
+    log "Tinker server, before its last restart:"; tail -n 15 "$ARTIFACTS/tinker-server.previous.log" >&2 || true
+  fi
 }
 finish() {
   local rc=$?
@@ -272,8 +281,6 @@ if os.environ["MODE"] == "fake":
                      "ffnHiddenSize": 128, "maxSequenceLength": 64, "dtype": "bfloat16"}
     spec["training"] = {"batchSize": 8, "sequenceLength": 32}
     spec["optimizer"] = {"lr": 0.003, "clipGrad": 1.0}
-    # the Tinker server pod (spec.api.tinker, on by default) shares the 2-core CPU node
-    spec["api"] = {"server": {"cpu": "500m", "memory": "2Gi"}}
     # the Tinker API server (spec.api.tinker, on by default) sized for kind on 2 cores
     spec["api"] = {"server": {"cpu": "250m", "memory": "1536Mi"}}
 print(json.dumps({"spec": spec}))')"

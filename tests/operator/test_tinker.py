@@ -144,6 +144,11 @@ def test_the_deployment_runs_the_server_entrypoint_from_the_runtime_image() -> N
     assert volumes["keys"]["secret"]["secretName"] == "demo-tinker-keys"
     assert volumes["dshm"]["emptyDir"] == {"medium": "Memory"}
     assert c["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    # liveness only once the server has answered: the start waits for the group (minutes)
+    startup = c["startupProbe"]
+    assert startup["httpGet"] == c["livenessProbe"]["httpGet"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] == tinker.STARTUP_LIMIT_S
+    assert "initialDelaySeconds" not in c["livenessProbe"]
     assert c["resources"]["requests"] == c["resources"]["limits"] == {"cpu": "1", "memory": "2Gi"}
     assert c["securityContext"]["allowPrivilegeEscalation"] is False
     assert dep["metadata"]["annotations"][tinker.HASH_ANNOTATION]

@@ -39,6 +39,8 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from tgapi.errors import PicklableError
+
 MSG_CLUSTER_CHOICE = "set exactly one of rayCluster and rayClusterRef"
 USE_GPU_AUTO = "auto"  # = tgapi.model.USE_GPU_AUTO (rules.py imports nothing from the model)
 
@@ -46,7 +48,7 @@ Wire = Mapping[str, Any]
 """A spec in its wire form (the object under ``.spec``), defaults applied."""
 
 
-class CelError(Exception):
+class CelError(PicklableError):
     """What CEL would report as an evaluation error (no such key, division by zero)."""
 
 

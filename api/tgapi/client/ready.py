@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from tgapi.errors import SpecErrors
+from tgapi.errors import PicklableError, SpecErrors
 from tgapi.model import TimeoutsSpec, TrainerGroupSpec
 from tgapi.parse import parse_resource
 from tgapi.status import TrainerGroupStatus, parse_status
@@ -25,15 +25,15 @@ class ReadyGroup(NamedTuple):
     spec: TrainerGroupSpec
 
 
-class TrainerGroupNotFound(LookupError):
+class TrainerGroupNotFound(PicklableError, LookupError):
     """No TrainerGroup with that name in that Kubernetes namespace (or it was deleted)."""
 
 
-class TrainerGroupForbidden(PermissionError):
+class TrainerGroupForbidden(PicklableError, PermissionError):
     """The API server refused the request (403): the credentials lack ``get``/``watch`` on it."""
 
 
-class TrainerGroupFailed(RuntimeError):
+class TrainerGroupFailed(PicklableError, RuntimeError):
     """The TrainerGroup's phase is Failed for its current spec."""
 
     def __init__(self, message: str, *, status: TrainerGroupStatus) -> None:
@@ -41,7 +41,7 @@ class TrainerGroupFailed(RuntimeError):
         self.status = status
 
 
-class TrainerGroupNotReady(TimeoutError):
+class TrainerGroupNotReady(PicklableError, TimeoutError):
     """The TrainerGroup did not become Ready in time."""
 
     def __init__(self, message: str, *, status: TrainerGroupStatus | None) -> None:

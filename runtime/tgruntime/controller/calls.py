@@ -3,10 +3,16 @@
 ``resolve`` is the one place a group call blocks. It returns as soon as any worker's
 result is an error (Ray's ``get`` aborts early on an error object), so a dead worker is
 reported at once instead of after its peers finish (or hang in a collective).
+
+When one rank's error is delivered, the other ranks' results are marked retrieved
+(:func:`mark_retrieved`): otherwise Ray logs an "Unhandled error" block on the driver for
+each other rank whose error object is freed unread, a copy of the traceback the caller
+already got (often the same error on every rank).
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -50,7 +56,34 @@ def resolve(refs: Sequence[Any], ctx: CallContext, *, timeout_s: float | None = 
             pending=names,
         ) from None
     except RayError as exc:
-        raise translate(exc, refs, ctx) from exc
+        error = translate(exc, refs, ctx)
+        mark_retrieved(refs)
+        raise error from exc
+
+
+def mark_retrieved(refs: Sequence[Any]) -> None:
+    """Make Ray count every result in ``refs`` as retrieved, without ever blocking.
+
+    Ray reports an error object freed before anyone fetched it as "Unhandled error" on the
+    driver's stderr. After one rank's error is delivered, the finished results are fetched
+    here (errors ignored); the ones still running get a completion callback
+    (``ObjectRef.future()``), which fetches them when they finish, so a hung rank costs
+    nothing and a late error is not reported either. Never raises.
+    """
+    try:
+        ready, pending = ray.wait(list(refs), num_returns=len(refs), timeout=0)
+    except Exception:
+        ready, pending = [], list(refs)
+    for ref in ready:
+        try:
+            ray.get(ref, timeout=0)
+        except GetTimeoutError:  # ready but not fetchable at once: let a callback fetch it
+            pending.append(ref)
+        except Exception:
+            pass
+    for ref in pending:
+        with contextlib.suppress(Exception):
+            ref.future()
 
 
 def translate(exc: BaseException, refs: Sequence[Any], ctx: CallContext) -> BaseException:

@@ -25,7 +25,7 @@ from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from tgruntime.controller import naming, registry
-from tgruntime.controller.calls import actor_error_cause
+from tgruntime.controller.calls import actor_error_cause, mark_retrieved
 from tgruntime.controller.class_with_init import ClassWithInitArgs
 from tgruntime.controller.decorator import registered_methods
 from tgruntime.controller.errors import ActorStartTimeoutError, GroupExistsError, WorkerStartError
@@ -217,6 +217,7 @@ def _wait_ready(*, group_name: str, names: list[str], handles: list[Any], timeou
     while pending:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
+            mark_retrieved(pending)  # a constructor failing later is not an "Unhandled error"
             raise ActorStartTimeoutError(
                 group_name=group_name,
                 timeout_s=timeout_s,
@@ -226,19 +227,14 @@ def _wait_ready(*, group_name: str, names: list[str], handles: list[Any], timeou
         for ref in ready:
             try:
                 ray.get(ref)
-            except RayActorError as exc:
-                raise WorkerStartError(
-                    group_name=group_name,
-                    rank=index[ref],
-                    worker_name=names[index[ref]],
-                    cause=_start_cause(exc),
-                ) from exc
             except RayError as exc:
+                cause = _start_cause(exc) if isinstance(exc, RayActorError) else str(exc)
+                mark_retrieved(refs)  # the other ranks' errors are not "Unhandled errors"
                 raise WorkerStartError(
                     group_name=group_name,
                     rank=index[ref],
                     worker_name=names[index[ref]],
-                    cause=str(exc),
+                    cause=cause,
                 ) from exc
 
 

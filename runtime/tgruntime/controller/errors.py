@@ -8,29 +8,17 @@ worker when one is involved, and the cause, so a log line alone says what broke.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+
+from tgapi.errors import PicklableError
 
 
-class TrainerGroupError(Exception):
+class TrainerGroupError(PicklableError):
     """Base class of every error raised by ``tgruntime.controller``.
 
-    Subclasses take keyword-only arguments; ``__reduce__`` rebuilds them from those, so
-    the errors survive pickling (e.g. raised inside a worker and re-raised by Ray).
+    Subclasses take keyword-only arguments; :class:`tgapi.errors.PicklableError` rebuilds
+    them from their ``args`` and attributes (not by calling ``__init__``), so the errors
+    survive pickling (e.g. raised inside a worker and re-raised by Ray).
     """
-
-    _init_kwargs: dict[str, Any] | None = None
-
-    def _keep(self, kwargs: dict[str, Any]) -> None:
-        self._init_kwargs = {k: v for k, v in kwargs.items() if k not in ("self", "__class__")}
-
-    def __reduce__(self) -> Any:
-        if self._init_kwargs is None:
-            return super().__reduce__()
-        return (_rebuild, (type(self), self._init_kwargs))
-
-
-def _rebuild(cls: type[TrainerGroupError], kwargs: dict[str, Any]) -> TrainerGroupError:
-    return cls(**kwargs)
 
 
 class GroupNotFoundError(TrainerGroupError):
@@ -39,7 +27,6 @@ class GroupNotFoundError(TrainerGroupError):
     def __init__(
         self, *, group_name: str, namespace: str, existing: Sequence[str] = (), detail: str = ""
     ) -> None:
-        self._keep(locals())
         self.group_name = group_name
         self.namespace = namespace
         self.existing = list(existing)
@@ -59,7 +46,6 @@ class NamespaceMismatchError(TrainerGroupError):
     def __init__(
         self, *, group_name: str, namespace: str, found_in: Sequence[str], detail: str = ""
     ) -> None:
-        self._keep(locals())
         self.group_name = group_name
         self.namespace = namespace
         self.found_in = list(found_in)
@@ -78,7 +64,6 @@ class WorkerDiedError(TrainerGroupError):
     def __init__(
         self, *, group_name: str, rank: int, worker_name: str, cause: str, method: str = ""
     ) -> None:
-        self._keep(locals())
         self.group_name = group_name
         self.rank = rank
         self.worker_name = worker_name
@@ -104,7 +89,6 @@ class WorkerMethodError(TrainerGroupError):
         summary: str,
         remote_traceback: str = "",
     ) -> None:
-        self._keep(locals())
         self.group_name = group_name
         self.rank = rank
         self.worker_name = worker_name
@@ -134,7 +118,6 @@ class PlacementTimeoutError(TrainerGroupError):
         available: Mapping[str, float],
         total: Mapping[str, float],
     ) -> None:
-        self._keep(locals())
         self.group_name = group_name
         self.timeout_s = timeout_s
         self.bundles = [list(b) for b in bundles]
@@ -166,7 +149,6 @@ class PlacementInfeasibleError(TrainerGroupError):
         reason: str,
         fix: str,
     ) -> None:
-        self._keep(locals())
         self.group_name = group_name
         self.bundles = [list(b) for b in bundles]
         self.strategy = strategy
@@ -189,7 +171,6 @@ class ActorStartTimeoutError(TrainerGroupError):
     """Workers were created but did not become ready in time."""
 
     def __init__(self, *, group_name: str, timeout_s: float, pending: Sequence[str]) -> None:
-        self._keep(locals())
         self.group_name = group_name
         self.timeout_s = timeout_s
         self.pending = list(pending)
@@ -203,7 +184,6 @@ class WorkerStartError(TrainerGroupError):
     """A worker's constructor raised (or its process died) while the group was being created."""
 
     def __init__(self, *, group_name: str, rank: int, worker_name: str, cause: str) -> None:
-        self._keep(locals())
         self.group_name = group_name
         self.rank = rank
         self.worker_name = worker_name
@@ -217,7 +197,6 @@ class GroupExistsError(TrainerGroupError):
     """A group of that name is already published in the namespace."""
 
     def __init__(self, *, group_name: str, namespace: str, generation: int) -> None:
-        self._keep(locals())
         self.group_name = group_name
         self.namespace = namespace
         self.generation = generation
@@ -233,7 +212,6 @@ class CallTimeoutError(TrainerGroupError):
     def __init__(
         self, *, group_name: str, method: str, timeout_s: float, pending: Sequence[str]
     ) -> None:
-        self._keep(locals())
         self.group_name = group_name
         self.method = method
         self.timeout_s = timeout_s

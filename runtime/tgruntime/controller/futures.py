@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import ray
+from ray.exceptions import GetTimeoutError, RayError
 
 if TYPE_CHECKING:
     from tgruntime.controller.calls import CallContext
@@ -54,13 +55,18 @@ class DataProtoFuture:
 
     def get(self, timeout_s: float | None = None) -> DataProto:
         """Fetch, concatenate (and select a chunk of) the parts."""
-        from tgruntime.controller.calls import resolve
+        from tgruntime.controller.calls import mark_retrieved, resolve
         from tgruntime.controller.dataproto import DataProto, chunk_lengths
 
         if self.ctx is not None and len(self.ctx.ranks) == len(self.refs):
             values = resolve(self.refs, self.ctx, timeout_s=timeout_s)
         else:
-            values = list(ray.get(self.refs, timeout=timeout_s))
+            try:
+                values = list(ray.get(self.refs, timeout=timeout_s))
+            except RayError as exc:
+                if not isinstance(exc, GetTimeoutError):
+                    mark_retrieved(self.refs)  # the other parts' errors: not "unhandled"
+                raise
         bad = [type(v).__name__ for v in values if not isinstance(v, DataProto)]
         if bad:
             raise TypeError(f"DataProtoFuture parts must be DataProto, got {bad}")

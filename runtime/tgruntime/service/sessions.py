@@ -12,8 +12,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from tgapi.errors import PicklableError
 
-class ServiceError(Exception):
+
+class ServiceError(PicklableError):
     """A request refused with a clear message (HTTP ``status``; ``category`` for futures)."""
 
     def __init__(self, message: str, *, status: int = 400, category: str = "user") -> None:

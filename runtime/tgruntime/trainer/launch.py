@@ -19,10 +19,12 @@ from typing import Any
 
 import torch.multiprocessing as mp
 
+from tgapi.errors import PicklableError
+
 __all__ = ["LaunchError", "free_port", "launch"]
 
 
-class LaunchError(RuntimeError):
+class LaunchError(PicklableError, RuntimeError):
     """A rank failed, died or timed out; the message holds its traceback."""
 
 

@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from tgapi.errors import PicklableError
+
 __all__ = [
     "LossFn",
     "LossSpec",
@@ -55,7 +57,7 @@ TENSOR_DOCS: dict[str, str] = {
 }
 
 
-class MissingTensorError(KeyError):
+class MissingTensorError(PicklableError, KeyError):
     """A loss asked for a per-token tensor the DataProto does not hold."""
 
     def __init__(self, *, key: str, loss: str, present: list[str]) -> None:

@@ -93,6 +93,15 @@ async def serve_tinker(
     """Create what is missing: the keys Secret (a fresh key; an existing Secret, with the
     keys users added, is never replaced), then the other objects, the Deployment last."""
     kube = ctx.kube
+    if action.update:
+        for body in action.bodies:
+            await kube.update_deployment(body)
+            events.info(
+                sink,
+                reason="TinkerServerUpdated",
+                message=f"the spec changed: replacing the pod of {body['metadata']['name']}",
+            )
+        return
     if await kube.create_object(tinker.build_keys_secret(tg, key=tinker.new_api_key())):
         events.info(
             sink,

@@ -89,10 +89,13 @@ def cluster_conflict(snap: Snapshot, cfg: Settings) -> Decision | None:
 
 
 def serve_tinker(snap: Snapshot, cfg: Settings) -> Decision | None:
-    """The Tinker API server's Deployment is missing: create its objects (once each)."""
+    """The Tinker API server's Deployment is missing: create its objects (once each). It
+    exists but serves an older spec: replace its pod template."""
     tg, seen = snap.tg, snap.tinker
-    if seen is None or seen.deployment is not None or not tinker.wanted(tg):
+    if seen is None or not tinker.wanted(tg):
         return None
+    if seen.deployment is not None:
+        return update_tinker(snap, cfg)
     action = ServeTinker(
         secret_name=tinker.keys_secret_name(tg), bodies=tinker.objects(tg, python=cfg.python)
     )
@@ -100,6 +103,18 @@ def serve_tinker(snap: Snapshot, cfg: Settings) -> Decision | None:
     # the Deployment watch wakes the group once it sees the new Deployment
     return Decision(
         rule="serve-tinker", status=snap.status, step=Step.wait(TINKER_POLL_S, msg), action=action
+    )
+
+
+def update_tinker(snap: Snapshot, cfg: Settings) -> Decision | None:
+    tg, seen = snap.tg, snap.tinker
+    if seen is None or not tinker.outdated(tg, seen.deployment, python=cfg.python):
+        return None
+    body = tinker.build_deployment(tg, python=cfg.python)
+    action = ServeTinker(secret_name=tinker.keys_secret_name(tg), bodies=(body,), update=True)
+    msg = f"updating the Tinker API server {tinker.server_name(tg)} (its spec changed)"
+    return Decision(
+        rule="update-tinker", status=snap.status, step=Step.wait(TINKER_POLL_S, msg), action=action
     )
 
 

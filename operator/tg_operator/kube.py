@@ -23,6 +23,7 @@ from tgapi.client.kube import api_client
 
 __all__ = ["KubeApi", "api_client"]
 
+
 class KubeApi:
     """TrainerGroups, RayClusters and pods, through one API client."""
 
@@ -192,9 +193,7 @@ class KubeApi:
         return await self._create(self._net.create_namespaced_network_policy, body)
 
     # -- the Tinker server's objects (tg_operator.tinker) ------------------------------------
-    async def get_tinker_deployment(
-        self, *, namespace: str, group: str
-    ) -> dict[str, Any] | None:
+    async def get_tinker_deployment(self, *, namespace: str, group: str) -> dict[str, Any] | None:
         """One GET of ``<group>-tinker``: for tools with the rights to read Deployments. The
         operator reads the watch's index instead (``WatchedKube``) and holds no ``get`` on
         Deployments: a 403 counts as "not seen" (the create that follows answers 409)."""
@@ -228,6 +227,24 @@ class KubeApi:
             "Deployment": self._apps.create_namespaced_deployment,
         }
         return await self._create(methods[str(body["kind"])], body)
+
+    async def update_deployment(self, body: dict[str, Any]) -> None:
+        meta = body["metadata"]
+        patch = {
+            "metadata": {"annotations": meta.get("annotations") or {}},
+            "spec": {"template": body["spec"]["template"]},
+        }
+
+        def call() -> None:
+            self._apps.patch_namespaced_deployment(
+                meta["name"],
+                meta["namespace"],
+                patch,
+                _content_type="application/merge-patch+json",
+                _request_timeout=self._timeout,
+            )
+
+        await asyncio.to_thread(call)
 
     async def _create(self, method: Any, body: dict[str, Any]) -> bool:
         namespace = body["metadata"]["namespace"]

@@ -46,15 +46,18 @@ class KubeApi(Protocol):
         """Create a NetworkPolicy; False when it exists already."""
         ...
 
-    async def get_tinker_deployment(
-        self, *, namespace: str, group: str
-    ) -> dict[str, Any] | None:
+    async def get_tinker_deployment(self, *, namespace: str, group: str) -> dict[str, Any] | None:
         """The group's Tinker server Deployment as the watch shows it (None: none)."""
         ...
 
     async def create_object(self, body: dict[str, Any]) -> bool:
         """Create a namespaced object of a kind ``tg_operator.tinker`` builds (ServiceAccount,
         Role, RoleBinding, Secret, Service, NetworkPolicy, Deployment); False if it exists."""
+        ...
+
+    async def update_deployment(self, body: dict[str, Any]) -> None:
+        """Give an existing Deployment ``body``'s annotations and pod template (a JSON merge
+        patch: the template's lists are replaced, not merged)."""
         ...
 
 

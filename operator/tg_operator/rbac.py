@@ -57,9 +57,14 @@ OPERATOR_RULES: list[dict[str, Any]] = [
     # Each group's NetworkPolicies (tg_operator.networkpolicy, tg_operator.tinker).
     {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["create"]},
     # The Tinker API server of each group (tg_operator.tinker): its Deployment is watched
-    # (an index: the group's status.apiURL follows its availability) and created once; its
-    # Service and ServiceAccount are created once; the keys Secret is the create above.
-    {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["list", "watch", "create"]},
+    # (an index: the group's status.apiURL follows its availability), created once, and
+    # patched when the group's spec changes what its pod needs (e.g. the checkpoint claim);
+    # its Service and ServiceAccount are created once; the keys Secret is the create above.
+    {
+        "apiGroups": ["apps"],
+        "resources": ["deployments"],
+        "verbs": ["list", "watch", "create", "patch"],
+    },
     {"apiGroups": [""], "resources": ["services", "serviceaccounts"], "verbs": ["create"]},
     # The server's Role (get/watch on its own TrainerGroup, which the operator holds itself:
     # no escalate or bind needed) and its RoleBinding.

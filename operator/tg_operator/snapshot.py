@@ -157,20 +157,17 @@ class TearDown:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ServeTinker:
     """Create the Tinker server's objects that are missing (an existing one is left as it
-    is): the keys Secret with a fresh random key, then ``bodies`` in order."""
+    is): the keys Secret with a fresh random key, then ``bodies`` in order. ``update``: the
+    Deployment exists but was built from another spec; ``bodies`` is its new version, whose
+    pod template replaces the old one (the keys Secret and the other objects stay)."""
 
     secret_name: str
     bodies: tuple[dict[str, Any], ...]
+    update: bool = False
 
 
 Action = (
-    ServeTinker
-    | CreateCluster
-    | DeleteCluster
-    | SubmitServer
-    | WaitForSlot
-    | StopServer
-    | TearDown
+    ServeTinker | CreateCluster | DeleteCluster | SubmitServer | WaitForSlot | StopServer | TearDown
 )
 
 

@@ -361,6 +361,20 @@ def spec_hash(pod_spec: Mapping[str, Any]) -> str:
 
 
 # -- what the watch sees ---------------------------------------------------------------------
+def outdated(tg: TrainerGroup, deployment: Mapping[str, Any] | None, *, python: str) -> bool:
+    """Whether the Deployment's pod template was built from another spec than ``tg``'s (its
+    hash annotation differs): e.g. ``rayCluster.storage`` added, so the server must mount the
+    claim its state lives on. A Deployment being deleted is not outdated (it goes anyway)."""
+    if deployment is None:
+        return False
+    meta = deployment.get("metadata") or {}
+    if meta.get("deletionTimestamp"):
+        return False
+    have = (meta.get("annotations") or {}).get(HASH_ANNOTATION)
+    want = build_deployment(tg, python=python)["metadata"]["annotations"][HASH_ANNOTATION]
+    return bool(have != want)
+
+
 def available(deployment: Mapping[str, Any] | None) -> bool:
     """Whether the server's Deployment has an available pod (Available=True)."""
     if deployment is None or (deployment.get("metadata") or {}).get("deletionTimestamp"):

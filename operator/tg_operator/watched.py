@@ -89,9 +89,7 @@ class WatchedKube:
     async def create_networkpolicy(self, body: dict[str, Any]) -> bool:
         return await self._api.create_networkpolicy(body)
 
-    async def get_tinker_deployment(
-        self, *, namespace: str, group: str
-    ) -> dict[str, Any] | None:
+    async def get_tinker_deployment(self, *, namespace: str, group: str) -> dict[str, Any] | None:
         """From the Deployment index only: no GET (a Deployment created a moment ago and not
         yet in the index is created again, which answers "exists" and changes nothing)."""
         found = list(self._tinker.get((namespace, group), ()))
@@ -99,3 +97,6 @@ class WatchedKube:
 
     async def create_object(self, body: dict[str, Any]) -> bool:
         return await self._api.create_object(body)
+
+    async def update_deployment(self, body: dict[str, Any]) -> None:
+        await self._api.update_deployment(body)

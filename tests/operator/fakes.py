@@ -126,6 +126,13 @@ class FakeKube:
         self.objects.setdefault(key, copy.deepcopy(body))
         return fresh
 
+    async def update_deployment(self, body: dict[str, Any]) -> None:
+        self.calls["update_deployment"] += 1
+        key = ("Deployment", body["metadata"]["namespace"], body["metadata"]["name"])
+        dep = self.objects[key]  # KeyError: an update of a Deployment that does not exist
+        dep["metadata"]["annotations"] = dict(body["metadata"]["annotations"])
+        dep["spec"]["template"] = copy.deepcopy(body["spec"]["template"])
+
     def make_tinker_available(self, namespace: str, group: str) -> None:
         """The Deployment controller's part: the Tinker server's pod is available."""
         dep = self.objects[("Deployment", namespace, f"{group}-tinker")]

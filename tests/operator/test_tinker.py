@@ -14,7 +14,7 @@ import pytest
 from tests.operator.fakes import world
 from tests.operator.helpers import BASE_SPEC, trainergroup
 from tests.operator.snapshots import SETTINGS, actors, running, snap
-from tg_operator import decide, networkpolicy, tinker
+from tg_operator import decide, networkpolicy, spec_change, tinker
 from tg_operator.snapshot import ServeTinker, Snapshot, TinkerSeen
 from tgapi import TrainerGroup
 
@@ -246,6 +246,22 @@ def test_the_index_keeps_a_slim_deployment_keyed_by_group() -> None:
 
 # -- decide() rows ------------------------------------------------------------------------------
 NO_TINKER = _tg(tinker=False)
+WITHOUT_STORAGE = TG
+
+
+def _with_storage() -> TrainerGroup:
+    spec = copy.deepcopy(BASE_SPEC)
+    spec["rayCluster"] = {**spec["rayCluster"], "storage": {"claimName": "ckpt"}}
+    spec["training"] = {**spec.get("training", {}), "checkpointDir": "/checkpoints/demo"}
+    return trainergroup(spec=spec)
+
+
+WITH_STORAGE = _with_storage()
+# the group re-created on the new spec (the respec rule acted first): Ready again
+RUNNING_WITH_STORAGE = dict(
+    spec_hash=spec_change.group_hash(WITH_STORAGE.spec),
+    cluster_hash=spec_change.cluster_hash(WITH_STORAGE.spec),
+)
 MISSING = TinkerSeen(deployment=None)
 
 # id -> (snapshot, rule, action type, status.apiURL written)
@@ -298,6 +314,17 @@ ROWS: dict[str, tuple[Snapshot, str, type | None, str]] = {
         None,
         "",
     ),
+    "outdated-deployment-gets-the-new-pod-template": (
+        snap(
+            status=running(**RUNNING_WITH_STORAGE),
+            actors=actors(),
+            tinker=TinkerSeen(deployment=_available(WITHOUT_STORAGE)),
+            tg=WITH_STORAGE,
+        ),
+        "update-tinker",
+        ServeTinker,
+        "http://demo-tinker.team-a.svc:8000",
+    ),
     "missing-cluster-comes-first": (
         snap(raycluster=None, pods=(), tinker=MISSING),
         "create-cluster",
@@ -315,6 +342,40 @@ ROWS: dict[str, tuple[Snapshot, str, type | None, str]] = {
         "http://demo-tinker.team-a.svc:8000",
     ),
 }
+
+
+def test_a_spec_change_that_changes_the_pod_replaces_the_template_and_nothing_else() -> None:
+    """rayCluster.storage added to a running group (the kind suite's resume phase): the server
+    keeps its state on the claim, so its pod must mount it; the Deployment built before
+    lacked it and the server crash-looped on 'Permission denied: /checkpoints'."""
+    old = _available(WITHOUT_STORAGE)
+    assert tinker.outdated(WITH_STORAGE, old, python=PY)
+    assert not tinker.outdated(WITHOUT_STORAGE, old, python=PY)
+    assert not tinker.outdated(WITH_STORAGE, None, python=PY)
+    going = copy.deepcopy(old)
+    going["metadata"]["deletionTimestamp"] = "2026-12-02T00:00:00Z"
+    assert not tinker.outdated(WITH_STORAGE, going, python=PY)
+    seen = snap(
+        status=running(**RUNNING_WITH_STORAGE),
+        actors=actors(),
+        tinker=TinkerSeen(deployment=old),
+        tg=WITH_STORAGE,
+    )
+    d = decide.decide(seen, settings=SETTINGS)
+    assert isinstance(d.action, ServeTinker) and d.action.update
+    (body,) = d.action.bodies
+    assert body["kind"] == "Deployment"  # the keys Secret and the other objects stay
+    (c,) = body["spec"]["template"]["spec"]["containers"]
+    assert {"name": "checkpoints", "mountPath": "/checkpoints"} in c["volumeMounts"]
+    # once the watch shows the new template, nothing more to do
+    new = _available(WITH_STORAGE)
+    again = snap(
+        status=running(**RUNNING_WITH_STORAGE),
+        actors=actors(),
+        tinker=TinkerSeen(deployment=new),
+        tg=WITH_STORAGE,
+    )
+    assert decide.decide(again, settings=SETTINGS).rule == "watch"
 
 
 @pytest.mark.parametrize(("seen", "rule", "action", "url"), ROWS.values(), ids=ROWS.keys())

@@ -117,10 +117,11 @@ ConfigMaps, no create/delete of TrainerGroups, read-only Pods. Proven on a real 
   resources: ["networkpolicies"]
   verbs: ["create"]
 # The Tinker API server (<name>-tinker): its Deployment is watched (status.apiURL follows
-# its availability) and created once; its Service and ServiceAccount are created once.
+# its availability), created once and patched when the spec changes its pod; its Service
+# and ServiceAccount are created once.
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["list", "watch", "create"]
+  verbs: ["list", "watch", "create", "patch"]
 - apiGroups: [""]
   resources: ["services", "serviceaccounts"]
   verbs: ["create"]

@@ -70,7 +70,12 @@ resume_new_group_ready() {  # <old workerNames>: Ready, spec acted on, under new
 
 # ---- 2. the group gets the claim ----------------------------------------------------------------
 NAMES_BEFORE="$(resume_field .status.workerNames)"
-k -n "$TG_NS" patch tg "$TG" --type merge -p "$(printf '{"spec": {"rayCluster": {"storage": {"claimName": "%s", "mountPath": "%s"}}, "training": {"checkpointDir": "%s"}}}' "$RESUME_CLAIM" "$RESUME_MOUNT" "$RESUME_DIR")"
+# The Tinker server keeps its state in checkpointDir too: its pod now mounts the claim, whose
+# hostPath volume is on the GPU node, so it must tolerate that node's taint (the operator
+# replaces the server's pod template: rule update-tinker). Ray pods that ask for GPUs get
+# the toleration from the API server; the server asks for none.
+RESUME_TOLERATE='[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]'
+k -n "$TG_NS" patch tg "$TG" --type merge -p "$(printf '{"spec": {"rayCluster": {"storage": {"claimName": "%s", "mountPath": "%s"}}, "training": {"checkpointDir": "%s"}, "api": {"server": {"tolerations": %s}}}}' "$RESUME_CLAIM" "$RESUME_MOUNT" "$RESUME_DIR" "$RESUME_TOLERATE")"
 wait_for "$READY_TIMEOUT" "TrainerGroup $TG Ready on a RayCluster with the claim" resume_new_group_ready "$NAMES_BEFORE"
 stamp resume_storage_ready
 RESUME_WPOD_CLAIM="$(k -n "$TG_NS" get pod -l "ray.io/cluster=$TG,ray.io/node-type=worker" -o jsonpath='{.items[0].spec.volumes[?(@.name=="checkpoints")].persistentVolumeClaim.claimName}')"

@@ -41,6 +41,16 @@ assert key.startswith("tml-") and len(key) > 20, "no tml- key under default"
 assert any(r["kind"] == "TrainerGroup" for r in s["metadata"].get("ownerReferences") or [])
 ' || die "Secret $TINKER_SECRET missing, without a tml- key, or not owned"
 
+# after phase resume the group has rayCluster.storage: the server's pod follows the spec and
+# mounts the claim (rule update-tinker), since its state lives in training.checkpointDir
+TINKER_CLAIM="$(k -n "$TG_NS" get tg "$TG" -o jsonpath='{.spec.rayCluster.storage.claimName}')"
+if [[ -n "$TINKER_CLAIM" ]]; then
+  tinker_mounts_claim() {
+    [[ "$(k -n "$TG_NS" get deployment "$TINKER_NAME" -o jsonpath='{.spec.template.spec.volumes[?(@.name=="checkpoints")].persistentVolumeClaim.claimName}')" == "$TINKER_CLAIM" ]]
+  }
+  wait_for 120 "Deployment $TINKER_NAME mounts claim $TINKER_CLAIM (the spec's storage)" tinker_mounts_claim
+fi
+
 # ---- 2. available, and the URL published ------------------------------------------------------
 tinker_url_published() {
   [[ "$(k -n "$TG_NS" get tg "$TG" -o jsonpath='{.status.apiURL}')" == "$TINKER_URL" ]]

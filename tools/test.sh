@@ -39,7 +39,7 @@ declare -A BG_PID BG_T0
 bg() {
   local name="$1"; shift
   BG_T0[$name]=$(date +%s)
-  ( "$@" ) > "$WORK/$name.log" 2>&1 &
+  ( "$@"; echo $? > "$WORK/$name.rc" ) > "$WORK/$name.log" 2>&1 &
   BG_PID[$name]=$!
   log "$name: started in the background (log: $WORK/$name.log)"
 }
@@ -104,6 +104,26 @@ if (( ! QUICK )); then
   fi
 fi
 
+# The kind cluster for the last phase, made ready while the foreground tests run: once both
+# builds are done, tests/e2e/run.sh up to its "loaded" step (cluster up, runtime image in the
+# nodes: ~7 min on a cold machine), cluster kept; the kind phase then reuses it.
+kind_prep() {
+  local t0=$SECONDS
+  until [[ -f "$WORK/images.rc" && -f "$WORK/go-tools.rc" ]]; do
+    (( SECONDS - t0 < 5400 )) || { echo "kind-prep: the builds did not finish in 5400 s"; return 1; }
+    sleep 10
+  done
+  [[ "$(cat "$WORK/images.rc")" == 0 && "$(cat "$WORK/go-tools.rc")" == 0 ]] \
+    || { echo "kind-prep: a build failed; the kind phase builds and reports"; return 1; }
+  E2E_STOP_AFTER=loaded E2E_KEEP_CLUSTER=1 E2E_SKIP_BUILD=1 E2E_GPU=fake \
+    E2E_ARTIFACTS="$WORK/kind-prep" bash tests/e2e/run.sh
+}
+KIND_PREP=0
+if (( HAVE_DOCKER && HAVE_GO )) && [[ "${TG_SKIP_KIND:-0}" != 1 && "${TG_KIND_PREP:-1}" == 1 ]]; then
+  KIND_PREP=1
+  bg kind-prep kind_prep
+fi
+
 # ---- foreground: Python, lint, types, and the tests that need no Go/Docker -----------------------
 cache=miss; [[ -f .venv/.tg-installed ]] && cache=hit
 phase install "$cache" ./tools/install.sh || { log "install failed: see the messages above"; table; exit 2; }
@@ -138,6 +158,15 @@ if (( HAVE_DOCKER )); then
 fi
 pytest_phase plane "$PLANE" "$@"
 
+if (( KIND_PREP )); then
+  if bg_wait kind-prep -; then
+    export E2E_REUSE_CLUSTER=1 E2E_SKIP_BUILD=1
+    log "kind-prep: cluster up with the images loaded, in the background (log: $WORK/kind-prep.log)"
+  else
+    log "kind-prep failed (the kind phase starts its own cluster); its tail:"
+    tail -n 20 "$WORK/kind-prep.log" >&2
+  fi
+fi
 export E2E_ARTIFACTS="${E2E_ARTIFACTS:-$ROOT/tests/e2e/.artifacts/test-sh}"
 rm -rf "$E2E_ARTIFACTS"
 if [[ "${TG_CHAOS:-0}" != 0 ]]; then

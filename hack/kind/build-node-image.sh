@@ -121,6 +121,8 @@ binctx() {  # <dir> <binary...>: a build context with bin/<binaries> (hard links
   local b; for b in "$@"; do ln -f "$b" "$dir/bin/" 2>/dev/null || cp "$b" "$dir/bin/"; done
 }
 
+same_minor() { [[ "${1%.*}" == "${2%.*}" ]]; }  # v3.6.5 v3.6.4: yes
+
 step_images() {  # fills IMAGES (all refs to preload) and CNI_IMAGE
   local bin="$1"
   local list; list="$("$bin/kubeadm" config images list --kubernetes-version "$KUBERNETES_VERSION" 2>/dev/null)" \
@@ -143,7 +145,12 @@ step_images() {  # fills IMAGES (all refs to preload) and CNI_IMAGE
         build_image "$ref" "$h" "$ctx" "$IMG/k8s/kube-proxy.Dockerfile" --build-arg "NET_IMAGE=$NET_IMAGE" ;;
       etcd)
         local ev="v${tag%-*}" ebin
-        if [[ "$ev" == "$ETCD_VERSION" ]]; then ebin="$bin/etcd"
+        if same_minor "$ev" "$ETCD_VERSION"; then
+          # The plane's etcd (ETCD_VERSION, compiled with Kubernetes in build-tools.sh) under
+          # kubeadm's tag: one etcd build, not two (patch releases of one minor share the
+          # storage format; kubeadm only names the image). Saves a ~5 min cold go build.
+          ebin="$bin/etcd"
+          [[ "$ev" == "$ETCD_VERSION" ]] || log "etcd: kubeadm names $ev; the node runs the plane's $ETCD_VERSION under that tag"
         else ebin="$(go_build_cached etcd go.etcd.io/etcd/server/v3 "$ev" go.etcd.io/etcd/server/v3)"; fi
         mkdir -p "$ctx/bin"; cp "$ebin" "$ctx/bin/etcd"
         h="$(hash_of "etcd $ev $(sha256sum <"$ebin")" "$IMG/k8s/Dockerfile")"
@@ -232,7 +239,7 @@ if [[ "$MODE" == "--go-deps" ]]; then
   cv="$(sed -n 's/^\s*CoreDNSVersion = "\(.*\)"/\1/p' "$src")"
   ev="$(sed -n 's/^\s*DefaultEtcdVersion = "\(.*\)-.*"/\1/p' "$src")"
   go_build_cached coredns github.com/coredns/coredns "$cv" github.com/coredns/coredns
-  [[ "v$ev" == "$ETCD_VERSION" ]] || go_build_cached etcd go.etcd.io/etcd/server/v3 "v$ev" go.etcd.io/etcd/server/v3
+  same_minor "v$ev" "$ETCD_VERSION" || go_build_cached etcd go.etcd.io/etcd/server/v3 "v$ev" go.etcd.io/etcd/server/v3
   exit 0
 fi
 if [[ "$(image_label "$NODE_IMAGE" trainergroup.recipe)" == "$RECIPE_HASH" ]]; then

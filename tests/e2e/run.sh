@@ -22,6 +22,9 @@
 #   E2E_CLUSTER=tg-e2e              kind cluster name
 #   E2E_KEEP_CLUSTER=0              1: leave the cluster up afterwards (also on failure)
 #   E2E_REUSE_CLUSTER=0             1 (fake mode): reuse a healthy cluster of that name
+#   E2E_STOP_AFTER=                 loaded: stop once the cluster is up with the images in its
+#                                   nodes, and keep it (tools/test.sh prepares it this way while
+#                                   other tests run, then runs the rest with E2E_REUSE_CLUSTER=1)
 #   E2E_SKIP_BUILD=0                1: use already-built images ($OPERATOR_IMAGE, $RUNTIME_IMAGE)
 #   E2E_ARTIFACTS=tests/e2e/.artifacts   diagnostics, timings (timeline.json) written here
 #   E2E_STEPS=10 (nvidia) / 5 (fake)     client training steps
@@ -144,7 +147,7 @@ finish() {
   local rc=$?
   kill "$MEM_PID" 2>/dev/null || true
   if (( rc != 0 )); then diagnose; fi
-  if [[ "${E2E_KEEP_CLUSTER:-0}" != 1 ]]; then
+  if [[ "${E2E_KEEP_CLUSTER:-0}" != 1 && -z "${E2E_STOP_AFTER:-}" ]]; then
     kind delete cluster --name "$CLUSTER" >/dev/null 2>&1 || true
   else
     log "cluster kept: kubectl --context $CTX ..."
@@ -242,6 +245,10 @@ gpus_advertised() { [[ "$(k get node "$GPU_NODE" -o jsonpath='{.status.allocatab
 wait_for 300 "node $GPU_NODE advertises >= 2 nvidia.com/gpu" gpus_advertised
 log "node $GPU_NODE advertises $(k get node "$GPU_NODE" -o jsonpath='{.status.allocatable.nvidia\.com/gpu}') nvidia.com/gpu"
 stamp loaded
+if [[ "${E2E_STOP_AFTER:-}" == loaded ]]; then
+  log "cluster $CLUSTER up with the images loaded: stopping here (E2E_STOP_AFTER=loaded), cluster kept"
+  exit 0
+fi
 [[ "$MODE" == fake ]] && source tests/e2e/phases/netpol.sh   # NetworkPolicy enforcer (kube-router)
 
 # ---- 3. KubeRay and the chart -------------------------------------------------------------------

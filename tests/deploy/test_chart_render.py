@@ -246,13 +246,14 @@ def test_operator_rules_are_the_operators_own_list(helm: str) -> None:
 
 
 def test_operator_rules_for_the_tinker_server_are_create_and_a_watch(helm: str) -> None:
-    """The Tinker API server's objects: created once, never read (Secrets), never updated or
-    deleted (the garbage collector removes them with the TrainerGroup); the Deployment is
-    also listed and watched (an index), never fetched one by one."""
+    """The Tinker API server's objects: created once, never read (Secrets), never deleted (the
+    garbage collector removes them with the TrainerGroup); the Deployment is also listed and
+    watched (an index), never fetched one by one, and patched when the spec changes its pod
+    (rule update-tinker)."""
     verbs: dict[tuple[str, str], set[str]] = {}
     for group, resource, verb in NAMESPACED_RULES:
         verbs.setdefault((group, resource), set()).add(verb)
-    assert verbs[("apps", "deployments")] == {"list", "watch", "create"}
+    assert verbs[("apps", "deployments")] == {"list", "watch", "create", "patch"}
     assert verbs[("", "services")] == {"create"}
     assert verbs[("", "serviceaccounts")] == {"create"}
     assert verbs[("", "secrets")] == {"create"}

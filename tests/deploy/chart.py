@@ -221,10 +221,10 @@ OPERATOR_DENIED: list[tuple[str, str]] = [
     ("get", "pods/log"),
     ("create", "serviceaccounts/token"),
     ("impersonate", "serviceaccounts"),
-    # the Tinker server's objects: created once (tg_operator.tinker), never read, changed or
-    # deleted by the operator (the garbage collector removes them with the group)
+    # the Tinker server's objects: created once (tg_operator.tinker), never read or deleted by
+    # the operator (the garbage collector removes them with the group); only the Deployment is
+    # patched, when the spec changes its pod (rule update-tinker), never replaced with update
     ("get", "deployments.apps"),
-    ("patch", "deployments.apps"),
     ("update", "deployments.apps"),
     ("delete", "deployments.apps"),
     ("get", "services"),

@@ -60,8 +60,7 @@ async def _finalize(
     namespace, name, uid = str(meta.get("namespace")), str(meta.get("name")), str(meta.get("uid"))
     previous = reconcile.current_status(ctx, body)
     st = status_mod.terminating(
-        previous,
-        message=previous.message if previous.phase == "Terminating" else "cleaning up",
+        previous, message=previous.message if previous.phase == "Terminating" else "cleaning up",
         now=ctx.clock(),
     )
 

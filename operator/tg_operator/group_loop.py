@@ -67,7 +67,9 @@ def being_deleted(stopped: Stopped) -> bool:
     return reason is not None and bool(reason & kopf.DaemonStoppingReason.RESOURCE_DELETED)
 
 
-async def run(ctx: Context, *, body: Mapping[str, Any], stopped: Stopped, sink: EventSink) -> str:
+async def run(
+    ctx: Context, *, body: Mapping[str, Any], stopped: Stopped, sink: EventSink
+) -> str:
     """The daemon's body. ``body`` is kopf's live view of the object."""
     meta = body.get("metadata", {})
     namespace, name, uid = str(meta.get("namespace")), str(meta.get("name")), str(meta.get("uid"))

@@ -136,7 +136,9 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
             ctx.wake_cluster(namespace=str(namespace), cluster=name)
 
     @kopf.on.event(*PODS, labels=POD_FILTER, registry=registry, id="raypod-changed")
-    def raypod_changed(namespace: str | None, labels: kopf.Labels, memo: Any, **_: Any) -> None:
+    def raypod_changed(
+        namespace: str | None, labels: kopf.Labels, memo: Any, **_: Any
+    ) -> None:
         ctx = memo.get("ctx")
         if isinstance(ctx, Context):
             ctx.wake_cluster(

@@ -23,7 +23,6 @@ from tgapi.client.kube import api_client
 
 __all__ = ["KubeApi", "api_client"]
 
-
 class KubeApi:
     """TrainerGroups, RayClusters and pods, through one API client."""
 
@@ -193,7 +192,9 @@ class KubeApi:
         return await self._create(self._net.create_namespaced_network_policy, body)
 
     # -- the Tinker server's objects (tg_operator.tinker) ------------------------------------
-    async def get_tinker_deployment(self, *, namespace: str, group: str) -> dict[str, Any] | None:
+    async def get_tinker_deployment(
+        self, *, namespace: str, group: str
+    ) -> dict[str, Any] | None:
         """One GET of ``<group>-tinker``: for tools with the rights to read Deployments. The
         operator reads the watch's index instead (``WatchedKube``) and holds no ``get`` on
         Deployments: a 403 counts as "not seen" (the create that follows answers 409)."""

@@ -94,7 +94,9 @@ def checkpoint_volume(tg: TrainerGroup) -> list[dict[str, Any]]:
     storage = _storage(tg)
     if storage is None:
         return []
-    return [{"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": storage.claim_name}}]
+    return [
+        {"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": storage.claim_name}}
+    ]
 
 
 def checkpoint_mount(tg: TrainerGroup) -> list[dict[str, Any]]:

@@ -46,7 +46,9 @@ class KubeApi(Protocol):
         """Create a NetworkPolicy; False when it exists already."""
         ...
 
-    async def get_tinker_deployment(self, *, namespace: str, group: str) -> dict[str, Any] | None:
+    async def get_tinker_deployment(
+        self, *, namespace: str, group: str
+    ) -> dict[str, Any] | None:
         """The group's Tinker server Deployment as the watch shows it (None: none)."""
         ...
 

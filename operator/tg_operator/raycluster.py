@@ -157,7 +157,9 @@ def add_gcs_fault_tolerance(manifest: dict[str, Any], tg: TrainerGroup) -> None:
     options: dict[str, Any] = {"redisAddress": ft.redis_address}
     if ft.redis_password_secret:
         options["redisPassword"] = {
-            "valueFrom": {"secretKeyRef": {"name": ft.redis_password_secret, "key": "password"}}
+            "valueFrom": {
+                "secretKeyRef": {"name": ft.redis_password_secret, "key": "password"}
+            }
         }
     manifest["spec"]["gcsFaultToleranceOptions"] = options
 

@@ -72,7 +72,9 @@ class OperatorConfig:
             dashboard_timeout_s=_number(env, "TG_DASHBOARD_TIMEOUT_SECONDS", 10.0, minimum=0.1),
             max_concurrent_jobs=int(_number(env, "TG_MAX_CONCURRENT_JOBS", 8, minimum=0)),
             restart_backoff_s=_number(env, "TG_RESTART_BACKOFF_SECONDS", 10.0, minimum=0),
-            restart_backoff_max_s=_number(env, "TG_RESTART_BACKOFF_MAX_SECONDS", 300.0, minimum=0),
+            restart_backoff_max_s=_number(
+                env, "TG_RESTART_BACKOFF_MAX_SECONDS", 300.0, minimum=0
+            ),
             ray_node_check=_flag(env, "TG_RAY_NODE_CHECK", default=True),
             ray_auth_token=ray_auth_token(env),
             ray_token_key=_secret_value(env, "TG_RAY_TOKEN_KEY"),

@@ -167,7 +167,13 @@ class ServeTinker:
 
 
 Action = (
-    ServeTinker | CreateCluster | DeleteCluster | SubmitServer | WaitForSlot | StopServer | TearDown
+    ServeTinker
+    | CreateCluster
+    | DeleteCluster
+    | SubmitServer
+    | WaitForSlot
+    | StopServer
+    | TearDown
 )
 
 

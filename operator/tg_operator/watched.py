@@ -89,7 +89,9 @@ class WatchedKube:
     async def create_networkpolicy(self, body: dict[str, Any]) -> bool:
         return await self._api.create_networkpolicy(body)
 
-    async def get_tinker_deployment(self, *, namespace: str, group: str) -> dict[str, Any] | None:
+    async def get_tinker_deployment(
+        self, *, namespace: str, group: str
+    ) -> dict[str, Any] | None:
         """From the Deployment index only: no GET (a Deployment created a moment ago and not
         yet in the index is created again, which answers "exists" and changes nothing)."""
         found = list(self._tinker.get((namespace, group), ()))

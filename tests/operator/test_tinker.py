@@ -438,6 +438,26 @@ def test_the_reconcile_creates_the_server_once_and_never_replaces_the_key() -> N
     assert w.status["apiURL"] == ""
 
 
+def test_the_reconcile_replaces_an_outdated_pod_template_once_and_keeps_the_key() -> None:
+    """update-tinker through the executor and the fake port: a Deployment built from another
+    spec (its hash differs) gets the current template by one update; the Secret stays."""
+    from tests.operator.test_reconcile_flow import drive, phase_is
+
+    w = world()
+    asyncio.run(drive(w, until=phase_is("Ready")))
+    dep = w.kube.objects[("Deployment", "team-a", "demo-tinker")]
+    want = copy.deepcopy(dep["spec"]["template"])
+    key = w.kube.objects[("Secret", "team-a", "demo-tinker-keys")]["data"]["default"]
+    dep["metadata"]["annotations"][tinker.HASH_ANNOTATION] = "built-from-an-older-spec"
+    dep["spec"]["template"]["spec"]["containers"][0]["image"] = "old:image"
+    asyncio.run(drive(w, passes=3))
+    assert w.kube.calls["update_deployment"] == 1
+    assert dep["spec"]["template"] == want
+    assert dep["metadata"]["annotations"][tinker.HASH_ANNOTATION] != "built-from-an-older-spec"
+    assert "TinkerServerUpdated" in w.reasons()
+    assert w.kube.objects[("Secret", "team-a", "demo-tinker-keys")]["data"]["default"] == key
+
+
 def test_a_pretrained_checkpoint_on_the_claim_is_mounted_on_the_head_read_only() -> None:
     """The server job parses the spec on the head (local=True) and reads config.json there."""
     from tg_operator import raycluster, spec_change

@@ -13,6 +13,7 @@ from tg_operator import events, names, recreate, security, tinker
 from tg_operator.context import Context
 from tg_operator.dashboard import DashboardError
 from tg_operator.events import EventSink
+from tg_operator.group_teardown import teardown_group
 from tg_operator.snapshot import (
     CreateCluster,
     Decision,
@@ -24,7 +25,6 @@ from tg_operator.snapshot import (
     TearDown,
     WaitForSlot,
 )
-from tg_operator.teardown import teardown_group
 from tgapi import TrainerGroup
 
 log = logging.getLogger(__name__)

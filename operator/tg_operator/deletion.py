@@ -18,7 +18,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from tg_operator import events, names, reconcile, teardown
+from tg_operator import events, group_teardown, names, reconcile
 from tg_operator import status as status_mod
 from tg_operator.context import Context, Step
 from tg_operator.dashboard import DashboardError
@@ -142,7 +142,7 @@ async def _clean_ray(
     dash = await ctx.group_dashboard(tg, url)
     ray_ns = status.ray_namespace or tg.ray_namespace
     gen = status.group_generation
-    result = await teardown.teardown_group(
+    result = await group_teardown.teardown_group(
         dash,
         tg,
         python=ctx.config.python,
@@ -151,7 +151,7 @@ async def _clean_ray(
         slots=ctx.slots,
     )
     if not result.done:
-        delay = 5.0 if result.failed else teardown.STEP_DELAY_S
+        delay = 5.0 if result.failed else group_teardown.STEP_DELAY_S
         raise _NotYet(f"tearing down the workers: {result.message}", delay=delay)
     actors = await dash.list_actors(ray_namespace=ray_ns)
     ours = set(status.worker_names)
@@ -161,7 +161,7 @@ async def _clean_ray(
             f"teardown finished but workers are still alive: {', '.join(sorted(alive)[:5])}",
             delay=2.0,
         )
-    removed = await teardown.forget_jobs(dash, tg, up_to_generation=gen)
+    removed = await group_teardown.forget_jobs(dash, tg, up_to_generation=gen)
     return (
         f"{result.message}; no live workers left in Ray namespace {ray_ns}; "
         f"{removed} job records removed"

@@ -3,7 +3,7 @@
 A group is re-created after a spec change, after a worker died (``restartPolicy:
 OnFailure``), or when a spec change revives a Failed group. :func:`plan` makes the
 :class:`~tg_operator.snapshot.TearDown` decision; the executor runs one step of
-:func:`tg_operator.teardown.teardown_group` and hands its outcome to
+:func:`tg_operator.group_teardown.teardown_group` and hands its outcome to
 :func:`after_teardown`, which says what to write: still tearing down, Ray unreachable
 (retry, or skip it when the RayCluster is being rebuilt anyway), or done, in which
 case the group moves to the next group generation.
@@ -16,9 +16,9 @@ import dataclasses
 from tg_operator import names, spec_change
 from tg_operator import status as status_mod
 from tg_operator.context import Step
+from tg_operator.group_teardown import STEP_DELAY_S, TeardownResult
 from tg_operator.outcomes import RAY_RETRY_S
 from tg_operator.snapshot import Decision, Event, Snapshot, TearDown
-from tg_operator.teardown import STEP_DELAY_S, TeardownResult
 from tgapi import TrainerGroupStatus
 
 

@@ -13,8 +13,8 @@ import pytest
 from tests.operator.snapshots import SETTINGS, running
 from tests.operator.test_decide import ROWS
 from tg_operator import decide, recreate
+from tg_operator.group_teardown import STEP_DELAY_S, TeardownResult
 from tg_operator.snapshot import Decision, Snapshot
-from tg_operator.teardown import STEP_DELAY_S, TeardownResult
 
 
 def planned(row: str) -> tuple[Snapshot, Decision]:

@@ -11,7 +11,7 @@ import asyncio
 from typing import Any
 
 from tests.operator.helpers import trainergroup
-from tg_operator import names, teardown
+from tg_operator import group_teardown, names
 from tg_operator.dashboard import JobInfo
 from tgapi import markers
 
@@ -44,14 +44,16 @@ class FakeJobs:
         return self.logs.get(submission_id, "")
 
 
-def run(outcomes: list[tuple[str, markers.Teardown]]) -> tuple[teardown.TeardownResult, FakeJobs]:
+def run(
+    outcomes: list[tuple[str, markers.Teardown]],
+) -> tuple[group_teardown.TeardownResult, FakeJobs]:
     """Step the teardown as the group's loop does, until it is done or gives up."""
     tg = trainergroup()
     dash = FakeJobs(outcomes)
 
-    async def steps() -> teardown.TeardownResult:
-        for _ in range(3 * teardown.MAX_ATTEMPTS):
-            result = await teardown.teardown_group(
+    async def steps() -> group_teardown.TeardownResult:
+        for _ in range(3 * group_teardown.MAX_ATTEMPTS):
+            result = await group_teardown.teardown_group(
                 dash,
                 tg,
                 python="python",
@@ -90,7 +92,7 @@ def test_an_incomplete_teardown_is_retried_under_the_next_attempt_id() -> None:
 
 
 def test_a_teardown_that_never_completes_is_never_done() -> None:
-    result, dash = run([("FAILED", INCOMPLETE)] * teardown.MAX_ATTEMPTS)
+    result, dash = run([("FAILED", INCOMPLETE)] * group_teardown.MAX_ATTEMPTS)
     assert not result.done and result.failed
-    assert len(dash.submitted) == teardown.MAX_ATTEMPTS
+    assert len(dash.submitted) == group_teardown.MAX_ATTEMPTS
     assert "still exists" in result.message

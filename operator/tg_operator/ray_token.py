@@ -22,7 +22,7 @@ import hmac
 import secrets
 from typing import Any
 
-from tg_operator import names
+from tg_operator import names, raycluster
 from tgapi import TrainerGroup
 from tgapi.model import AUTH_TOKEN
 
@@ -62,16 +62,7 @@ def build_secret(tg: TrainerGroup, *, token: str) -> dict[str, Any]:
             "name": secret_name(tg),
             "namespace": tg.namespace,
             "labels": dict(names.labels(tg)),
-            "ownerReferences": [
-                {
-                    "apiVersion": names.TG_API_VERSION,
-                    "kind": names.TG_KIND,
-                    "name": tg.name,
-                    "uid": tg.uid,
-                    "controller": True,
-                    "blockOwnerDeletion": True,
-                }
-            ],
+            "ownerReferences": [raycluster.owner_reference(tg)],
         },
         "data": {TOKEN_KEY: base64.b64encode(token.encode()).decode()},
     }

@@ -178,6 +178,9 @@ def worker_tolerations(tg: TrainerGroup) -> list[dict[str, Any]]:
 
 
 def owner_reference(tg: TrainerGroup) -> dict[str, Any]:
+    """The one owner reference (``controller: true``) of everything the operator makes for
+    ``tg``: the RayCluster, the Ray token Secret, the NetworkPolicies, the Tinker objects.
+    Garbage collection removes them with the TrainerGroup."""
     return {
         "apiVersion": names.TG_API_VERSION,
         "kind": names.TG_KIND,

@@ -33,7 +33,7 @@ import secrets
 from collections.abc import Mapping
 from typing import Any
 
-from tg_operator import names, platform, ray_token
+from tg_operator import names, platform, ray_token, raycluster
 from tg_operator.networkpolicy import CLIENT_LABEL
 from tgapi import TrainerGroup
 
@@ -83,23 +83,12 @@ def new_api_key() -> str:
     return KEY_PREFIX + secrets.token_urlsafe(32)
 
 
-def _owner(tg: TrainerGroup) -> dict[str, Any]:
-    return {
-        "apiVersion": names.TG_API_VERSION,
-        "kind": names.TG_KIND,
-        "name": tg.name,
-        "uid": tg.uid,
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
-
-
 def _metadata(tg: TrainerGroup, name: str) -> dict[str, Any]:
     return {
         "name": name,
         "namespace": tg.namespace,
         "labels": {**names.labels(tg), SERVER_LABEL: tg.name},
-        "ownerReferences": [_owner(tg)],
+        "ownerReferences": [raycluster.owner_reference(tg)],
     }
 
 

@@ -229,7 +229,7 @@ def job_running(snap: Snapshot, cfg: Settings) -> Decision | None:
         )
         stop = StopServer(
             generation=snap.status.group_generation,
-            ray_namespace=snap.status.ray_namespace or snap.tg.ray_namespace,
+            ray_namespace=observed.ray_namespace(snap),
         )
         return outcomes.fail(
             snap, st, rule="workers-timeout", error=errors.WorkersTimeout, message=msg, action=stop

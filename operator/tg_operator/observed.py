@@ -15,6 +15,12 @@ from tg_operator.snapshot import RayReads, Snapshot
 from tgapi import TrainerGroupStatus, markers, to_wire
 
 
+def ray_namespace(snap: Snapshot) -> str:
+    """The Ray namespace of the group the status records (``status.rayNamespace``: where its
+    workers were started, even after a spec change), else the spec's."""
+    return snap.status.ray_namespace or snap.tg.ray_namespace
+
+
 def submission_id(snap: Snapshot) -> str:
     return names.server_submission_id(snap.tg, generation=snap.status.group_generation)
 
@@ -26,7 +32,7 @@ def recorded(snap: Snapshot) -> markers.GroupReady | None:
         return None
     return markers.GroupReady(
         group_name=st.group_name or tg.group_name,
-        ray_namespace=st.ray_namespace or tg.ray_namespace,
+        ray_namespace=ray_namespace(snap),
         generation=st.group_generation,
         worker_names=tuple(st.worker_names),
         world_size=st.world_size or len(st.worker_names),

@@ -133,7 +133,7 @@ async def observe(ctx: Context, bare: Snapshot) -> Snapshot:
     record = observed.group_record(snap)
     if record is not None:
         try:
-            actors = await dash.list_actors(ray_namespace=record.ray_namespace or tg.ray_namespace)
+            actors = await dash.list_actors(ray_namespace=observed.ray_namespace(snap))
             snap = dataclasses.replace(snap, actors=tuple(actors))
         except DashboardError as exc:
             snap = dataclasses.replace(snap, actors_error=str(exc))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from tg_operator import names, spec_change
+from tg_operator import names, observed, spec_change
 from tg_operator import status as status_mod
 from tg_operator.context import Step
 from tg_operator.group_teardown import STEP_DELAY_S, TeardownResult
@@ -43,7 +43,7 @@ def plan(
         generation=gen,
         reason=reason,
         dashboard_url=base.dashboard_url or snap.dashboard_url,
-        ray_namespace=base.ray_namespace or tg.ray_namespace,
+        ray_namespace=observed.ray_namespace(snap),
         restart=restart,
         fresh=fresh,
         cluster_going=(

@@ -322,3 +322,13 @@ def test_the_cluster_spec_change_teardown_knows_the_cluster_goes() -> None:
 def test_ray_is_read_only_when_kubernetes_is_ready(seen: Snapshot, probe: bool, job: bool) -> None:
     reads = observed.ray_reads(seen)
     assert (reads.probe, reads.job) == (probe, job)
+
+
+def test_the_ray_namespace_is_the_recorded_one_else_the_specs() -> None:
+    moved = running(ray_namespace="where-the-workers-are")
+    assert observed.ray_namespace(snap(status=moved)) == "where-the-workers-are"
+    assert observed.ray_namespace(snap()) == snap().tg.ray_namespace != ""
+    stop = decide.decide(ROWS["job-running-too-long-times-out"][0], settings=SETTINGS).action
+    assert isinstance(stop, StopServer) and stop.ray_namespace == snap().tg.ray_namespace
+    teardown = decide.decide(snap(status=moved, tg=CHANGED), settings=SETTINGS).action
+    assert isinstance(teardown, TearDown) and teardown.ray_namespace == "where-the-workers-are"

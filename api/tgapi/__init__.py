@@ -23,7 +23,7 @@ from tgapi.model import (
     TrainingSpec,
     WorkersSpec,
 )
-from tgapi.parse import load_file, parse_resource, parse_spec, to_wire
+from tgapi.parse import load_file, parse_resource, parse_spec
 from tgapi.status import (
     PHASES,
     Condition,
@@ -32,6 +32,7 @@ from tgapi.status import (
     WorkerStatus,
     parse_status,
 )
+from tgapi.wire import to_wire
 
 __all__ = [
     "API_GROUP",

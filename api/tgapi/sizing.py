@@ -42,8 +42,8 @@ from typing import Any
 from tgapi import rules
 from tgapi.errors import SpecError
 from tgapi.model import TrainerGroupSpec
-from tgapi.parse import to_wire
 from tgapi.rules import Cond, Expr, Fixed, Lit, Rule, Text
+from tgapi.wire import to_wire
 
 __all__ = [
     "GPU_PRODUCT_LABEL",

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from tgapi.errors import SpecError
 from tgapi.model import TrainerGroupSpec
-from tgapi.parse import to_wire
 from tgapi.rules import MSG_CLUSTER_CHOICE, broken
+from tgapi.wire import to_wire
 
 __all__ = ["MSG_CLUSTER_CHOICE", "cross_field_errors"]
 

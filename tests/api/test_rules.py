@@ -17,7 +17,7 @@ import yaml
 
 import tgapi
 from tgapi import crd, rules, sizing
-from tgapi.parse import _Parser
+from tgapi.wire import from_wire
 
 
 def _random_spec(rnd: random.Random) -> dict[str, Any]:
@@ -70,9 +70,8 @@ def _random_spec(rnd: random.Random) -> dict[str, Any]:
 
 
 def _wire(spec: dict[str, Any]) -> dict[str, Any]:
-    parser = _Parser()
-    parsed = parser.parse_dataclass(tgapi.TrainerGroupSpec, spec, "spec")
-    assert parsed is not None and not parser.errors
+    parsed, errors = from_wire(tgapi.TrainerGroupSpec, spec, path="spec")
+    assert parsed is not None and not errors
     wire: dict[str, Any] = tgapi.to_wire(parsed)
     return wire
 

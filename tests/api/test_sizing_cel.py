@@ -15,6 +15,7 @@ import pytest
 import tgapi
 from tests.api.test_rules import _wire, policy_activation, run_policy
 from tgapi import crd, sizing
+from tgapi.wire import from_wire
 
 celpy = pytest.importorskip("celpy", reason="cel-python (dev dependency) is not installed")
 
@@ -95,11 +96,8 @@ def test_cel_and_python_give_the_same_verdict_and_message(index: int) -> None:
 
 
 def _python_errors(spec: dict[str, Any]) -> list[tgapi.SpecError]:
-    from tgapi.parse import _Parser
-
-    parser = _Parser()
-    parsed = parser.parse_dataclass(tgapi.TrainerGroupSpec, spec, "spec")
-    assert parsed is not None and not parser.errors
+    parsed, errors = from_wire(tgapi.TrainerGroupSpec, spec, path="spec")
+    assert parsed is not None and not errors
     return sizing.sizing_errors(parsed)
 
 

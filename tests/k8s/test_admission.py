@@ -240,7 +240,7 @@ def test_every_rule_has_a_case() -> None:
 
 
 def _parse_unchecked(spec: dict[str, Any]) -> tgapi.TrainerGroupSpec:
-    from tgapi.parse import _Parser
+    from tgapi.wire import _Parser
 
     parser = _Parser()
     parsed = parser.parse_dataclass(tgapi.TrainerGroupSpec, spec, "spec")

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 import kopf
 
-from tg_operator import deletion, metrics, names, reconcile
+from tg_operator import backoff, deletion, metrics, names, reconcile
 from tg_operator.context import Context, Step
 from tg_operator.events import EventSink
 
@@ -106,7 +106,7 @@ async def _pass(ctx: Context, *, body: Mapping[str, Any], sink: EventSink) -> St
     except Exception as exc:  # a Kubernetes API or programming error: keep the loop alive
         metrics.RECONCILES.labels(trigger="loop", result="error").inc()
         log.error("reconcile of %s failed: %s", _key(body), exc, exc_info=True)
-        return Step.wait(10.0, f"reconcile error: {exc}")
+        return Step.wait(backoff.ERROR_RETRY_S, f"reconcile error: {exc}")
     finally:
         metrics.RECONCILE_SECONDS.labels(trigger="loop").observe(loop.time() - started)
     metrics.RECONCILES.labels(trigger="loop", result="done" if step.done else "wait").inc()

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from tg_operator import errors
 from tg_operator import status as status_mod
+from tg_operator.backoff import RAY_RETRY_S
 from tg_operator.context import Step
 from tg_operator.snapshot import Action, Decision, Event, Snapshot
 from tgapi import TrainerGroupStatus
-
-RAY_RETRY_S = 5.0
-"""How soon to look again after Ray could not be reached."""
 
 
 def fail(

@@ -15,9 +15,9 @@ import dataclasses
 
 from tg_operator import names, observed, spec_change
 from tg_operator import status as status_mod
+from tg_operator.backoff import RAY_RETRY_S
 from tg_operator.context import Step
 from tg_operator.group_teardown import STEP_DELAY_S, TeardownResult
-from tg_operator.outcomes import RAY_RETRY_S
 from tg_operator.snapshot import Decision, Event, Snapshot, TearDown
 from tgapi import TrainerGroupStatus
 

@@ -1,19 +1,22 @@
 """The one action of a decision, performed through the ports (:mod:`tg_operator.ports`).
 
-Each reports what it did as a Normal event (RayClusterCreated, RayClusterReplaced,
-ServerSubmitted); a teardown step's outcome goes back to the pure
-:func:`tg_operator.recreate.after_teardown`, which decides what to write.
+Reconcile's actions report what they did as a Normal event (RayClusterCreated,
+RayClusterReplaced, ServerSubmitted); a teardown step's outcome goes back to the pure
+:func:`tg_operator.recreate.after_teardown`, which decides what to write. The finalizer's
+actions (:func:`clean`, the last section) return their outcome to the pure
+:func:`tg_operator.deletion_rules.after`, which decides the next one.
 """
 
 from __future__ import annotations
 
 import logging
 
+from tg_operator import deletion_rules as rules
 from tg_operator import events, names, recreate, security, tinker
 from tg_operator.context import Context
 from tg_operator.dashboard import DashboardError
 from tg_operator.events import EventSink
-from tg_operator.group_teardown import teardown_group
+from tg_operator.group_teardown import forget_jobs, teardown_group
 from tg_operator.snapshot import (
     CreateCluster,
     Decision,
@@ -135,3 +138,35 @@ async def tear_down(ctx: Context, snap: Snapshot, decision: Decision) -> Decisio
     except DashboardError as exc:
         return recreate.after_teardown(snap, decision, error=str(exc))
     return recreate.after_teardown(snap, decision, result=result)
+
+
+# -- the finalizer's actions (tg_operator.deletion) ---------------------------------------
+async def clean(
+    ctx: Context, snap: rules.DeletionSnapshot, action: rules.CleanupAction
+) -> rules.Outcome:
+    """One link of the cleanup chain; a dashboard error is an outcome, not an exception."""
+    group = snap.group
+    assert group is not None, action
+    tg = group.tg
+    if isinstance(action, rules.DeleteOwnedCluster):
+        await ctx.kube.delete_raycluster(namespace=tg.namespace, name=action.name)
+        return rules.ClusterDeleted()
+    try:
+        dash = await ctx.group_dashboard(tg, group.dashboard_url)
+        if isinstance(action, rules.TearDownGroup):
+            result = await teardown_group(
+                dash,
+                tg,
+                python=ctx.config.python,
+                ray_namespace=action.ray_namespace,
+                generation=action.generation,
+                slots=ctx.slots,
+            )
+            return rules.TornDown(result=result)
+        if isinstance(action, rules.ListWorkers):
+            actors = await dash.list_actors(ray_namespace=action.ray_namespace)
+            return rules.WorkersListed(actors=tuple(actors))
+        removed = await forget_jobs(dash, tg, up_to_generation=action.up_to_generation)
+        return rules.JobsForgotten(removed=removed)
+    except DashboardError as exc:
+        return rules.Unreachable(error=str(exc))

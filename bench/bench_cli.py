@@ -71,8 +71,8 @@ def spec(tmp: Path, *, name: str, light: bool) -> Path:
 
 ATTACH_CODE = """
 import json, sys, time
-from tgruntime.ray_connect import connect
-from tgruntime.gcs_view import use_light_handles
+from tgruntime.controller.connect import connect
+from tgruntime.controller.gcs_view import use_light_handles
 from tgruntime.controller import WorkerGroup
 t0 = time.perf_counter()
 connect(address=sys.argv[1], ray_namespace=sys.argv[2])
@@ -94,7 +94,7 @@ def main() -> int:
     p.add_argument("--no-megatron", action="store_true", help="attach to the light group instead")
     args = p.parse_args()
 
-    from tgruntime import local_head
+    from tgruntime.local import head as local_head
 
     tmp = Path(tempfile.mkdtemp(prefix="tgbench-"))
     env = {
@@ -112,7 +112,7 @@ def main() -> int:
         )
         address = head.gcs_address
     env["RAY_ADDRESS"] = address
-    tgctl = ["-m", "tgruntime.cli"]
+    tgctl = ["-m", "tgruntime.entrypoints.cli"]
     times: dict[str, list[float]] = {"connect": [], "status": [], "down": [], "attach": []}
     attach_connect: list[float] = []
     megatron_in_attach = False

@@ -38,15 +38,16 @@ import numpy as np  # noqa: E402
 import ray  # noqa: E402
 import torch  # noqa: E402
 
-from tgruntime import local_head, ray_connect  # noqa: E402
 from tgruntime.controller import (  # noqa: E402
     ClassWithInitArgs,
     DataProto,
     ResourcePool,
     WorkerGroup,
 )
+from tgruntime.controller import connect as ray_connect  # noqa: E402
 from tgruntime.controller.decorator import Dispatch, register  # noqa: E402
 from tgruntime.controller.worker import Worker  # noqa: E402
+from tgruntime.local import head as local_head  # noqa: E402
 
 NAMESPACE = "bench"
 

@@ -51,7 +51,7 @@ def client_role(args: argparse.Namespace) -> int:
     import torch
 
     from tgruntime.controller import DataProto, WorkerGroup
-    from tgruntime.ray_connect import connect
+    from tgruntime.controller.connect import connect
     from tgruntime.trainer.steptime import bench_batch
 
     spec = tgapi.parse_resource(json.loads(args.spec_json), local=True).spec
@@ -120,7 +120,7 @@ def _run(cmd: list[str], *, timeout: float, what: str) -> subprocess.CompletedPr
 def run_group(
     spec: tgapi.TrainerGroupSpec, *, name: str, steps: int, warmup: int, gpus: int
 ) -> dict[str, Any]:
-    from tgruntime.local_head import start_local_head, stop_local_head
+    from tgruntime.local.head import start_local_head, stop_local_head
 
     body = json.dumps(_resource(spec, name))
     tg = tgapi.parse_resource(json.loads(body), local=True)
@@ -129,7 +129,8 @@ def run_group(
     try:
         t0 = time.perf_counter()
         server = _run(
-            [PY, "-m", "tgruntime.server", "--spec-json", body, "--address", head.gcs_address],
+            [PY, "-m", "tgruntime.entrypoints.server", "--spec-json", body,
+             "--address", head.gcs_address],
             timeout=1200,
             what="server (creates the detached group, exits)",
         )
@@ -171,7 +172,7 @@ def run_group(
             [
                 PY,
                 "-m",
-                "tgruntime.teardown",
+                "tgruntime.entrypoints.teardown",
                 "--group",
                 tg.group_name,
                 "--ray-namespace",

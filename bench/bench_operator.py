@@ -158,7 +158,7 @@ def ray_head(address: str | None, dashboard: str | None) -> Iterator[tuple[str, 
     if address and dashboard:
         yield address, dashboard.rstrip("/")
         return
-    from tgruntime import local_head
+    from tgruntime.local import head as local_head
 
     head = local_head.start_local_head(
         num_cpus=4, object_store_memory=1 << 30, timeout_s=300, env={"PYTHONPATH": str(REPO)}

@@ -32,7 +32,7 @@ from typing import Any
 import aiohttp
 import yaml
 
-import tgapi.client
+import tgapi.kube_view
 from tg_operator import rbac
 from tg_operator.dashboard import ActorInfo, DashboardClient
 from tg_operator.settings import ray_auth_token
@@ -347,11 +347,11 @@ def wait_phase(
     timeout: float,
     op: OperatorProcess | None = None,
 ) -> dict[str, Any]:
-    """Watch the TrainerGroup (tgapi.client's waiter, as the client does) until its phase is
+    """Watch the TrainerGroup (tgapi.kube_view's waiter, as the client does) until its phase is
     one of ``phases``; its status then. AssertionError with the last status and the operator's
     log on timeout or deletion."""
     try:
-        obj = tgapi.client.wait_until(
+        obj = tgapi.kube_view.wait_until(
             name=name,
             k8s_namespace=namespace,
             kubeconfig=str(plane.kubeconfig),
@@ -359,7 +359,7 @@ def wait_phase(
             done=lambda o: (o.get("status") or {}).get("phase") in phases,
             what=f"phase in {sorted(phases)}",
         )
-    except (tgapi.client.TrainerGroupNotReady, tgapi.client.TrainerGroupNotFound) as exc:
+    except (tgapi.kube_view.TrainerGroupNotReady, tgapi.kube_view.TrainerGroupNotFound) as exc:
         st = status_of(plane, namespace, name)
         text = f"{exc}\nlast status: {json.dumps(st, indent=1)[:3000]}"
         raise AssertionError(text + (f"\noperator log:\n{op.tail()}" if op else "")) from exc

@@ -1,5 +1,5 @@
 # The runtime image: Ray (base image) + torch + megatron-core + tensordict + tgruntime.
-# The kubernetes client (tgapi.client, for tg-client) but not the operator's kopf.
+# The kubernetes client (tgapi.kube_view, for tg-client) but not the operator's kopf.
 # Used by the RayCluster pods the operator creates (TrainerGroup spec.image) and by the
 # client Job (manifests/examples/client-job.yaml): same Ray and Python on both sides.
 #
@@ -50,7 +50,7 @@ RUN pip install --no-cache-dir --no-deps --no-build-isolation . \
 assert ray.__version__ == '2.60.0', ray.__version__; \
 assert torch.__version__.startswith('2.15.0'), torch.__version__; \
 assert megatron.core.__version__ == '0.16.1', megatron.core.__version__" \
- && python -c "import tgapi.client, tgruntime.client" \
+ && python -c "import tgapi.kube_view, tgruntime.entrypoints.client_job" \
  && ! python -c "import kopf" 2>/dev/null \
  && rm -rf /tmp/trainergroup-src
 WORKDIR /home/ray

@@ -1,6 +1,6 @@
 """Ray fixtures: one real local Ray head per test session, on free loopback ports.
 
-- ``ray_cluster`` (session): a head started with ``tgruntime.local_head.start_local_head``
+- ``ray_cluster`` (session): a head started with ``tgruntime.local.head.start_local_head``
   (dashboard on, its own temp dir, small: 2 logical CPUs, 1 GiB object store), stopped at
   the end. Its value is a frozen ``RayCluster``: ``gcs_address``, ``dashboard_url``,
   ``temp_dir`` and ``run_python(code)`` to run a snippet in a separate OS process already
@@ -114,7 +114,7 @@ class RayCluster:
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[RayCluster]:
     """A local Ray head for the whole session (started on free ports, stopped at the end)."""
-    from tgruntime import local_head
+    from tgruntime.local import head as local_head
 
     auth_was = os.environ.get("RAY_AUTH_MODE")
     if auth_was is None:
@@ -162,7 +162,7 @@ def ray_driver(ray_cluster: RayCluster) -> Iterator[RayCluster]:
     """This pytest process connected to ``ray_cluster`` as a driver."""
     import ray
 
-    from tgruntime.ray_connect import connect
+    from tgruntime.controller.connect import connect
 
     connect(ray_cluster.gcs_address, ray_namespace="tgtests")
     try:

@@ -24,9 +24,9 @@ if [ ! -x "$PYDIR/ray" ]; then  # the carried ray has no console script
 fi
 echo "unpacked in $(python3 -c "print(round($(date +%s.%N) - $T0, 1))")s" | tee -a "$LOG"
 { nvidia-smi -L; ls /proc/driver/nvidia/gpus 2>&1; echo "CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-<unset>}"; } 2>&1 | tee -a "$LOG"
-python3 -c "from tgruntime.local_ray import detect_gpus; print('detect_gpus:', detect_gpus())" 2>&1 | tee -a "$LOG"
+python3 -c "from tgruntime.local.cluster import detect_gpus; print('detect_gpus:', detect_gpus())" 2>&1 | tee -a "$LOG"
 
-tgctl() { python3 -m tgruntime.cli "$@"; }
+tgctl() { python3 -m tgruntime.entrypoints.cli "$@"; }
 declare -A SECS RC
 step() {  # step NAME CMD...: run, log, time
   local name=$1; shift

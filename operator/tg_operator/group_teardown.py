@@ -2,7 +2,7 @@
 
 Used before a group is re-created (restart, spec change) and by the finalizer.
 :func:`teardown_group` looks once and acts once: it stops the generation's server
-job if it still runs, then runs ``tgruntime.teardown`` under deterministic
+job if it still runs, then runs ``tgruntime.entrypoints.teardown`` under deterministic
 submission ids ``...-teardown-g{generation}-{attempt}`` (a failed attempt moves
 on to the next id; a restarted operator finds the attempt it already submitted).
 It never waits: a job still running gives ``done=False`` and the caller looks

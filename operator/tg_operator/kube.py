@@ -19,7 +19,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from tg_operator import names
-from tgapi.client.kube import api_client
+from tgapi.kube_view.kube import api_client
 
 __all__ = ["KubeApi", "api_client"]
 

@@ -38,8 +38,8 @@ JOB_META_NAME = "trainergroup.io/name"
 JOB_META_NAMESPACE = "trainergroup.io/namespace"
 JOB_META_GENERATION = "trainergroup.io/group-generation"
 
-SERVER_MODULE = "tgruntime.server"
-TEARDOWN_MODULE = "tgruntime.teardown"
+SERVER_MODULE = "tgruntime.entrypoints.server"
+TEARDOWN_MODULE = "tgruntime.entrypoints.teardown"
 
 
 def job_prefix(*, namespace: str, name: str, uid: str) -> str:

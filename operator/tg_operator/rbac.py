@@ -6,9 +6,9 @@ account token. ``python -m tg_operator.rbac`` prints them as YAML.
 
 Cluster-wide operator (``TG_NAMESPACES`` empty): one ClusterRole with
 :data:`OPERATOR_RULES`. Namespaced operator: a Role with the same rules in each
-watched namespace. The client (``tgruntime.client --trainergroup``, ``tgruntime.client wait``)
+watched namespace. The client (``tg-client --trainergroup``, ``tg-client wait``)
 needs :data:`CLIENT_RULES` in the TrainerGroup's namespace: ``get`` and ``watch`` (the waiter in
-``tgapi.client`` reads the object, then watches it by name) and :data:`CLIENT_TOKEN_RULES` (get
+``tgapi.kube_view`` reads the object, then watches it by name) and :data:`CLIENT_TOKEN_RULES` (get
 the group's Ray token Secret, ``<name>-ray-token``). The chart's client Role is these
 rules restricted by ``resourceNames`` (tests/deploy/test_chart_render.py compares them).
 """

@@ -201,12 +201,12 @@ def build_networkpolicy(tg: TrainerGroup) -> dict[str, Any]:
 
 
 # -- the server ------------------------------------------------------------------------------
-# A Ray driver must run on a node of its cluster (tgruntime.ray_connect refuses otherwise), so
+# A Ray driver must run on a node of its cluster (tgruntime.controller.connect refuses it), so
 # the server pod first joins the group's cluster as a node that runs nothing but the server, as
 # the example client Job does: wait until the group is Ready, `ray start`, then exec the server
 # ("$@", the list below). The raylet's object store is small: the server moves token batches.
 SERVER_SCRIPT = (
-    'addr="$("$1" -m tgruntime.client wait --trainergroup "$TG_NAME" '
+    'addr="$("$1" -m tgruntime.entrypoints.client_job wait --trainergroup "$TG_NAME" '
     '--k8s-namespace "$TG_K8S_NAMESPACE" --print-address)"\n'
     'ray start --address="$addr" --num-cpus=0 --num-gpus=0 '
     "--object-store-memory=300000000 --disable-usage-stats\n"

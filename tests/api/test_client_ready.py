@@ -1,4 +1,4 @@
-"""The waiter's decisions on plain TrainerGroup objects (tgapi.client.ready; no Kubernetes)."""
+"""The waiter's decisions on plain TrainerGroup objects (tgapi.kube_view.ready; no Kubernetes)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import yaml
 
 from tgapi import TimeoutsSpec
-from tgapi.client import is_failed, is_ready, ready_deadline
+from tgapi.kube_view import is_failed, is_ready, ready_deadline
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "manifests" / "examples" / "trainergroup.yaml"
 

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import tgapi
 from tests.api.strategies import GARBAGE, spec_dicts
-from tgruntime import cli
+from tgruntime.entrypoints import cli
 
 # 2 cores: modest counts; the derandomized database-free profile keeps CI repeatable.
 FAST = settings(max_examples=150, deadline=None, derandomize=True, database=None,

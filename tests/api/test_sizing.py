@@ -211,7 +211,7 @@ def _tgctl_up(tmp_path: Path, text: str, *extra: str) -> subprocess.CompletedPro
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "TG_RAY_ADDRESS")}
     env["XDG_CACHE_HOME"] = str(tmp_path / "cache")  # a fresh tgctl state: no known head
     return subprocess.run(
-        [sys.executable, "-m", "tgruntime.cli", "up", "-f", str(path), *extra],
+        [sys.executable, "-m", "tgruntime.entrypoints.cli", "up", "-f", str(path), *extra],
         env=env, capture_output=True, text=True, timeout=120, cwd=REPO)
 
 

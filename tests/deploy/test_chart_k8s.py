@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-import tgapi.client
+import tgapi.kube_view
 from tests.deploy.chart import (
     CHART,
     CRD_DISCOVERY,
@@ -531,11 +531,11 @@ def test_client_reads_its_trainergroup_and_nothing_else(
         )
         assert not any(answers.values()), answers
 
-        # the client's real code path (tgruntime.client --trainergroup uses this reader)
-        status = tgapi.client.read_status(name="mine", k8s_namespace=ns, kubeconfig=str(kc))
+        # the client's real code path (tg-client --trainergroup uses this reader)
+        status = tgapi.kube_view.read_status(name="mine", k8s_namespace=ns, kubeconfig=str(kc))
         assert status.phase == "Ready" and status.ray_namespace == "r-ns"
-        with pytest.raises(tgapi.client.TrainerGroupForbidden, match="get and watch"):
-            tgapi.client.read_status(name="other", k8s_namespace=ns, kubeconfig=str(kc))
+        with pytest.raises(tgapi.kube_view.TrainerGroupForbidden, match="get and watch"):
+            tgapi.kube_view.read_status(name="other", k8s_namespace=ns, kubeconfig=str(kc))
 
         # the example client Job's first step (wait for Ready, print rayAddress), as the pod
         # would run it, with the client's token

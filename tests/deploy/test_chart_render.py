@@ -39,7 +39,7 @@ from tests.deploy.chart import (
     template,
 )
 from tg_operator import rbac
-from tgruntime import client as tg_client
+from tgruntime.entrypoints import client_job as tg_client
 
 K8S_VERSION = "1.34.0"  # hack/versions.env KUBERNETES_VERSION's minor
 
@@ -658,17 +658,15 @@ def test_client_job_runs_the_client_against_the_example() -> None:
     script = client_job_script()
     # waits for Ready, joins the Ray cluster as a resource-less node, then runs the client
     assert 'ray start --address="$ADDR" --num-cpus=0 --num-gpus=0' in script
-    assert (
-        'python -m tgruntime.client --trainergroup "$TG_NAME" --k8s-namespace "$POD_NAMESPACE"'
-        in script
-    )
+    client = "python -m tgruntime.entrypoints.client_job"
+    assert f'{client} --trainergroup "$TG_NAME" --k8s-namespace "$POD_NAMESPACE"' in script
     assert '--steps "$TG_STEPS"' in script
-    assert script.index("ray start") < script.index("python -m tgruntime.client --trainergroup")
+    assert script.index("ray start") < script.index(f"{client} --trainergroup")
     proc = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True, check=False)
     assert proc.returncode == 0, proc.stderr
     # the address comes from the client's own `wait` subcommand, whose flags exist
     wait = shlex.split(client_job_wait_command())
-    assert wait[:4] == ["python", "-m", "tgruntime.client", "wait"], wait
+    assert wait[:4] == ["python", "-m", "tgruntime.entrypoints.client_job", "wait"], wait
     wait_args = tg_client.build_wait_parser().parse_args(wait[4:])
     assert wait_args.print_address and wait_args.trainergroup == "$TG_NAME"
     assert wait_args.k8s_namespace == "$POD_NAMESPACE"

@@ -227,13 +227,13 @@ def test_operator_image_has_no_torch_or_ray() -> None:
 
 
 def test_images_do_not_need_each_others_dependencies() -> None:
-    """The runtime image reads Kubernetes with the kubernetes client only (tgapi.client); the
+    """The runtime image reads Kubernetes with the kubernetes client only (tgapi.kube_view); the
     operator's kopf is not in its lock, and the operator's lock has no Ray."""
     runtime, operator = _lock("runtime"), _lock("operator")
     assert "kubernetes" in runtime and "kopf" not in runtime
     assert "kopf" in operator and "ray" not in operator
     text = DOCKERFILES["runtime"].read_text()
-    assert "tgapi.client" in text and '! python -c "import kopf"' in text
+    assert "tgapi.kube_view" in text and '! python -c "import kopf"' in text
 
 
 def test_runtime_versions_line_up() -> None:

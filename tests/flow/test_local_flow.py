@@ -22,6 +22,8 @@ from tests.fixtures_ray import REPO_ROOT, RayCluster
 pytestmark = [pytest.mark.ray, pytest.mark.megatron]
 
 TINY = REPO_ROOT / "examples/local/tiny-cpu.yaml"
+SERVER = "tgruntime.entrypoints.server"
+TEARDOWN = "tgruntime.entrypoints.teardown"
 
 
 def write_spec(
@@ -72,7 +74,7 @@ def leftovers(cluster: RayCluster, namespace: str) -> dict[str, Any]:
     out = cluster.run_python(f"""
         import json, ray
         from ray.util.state import list_actors, list_placement_groups
-        from tgruntime.ray_connect import connect
+        from tgruntime.controller.connect import connect
         connect(ray_namespace="probe")
         mine = [("ray_namespace", "=", {namespace!r})]
         actors = [a.name for a in list_actors(filters=mine, limit=1000) if a.state != "DEAD"]
@@ -87,7 +89,7 @@ def last_steps(cluster: RayCluster, group: str, namespace: str) -> list[dict[str
     out = cluster.run_python(f"""
         import json
         from tgruntime.controller import WorkerGroup
-        from tgruntime.ray_connect import connect
+        from tgruntime.controller.connect import connect
         connect(ray_namespace={namespace!r})
         wg = WorkerGroup.attach(group_name={group!r}, ray_namespace={namespace!r})
         print("LAST " + json.dumps(wg.last_step()))
@@ -101,7 +103,7 @@ def test_server_exits_then_client_attaches_by_name_and_trains(
     path, doc = write_spec(tmp_path)
     name, ns = doc["metadata"]["name"], doc["spec"]["workers"]["rayNamespace"]
 
-    server = run(ray_cluster, "-m", "tgruntime.server", "-f", str(path))
+    server = run(ray_cluster, "-m", "tgruntime.entrypoints.server", "-f", str(path))
     (ready,) = tagged("TG_GROUP_READY", server.stdout)
     assert ready["workerNames"] == [f"{name}MegatronTrainer_0:0", f"{name}MegatronTrainer_0:1"]
     assert ready["mesh"] == {"tp": 2, "pp": 1, "cp": 1, "dp": 1}
@@ -111,7 +113,7 @@ def test_server_exits_then_client_attaches_by_name_and_trains(
     client = run(
         ray_cluster,
         "-m",
-        "tgruntime.client",
+        "tgruntime.entrypoints.client_job",
         "--group",
         name,
         "--ray-namespace",
@@ -135,12 +137,12 @@ def test_server_exits_then_client_attaches_by_name_and_trains(
     assert ranks[0]["loss"] == pytest.approx(ranks[1]["loss"], rel=1e-6), ranks
     assert ranks[0]["loss"] == pytest.approx(losses[-1], rel=1e-5)
 
-    down = run(ray_cluster, "-m", "tgruntime.teardown", "--group", name, "--ray-namespace", ns)
+    down = run(ray_cluster, "-m", TEARDOWN, "--group", name, "--ray-namespace", ns)
     (report,) = tagged("TG_TEARDOWN", down.stdout)
     assert sorted(report["actorsKilled"]) == sorted(ready["workerNames"])
     assert leftovers(ray_cluster, ns) == {"actors": [], "pgs": []}
     # Idempotent: a second teardown finds nothing and still succeeds.
-    run(ray_cluster, "-m", "tgruntime.teardown", "--group", name, "--ray-namespace", ns)
+    run(ray_cluster, "-m", "tgruntime.entrypoints.teardown", "--group", name, "--ray-namespace", ns)
 
 
 def test_checkpoint_resumes_in_a_recreated_generation(
@@ -149,30 +151,30 @@ def test_checkpoint_resumes_in_a_recreated_generation(
     ckpt = tmp_path / "ckpt"
     path, doc = write_spec(tmp_path, **{"training.checkpointDir": str(ckpt)})
     name, ns = doc["metadata"]["name"], doc["spec"]["workers"]["rayNamespace"]
-    train = ["-m", "tgruntime.client", "-f", str(path), "--no-progress"]
+    train = ["-m", "tgruntime.entrypoints.client_job", "-f", str(path), "--no-progress"]
 
-    run(ray_cluster, "-m", "tgruntime.server", "-f", str(path), "--generation", "0")
+    run(ray_cluster, "-m", "tgruntime.entrypoints.server", "-f", str(path), "--generation", "0")
     before = [s["loss"] for s in tagged("TG_STEP", run(ray_cluster, *train, "--steps", "3").stdout)]
     ray_cluster.run_python(f"""
         from tgruntime.controller import WorkerGroup
-        from tgruntime.ray_connect import connect
+        from tgruntime.controller.connect import connect
         connect(ray_namespace={ns!r})
         print(WorkerGroup.attach(group_name={name!r}, ray_namespace={ns!r}).save_checkpoint())
     """)
     (continued,) = [
         s["loss"] for s in tagged("TG_STEP", run(ray_cluster, *train, "--steps", "1").stdout)
     ]
-    run(ray_cluster, "-m", "tgruntime.teardown", "--group", name, "--ray-namespace", ns)
+    run(ray_cluster, "-m", "tgruntime.entrypoints.teardown", "--group", name, "--ray-namespace", ns)
 
     # Generation 1: new workers, new names; init_model loads the newest checkpoint.
-    server = run(ray_cluster, "-m", "tgruntime.server", "-f", str(path), "--generation", "1")
+    server = run(ray_cluster, "-m", SERVER, "-f", str(path), "--generation", "1")
     (ready,) = tagged("TG_GROUP_READY", server.stdout)
     assert ready["generation"] == 1
     assert ready["workerNames"][0] == f"{name}-g1-MegatronTrainer_0:0"
     (resumed,) = [
         s["loss"] for s in tagged("TG_STEP", run(ray_cluster, *train, "--steps", "1").stdout)
     ]
-    run(ray_cluster, "-m", "tgruntime.teardown", "--group", name, "--ray-namespace", ns)
+    run(ray_cluster, "-m", "tgruntime.entrypoints.teardown", "--group", name, "--ray-namespace", ns)
 
     assert before[-1] > continued  # still learning the memorised batch
     # The re-created group's next step is the step the old group took after the checkpoint,
@@ -197,7 +199,7 @@ def test_bad_specs_fail_clearly_and_create_nothing(
     proc = run(
         ray_cluster,
         "-m",
-        "tgruntime.cli",
+        "tgruntime.entrypoints.cli",
         "up",
         "-f",
         str(path),
@@ -222,7 +224,7 @@ def test_bad_yaml_names_the_line(ray_cluster: RayCluster, tmp_path: Path) -> Non
     proc = run(
         ray_cluster,
         "-m",
-        "tgruntime.cli",
+        "tgruntime.entrypoints.cli",
         "up",
         "-f",
         str(bad),
@@ -242,7 +244,7 @@ def test_unsatisfiable_placement_fails_at_once_and_cleans_up(
     path, doc = write_spec(
         tmp_path, **{"workers.useGpu": True, "timeouts.workersReadySeconds": 600}
     )
-    proc = run(ray_cluster, "-m", "tgruntime.server", "-f", str(path), check=False, timeout=180)
+    proc = run(ray_cluster, "-m", SERVER, "-f", str(path), check=False, timeout=180)
     assert proc.returncode == 1
     (failed,) = tagged("TG_GROUP_FAILED", proc.stdout)
     assert failed["kind"] == "PlacementInfeasibleError", failed
@@ -258,7 +260,7 @@ def test_missing_group_is_a_clear_error(ray_cluster: RayCluster, tmp_path: Path)
     proc = run(
         ray_cluster,
         "-m",
-        "tgruntime.client",
+        "tgruntime.entrypoints.client_job",
         "--group",
         "nope",
         "--ray-namespace",
@@ -280,7 +282,7 @@ def test_missing_group_is_a_clear_error(ray_cluster: RayCluster, tmp_path: Path)
     status = run(
         ray_cluster,
         "-m",
-        "tgruntime.cli",
+        "tgruntime.entrypoints.cli",
         "status",
         "-f",
         str(path),
@@ -297,16 +299,16 @@ def test_tgctl_up_status_train_down(ray_cluster: RayCluster, tmp_path: Path) -> 
     path, doc = write_spec(tmp_path)
     ns = doc["spec"]["workers"]["rayNamespace"]
     addr = ["--address", ray_cluster.gcs_address]
-    up = run(ray_cluster, "-m", "tgruntime.cli", "up", "-f", str(path), *addr)
+    up = run(ray_cluster, "-m", "tgruntime.entrypoints.cli", "up", "-f", str(path), *addr)
     assert "rank 1:" in up.stdout
     assert "device: cpu (gloo, float32); workers.useGpu resolved to false" in up.stdout
-    status = run(ray_cluster, "-m", "tgruntime.cli", "status", "-f", str(path), *addr)
+    status = run(ray_cluster, "-m", "tgruntime.entrypoints.cli", "status", "-f", str(path), *addr)
     assert "phase: Ready" in status.stdout and "2/2 workers alive" in status.stdout
     assert "device: cpu (gloo, float32)" in status.stdout
     train = run(
         ray_cluster,
         "-m",
-        "tgruntime.cli",
+        "tgruntime.entrypoints.cli",
         "train",
         "-f",
         str(path),
@@ -316,5 +318,5 @@ def test_tgctl_up_status_train_down(ray_cluster: RayCluster, tmp_path: Path) -> 
         *addr,
     )
     assert len(tagged("TG_STEP", train.stdout)) == 2
-    run(ray_cluster, "-m", "tgruntime.cli", "down", "-f", str(path), *addr)
+    run(ray_cluster, "-m", "tgruntime.entrypoints.cli", "down", "-f", str(path), *addr)
     assert leftovers(ray_cluster, ns) == {"actors": [], "pgs": []}

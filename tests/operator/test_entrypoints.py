@@ -14,7 +14,7 @@ from tgapi import parse_resource, to_wire
 def test_server_entrypoint_carries_the_whole_object() -> None:
     tg = trainergroup()
     cmd = shlex.split(entrypoints.server_entrypoint(tg, python="/opt/py env/python", generation=3))
-    assert cmd[:3] == ["/opt/py env/python", "-m", "tgruntime.server"]
+    assert cmd[:3] == ["/opt/py env/python", "-m", "tgruntime.entrypoints.server"]
     assert cmd[cmd.index("--generation") + 1] == "3"
     doc = json.loads(base64.b64decode(cmd[cmd.index("--spec-b64") + 1]))
     assert doc["kind"] == "TrainerGroup" and doc["metadata"]["name"] == "demo"
@@ -31,7 +31,7 @@ def test_teardown_entrypoint() -> None:
     assert cmd == [
         "python",
         "-m",
-        "tgruntime.teardown",
+        "tgruntime.entrypoints.teardown",
         "--group",
         "demo",
         "--ray-namespace",

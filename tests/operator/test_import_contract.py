@@ -3,11 +3,11 @@
 - the operator never imports Ray, torch, Megatron or the runtime;
 - no runtime module imports the operator or its dependencies (kopf, aiohttp,
   prometheus_client; the last two are in the runtime image only because Ray's dashboard
-  needs them); the runtime reads Kubernetes through ``tgapi.client``. The one exception is
+  needs them); the runtime reads Kubernetes through ``tgapi.kube_view``. The one exception is
   the service room (``tgruntime.service``, the Tinker API server), which serves HTTP with
   aiohttp; it still imports neither the operator, kopf nor prometheus_client, and no other
   runtime module imports it at import time;
-- ``import tgapi`` needs PyYAML and the standard library only; ``tgapi.client`` adds the
+- ``import tgapi`` needs PyYAML and the standard library only; ``tgapi.kube_view`` adds the
   ``kubernetes`` client and nothing else.
 """
 
@@ -60,9 +60,9 @@ SERVICE = "tgruntime.service"
 
 def test_no_runtime_module_imports_the_operator_or_its_dependencies() -> None:
     names = [n for n in _modules_of(tgruntime) if not n.startswith(SERVICE + ".")]
-    assert "tgruntime.client" in names and "tgruntime.cli" in names
+    assert "tgruntime.entrypoints.client_job" in names and "tgruntime.entrypoints.cli" in names
     # the client's Kubernetes path too (imported lazily by --trainergroup and `wait`)
-    code = "\n".join(f"import {n}" for n in ["tgruntime", *names, "tgapi.client"])
+    code = "\n".join(f"import {n}" for n in ["tgruntime", *names, "tgapi.kube_view"])
     mods = _modules_after(code)
     assert set(names) <= mods
     assert sorted(_tops(mods) & set(OPERATOR_ONLY)) == []
@@ -92,6 +92,6 @@ def test_tgapi_imports_only_pyyaml_and_the_standard_library() -> None:
 
 
 def test_tgapi_client_adds_only_the_kubernetes_client() -> None:
-    added = _third_party_added("import tgapi.client") - _third_party_added("import tgapi")
+    added = _third_party_added("import tgapi.kube_view") - _third_party_added("import tgapi")
     assert "kubernetes" in added
     assert sorted(added & {*RUNTIME_HEAVY, *OPERATOR_ONLY}) == []

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-import tgapi.client
+import tgapi.kube_view
 from hack import operator_plane as ks
 from tests.operator.conftest import RayEndpoint
 from tg_operator import rbac
@@ -116,13 +116,13 @@ def test_invalid_spec_ends_failed_and_creates_nothing(
         k8s_plane, namespace=ns, account="tg-client", rules=rbac.CLIENT_RULES, cluster_wide=False
     )
     with pytest.raises(
-        tgapi.client.TrainerGroupFailed, match=r"spec\.rayCluster\.workers\.memory"
+        tgapi.kube_view.TrainerGroupFailed, match=r"spec\.rayCluster\.workers\.memory"
     ):
-        tgapi.client.wait_for_ready(
+        tgapi.kube_view.wait_for_ready(
             name="badexpert", k8s_namespace=ns, kubeconfig=str(client), timeout_s=30
         )
-    with pytest.raises(tgapi.client.TrainerGroupNotFound):
-        tgapi.client.wait_for_ready(
+    with pytest.raises(tgapi.kube_view.TrainerGroupNotFound):
+        tgapi.kube_view.wait_for_ready(
             name="nosuch", k8s_namespace=ns, kubeconfig=str(client), timeout_s=30
         )
     # ... and so is the client Job's `wait` step, on stderr with a non-zero exit
@@ -327,10 +327,11 @@ def test_lifecycle_train_kill_restart_delete(
 def client_wait(
     name: str, ns: str, kubeconfig: Path, *extra: str
 ) -> subprocess.CompletedProcess[str]:
-    """``tgruntime.client wait --print-address`` (the client Job's first step)."""
+    """``tgruntime.entrypoints.client_job wait --print-address`` (the client Job's first step)."""
     argv = ["--trainergroup", name, "--k8s-namespace", ns, "--kubeconfig", str(kubeconfig)]
     return subprocess.run(
-        [sys.executable, "-m", "tgruntime.client", "wait", *argv, "--print-address", *extra],
+        [sys.executable, "-m", "tgruntime.entrypoints.client_job", "wait", *argv,
+         "--print-address", *extra],
         capture_output=True,
         text=True,
         timeout=120,
@@ -346,7 +347,7 @@ def run_client(name: str, ns: str, kubeconfig: Path, tmp_path: Path) -> list[dic
         [
             sys.executable,
             "-m",
-            "tgruntime.client",
+            "tgruntime.entrypoints.client_job",
             "--trainergroup",
             name,
             "--k8s-namespace",

@@ -1,7 +1,7 @@
 """The operator's parsers read the runtime's REAL output lines (tgapi.markers on both sides).
 
 Each line here is produced by the runtime function that formats it in production (server's
-failure path, ``groups.ready_payload``, the teardown's report conversion, the client's step),
+failure path, ``report.ready_payload``, the teardown's report conversion, the client's step),
 then parsed by the operator's ``entrypoints`` (or tgctl's reader). No hand-written payloads.
 """
 
@@ -14,9 +14,10 @@ import pytest
 
 from tg_operator import entrypoints
 from tgapi import markers
-from tgruntime import groups, server
-from tgruntime import teardown as runtime_teardown
 from tgruntime.controller.teardown import TeardownReport
+from tgruntime.entrypoints import server
+from tgruntime.entrypoints import teardown as runtime_teardown
+from tgruntime.launch import report
 
 
 def test_the_servers_failure_line_is_read_by_the_operator(
@@ -38,12 +39,12 @@ def test_the_ready_line_is_read_by_the_operator() -> None:
         world_size=2,
     )
     ranks = [{"device": "cuda:0", "backend": "nccl", "dtype": "bfloat16"}] * 2
-    payload = groups.ready_payload(
+    payload = report.ready_payload(
         wg,  # type: ignore[arg-type]
         mesh={"tp": 2, "pp": 1, "cp": 1, "dp": 1},
         worker_class="tgruntime.trainer.worker:MegatronWorker",
         use_gpu=True,
-        device=groups.device_summary(ranks),
+        device=report.device_summary(ranks),
     )
     text = f"INFO connecting\n{markers.line(payload)}\n(raylet) noise\n"
     rec = entrypoints.parse_group_ready(text)

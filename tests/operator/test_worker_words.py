@@ -40,7 +40,7 @@ def _operator_view(state: str | None, cause: Any) -> tuple[str, str]:
 
 
 def _tgctl_view(state: str | None, cause: Any) -> tuple[str, str]:
-    # what tgruntime.cli.group_status does with each GCS actor row
+    # what tgruntime.entrypoints.cli.group_status does with each GCS actor row
     got_state, got_cause = describe_worker(ray_state=state, death_cause=cause)
     return str(got_state), got_cause
 

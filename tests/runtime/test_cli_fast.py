@@ -27,9 +27,10 @@ from typing import Any
 import pytest
 import yaml
 
-import tgapi.client
+import tgapi.kube_view
 from tests.fixtures_ray import REPO_ROOT, tgctl_env
-from tgruntime import client, ray_connect
+from tgruntime.controller import connect as ray_connect
+from tgruntime.entrypoints import client_job as client
 
 WORKER_MODULE = "tests.runtime.light_workers"
 
@@ -43,7 +44,7 @@ def test_ray_address_is_one_variable_and_the_old_one_is_deprecated(
     assert ray_connect.address_from_env() is None
     monkeypatch.setenv("TG_RAY_ADDRESS", "10.0.0.1:6379")
     monkeypatch.setattr(ray_connect, "_warned_deprecated", False)
-    with caplog.at_level(logging.WARNING, logger="tgruntime.ray_connect"):
+    with caplog.at_level(logging.WARNING, logger="tgruntime.controller.connect"):
         assert ray_connect.address_from_env() == "10.0.0.1:6379"
     assert (
         "TG_RAY_ADDRESS is deprecated" in caplog.text and "RAY_ADDRESS=10.0.0.1:6379" in caplog.text
@@ -55,7 +56,7 @@ def test_ray_address_is_one_variable_and_the_old_one_is_deprecated(
 def test_client_namespace_defaults_to_the_pods(tmp_path: Path) -> None:
     sa = tmp_path / "namespace"
     sa.write_text("team-a\n")
-    assert tgapi.client.default_k8s_namespace(service_account_file=str(sa)) == "team-a"
+    assert tgapi.kube_view.default_k8s_namespace(service_account_file=str(sa)) == "team-a"
     # outside a pod: the kubeconfig context's namespace, else "default"
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(
@@ -64,9 +65,10 @@ def test_client_namespace_defaults_to_the_pods(tmp_path: Path) -> None:
         "clusters: [{name: x, cluster: {server: 'https://127.0.0.1:1'}}]\nusers: [{name: u, user: "
         "{token: t}}]\n"
     )
-    assert tgapi.client.default_k8s_namespace(kubeconfig=str(kubeconfig)) == "team-b"
+    assert tgapi.kube_view.default_k8s_namespace(kubeconfig=str(kubeconfig)) == "team-b"
     absent = str(tmp_path / "absent")
-    assert tgapi.client.default_k8s_namespace(kubeconfig=absent, service_account_file=absent) == (
+    default = tgapi.kube_view.default_k8s_namespace
+    assert default(kubeconfig=absent, service_account_file=absent) == (
         "default"
     )
     assert client.build_parser().parse_args([]).k8s_namespace is None  # resolved when waiting
@@ -102,7 +104,7 @@ def _tgctl(
     env: dict[str, str], *args: str, timeout: float = 300
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "tgruntime.cli", *args],
+        [sys.executable, "-m", "tgruntime.entrypoints.cli", *args],
         cwd=REPO_ROOT,
         env=env,
         capture_output=True,
@@ -167,7 +169,7 @@ def test_tgctl_fast_quiet_paths_without_dashboard(tmp_path: Path) -> None:
             env,
             f"""
             import json, sys
-            from tgruntime import cli
+            from tgruntime.entrypoints import cli
             rc = cli.main(["status", "-f", {str(path)!r}, "--json"])
             import ray
             print("PROBE " + json.dumps({{"rc": rc, "driver": ray.is_initialized(),
@@ -192,8 +194,8 @@ def test_tgctl_fast_quiet_paths_without_dashboard(tmp_path: Path) -> None:
             env,
             f"""
             import json, sys
-            from tgruntime.ray_connect import connect
-            from tgruntime.gcs_view import use_light_handles
+            from tgruntime.controller.connect import connect
+            from tgruntime.controller.gcs_view import use_light_handles
             from tgruntime.controller import WorkerGroup
             connect(address=json.load(open({str(state)!r}))["gcs_address"], ray_namespace={ns!r})
             assert use_light_handles()
@@ -214,7 +216,7 @@ def test_tgctl_fast_quiet_paths_without_dashboard(tmp_path: Path) -> None:
             env,
             f"""
             import json, sys
-            from tgruntime import cli
+            from tgruntime.entrypoints import cli
             rc = cli.main(["down", "-f", {str(path)!r}, "--json"])
             print("PROBE " + json.dumps({{"rc": rc, "torch": "torch" in sys.modules,
                 "worker_module": {WORKER_MODULE!r} in sys.modules}}))

@@ -10,8 +10,8 @@ import pytest
 
 from tests.fixtures_ray import RayCluster
 from tgruntime.controller import RayConnectError
-from tgruntime.local_head import start_local_head, stop_local_head
-from tgruntime.ray_connect import connect, is_reachable, parse_address
+from tgruntime.controller.connect import connect, is_reachable, parse_address
+from tgruntime.local.head import start_local_head, stop_local_head
 
 pytestmark = pytest.mark.ray
 
@@ -20,7 +20,7 @@ def test_explicit_loopback_address_and_ray_address_env(ray_cluster: RayCluster) 
     port = parse_address(ray_cluster.gcs_address)[1]
     out = ray_cluster.run_python(f"""
         import json, os
-        from tgruntime.ray_connect import connect
+        from tgruntime.controller.connect import connect
         explicit = connect("127.0.0.1:{port}", ray_namespace="c1")
         import ray
         ray.shutdown()
@@ -41,7 +41,7 @@ def test_unreachable_address_fails_within_its_timeout_and_clearly(ray_cluster: R
     out = ray_cluster.run_python(f"""
         import json
         from tgruntime.controller import RayConnectError
-        from tgruntime.ray_connect import connect
+        from tgruntime.controller.connect import connect
         try:
             connect("127.0.0.1:{port}", ray_namespace="nowhere", timeout_s=5)
             print(json.dumps({{"error": None}}))
@@ -86,7 +86,7 @@ def test_token_auth_cluster_with_explicit_address() -> None:
             f"import ray; ray.init(address={head.gcs_address!r}, namespace='p'); print('connected')"
         )
         ours = (
-            "from tgruntime.ray_connect import connect; "
+            "from tgruntime.controller.connect import connect; "
             f"connect({head.gcs_address!r}, ray_namespace='p'); print('connected')"
         )
         procs = [

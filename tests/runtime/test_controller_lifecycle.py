@@ -65,7 +65,7 @@ def test_create_in_one_process_attach_from_another_then_teardown(
     ns = unique_namespace
     created = ray_driver.run_python(f"""
         import json
-        from tgruntime.ray_connect import connect
+        from tgruntime.controller.connect import connect
         from tgruntime.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
         from tests.runtime.light_workers import Counter
         connect(ray_namespace="creator")  # another namespace than the group's: names are explicit
@@ -84,7 +84,7 @@ def test_create_in_one_process_attach_from_another_then_teardown(
     # The creating process has exited; the detached workers kept their state.
     attached = ray_driver.run_python(f"""
         import json, time
-        from tgruntime.ray_connect import connect
+        from tgruntime.controller.connect import connect
         from tgruntime.controller import WorkerGroup
         connect(ray_namespace="client")
         # warm-up (imports, first lookup)

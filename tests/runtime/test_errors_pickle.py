@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 import torch
 
-from tgapi.client.ready import (
+from tgapi.errors import PicklableError, SpecError, SpecErrors
+from tgapi.kube_view.ready import (
     TrainerGroupFailed,
     TrainerGroupForbidden,
     TrainerGroupNotFound,
     TrainerGroupNotReady,
 )
-from tgapi.errors import PicklableError, SpecError, SpecErrors
 from tgapi.rules import CelError
 from tgapi.status import TrainerGroupStatus
 from tgruntime.controller import errors as ce
@@ -52,12 +52,12 @@ CASES: dict[str, Callable[[], BaseException]] = {
         [_spec(), SpecError(field="spec.model", problem="missing", fix="set spec.model.path")]
     ),
     "tgapi.rules:CelError": lambda: CelError("no such key: foo"),
-    "tgapi.client.ready:TrainerGroupNotFound": lambda: TrainerGroupNotFound("no group 'g' in ns"),
-    "tgapi.client.ready:TrainerGroupForbidden": lambda: TrainerGroupForbidden("403 on get"),
-    "tgapi.client.ready:TrainerGroupFailed": lambda: TrainerGroupFailed(
+    "tgapi.kube_view.ready:TrainerGroupNotFound": lambda: TrainerGroupNotFound("no group 'g'"),
+    "tgapi.kube_view.ready:TrainerGroupForbidden": lambda: TrainerGroupForbidden("403 on get"),
+    "tgapi.kube_view.ready:TrainerGroupFailed": lambda: TrainerGroupFailed(
         "group g failed: worker died", status=_STATUS
     ),
-    "tgapi.client.ready:TrainerGroupNotReady": lambda: TrainerGroupNotReady(
+    "tgapi.kube_view.ready:TrainerGroupNotReady": lambda: TrainerGroupNotReady(
         "not Ready within 30s", status=_STATUS
     ),
     "tgruntime.trainer.launch:LaunchError": lambda: LaunchError("rank 1 failed:\nTraceback ..."),

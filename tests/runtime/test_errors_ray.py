@@ -33,8 +33,8 @@ from tgruntime.controller import (
     make_nd_compute_dataproto_dispatch_fn,
     register,
 )
+from tgruntime.driver.trainer_client import TrainerClient
 from tgruntime.trainer.losses import MissingTensorError, TokenTensors, resolve_loss
-from tgruntime.trainer_client import TrainerClient
 
 pytestmark = pytest.mark.ray
 

@@ -23,7 +23,7 @@ from tests.fixtures_ray import REPO_ROOT, RayCluster, tgctl_env
 from tests.runtime.light_workers import Counter
 from tgruntime.controller import PlacementInfeasibleError, ResourcePool, WorkerGroup, registry
 from tgruntime.controller.resource_pool import infeasibility
-from tgruntime.local_ray import detect_gpus
+from tgruntime.local.cluster import detect_gpus
 
 ECHO = "tests.runtime.light_workers:SpecEcho"
 
@@ -167,7 +167,7 @@ def test_server_resolves_auto_to_cpu_and_reports_the_device(
     path, doc = _spec(tmp_path, useGpu=None)  # the default: "auto"
     name, ns = doc["metadata"]["name"], doc["spec"]["workers"]["rayNamespace"]
     env = ray_cluster.env()
-    server = _run(env, "-m", "tgruntime.server", "-f", str(path))
+    server = _run(env, "-m", "tgruntime.entrypoints.server", "-f", str(path))
     ready = _tagged("TG_GROUP_READY", server.stdout)
     assert server.returncode == 0 and ready is not None, server.stderr[-3000:]
     assert ready["useGpu"] is False
@@ -177,7 +177,7 @@ def test_server_resolves_auto_to_cpu_and_reports_the_device(
         probe = ray_cluster.run_python(f"""
             import json
             from tgruntime.controller import load_record
-            from tgruntime.ray_connect import connect
+            from tgruntime.controller.connect import connect
             connect(ray_namespace={ns!r})
             r = load_record(group_name={name!r}, ray_namespace={ns!r})
             echo = __import__("tgruntime.controller", fromlist=["WorkerGroup"]).WorkerGroup
@@ -191,13 +191,13 @@ def test_server_resolves_auto_to_cpu_and_reports_the_device(
             "device": {"device": "cpu", "backend": "gloo", "dtype": "float32"},
             "seen": [False, False],  # the workers got the resolved spec, not "auto"
         }
-        status = _run(env, "-m", "tgruntime.cli", "status", "-f", str(path),
+        status = _run(env, "-m", "tgruntime.entrypoints.cli", "status", "-f", str(path),
                       "--address", ray_cluster.gcs_address)
         assert "device: cpu (gloo, float32); workers.useGpu resolved to false" in status.stdout, (
             status.stdout + status.stderr[-2000:]
         )
     finally:
-        _run(env, "-m", "tgruntime.teardown", "--group", name, "--ray-namespace", ns)
+        _run(env, "-m", "tgruntime.entrypoints.teardown", "--group", name, "--ray-namespace", ns)
 
 
 @pytest.mark.ray
@@ -208,7 +208,9 @@ def test_server_with_gpu_workers_on_a_cpu_cluster_fails_at_once(
     (doc["spec"].setdefault("timeouts", {}))["workersReadySeconds"] = 600
     path.write_text(yaml.safe_dump(doc))
     # timeout=200: far below the spec's 600 s wait, so the refusal must come up front
-    server = _run(ray_cluster.env(), "-m", "tgruntime.server", "-f", str(path), timeout=200)
+    server = _run(
+        ray_cluster.env(), "-m", "tgruntime.entrypoints.server", "-f", str(path), timeout=200
+    )
     failed = _tagged("TG_GROUP_FAILED", server.stdout)
     assert server.returncode == 1 and failed is not None, server.stderr[-3000:]
     assert failed["kind"] == "PlacementInfeasibleError"
@@ -223,23 +225,26 @@ def test_tgctl_up_detects_gpus_for_a_new_head_and_auto_uses_them(tmp_path: Path)
     GPUs named by CUDA_VISIBLE_DEVICES), "auto" then puts the workers on GPUs."""
     path, _ = _spec(tmp_path, useGpu="auto")
     env = tgctl_env(tmp_path, CUDA_VISIBLE_DEVICES="0,1")  # no remembered head: a new one
-    up = _run(env, "-m", "tgruntime.cli", "up", "-f", str(path), "--num-cpus", "2", timeout=600)
+    up = _run(
+        env, "-m", "tgruntime.entrypoints.cli", "up", "-f", str(path), "--num-cpus", "2",
+        timeout=600,
+    )
     try:
         assert up.returncode == 0, up.stdout + up.stderr[-4000:]
         assert "detected 2 GPU(s) (CUDA_VISIBLE_DEVICES)" in up.stderr
         assert "with 2 CPUs and 2 GPUs" in up.stderr
         assert "device: cuda (nccl, bfloat16); workers.useGpu resolved to true" in up.stdout
-        status = _run(env, "-m", "tgruntime.cli", "status", "-f", str(path))
+        status = _run(env, "-m", "tgruntime.entrypoints.cli", "status", "-f", str(path))
         assert "phase: Ready" in status.stdout, status.stdout + status.stderr[-2000:]
         assert "device: cuda (nccl, bfloat16)" in status.stdout
         # Three GPU workers on a 2-GPU head: refused at once, saying what exists.
         path3, doc3 = _spec(tmp_path, useGpu=True, processesPerNode=[3])
         doc3["spec"]["training"]["batchSize"] = 3  # divisible by the data-parallel size
         path3.write_text(yaml.safe_dump(doc3))
-        three = _run(env, "-m", "tgruntime.cli", "up", "-f", str(path3), timeout=300)
+        three = _run(env, "-m", "tgruntime.entrypoints.cli", "up", "-f", str(path3), timeout=300)
         assert three.returncode == 1
         assert "asked 3 bundles of {CPU=0.1, GPU=1}" in three.stderr, three.stderr[-3000:]
         assert "the cluster has 2 GPU(s) for 3 GPU workers" in three.stderr
     finally:
-        down = _run(env, "-m", "tgruntime.cli", "down", "-f", str(path), "--stop-ray")
+        down = _run(env, "-m", "tgruntime.entrypoints.cli", "down", "-f", str(path), "--stop-ray")
         assert "stopped the local Ray head" in down.stdout, down.stdout + down.stderr[-2000:]

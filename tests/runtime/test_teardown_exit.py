@@ -21,7 +21,7 @@ import pytest
 from tests.fixtures_ray import REPO_ROOT, RayCluster
 from tests.runtime.light_workers import Counter, Holder
 from tgruntime.controller import ResourcePool, WorkerGroup
-from tgruntime.teardown import EXIT_INCOMPLETE
+from tgruntime.entrypoints.teardown import EXIT_INCOMPLETE
 
 pytestmark = pytest.mark.ray
 
@@ -30,7 +30,8 @@ def _teardown(
     cluster: RayCluster, namespace: str, *extra: str
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
     proc = subprocess.run(
-        [sys.executable, "-m", "tgruntime.teardown", "--group", "td", "--ray-namespace", namespace,
+        [sys.executable, "-m", "tgruntime.entrypoints.teardown", "--group", "td",
+         "--ray-namespace", namespace,
          *extra],
         cwd=REPO_ROOT, env=cluster.env(), capture_output=True, text=True, timeout=180, check=False,
     )

@@ -13,8 +13,8 @@ import ray
 from ray.util.placement_group import placement_group_table
 
 from tests.fixtures_ray import RayCluster
+from tgruntime.compat.verl.single_controller.ray.base import RayResourcePool, _bundle_cpus
 from tgruntime.controller import WorkerGroup, naming, teardown_group
-from tgruntime.verl_compat import RayResourcePool, _bundle_cpus
 
 pytestmark = pytest.mark.ray
 
@@ -25,7 +25,7 @@ def test_verl_detached_server_and_client_round_trip(
     ns = unique_namespace
     server = ray_driver.run_python(f"""
         import json, ray
-        from tgruntime.verl_compat import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+        from tgruntime.compat.verl import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
         from tests.runtime.light_workers import VerlStyle   # a @ray.remote class, as in verl
 
         ray.init(namespace={ns!r})
@@ -50,7 +50,7 @@ def test_verl_detached_server_and_client_round_trip(
     client = ray_driver.run_python(f"""
         import json, ray, torch
         from tensordict import TensorDict
-        from tgruntime.verl_compat import DataProto, RayClassWithInitArgs, RayWorkerGroup
+        from tgruntime.compat.verl import DataProto, RayClassWithInitArgs, RayWorkerGroup
         from tests.runtime.light_workers import VerlStyle
 
         ray.init(namespace={ns!r})

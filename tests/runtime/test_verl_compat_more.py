@@ -19,8 +19,7 @@ import torch
 from tensordict import TensorDict
 
 from tests.fixtures_ray import RayCluster
-from tgruntime.controller import teardown_group
-from tgruntime.verl_compat import (
+from tgruntime.compat.verl import (
     PROTECTED_ENV,
     DataProto,
     DataProtoConfig,
@@ -33,7 +32,8 @@ from tgruntime.verl_compat import (
     register,
     unpad_dataproto,
 )
-from tgruntime.verl_compat import tensordict_utils as tu
+from tgruntime.compat.verl import tensordict_utils as tu
+from tgruntime.controller import teardown_group
 
 ENV_KEYS = (
     "RANK",

@@ -94,7 +94,7 @@ def test_paths_map_to_the_checkpoint_dir(tmp_path: Path) -> None:
 
 
 def test_tgctl_key_generated_0600(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tgruntime.cli import tinker_key
+    from tgruntime.entrypoints.cli import tinker_key
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.delenv("TG_TINKER_API_KEY", raising=False)

@@ -33,8 +33,8 @@ from tests.trainer import sampler_scenarios  # noqa: E402
 from tests.trainer.groups import trainer_group  # noqa: E402
 from tests.trainer.scenarios import SEQ, VOCAB, fixed_batch, tiny_spec  # noqa: E402
 from tgruntime.controller.errors import WorkerMethodError  # noqa: E402
+from tgruntime.driver.trainer_client import TrainerClient  # noqa: E402
 from tgruntime.trainer.launch import launch  # noqa: E402
-from tgruntime.trainer_client import TrainerClient  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.megatron]
 

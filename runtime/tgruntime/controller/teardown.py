@@ -167,7 +167,7 @@ def _actors_in_placement_groups(
     namespace: str, pg_ids: set[str], *, timeout_s: float, errors: list[str]
 ) -> set[str] | None:
     """Live named actors of the namespace in those placement groups; None if unreadable."""
-    from tgruntime.gcs_view import actor_infos
+    from tgruntime.controller.gcs_view import actor_infos
 
     try:
         gcs = ray._private.worker.global_worker.gcs_client  # type: ignore[attr-defined]

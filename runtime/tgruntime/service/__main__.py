@@ -12,9 +12,9 @@ from collections.abc import Callable
 from typing import Any
 
 import tgapi
+from tgruntime.driver.trainer_client import TrainerClient
 from tgruntime.service.auth import KeyStore, env_keys
 from tgruntime.service.backend import Backend, GroupInfo
-from tgruntime.trainer_client import TrainerClient
 
 log = logging.getLogger("tgruntime.service")
 
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     if args.trainergroup:
-        from tgapi.client.kube import wait_for_ready
+        from tgapi.kube_view.kube import wait_for_ready
 
         ready = wait_for_ready(
             name=args.trainergroup, k8s_namespace=args.k8s_namespace, kubeconfig=args.kubeconfig

@@ -9,7 +9,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from tgruntime.trainer_client import TrainerClient, TrainerFuture
+from tgruntime.driver.trainer_client import TrainerClient, TrainerFuture
 
 T = TypeVar("T")
 

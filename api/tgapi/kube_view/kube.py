@@ -24,7 +24,7 @@ from kubernetes import config as k8s_config
 from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
 
-from tgapi.client.ready import (
+from tgapi.kube_view.ready import (
     ReadyGroup,
     TrainerGroupFailed,
     TrainerGroupForbidden,

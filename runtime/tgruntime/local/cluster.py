@@ -17,9 +17,10 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from tgruntime import local_head, ray_connect
+from tgruntime.controller import connect as ray_connect
+from tgruntime.local import head as local_head
 
-log = logging.getLogger("tgruntime.local_ray")
+log = logging.getLogger("tgruntime.local.cluster")
 
 
 def state_file() -> Path:

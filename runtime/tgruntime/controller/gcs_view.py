@@ -89,7 +89,8 @@ class GcsView:
     """A driver-less view of one Ray cluster's GCS (``host:port``)."""
 
     def __init__(self, address: str, *, timeout_s: float = 10.0) -> None:
-        from tgruntime import ray_connect, ray_workarounds
+        from tgruntime.controller import connect as ray_connect
+        from tgruntime.controller import ray_workarounds
 
         host, port = ray_connect.parse_address(address)
         if not ray_connect.is_reachable(address, timeout_s=min(timeout_s, 5.0)):
@@ -143,7 +144,7 @@ class GcsView:
 
     def dashboard_url(self) -> str:
         """The dashboard's URL when the cluster runs one, else "" (TG_RAY_INCLUDE_DASHBOARD=0)."""
-        from tgruntime.ray_connect import http_up
+        from tgruntime.controller.connect import http_up
 
         raw = self.kv_get("dashboard", kv_namespace="dashboard")
         if not raw:

@@ -1,7 +1,7 @@
 """Server entrypoint: create a TrainerGroup's detached worker group, announce it, exit.
 
-    python -m tgruntime.server -f tg.yaml              # tgctl up runs this
-    python -m tgruntime.server --spec-b64 B64 --generation N   # the operator's Ray job
+    python -m tgruntime.entrypoints.server -f tg.yaml              # tgctl up runs this
+    python -m tgruntime.entrypoints.server --spec-b64 B64 --generation N   # the operator's Ray job
 
 It connects to Ray, creates the group (re-using a healthy group of the same generation,
 so a retried job is idempotent), runs ``init_model`` on every worker, publishes the
@@ -20,16 +20,16 @@ import time
 
 import tgapi
 from tgapi import markers
-from tgruntime import groups
 from tgruntime.controller import WorkerGroup, registry, teardown_group
+from tgruntime.controller.connect import connect
 from tgruntime.controller.errors import (
     GroupNotFoundError,
     PlacementInfeasibleError,
     TrainerGroupError,
 )
-from tgruntime.ray_connect import connect
+from tgruntime.launch import create, plan, report
 
-log = logging.getLogger("tgruntime.server")
+log = logging.getLogger("tgruntime.entrypoints.server")
 
 
 def load_resource(args: argparse.Namespace) -> tgapi.TrainerGroup:
@@ -67,21 +67,23 @@ def existing_healthy(tg: tgapi.TrainerGroup, generation: int) -> WorkerGroup | N
 
 
 def run(tg: tgapi.TrainerGroup, *, generation: int, address: str | None) -> markers.GroupReady:
+    """plan -> create (or re-use) -> init -> report; each value is computed once, in the plan."""
     connect(address=address, ray_namespace=tg.ray_namespace)
-    asked = tg.spec.workers.use_gpu
-    tg = groups.resolve_gpu(tg)
-    if asked == tgapi.USE_GPU_AUTO:
+    cluster = create.cluster_resources()
+    p = plan.plan(tg, generation=generation, cluster=cluster)
+    if p.gpu_auto:
         log.info(
             "workers.useGpu auto -> %s (the cluster has %g GPUs)",
-            str(tg.spec.workers.use_gpu).lower(),
-            groups.cluster_gpus(),
+            str(p.use_gpu).lower(),
+            cluster.gpus,
         )
+    tg = p.tg
     wg = existing_healthy(tg, generation)
     created = wg is None
     try:
         if wg is None:
             t0 = time.monotonic()
-            wg = groups.create_group(tg, generation=generation)
+            wg = create.create(p)
             log.info(
                 "created %d workers in %.1fs: %s",
                 wg.world_size,
@@ -90,18 +92,16 @@ def run(tg: tgapi.TrainerGroup, *, generation: int, address: str | None) -> mark
             )
         t0 = time.monotonic()
         results = wg.init_model()
-        device = groups.device_summary(results)
-        resumed = groups.resume_summary(results)
-        mesh = groups.mesh_of(tg.spec)
-        use_gpu = bool(tg.spec.workers.use_gpu)
+        device = report.device_summary(results)
+        resumed = report.resume_summary(results)
         log.info(
-            "init_model done in %.1fs, mesh %s, device %s", time.monotonic() - t0, mesh, device
+            "init_model done in %.1fs, mesh %s, device %s", time.monotonic() - t0, p.mesh, device
         )
         if resumed.get("resumedFrom"):
             log.info(
                 "resumed from %s at step %s", resumed["resumedFrom"], resumed.get("resumedStep")
             )
-        if use_gpu and device.get("device") == "cpu":
+        if p.use_gpu and device.get("device") == "cpu":
             log.warning(
                 "GPU workers were asked for but they run on the CPU (torch sees no CUDA there)"
             )
@@ -109,11 +109,11 @@ def run(tg: tgapi.TrainerGroup, *, generation: int, address: str | None) -> mark
             registry.update_record(
                 group_name=tg.group_name, namespace=tg.ray_namespace, device=device
             )
-        return groups.ready_payload(
+        return report.ready_payload(
             wg,
-            mesh=mesh,
+            mesh=p.mesh,
             worker_class=tg.spec.workers.worker_class,
-            use_gpu=use_gpu,
+            use_gpu=p.use_gpu,
             device=device,
             resumed=resumed,
         )
@@ -127,7 +127,7 @@ def run(tg: tgapi.TrainerGroup, *, generation: int, address: str | None) -> mark
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tgruntime.server", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="tg-server", description=__doc__.splitlines()[0])
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("-f", "--file", help="TrainerGroup YAML file")
     src.add_argument(
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     except (tgapi.SpecErrors, ValueError, TrainerGroupError) as exc:
         failed = markers.GroupFailed(error=str(exc), kind=type(exc).__name__)
         print(markers.line(failed), flush=True)
-        print(f"tgruntime.server: {exc}", file=sys.stderr)
+        print(f"tg-server: {exc}", file=sys.stderr)
         return 1
     except Exception as exc:
         log.exception("server failed")

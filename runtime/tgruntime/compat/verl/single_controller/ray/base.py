@@ -1,47 +1,11 @@
-"""verl's single_controller names, with verl's meanings and keyword arguments.
+"""verl's ``verl.single_controller.ray`` (``ray/base.py``): RayResourcePool, RayClassWithInitArgs,
+RayWorkerGroup, over :mod:`tgruntime.controller`. The differences from verl are listed in
+:mod:`tgruntime.compat.verl`."""
 
-A verl user ports detached-worker code by changing imports only::
-
-    # from verl import DataProto
-    # from verl.single_controller.base import Worker
-    # from verl.single_controller.base.decorator import Dispatch, register, ...
-    # from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
-    from tgruntime.verl_compat import (
-        DataProto, Dispatch, RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, Worker,
-        register,
-    )
-
-Differences, all on the safe side:
-
-- verl's CPU bundles hold ``max_colocate_count`` (10) CPUs each, which no 2-core machine
-  can ever place (verl then waits forever). Here a bundle holds
-  ``min(max_colocate_count, CPUs of the largest node / processes on it)`` CPUs (fractional
-  allowed; a warning says so when it is less), each actor asks for
-  ``bundle / max_colocate_count`` of it (so up to ``max_colocate_count`` groups can share
-  a pool, verl's colocation), and waiting for placement is bounded
-  (``ray_wait_register_center_timeout``, 300 s as in verl) and fails with
-  PlacementTimeoutError saying what was asked and what the cluster has.
-- The master port is reserved without verl's bind-then-close race (see ``Worker``).
-- ``from_detached`` keeps strong references to the actors (verl's weak-reference bug
-  cannot happen), and works without ``ray_cls_with_init`` for groups created here (the
-  published group record describes their methods).
-- ``RayWorkerGroup(worker_env={...})`` adds variables to every worker's environment and,
-  as in verl, refuses (ValueError) to override the ones the group sets (``PROTECTED_ENV``).
-  Keyword arguments that verl does not know are a TypeError naming them (verl swallows
-  them). Workers see verl's RANK, WORLD_SIZE, MASTER_ADDR/PORT, WG_PREFIX, WG_BACKEND,
-  RAY_LOCAL_WORLD_SIZE and RAY_LOCAL_RANK (local to each node here; verl uses node 0's size).
-- DP_COMPUTE_PROTO always pads a batch that does not divide by the DP size and drops the
-  padding from the result, so ``DataProtoConfig.auto_padding`` (and ``VERL_AUTO_PADDING``)
-  is accepted and read but changes nothing: verl without it would fail the call.
-- ``tensordict_utils``: verl's ``verl.utils.tensordict_utils`` helpers.
-- Detached groups are published under ``name_prefix + ClassName`` and can be attached by
-  that name (``WorkerGroup.attach``), checked (``health``) and removed (``teardown``).
-"""
 
 from __future__ import annotations
 
 import logging
-import os
 import re
 import secrets
 import string
@@ -54,15 +18,9 @@ from ray.util.placement_group import PlacementGroup
 from tgruntime.controller.class_with_init import ClassWithInitArgs
 from tgruntime.controller.creation import launch
 from tgruntime.controller.decorator import (
-    Dispatch,
-    Execute,
-    make_nd_compute_dataproto_dispatch_fn,
-    register,
     registered_methods,
 )
-from tgruntime.controller.futures import DataProtoFuture
 from tgruntime.controller.resource_pool import ResourcePool, create_placement_groups
-from tgruntime.controller.worker import Worker
 from tgruntime.controller.worker_group import (
     WorkerGroup,
     get_actor,
@@ -70,83 +28,7 @@ from tgruntime.controller.worker_group import (
     raise_missing_worker,
 )
 
-__all__ = [
-    "PROTECTED_ENV",
-    "ClassWithInitArgs",
-    "DataProto",  # noqa: F822 - provided lazily by __getattr__
-    "DataProtoConfig",
-    "DataProtoFuture",
-    "DataProtoItem",  # noqa: F822
-    "Dispatch",
-    "Execute",
-    "RayClassWithInitArgs",
-    "RayResourcePool",
-    "RayWorkerGroup",
-    "Worker",
-    "make_nd_compute_dataproto_dispatch_fn",
-    "pad_dataproto_to_divisor",
-    "register",
-    "tensordict_utils",  # noqa: F822
-    "unpad_dataproto",
-]
-
-log = logging.getLogger("tgruntime.verl_compat")
-
-
-def __getattr__(name: str) -> Any:
-    # DataProto needs torch: imported on first use, so drivers that never send one stay light.
-    if name in ("DataProto", "DataProtoItem"):
-        from tgruntime.controller import dataproto
-
-        return getattr(dataproto, name)
-    if name == "tensordict_utils":
-        from tgruntime import verl_tensordict_utils
-
-        return verl_tensordict_utils
-    raise AttributeError(f"module 'tgruntime.verl_compat' has no attribute {name!r}")
-
-
-# ---------------------------------------------------------------------------- protocol
-class _DataProtoConfigMeta(type):
-    _auto_padding = False
-
-    @property
-    def auto_padding(cls) -> bool:
-        by_env = os.environ.get("VERL_AUTO_PADDING", "FALSE").upper() in ("TRUE", "1")
-        return by_env or cls._auto_padding
-
-    @auto_padding.setter
-    def auto_padding(cls, enabled: bool) -> None:
-        if not isinstance(enabled, bool):
-            raise TypeError(f"auto_padding must be a bool, got {enabled!r}")
-        cls._auto_padding = enabled
-
-
-class DataProtoConfig(metaclass=_DataProtoConfigMeta):
-    """verl's switch for DP_COMPUTE_PROTO padding (``DataProtoConfig.auto_padding = True``).
-
-    Here DP_COMPUTE_PROTO pads uneven batches (and removes the padding from the result)
-    whatever the setting, so the switch is kept only so that verl code runs unchanged.
-    """
-
-    auto_padding_key = "_verl_auto_padding"
-
-
-def pad_dataproto_to_divisor(data: Any, size_divisor: int) -> tuple[Any, int]:
-    """verl's ``pad_dataproto_to_divisor``: (padded copy, pad size); padding repeats
-    leading rows."""
-    from tgruntime.controller.dataproto import DataProto
-
-    if not isinstance(data, DataProto):
-        raise TypeError(f"data must be a DataProto, got {type(data).__name__}")
-    if len(data) == 0:
-        log.warning("padding a DataProto with no rows: unchanged")
-    return data.pad_to_divisor(size_divisor)
-
-
-def unpad_dataproto(data: Any, pad_size: int) -> Any:
-    """verl's ``unpad_dataproto``: drop the last ``pad_size`` rows."""
-    return data.unpad(pad_size)
+log = logging.getLogger("tgruntime.compat.verl")
 
 
 # ---------------------------------------------------------------------------- workers
@@ -442,7 +324,7 @@ def _worker_env(
 def _ray_namespace() -> str:
     if not ray.is_initialized():
         raise RuntimeError(
-            "call ray.init(namespace=...) (or tgruntime.ray_connect.connect) first"
+            "call ray.init(namespace=...) (or tgruntime.controller.connect.connect) first"
         )
     return str(ray.get_runtime_context().namespace)
 

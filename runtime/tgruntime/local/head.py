@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tgruntime.controller.connect import ADDRESS_ENV, DEPRECATED_ADDRESS_ENV, http_up, parse_address
 from tgruntime.controller.errors import RayConnectError
-from tgruntime.ray_connect import ADDRESS_ENV, DEPRECATED_ADDRESS_ENV, http_up, parse_address
 
 ADDRESS_FILE = "ray_current_cluster"  # written by `ray start` into its temp dir
 

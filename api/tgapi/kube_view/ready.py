@@ -1,6 +1,6 @@
 """When a TrainerGroup object is Ready, Failed or past its deadline (pure; no Kubernetes client).
 
-The decisions the waiter (:mod:`tgapi.client.kube`) makes on each version of the object
+The decisions the waiter (:mod:`tgapi.kube_view.kube`) makes on each version of the object
 it reads, kept apart so they are testable on plain dicts.
 """
 

@@ -5,7 +5,7 @@
     "Failed to connect to Ray cluster at <node ip>:<port>" after a long wait:
 
     1. the GCS port must answer a TCP connect (else: nothing listens there);
-    2. the two workarounds of ``tgruntime.ray_workarounds`` (token auth for an explicit
+    2. the two workarounds of ``tgruntime.controller.ray_workarounds`` (token auth for an explicit
        address; the local node's registered IP for a loopback address), each with its
        upstream issue; when no node of that cluster runs on this machine, we say so (a
        driver must run on a cluster node: submit it as a Ray job instead);
@@ -30,7 +30,7 @@ from typing import Any
 
 import ray
 
-from tgruntime import ray_workarounds
+from tgruntime.controller import ray_workarounds
 from tgruntime.controller.errors import RayConnectError
 from tgruntime.controller.naming import required_ray_namespace, validate_namespace
 
@@ -46,7 +46,7 @@ class Connection:
     dashboard_url: str
 
 
-log = logging.getLogger("tgruntime.ray_connect")
+log = logging.getLogger("tgruntime.controller.connect")
 
 ADDRESS_ENV = "RAY_ADDRESS"
 DEPRECATED_ADDRESS_ENV = "TG_RAY_ADDRESS"

@@ -1,7 +1,7 @@
 """verl's ``verl.utils.tensordict_utils`` helpers, for workers ported by changing imports.
 
     # from verl.utils import tensordict_utils as tu
-    from tgruntime.verl_compat import tensordict_utils as tu
+    from tgruntime.compat.verl import tensordict_utils as tu
 
 The helpers keep verl's meanings: non-tensor values live in a TensorDict as
 ``NonTensorData`` (one value for the whole batch) or ``NonTensorStack`` (one value per
@@ -41,7 +41,7 @@ __all__ = [
     "unwrap_non_tensor_data",
 ]
 
-log = logging.getLogger("tgruntime.verl_compat")
+log = logging.getLogger("tgruntime.compat.verl")
 
 
 def _require_td(value: Any) -> None:

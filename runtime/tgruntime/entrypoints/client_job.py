@@ -1,9 +1,11 @@
 """Client entrypoint: attach to a running group and train.
 
-    python -m tgruntime.client -f tg.yaml --steps 5
-    python -m tgruntime.client --group tiny --ray-namespace tg-default-tiny --steps 5
-    python -m tgruntime.client --trainergroup tiny --k8s-namespace default --steps 5  # k8s status
-    python -m tgruntime.client wait --trainergroup tiny --print-address   # wait for Ready only
+    python -m tgruntime.entrypoints.client_job -f tg.yaml --steps 5
+    tg-client --group tiny --ray-namespace tg-default-tiny --steps 5
+    tg-client --trainergroup tiny --k8s-namespace default --steps 5  # k8s status
+    tg-client wait --trainergroup tiny --print-address   # wait for Ready only
+
+(``tg-client`` is ``python -m tgruntime.entrypoints.client_job``.)
 
 Attaches by group name (never by hard-coded worker names, though ``--worker-names`` is
 accepted), sends one batch per step through ``train_model`` and prints one
@@ -36,13 +38,13 @@ import numpy as np
 
 import tgapi
 from tgapi import markers
-from tgruntime import batches
 from tgruntime.controller import DataProto, WorkerGroup
+from tgruntime.controller.connect import connect
 from tgruntime.controller.errors import TrainerGroupError
-from tgruntime.gcs_view import use_light_handles
-from tgruntime.ray_connect import connect
+from tgruntime.controller.gcs_view import use_light_handles
+from tgruntime.driver import batches
 
-log = logging.getLogger("tgruntime.client")
+log = logging.getLogger("tgruntime.entrypoints.client_job")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -67,7 +69,7 @@ def resolve_target(args: argparse.Namespace) -> Target:
         )
     if args.trainergroup:
         # The Kubernetes client is only needed in this mode; import lazily.
-        from tgapi.client import wait_for_ready
+        from tgapi.kube_view import wait_for_ready
 
         status, spec = wait_for_ready(
             name=args.trainergroup,
@@ -229,7 +231,7 @@ def add_k8s_arguments(p: argparse.ArgumentParser, *, timeout_flag: str) -> None:
 
 def build_wait_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="tgruntime.client wait",
+        prog="tg-client wait",
         description="Wait (a watch) until a TrainerGroup is Ready; print its Ray address.",
     )
     add_k8s_arguments(p, timeout_flag="--timeout")
@@ -248,11 +250,11 @@ def build_wait_parser() -> argparse.ArgumentParser:
 
 def wait_main(argv: list[str]) -> int:
     """``tg-client wait``: exit 0 and print the address when Ready, 1 with the cause if not."""
-    from tgapi.client import wait_for_ready
+    from tgapi.kube_view import wait_for_ready
 
     args = build_wait_parser().parse_args(argv)
     if not args.trainergroup:
-        print("tgruntime.client wait: --trainergroup NAME is required", file=sys.stderr)
+        print("tg-client wait: --trainergroup NAME is required", file=sys.stderr)
         return 2
 
     def progress(st: tgapi.TrainerGroupStatus) -> None:
@@ -270,11 +272,11 @@ def wait_main(argv: list[str]) -> int:
             on_progress=progress,
         )
     except (LookupError, RuntimeError, TimeoutError, PermissionError) as exc:
-        print(f"tgruntime.client wait: {exc}", file=sys.stderr)
+        print(f"tg-client wait: {exc}", file=sys.stderr)
         return 1
     if not status.ray_address:
         print(
-            f"tgruntime.client wait: TrainerGroup {args.trainergroup} is Ready but its "
+            f"tg-client wait: TrainerGroup {args.trainergroup} is Ready but its "
             "status.rayAddress is empty",
             file=sys.stderr,
         )
@@ -294,9 +296,9 @@ def wait_main(argv: list[str]) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="tgruntime.client",
+        prog="tg-client",
         description=__doc__.splitlines()[0],
-        epilog="subcommand: `tgruntime.client wait --trainergroup NAME --print-address` "
+        epilog="subcommand: `tg-client wait --trainergroup NAME --print-address` "
         "(--help there)",
     )
     p.add_argument("-f", "--file", help="TrainerGroup YAML (local mode)")
@@ -346,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         return wait_main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.steps < 1:
-        print("tgruntime.client: --steps must be at least 1", file=sys.stderr)
+        print("tg-client: --steps must be at least 1", file=sys.stderr)
         return 2
     try:
         target = resolve_target(args)
@@ -382,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
         TimeoutError,
         PermissionError,
     ) as exc:
-        print(f"tgruntime.client: {exc}", file=sys.stderr)
+        print(f"tg-client: {exc}", file=sys.stderr)
         return 1
     first, last = reports[0].loss, reports[-1].loss
     log.info("trained %d steps: loss %.4f -> %.4f", len(reports), first, last)

@@ -78,9 +78,9 @@ def _k8s_target(
 ) -> tuple[str, str, str | None]:
     """(group name, Ray namespace, Ray address) from the TrainerGroup's Kubernetes status.
 
-    The one place this module reads Kubernetes (the same reader ``tgruntime.client`` uses).
+    The one place this module reads Kubernetes (the same reader the client Job uses).
     """
-    from tgapi.client import wait_for_ready
+    from tgapi.kube_view import wait_for_ready
 
     status, _spec = wait_for_ready(
         name=trainergroup, k8s_namespace=k8s_namespace, kubeconfig=kubeconfig, timeout_s=wait_s
@@ -166,8 +166,8 @@ class TrainerClient:
         attach_timeout_s: float = 30.0,
     ) -> TrainerClient:
         """Attach by group name in a Ray namespace (``tgctl up`` prints both)."""
-        from tgruntime.gcs_view import use_light_handles
-        from tgruntime.ray_connect import connect
+        from tgruntime.controller.connect import connect
+        from tgruntime.controller.gcs_view import use_light_handles
 
         connect(address=address, ray_namespace=ray_namespace)
         use_light_handles()

@@ -36,8 +36,8 @@ from typing import IO, Any
 
 import tgapi
 from tgapi import markers
-from tgruntime import local_ray
 from tgruntime.controller.errors import TrainerGroupError
+from tgruntime.local import cluster as local_ray
 
 log = logging.getLogger("tgctl")
 
@@ -69,7 +69,7 @@ def _emit_json(body: Mapping[str, Any]) -> None:
 
 def _address(args: argparse.Namespace) -> str | None:
     """--address, else RAY_ADDRESS (or the deprecated TG_RAY_ADDRESS), else None."""
-    from tgruntime.ray_connect import address_from_env
+    from tgruntime.controller.connect import address_from_env
 
     return args.address or address_from_env()
 
@@ -163,7 +163,7 @@ def _watch_creation(
     deadline: float,
 ) -> None:
     """Report placement / actors / init_model from the GCS until the server exits."""
-    from tgruntime.gcs_view import by_name
+    from tgruntime.controller.gcs_view import by_name
 
     n = tg.spec.world_size
     pgs = len(tg.spec.workers.processes_per_node)
@@ -197,7 +197,7 @@ def _watch_creation(
 
 # ============================================================================ up
 def cmd_up(args: argparse.Namespace) -> int:
-    from tgruntime.gcs_view import GcsView
+    from tgruntime.controller.gcs_view import GcsView
 
     tg = _load(args.file)
     _refuse_what_cannot_fit(tg, args)
@@ -210,7 +210,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         f"head: {head.gcs_address}"
         + (f", dashboard {dashboard}" if dashboard else " (no dashboard)")
     )
-    cmd = [sys.executable, "-m", "tgruntime.server", "-f", args.file, "--address", head.gcs_address]
+    cmd = [sys.executable, "-m", "tgruntime.entrypoints.server", "-f", args.file]
+    cmd += ["--address", head.gcs_address]
     progress.step(
         f"server: creating group {tg.group_name} in Ray namespace {tg.ray_namespace} "
         f"({tg.spec.world_size} workers)"
@@ -302,7 +303,7 @@ def _gcs_address(address: str) -> str:
 def group_status(address: str, tg: tgapi.TrainerGroup) -> dict[str, Any]:
     """The group's phase and workers, read from the GCS (no driver, no worker class)."""
     from tgapi.workers import WorkerState, describe_worker
-    from tgruntime.gcs_view import GcsView, by_name
+    from tgruntime.controller.gcs_view import GcsView, by_name
 
     view = GcsView(_gcs_address(address))
     record = view.record(group_name=tg.group_name, namespace=tg.ray_namespace)
@@ -382,7 +383,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 # ============================================================================ train, down
 def cmd_train(args: argparse.Namespace) -> int:
-    from tgruntime import client
+    from tgruntime.entrypoints import client_job as client
 
     address = _known_address(args)
     if address is None:
@@ -423,7 +424,7 @@ def describe_teardown(body: markers.Teardown) -> list[str]:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    from tgruntime import teardown
+    from tgruntime.entrypoints import teardown
 
     tg = _load(args.file)
     address = _known_address(args)
@@ -492,9 +493,9 @@ def tinker_key(group: str) -> tuple[str, str]:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from tgruntime.driver.trainer_client import TrainerClient
     from tgruntime.service.__main__ import group_info, serve
     from tgruntime.service.auth import KeyStore
-    from tgruntime.trainer_client import TrainerClient
 
     tg = _load(args.file)
     address = _known_address(args)

@@ -1,11 +1,13 @@
-"""Clients' view of a TrainerGroup in Kubernetes: read its status, wait (a watch) until Ready.
+"""A TrainerGroup as its clients see it in Kubernetes: read its status, wait (a watch) until
+Ready, and where to attach (the Ray address and namespace of a Ready group).
 
 Needs the ``kubernetes`` client (the ``client`` extra); ``import tgapi`` alone does not import
-this subpackage. Used by ``tg-client`` (``tgruntime.client``), its ``wait`` subcommand and the
-tests; never by the operator's reconcile loop (kopf does its own watching).
+this subpackage. Used by ``tg-client`` (``tgruntime.entrypoints.client_job``), its ``wait``
+subcommand, ``TrainerClient`` and the tests; never by the operator's reconcile loop (kopf does
+its own watching).
 """
 
-from tgapi.client.kube import (
+from tgapi.kube_view.kube import (
     api_client,
     default_k8s_namespace,
     get_trainergroup,
@@ -13,7 +15,7 @@ from tgapi.client.kube import (
     wait_for_ready,
     wait_until,
 )
-from tgapi.client.ready import (
+from tgapi.kube_view.ready import (
     ReadyGroup,
     TrainerGroupFailed,
     TrainerGroupForbidden,

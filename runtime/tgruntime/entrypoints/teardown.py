@@ -1,6 +1,6 @@
 """Teardown entrypoint: remove a group's actors, placement groups and record (idempotent).
 
-    python -m tgruntime.teardown --group NAME --ray-namespace NS
+    python -m tgruntime.entrypoints.teardown --group NAME --ray-namespace NS
 
 Prints ``TG_TEARDOWN {json}`` (``tgapi.markers.Teardown``, camelCase keys). Exit status: 0
 when the report says ``"complete": true`` (everything found is gone; also when nothing
@@ -34,9 +34,9 @@ def run(
 ) -> markers.Teardown:
     """Connect, tear the group down, return the ``TG_TEARDOWN`` report (raises
     TrainerGroupError)."""
-    from tgruntime import gcs_view
+    from tgruntime.controller import gcs_view
+    from tgruntime.controller.connect import connect
     from tgruntime.controller.teardown import teardown_group
-    from tgruntime.ray_connect import connect
 
     connect(address=address, ray_namespace=ray_namespace, logging_level=logging.WARNING)
     gcs_view.use_light_handles()
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    p = argparse.ArgumentParser(prog="tgruntime.teardown", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="tg-teardown", description=__doc__.splitlines()[0])
     p.add_argument("--group", required=True, help="group name (the TrainerGroup's name)")
     p.add_argument("--ray-namespace", required=True, help="the group's Ray namespace")
     p.add_argument("--address", default=None, help="Ray address (default: RAY_ADDRESS or auto)")
@@ -86,11 +86,11 @@ def main(argv: list[str] | None = None) -> int:
             timeout_s=args.timeout,
         )
     except TrainerGroupError as exc:
-        print(f"tgruntime.teardown: {exc}", file=sys.stderr)
+        print(f"tg-teardown: {exc}", file=sys.stderr)
         return 1
     print(markers.line(body), flush=True)
     if not body.complete:
-        print(f"tgruntime.teardown: {incomplete_message(body)}", file=sys.stderr)
+        print(f"tg-teardown: {incomplete_message(body)}", file=sys.stderr)
         return EXIT_INCOMPLETE
     return 0
 

@@ -1,0 +1,1 @@
+"""verl's ``verl.single_controller``: ``base`` (workers, decorator) and ``ray``."""

@@ -1,0 +1,1 @@
+"""verl's ``verl.utils`` modules that workers use: ``tensordict_utils``."""

@@ -33,6 +33,7 @@ import aiohttp
 import yaml
 
 import tgapi.kube_view
+from tests.specs import tiny_spec
 from tg_operator import rbac
 from tg_operator.dashboard import ActorInfo, DashboardClient
 from tg_operator.settings import ray_auth_token
@@ -42,31 +43,14 @@ CRD = REPO / "manifests" / "crd" / "trainergroups.yaml"
 NOOP_WORKER = "hack.noop_worker:NoopWorker"
 
 # A tiny Llama-style model the Megatron trainer trains on 2 CPU cores (gloo, TP 2).
-TINY_SPEC: dict[str, Any] = {
-    "image": "ghcr.io/trainergroup/runtime:0.1.0",
-    "rayVersion": "2.60.0",
-    "rayCluster": {
-        "head": {"cpu": "1", "memory": "2Gi"},
-        # GPU pods (so they land on the fake GPU node) while the workers run on CPU in
-        # the local Ray: useGpu false below.
-        "workers": {"replicas": 1, "gpusPerWorker": 2, "cpu": "2", "memory": "4Gi"},
-    },
-    "workers": {"processesPerNode": [2], "useGpu": False, "cpusPerProcess": 0.5},
-    "parallelism": {"tensor": 2},
-    "model": {
-        "vocabSize": 128,
-        "hiddenSize": 64,
-        "numLayers": 2,
-        "numAttentionHeads": 4,
-        "ffnHiddenSize": 128,
-        "maxSequenceLength": 64,
-        "dtype": "float32",
-    },
-    "optimizer": {"lr": 1.0e-3, "clipGrad": 1.0},
-    "training": {"batchSize": 4, "sequenceLength": 32},
-    "restartPolicy": "OnFailure",
-    "timeouts": {"clusterReadySeconds": 600, "workersReadySeconds": 600},
-}
+TINY_SPEC: dict[str, Any] = tiny_spec(
+    # GPU pods (so they land on the fake GPU node) while the workers run on CPU in the local
+    # Ray: useGpu false.
+    workers={"cpusPerProcess": 0.5},
+    parallelism={"tensor": 2},
+    optimizer={"lr": 1.0e-3, "clipGrad": 1.0},
+    timeouts={"clusterReadySeconds": 600, "workersReadySeconds": 600},
+)
 
 
 def trainergroup(name: str, namespace: str, **spec_overrides: Any) -> dict[str, Any]:

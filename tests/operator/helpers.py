@@ -5,29 +5,10 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from tests.specs import tiny_spec
 from tgapi import TrainerGroup, parse_resource
 
-BASE_SPEC: dict[str, Any] = {
-    "image": "ghcr.io/trainergroup/runtime:0.1.0",
-    "rayVersion": "2.60.0",
-    "rayCluster": {
-        "head": {"cpu": "1", "memory": "2Gi"},
-        "workers": {"replicas": 1, "gpusPerWorker": 2, "cpu": "2", "memory": "4Gi"},
-    },
-    "workers": {"processesPerNode": [2], "useGpu": False},
-    "parallelism": {"tensor": 1},
-    "model": {
-        "vocabSize": 128,
-        "hiddenSize": 64,
-        "numLayers": 2,
-        "numAttentionHeads": 4,
-        "ffnHiddenSize": 128,
-        "maxSequenceLength": 64,
-        "dtype": "float32",
-    },
-    "training": {"batchSize": 4, "sequenceLength": 32},
-    "restartPolicy": "OnFailure",
-}
+BASE_SPEC: dict[str, Any] = tiny_spec()
 
 
 def body(

@@ -29,6 +29,7 @@ import yaml
 
 import tgapi.kube_view
 from tests.fixtures_ray import REPO_ROOT, tgctl_env
+from tests.specs import tiny_spec
 from tgruntime.controller import connect as ray_connect
 from tgruntime.entrypoints import client_job as client
 
@@ -120,26 +121,16 @@ def _spec(tmp_path: Path, cls: str) -> tuple[Path, dict[str, Any]]:
         "apiVersion": "trainergroup.io/v1alpha1",
         "kind": "TrainerGroup",
         "metadata": {"name": name},
-        "spec": {
-            "workers": {
-                "processesPerNode": [2],
+        "spec": tiny_spec(
+            k8s=False,
+            workers={
                 "cpusPerProcess": 0.1,
-                "useGpu": False,
                 "workerClass": f"{WORKER_MODULE}:{cls}",
                 "rayNamespace": f"ns-{name}",
             },
-            "parallelism": {"tensor": 2},
-            "model": {
-                "vocabSize": 128,
-                "hiddenSize": 64,
-                "numLayers": 2,
-                "numAttentionHeads": 4,
-                "ffnHiddenSize": 128,
-                "maxSequenceLength": 64,
-                "dtype": "float32",
-            },
-            "training": {"batchSize": 8, "sequenceLength": 32},
-        },
+            parallelism={"tensor": 2},
+            training={"batchSize": 8},
+        ),
     }
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(doc))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tg_operator import names, platform, ray_token
+from tg_operator import names, platform, probes, ray_token
 from tgapi import TrainerGroup
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -40,6 +40,7 @@ def build_raycluster(tg: TrainerGroup, *, cluster_hash: str) -> dict[str, Any]:
                 "image": tg.spec.image,
                 "resources": {"limits": dict(worker_resources), "requests": dict(worker_resources)},
                 "env": env,
+                **probes.ray_node_probes(head=False),
                 "volumeMounts": [
                     {"name": "dshm", "mountPath": "/dev/shm"},
                     *platform.checkpoint_mount(tg),
@@ -94,6 +95,7 @@ def build_raycluster(tg: TrainerGroup, *, cluster_hash: str) -> dict[str, Any]:
                                     {"containerPort": 8265, "name": "dashboard"},
                                     {"containerPort": 10001, "name": "client"},
                                 ],
+                                **probes.ray_node_probes(head=True),
                                 **_mounts(platform.head_checkpoint_mount(tg)),
                             }
                         ],

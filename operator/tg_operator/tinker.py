@@ -33,7 +33,7 @@ import secrets
 from collections.abc import Mapping
 from typing import Any
 
-from tg_operator import names, platform, ray_token, raycluster
+from tg_operator import names, platform, probes, ray_token, raycluster
 from tg_operator.networkpolicy import CLIENT_LABEL
 from tgapi import TrainerGroup
 
@@ -276,13 +276,13 @@ def _pod_spec(tg: TrainerGroup, *, python: str) -> dict[str, Any]:
         },
         # Until the server first answers 200 (the pod waited for the group, joined its Ray
         # cluster and attached), only this probe runs: the start may take minutes on a small
-        # CPU share, and a liveness probe running then restarts a server that only waits.
-        "startupProbe": {
-            "httpGet": {"path": "/healthz", "port": PORT_NAME},
-            "periodSeconds": STARTUP_PERIOD_S,
-            "timeoutSeconds": 10,
-            "failureThreshold": STARTUP_LIMIT_S // STARTUP_PERIOD_S,
-        },
+        # CPU share, and a liveness probe running then restarts a server that only waits. It
+        # waits in one exec rather than polling, so a normal start posts no Unhealthy event.
+        "startupProbe": probes.startup_wait(
+            probes.http_200(port=port(tg), path="/healthz"),
+            limit_s=STARTUP_LIMIT_S,
+            every_s=STARTUP_PERIOD_S,
+        ),
         # Then: restart a server whose group was re-created (healthz 503 "stale", 2 min).
         "livenessProbe": {
             "httpGet": {"path": "/healthz", "port": PORT_NAME},

@@ -145,9 +145,12 @@ def test_the_deployment_runs_the_server_entrypoint_from_the_runtime_image() -> N
     assert volumes["dshm"]["emptyDir"] == {"medium": "Memory"}
     assert c["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     # liveness only once the server has answered: the start waits for the group (minutes)
+    # (one exec that waits for healthz 200: a normal start posts no Unhealthy event)
     startup = c["startupProbe"]
-    assert startup["httpGet"] == c["livenessProbe"]["httpGet"]
-    assert startup["periodSeconds"] * startup["failureThreshold"] == tinker.STARTUP_LIMIT_S
+    script = startup["exec"]["command"][-1]
+    assert "/healthz" in script and f"/dev/tcp/127.0.0.1/{tinker.port(TG)}" in script
+    assert startup["timeoutSeconds"] == tinker.STARTUP_LIMIT_S
+    assert startup["failureThreshold"] == 1
     assert "initialDelaySeconds" not in c["livenessProbe"]
     assert c["resources"]["requests"] == c["resources"]["limits"] == {"cpu": "1", "memory": "2Gi"}
     assert c["securityContext"]["allowPrivilegeEscalation"] is False

@@ -1,0 +1,90 @@
+"""Container probes that hold on a busy 2-core node without hiding a real failure.
+
+kubelet posts a Warning event (reason ``Unhealthy``) for every probe that fails, startup
+probes included, so a probe that polls while the process is still starting makes a normal
+run look faulty. KubeRay's default head probes did exactly that: ``raylet healthz && GCS
+healthz`` with a one-second timeout from 30 s after start; on a loaded node the dashboard's
+``gcs_healthz`` (the second check) was not answering yet, and kubelet reported
+"Liveness probe failed: success" (the output of the first check).
+
+So each container here gets:
+
+- a **startup probe that waits** instead of polling: one exec that loops until the checks
+  pass, bounded by its own ``timeoutSeconds`` (``failureThreshold: 1``): it succeeds once, or
+  fails once when the process never came up in that time, and the container is restarted;
+- then **liveness and readiness** with the same checks, timeouts sized for a busy node, and a
+  liveness failure threshold of about two minutes of consecutive failures.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+RAYLET_PORT = 52365
+"""The dashboard agent, whose ``local_raylet_healthz`` fate-shares with the raylet."""
+DASHBOARD_PORT = 8265
+CHECK_TIMEOUT_S = 10
+"""Each HTTP check's own timeout (wget -T / the read): a loaded dashboard answers in seconds."""
+RAY_START_LIMIT_S = 900
+"""How long a Ray node may take to come up (image already on the node) before a restart."""
+
+
+def ray_checks(*, head: bool) -> str:
+    """The shell condition that a Ray node is healthy: raylet, plus GCS on the head."""
+    checks = [_wget(RAYLET_PORT, "api/local_raylet_healthz")]
+    if head:
+        checks.append(_wget(DASHBOARD_PORT, "api/gcs_healthz"))
+    return " && ".join(checks)
+
+
+def http_200(*, port: int, path: str) -> str:
+    """The shell condition that ``GET http://127.0.0.1:{port}{path}`` answers 200 (bash only:
+    /dev/tcp, no curl or wget needed in the image)."""
+    request = f"GET {path} HTTP/1.0\\r\\nHost: localhost\\r\\n\\r\\n"
+    return (
+        f"( exec 3<>/dev/tcp/127.0.0.1/{port} && printf '{request}' >&3 "
+        f"&& IFS= read -r -t {CHECK_TIMEOUT_S} line <&3 && [[ $line == *' 200 '* ]] ) 2>/dev/null"
+    )
+
+
+def startup_wait(check: str, *, limit_s: int, every_s: int = 3) -> dict[str, Any]:
+    """A startup probe that loops on ``check`` for up to ``limit_s`` (one result, no polling)."""
+    return {
+        **_exec(f"until {check}; do sleep {every_s}; done"),
+        "periodSeconds": limit_s + 10,
+        "timeoutSeconds": limit_s,
+        "failureThreshold": 1,
+    }
+
+
+def liveness(check: str, *, failures: int = 12) -> dict[str, Any]:
+    """Restart after ``failures`` consecutive failed checks, 10 s apart (2 min by default)."""
+    return {**_exec(check), "periodSeconds": 10, "timeoutSeconds": 3 * CHECK_TIMEOUT_S,
+            "failureThreshold": failures}
+
+
+def readiness(check: str) -> dict[str, Any]:
+    return {**_exec(check), "periodSeconds": 10, "timeoutSeconds": 3 * CHECK_TIMEOUT_S,
+            "failureThreshold": 3}
+
+
+def ray_node_probes(*, head: bool) -> dict[str, Any]:
+    """startupProbe, livenessProbe and readinessProbe for a Ray head or worker container
+    (KubeRay keeps probes a container already has)."""
+    check = ray_checks(head=head)
+    return {
+        "startupProbe": startup_wait(check, limit_s=RAY_START_LIMIT_S),
+        "livenessProbe": liveness(check),
+        "readinessProbe": readiness(check),
+    }
+
+
+def _wget(port: int, path: str) -> str:
+    return (
+        f"wget --tries 1 -T {CHECK_TIMEOUT_S} -q -O- http://localhost:{port}/{path} "
+        "| grep -q success"
+    )
+
+
+def _exec(script: str) -> dict[str, Any]:
+    return {"exec": {"command": ["bash", "-c", script]}}

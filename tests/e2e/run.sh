@@ -405,6 +405,17 @@ log "client Job: $STEPS steps"
 stamp client_start
 run_client "$TG-client"
 stamp client_done
+# A normal run posts no Warning event: from the apply to here nothing was killed, so any
+# Warning on the group's objects (a probe that failed, a back-off, a failed mount) is a defect.
+# E2E_ALLOW_WARNINGS=1 only reports them.
+no_warnings_since() {  # <epoch s>
+  k -n "$TG_NS" get events --field-selector type=Warning -o json \
+    | python3 tests/e2e/warnings.py --since "$1" --skip-kind Node > "$ARTIFACTS/warnings.txt" \
+    && { log "no Warning event since the apply"; return 0; }
+  log "Warning events during a run without faults:"; cat "$ARTIFACTS/warnings.txt" >&2
+  [[ "${E2E_ALLOW_WARNINGS:-0}" == 1 ]] || die "Warning events in a run without faults ($ARTIFACTS/warnings.txt)"
+}
+no_warnings_since "$(sed -n 's/^applied=//p' "$ARTIFACTS/stamps.env" | tail -n 1)"
 source tests/e2e/phases/security.sh   # token auth and NetworkPolicy, seen from probe pods
 
 # ---- 6. the operator runs as a real pod ---------------------------------------------------------

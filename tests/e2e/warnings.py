@@ -1,0 +1,54 @@
+"""Warning events (kubectl get events -o json on stdin) newer than --since: one line each on
+stdout; exit 1 when there is any, 0 when none (tests/e2e/run.sh, "A normal run posts no
+Warning event")."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from typing import Any
+
+
+def when(event: dict[str, Any]) -> float:
+    """The event's last time (series, lastTimestamp, eventTime, creation), in epoch seconds."""
+    series = event.get("series") or {}
+    for stamp in (
+        series.get("lastObservedTime"),
+        event.get("lastTimestamp"),
+        event.get("eventTime"),
+        event.get("metadata", {}).get("creationTimestamp"),
+    ):
+        if stamp:
+            return dt.datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
+    return 0.0
+
+
+def warnings(events: list[dict[str, Any]], *, since: float, skip_kinds: set[str]) -> list[str]:
+    out = []
+    for e in events:
+        obj = e.get("involvedObject") or e.get("regarding") or {}
+        if e.get("type") != "Warning" or obj.get("kind") in skip_kinds or when(e) < since:
+            continue
+        out.append(
+            f"{obj.get('kind')}/{obj.get('name')} {e.get('reason')} x{e.get('count') or 1}: "
+            f"{str(e.get('message', '')).strip()}"
+        )
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--since", type=float, required=True, help="epoch seconds")
+    p.add_argument("--skip-kind", action="append", default=[], help="involvedObject.kind to skip")
+    args = p.parse_args()
+    found = warnings(
+        json.load(sys.stdin).get("items", []), since=args.since, skip_kinds=set(args.skip_kind)
+    )
+    print("\n".join(found))
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,30 @@
+"""tests/e2e/warnings.py: which events make the kind suite's no-Warning check fail (pure)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.e2e.warnings import warnings, when
+
+
+def _event(kind: str, stamp: str, *, type_: str = "Warning", **extra: Any) -> dict[str, Any]:
+    return {"type": type_, "involvedObject": {"kind": kind, "name": "x"}, "reason": "Unhealthy",
+            "message": "Liveness probe failed: success", "lastTimestamp": stamp, **extra}
+
+
+def test_only_warnings_after_the_start_on_group_objects_count() -> None:
+    since = when({"lastTimestamp": "2026-12-02T06:00:00Z"})
+    events = [
+        _event("Pod", "2026-12-02T06:05:00Z", count=3),
+        _event("Pod", "2026-12-02T05:59:59Z"),  # before the apply
+        _event("Node", "2026-12-02T06:05:00Z"),  # the node's own start-up
+        _event("Pod", "2026-12-02T06:05:00Z", type_="Normal"),
+    ]
+    assert warnings(events, since=since, skip_kinds={"Node"}) == [
+        "Pod/x Unhealthy x3: Liveness probe failed: success"
+    ]
+
+
+def test_a_series_counts_from_its_last_observation() -> None:
+    e = _event("Pod", "2026-12-02T05:00:00Z", series={"lastObservedTime": "2026-12-02T07:00:00Z"})
+    assert when(e) == when({"lastTimestamp": "2026-12-02T07:00:00Z"})

@@ -62,7 +62,7 @@ def test_the_ready_line_is_read_by_the_operator() -> None:
 def test_the_teardown_report_is_read_by_the_operator() -> None:
     report = TeardownReport(
         group_name="demo",
-        namespace="tg-team-a-demo",
+        ray_namespace="tg-team-a-demo",
         actors_killed=("demoTrainer_0:0",),
         placement_groups_removed=("abc",),
         keys_removed=("record",),

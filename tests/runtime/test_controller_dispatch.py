@@ -221,15 +221,15 @@ def test_naming() -> None:
     )
     assert naming.parse_worker_name("trainerTrainer_0:1") == ("trainerTrainer", 0, 1)
     assert (
-        naming.placement_group_name(namespace="ns", group_name="g", generation=2, index=1)
+        naming.placement_group_name(ray_namespace="ns", group_name="g", generation=2, index=1)
         == "tg:ns:g:g2:1"
     )
     assert naming.placement_group_name(
-        namespace="ns", group_name="g", generation=0, index=0
-    ).startswith(naming.placement_group_prefix(namespace="ns", group_name="g"))
+        ray_namespace="ns", group_name="g", generation=0, index=0
+    ).startswith(naming.placement_group_prefix(ray_namespace="ns", group_name="g"))
     assert not naming.placement_group_name(
-        namespace="ns", group_name="g2", generation=0, index=0
-    ).startswith(naming.placement_group_prefix(namespace="ns", group_name="g"))
+        ray_namespace="ns", group_name="g2", generation=0, index=0
+    ).startswith(naming.placement_group_prefix(ray_namespace="ns", group_name="g"))
     for bad in ("", "a:b", "a/b", "-x", "x" * 200):
         with pytest.raises(ValueError):
             naming.validate_group_name(bad)
@@ -269,7 +269,7 @@ def test_errors_name_group_rank_cause_and_pickle() -> None:
             error_type="ValueError",
             summary="bad",
         ),
-        GroupNotFoundError(group_name="g", namespace="ns", existing=["h"]),
+        GroupNotFoundError(group_name="g", ray_namespace="ns", existing=["h"]),
         PlacementTimeoutError(
             group_name="g",
             timeout_s=3,

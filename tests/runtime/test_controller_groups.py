@@ -33,17 +33,17 @@ pytestmark = pytest.mark.ray
 class Groups:
     a: WorkerGroup
     b: WorkerGroup
-    namespace: str
+    ray_namespace: str
 
 
 @pytest.fixture(scope="module")
 def groups(ray_driver: object) -> Iterator[Groups]:
-    namespace = "t-groups"
+    ray_namespace = "t-groups"
     pool = ResourcePool(process_on_nodes=[2], cpus_per_process=0.2)
 
     def make(name: str, tp: int) -> WorkerGroup:
         return WorkerGroup.create(
-            group_name=name, ray_namespace=namespace, resource_pool=pool,
+            group_name=name, ray_namespace=ray_namespace, resource_pool=pool,
             cls=ClassWithInitArgs(Echo, scale=2, tp=tp), actor_timeout_s=240, pg_timeout_s=60,
         )
 
@@ -51,7 +51,7 @@ def groups(ray_driver: object) -> Iterator[Groups]:
         fa, fb = pool_exec.submit(make, "a", 1), pool_exec.submit(make, "b", 2)
         a, b = fa.result(), fb.result()
     try:
-        yield Groups(a=a, b=b, namespace=namespace)
+        yield Groups(a=a, b=b, ray_namespace=ray_namespace)
     finally:
         a.teardown()
         b.teardown()
@@ -174,26 +174,24 @@ def test_call_timeout(groups: Groups) -> None:
 
 
 def test_attach_paths_share_the_workers(groups: Groups) -> None:
-    by_name = WorkerGroup.attach(group_name="a", ray_namespace=groups.namespace)
+    by_name = WorkerGroup.attach(group_name="a", ray_namespace=groups.ray_namespace)
     assert by_name.worker_names == groups.a.worker_names and by_name.record is not None
-    assert by_name.ray_namespace == groups.namespace
-    # Ray's namespace was ``namespace=`` before: it still works, for one release, and warns.
-    with pytest.warns(DeprecationWarning, match="ray_namespace"):
-        old = WorkerGroup.attach(group_name="a", namespace=groups.namespace)
-    assert old.worker_names == by_name.worker_names
-    with pytest.warns(DeprecationWarning, match="WorkerGroup.ray_namespace"):
-        assert old.namespace == groups.namespace
-    with pytest.raises(TypeError, match="disagree"):
-        WorkerGroup.attach(group_name="a", ray_namespace=groups.namespace, namespace="other")
+    assert by_name.ray_namespace == groups.ray_namespace
+    # ``namespace=``, the old name of ``ray_namespace``, is gone (issue 21): a TypeError, and
+    # the group has no ``namespace`` attribute any more.
+    with pytest.raises(TypeError, match="unexpected keyword argument 'namespace'"):
+        WorkerGroup.attach(group_name="a", namespace=groups.ray_namespace)
+    with pytest.raises(AttributeError):
+        by_name.namespace  # noqa: B018
     with pytest.raises(TypeError, match="'ray_namespace'"):
         WorkerGroup.attach(group_name="a")
     assert by_name.record.world_size == 2 and by_name.record.worker_class.endswith(":Echo")
     assert set(by_name.record.methods) >= {"double", "nd_step", "custom"}
     by_names = WorkerGroup.from_worker_names(
-        worker_names=groups.a.worker_names, ray_namespace=groups.namespace
+        worker_names=groups.a.worker_names, ray_namespace=groups.ray_namespace
     )
     by_handles = WorkerGroup.from_handles(
-        handles=groups.a.workers, worker_cls=Echo, ray_namespace=groups.namespace
+        handles=groups.a.workers, worker_cls=Echo, ray_namespace=groups.ray_namespace
     )
     assert (
         by_name.all_to_all([1, 2]) == by_names.all_to_all([1, 2]) == by_handles.all_to_all([1, 2])

@@ -52,7 +52,7 @@ def live_actors(namespace: str) -> list[Any]:
 def live_placement_groups(namespace: str, group_name: str) -> list[Any]:
     from ray.util.state import list_placement_groups
 
-    prefix = naming.placement_group_prefix(namespace=namespace, group_name=group_name)
+    prefix = naming.placement_group_prefix(ray_namespace=namespace, group_name=group_name)
     return [
         p for p in list_placement_groups(address=dashboard_url(), limit=1000)
         if p.name.startswith(prefix) and p.state != "REMOVED"
@@ -202,7 +202,7 @@ def test_placement_timeout_is_clear_and_leaves_nothing(
         assert "'huge'" in text and "3s" in text and "CPU=1" in text and "STRICT_PACK" in text
         assert f"CPU={ray.cluster_resources()['CPU']:g}" in text  # what the cluster has
         assert live_placement_groups(unique_namespace, "huge") == []
-        assert registry.load_members(group_name="huge", namespace=unique_namespace) is None
+        assert registry.load_members(group_name="huge", ray_namespace=unique_namespace) is None
     finally:
         if blocker is not None:
             remove_placement_group(blocker)
@@ -233,7 +233,7 @@ def test_failing_constructor_is_reported_and_cleaned(
         live_actors(unique_namespace) == []
         and live_placement_groups(unique_namespace, "broken") == []
     )
-    assert registry.load_members(group_name="broken", namespace=unique_namespace) is None
+    assert registry.load_members(group_name="broken", ray_namespace=unique_namespace) is None
 
 
 def test_lookup_errors_name_what_exists(ray_driver: RayCluster, unique_namespace: str) -> None:
@@ -252,7 +252,7 @@ def test_lookup_errors_name_what_exists(ray_driver: RayCluster, unique_namespace
         with pytest.raises(NamespaceMismatchError, match=other):
             WorkerGroup.attach(group_name="elsewhere", ray_namespace=unique_namespace)
     finally:
-        registry.delete_group_keys(group_name="elsewhere", namespace=other)
+        registry.delete_group_keys(group_name="elsewhere", ray_namespace=other)
 
     # A named actor in another namespace: attaching by its name says where it is.
     actor = ray.remote(num_cpus=0.01)(_Plain).options(name="lonely_0:0", namespace=other).remote()

@@ -69,10 +69,10 @@ CASES: dict[str, Callable[[], BaseException]] = {
     ),
     "tgruntime.controller.errors:TrainerGroupError": lambda: ce.TrainerGroupError("base"),
     "tgruntime.controller.errors:GroupNotFoundError": lambda: ce.GroupNotFoundError(
-        group_name="g", namespace="ns", existing=["h", "i"], detail="deleted"
+        group_name="g", ray_namespace="ns", existing=["h", "i"], detail="deleted"
     ),
     "tgruntime.controller.errors:NamespaceMismatchError": lambda: ce.NamespaceMismatchError(
-        group_name="g", namespace="ns", found_in=["other"], detail="worker gW_0:0"
+        group_name="g", ray_namespace="ns", found_in=["other"], detail="worker gW_0:0"
     ),
     "tgruntime.controller.errors:WorkerDiedError": lambda: ce.WorkerDiedError(
         group_name="g", rank=1, worker_name="gW_0:1", cause="SIGKILL", method="train"
@@ -98,7 +98,7 @@ CASES: dict[str, Callable[[], BaseException]] = {
         group_name="g", rank=0, worker_name="gW_0:0", cause="RuntimeError: boom"
     ),
     "tgruntime.controller.errors:GroupExistsError": lambda: ce.GroupExistsError(
-        group_name="g", namespace="ns", generation=3
+        group_name="g", ray_namespace="ns", generation=3
     ),
     "tgruntime.controller.errors:CallTimeoutError": lambda: ce.CallTimeoutError(
         group_name="g", method="train", timeout_s=5, pending=["rank 1 (gW_0:1)"]

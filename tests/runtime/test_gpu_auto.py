@@ -153,7 +153,7 @@ def test_infeasible_group_fails_at_once_and_leaves_nothing(
     assert "asked 2 bundles of {CPU=1, GPU=1}" in text, text
     assert f"the cluster has {{CPU={cpus:g}, GPU=0}}" in text, text
     assert "Fix:" in text and "GPU" in text
-    assert registry.load_members(group_name="gpus", namespace=unique_namespace) is None
+    assert registry.load_members(group_name="gpus", ray_namespace=unique_namespace) is None
     from ray.util.placement_group import placement_group_table
 
     names = [p.get("name", "") for p in placement_group_table().values()]

@@ -83,7 +83,7 @@ def test_verl_detached_server_and_client_round_trip(
         and len(report.actors_killed) == 2
         and len(report.placement_groups_removed) == 1
     )
-    prefix = naming.placement_group_prefix(namespace=ns, group_name=group)
+    prefix = naming.placement_group_prefix(ray_namespace=ns, group_name=group)
     assert not [
         p
         for p in placement_group_table().values()

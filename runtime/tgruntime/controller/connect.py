@@ -32,7 +32,7 @@ import ray
 
 from tgruntime.controller import ray_workarounds
 from tgruntime.controller.errors import RayConnectError
-from tgruntime.controller.naming import required_ray_namespace, validate_namespace
+from tgruntime.controller.naming import validate_namespace
 
 
 @dataclass(frozen=True)
@@ -104,24 +104,26 @@ def http_up(url: str, timeout_s: float = 2.0) -> bool:
 def connect(
     address: str | None = None,
     *,
-    ray_namespace: str | None = None,
+    ray_namespace: str,
     timeout_s: float = 30,
     log_to_driver: bool = False,
     runtime_env: dict[str, Any] | None = None,
-    namespace: str | None = None,
     **init_kwargs: Any,
 ) -> Connection:
     """Connect this process to Ray as a driver in ``ray_namespace`` (explicit, never anonymous).
 
-    ``namespace=`` is the deprecated old name of ``ray_namespace`` (one release).
+    ``init_kwargs`` go to ``ray.init``; its ``namespace`` is ``ray_namespace`` here (the old
+    keyword ``namespace=`` was removed: passing it is a TypeError, never a silent override).
 
     ``address``: ``host:port`` of the GCS, ``auto`` (the cluster started on this machine),
     ``ray://host:port`` (Ray client; a last resort), or None (``address_from_env()``:
     RAY_ADDRESS, else the deprecated TG_RAY_ADDRESS; else ``auto``).
     """
-    ns = validate_namespace(
-        required_ray_namespace(ray_namespace=ray_namespace, namespace=namespace, where="connect")
-    )
+    if "namespace" in init_kwargs:
+        raise TypeError(
+            "connect() got an unexpected keyword argument 'namespace': pass ray_namespace"
+        )
+    ns = validate_namespace(ray_namespace)
     if ray.is_initialized():
         current = ray.get_runtime_context().namespace
         if current != ns:

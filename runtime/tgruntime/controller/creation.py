@@ -57,7 +57,7 @@ class Launched:
 def launch(
     *,
     group_name: str,
-    namespace: str,
+    ray_namespace: str,
     resource_pool: ResourcePool,
     cls: ClassWithInitArgs,
     name_prefix: str,
@@ -70,8 +70,8 @@ def launch(
     placement_groups: list[PlacementGroup] | None = None,
 ) -> Launched:
     naming.validate_group_name(group_name)
-    naming.validate_namespace(namespace)
-    _check_before_create(group_name=group_name, namespace=namespace)
+    naming.validate_namespace(ray_namespace)
+    _check_before_create(group_name=group_name, ray_namespace=ray_namespace)
 
     class_name = cls.class_name
     counts = resource_pool.process_on_nodes
@@ -82,11 +82,13 @@ def launch(
     ]
     claimed = registry.claim_members(
         group_name=group_name,
-        namespace=namespace,
+        ray_namespace=ray_namespace,
         members=registry.Members(tuple(names), generation),
     )
     if not claimed:
-        raise GroupExistsError(group_name=group_name, namespace=namespace, generation=generation)
+        raise GroupExistsError(
+            group_name=group_name, ray_namespace=ray_namespace, generation=generation
+        )
 
     handles: list[Any] = []
     try:
@@ -97,7 +99,7 @@ def launch(
             else create_placement_groups(
                 resource_pool,
                 group_name=group_name,
-                namespace=namespace,
+                ray_namespace=ray_namespace,
                 generation=generation,
                 detached=detached,
                 timeout_s=pg_timeout_s,
@@ -123,7 +125,7 @@ def launch(
                     pg=pg,
                     bundle_index=local_rank,
                     name=name,
-                    namespace=namespace,
+                    ray_namespace=ray_namespace,
                     detached=detached,
                     env={
                         "RANK": str(rank),
@@ -131,7 +133,7 @@ def launch(
                         "LOCAL_RANK": str(local_rank),
                         "LOCAL_WORLD_SIZE": str(count),
                         ENV_GROUP: group_name,
-                        ENV_NAMESPACE: namespace,
+                        ENV_NAMESPACE: ray_namespace,
                         ENV_GENERATION: str(generation),
                         ENV_WORKER_NAME: name,
                         ENV_MASTER_TIMEOUT: str(actor_timeout_s),
@@ -146,7 +148,10 @@ def launch(
         pg_names = (
             tuple(
                 naming.placement_group_name(
-                    namespace=namespace, group_name=group_name, generation=generation, index=i
+                    ray_namespace=ray_namespace,
+                    group_name=group_name,
+                    generation=generation,
+                    index=i,
                 )
                 for i in range(len(pgs))
             )
@@ -155,7 +160,7 @@ def launch(
         )
         record = registry.GroupRecord(
             group_name=group_name,
-            ray_namespace=namespace,
+            ray_namespace=ray_namespace,
             worker_names=tuple(names),
             world_size=world_size,
             mesh=dict(mesh or {}),
@@ -169,7 +174,10 @@ def launch(
         registry.publish_record(record)
     except BaseException:
         teardown_group(
-            group_name=group_name, ray_namespace=namespace, timeout_s=30, extra_worker_names=names
+            group_name=group_name,
+            ray_namespace=ray_namespace,
+            timeout_s=30,
+            extra_worker_names=names,
         )
         raise
     return Launched(
@@ -187,7 +195,7 @@ def _actor_options(
     pg: PlacementGroup,
     bundle_index: int,
     name: str,
-    namespace: str,
+    ray_namespace: str,
     detached: bool,
     env: dict[str, str],
 ) -> dict[str, Any]:
@@ -196,7 +204,7 @@ def _actor_options(
     runtime_env["env_vars"] = {**dict(runtime_env.get("env_vars") or {}), **env}
     options.update(
         name=name,
-        namespace=namespace,
+        ray_namespace=ray_namespace,
         runtime_env=runtime_env,
         scheduling_strategy=PlacementGroupSchedulingStrategy(
             placement_group=pg, placement_group_bundle_index=bundle_index
@@ -247,26 +255,28 @@ def _start_cause(exc: RayActorError) -> str:
     return actor_error_cause(exc)
 
 
-def _check_before_create(*, group_name: str, namespace: str) -> None:
+def _check_before_create(*, group_name: str, ray_namespace: str) -> None:
     """A live group of that name is an error; leftovers without live parts are cleaned."""
-    record = registry.load_record(group_name=group_name, ray_namespace=namespace)
-    members = registry.load_members(group_name=group_name, namespace=namespace)
+    record = registry.load_record(group_name=group_name, ray_namespace=ray_namespace)
+    members = registry.load_members(group_name=group_name, ray_namespace=ray_namespace)
     if record is None and members is None:
         return
     names = set(record.worker_names if record else ()) | set(
         members.worker_names if members else ()
     )
-    live = [n for n in names if _alive(n, namespace)]
-    pgs = find_placement_groups(namespace=namespace, group_name=group_name)
+    live = [n for n in names if _alive(n, ray_namespace)]
+    pgs = find_placement_groups(ray_namespace=ray_namespace, group_name=group_name)
     if live or pgs:
         generation = record.generation if record else (members.generation if members else 0)
-        raise GroupExistsError(group_name=group_name, namespace=namespace, generation=generation)
-    registry.delete_group_keys(group_name=group_name, namespace=namespace)
+        raise GroupExistsError(
+            group_name=group_name, ray_namespace=ray_namespace, generation=generation
+        )
+    registry.delete_group_keys(group_name=group_name, ray_namespace=ray_namespace)
 
 
-def _alive(name: str, namespace: str) -> bool:
+def _alive(name: str, ray_namespace: str) -> bool:
     try:
-        ray.get_actor(name, namespace=namespace)
+        ray.get_actor(name, namespace=ray_namespace)
         return True
     except ValueError:
         return False

@@ -1,7 +1,7 @@
 """Errors of the single-controller layer.
 
 Every failure a caller can act on is one exception class, all under
-``TrainerGroupError``. Each message names the group (and namespace), the rank and
+``TrainerGroupError``. Each message names the group (and Ray namespace), the rank and
 worker when one is involved, and the cause, so a log line alone says what broke.
 """
 
@@ -22,17 +22,17 @@ class TrainerGroupError(PicklableError):
 
 
 class GroupNotFoundError(TrainerGroupError):
-    """No group (or no worker of that name) exists in the namespace."""
+    """No group (or no worker of that name) exists in the Ray namespace."""
 
     def __init__(
-        self, *, group_name: str, namespace: str, existing: Sequence[str] = (), detail: str = ""
+        self, *, group_name: str, ray_namespace: str, existing: Sequence[str] = (), detail: str = ""
     ) -> None:
         self.group_name = group_name
-        self.namespace = namespace
+        self.ray_namespace = ray_namespace
         self.existing = list(existing)
         shown = ", ".join(sorted(self.existing)[:20]) if self.existing else "none"
         msg = (
-            f"group {group_name!r} not found in Ray namespace {namespace!r}"
+            f"group {group_name!r} not found in Ray namespace {ray_namespace!r}"
             f" (groups in that namespace: {shown})"
         )
         if detail:
@@ -44,13 +44,13 @@ class NamespaceMismatchError(TrainerGroupError):
     """The group (or worker) exists, but in another Ray namespace than the one asked for."""
 
     def __init__(
-        self, *, group_name: str, namespace: str, found_in: Sequence[str], detail: str = ""
+        self, *, group_name: str, ray_namespace: str, found_in: Sequence[str], detail: str = ""
     ) -> None:
         self.group_name = group_name
-        self.namespace = namespace
+        self.ray_namespace = ray_namespace
         self.found_in = list(found_in)
         msg = (
-            f"group {group_name!r} is not in Ray namespace {namespace!r} but exists in "
+            f"group {group_name!r} is not in Ray namespace {ray_namespace!r} but exists in "
             f"{', '.join(repr(n) for n in self.found_in)}; connect with that namespace"
         )
         if detail:
@@ -194,15 +194,15 @@ class WorkerStartError(TrainerGroupError):
 
 
 class GroupExistsError(TrainerGroupError):
-    """A group of that name is already published in the namespace."""
+    """A group of that name is already published in the Ray namespace."""
 
-    def __init__(self, *, group_name: str, namespace: str, generation: int) -> None:
+    def __init__(self, *, group_name: str, ray_namespace: str, generation: int) -> None:
         self.group_name = group_name
-        self.namespace = namespace
+        self.ray_namespace = ray_namespace
         self.generation = generation
         super().__init__(
             f"group {group_name!r} (generation {generation}) already exists in Ray namespace "
-            f"{namespace!r}; attach to it or tear it down first"
+            f"{ray_namespace!r}; attach to it or tear it down first"
         )
 
 

@@ -45,7 +45,7 @@ class ActorInfo:
 
     actor_id: str
     name: str
-    namespace: str
+    ray_namespace: str
     state: str  # DEPENDENCIES_UNREADY, PENDING_CREATION, ALIVE, RESTARTING, DEAD
     pid: int
     node_id: str
@@ -54,7 +54,7 @@ class ActorInfo:
     death_cause: dict[str, Any] = field(default_factory=dict)
 
 
-def actor_infos(gcs_client: Any, *, namespace: str | None, timeout_s: float) -> list[ActorInfo]:
+def actor_infos(gcs_client: Any, *, ray_namespace: str | None, timeout_s: float) -> list[ActorInfo]:
     """The actor table (optionally one Ray namespace) from a GCS client (a driver's or ours)."""
     from google.protobuf.json_format import MessageToDict
 
@@ -64,7 +64,7 @@ def actor_infos(gcs_client: Any, *, namespace: str | None, timeout_s: float) -> 
     table = asyncio.run(asyncio.wait_for(fetch(), timeout=timeout_s + 1))
     out = []
     for actor_id, row in table.items():
-        if namespace is not None and row.ray_namespace != namespace:
+        if ray_namespace is not None and row.ray_namespace != ray_namespace:
             continue
         cause: dict[str, Any] = {}
         if row.HasField("death_cause"):
@@ -73,7 +73,7 @@ def actor_infos(gcs_client: Any, *, namespace: str | None, timeout_s: float) -> 
             ActorInfo(
                 actor_id=actor_id.hex(),
                 name=row.name,
-                namespace=row.ray_namespace,
+                ray_namespace=row.ray_namespace,
                 state=_ACTOR_STATES.get(int(row.state), str(row.state)),
                 pid=int(row.pid),
                 node_id=row.address.node_id.hex() if row.address.node_id else "",
@@ -119,23 +119,23 @@ class GcsView:
             ) from exc
         return None if raw is None else bytes(raw)
 
-    def record(self, *, group_name: str, namespace: str) -> Any:
+    def record(self, *, group_name: str, ray_namespace: str) -> Any:
         """The published GroupRecord, or None."""
         from tgruntime.controller.registry import GroupRecord
 
-        raw = self.kv_get(naming.record_key(namespace=namespace, group_name=group_name))
+        raw = self.kv_get(naming.record_key(ray_namespace=ray_namespace, group_name=group_name))
         return None if raw is None else GroupRecord.from_json(raw)
 
-    def members(self, *, group_name: str, namespace: str) -> Any:
+    def members(self, *, group_name: str, ray_namespace: str) -> Any:
         """The members key claimed before creation (a group being created), or None."""
         from tgruntime.controller.registry import Members
 
-        raw = self.kv_get(naming.members_key(namespace=namespace, group_name=group_name))
+        raw = self.kv_get(naming.members_key(ray_namespace=ray_namespace, group_name=group_name))
         return None if raw is None else Members.from_json(raw)
 
-    def actors(self, *, namespace: str) -> list[ActorInfo]:
+    def actors(self, *, ray_namespace: str) -> list[ActorInfo]:
         try:
-            return actor_infos(self._client, namespace=namespace, timeout_s=self.timeout_s)
+            return actor_infos(self._client, ray_namespace=ray_namespace, timeout_s=self.timeout_s)
         except Exception as exc:
             raise RayConnectError(
                 f"the GCS at {self.address} did not list its actors within {self.timeout_s:g}s: "

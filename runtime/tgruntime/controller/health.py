@@ -55,14 +55,16 @@ def dashboard_url() -> str:
     return text if "://" in text else f"http://{text}"
 
 
-def list_namespace_actors(namespace: str, *, timeout_s: float, detail: bool = True) -> list[Any]:
-    """Actors of a namespace from the State API (raises if the API cannot be reached)."""
+def list_namespace_actors(
+    ray_namespace: str, *, timeout_s: float, detail: bool = True
+) -> list[Any]:
+    """Actors of a Ray namespace from the State API (raises if the API cannot be reached)."""
     from ray.util.state import list_actors
 
     return list(
         list_actors(
             address=dashboard_url(),
-            filters=[("ray_namespace", "=", namespace)],
+            filters=[("ray_namespace", "=", ray_namespace)],
             detail=detail,
             limit=10_000,
             timeout=max(1, int(timeout_s)),
@@ -73,14 +75,14 @@ def list_namespace_actors(namespace: str, *, timeout_s: float, detail: bool = Tr
 
 def group_health(
     *,
-    namespace: str,
+    ray_namespace: str,
     worker_names: Sequence[str],
     actor_ids: Sequence[str | None],
     handles: Sequence[Any | None],
     timeout_s: float,
 ) -> list[WorkerHealth]:
     try:
-        actors = list_namespace_actors(namespace, timeout_s=timeout_s)
+        actors = list_namespace_actors(ray_namespace, timeout_s=timeout_s)
     except Exception:
         return _probe(worker_names=worker_names, handles=handles, timeout_s=timeout_s)
     by_id = {a.actor_id: a for a in actors}

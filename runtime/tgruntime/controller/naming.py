@@ -1,17 +1,16 @@
 """Deterministic names: workers, placement groups and group-record keys.
 
-Everything a group leaves in Ray is named from (namespace, group name, generation), so
+Everything a group leaves in Ray is named from (Ray namespace, group name, generation), so
 teardown and attach can find it again without any state kept by the creating process:
 
 - workers: verl's rule ``{prefix}{ClassName}_{pg_index}:{local_rank}``;
-- placement groups: ``tg:{namespace}:{group}:g{generation}:{pg_index}``;
+- placement groups: ``tg:{ray_namespace}:{group}:g{generation}:{pg_index}``;
 - group record and helper keys: Ray's internal KV, KV namespace ``trainergroup``.
 """
 
 from __future__ import annotations
 
 import re
-import warnings
 
 KV_NAMESPACE = "trainergroup"
 
@@ -29,11 +28,11 @@ def validate_group_name(group_name: str) -> str:
     return group_name
 
 
-def validate_namespace(namespace: str) -> str:
+def validate_namespace(ray_namespace: str) -> str:
     """A Ray namespace must be explicit (never the anonymous one) and have no '/'."""
-    if not isinstance(namespace, str) or not namespace or "/" in namespace:
-        raise ValueError(f"invalid Ray namespace {namespace!r}: a non-empty name without '/'")
-    return namespace
+    if not isinstance(ray_namespace, str) or not ray_namespace or "/" in ray_namespace:
+        raise ValueError(f"invalid Ray namespace {ray_namespace!r}: a non-empty name without '/'")
+    return ray_namespace
 
 
 def worker_name(*, prefix: str, class_name: str, pg_index: int, local_rank: int) -> str:
@@ -49,38 +48,39 @@ def parse_worker_name(name: str) -> tuple[str, int, int]:
     return match["stem"], int(match["pg"]), int(match["local"])
 
 
-def placement_group_prefix(*, namespace: str, group_name: str) -> str:
+def placement_group_prefix(*, ray_namespace: str, group_name: str) -> str:
     """Prefix shared by every placement group of a group, all generations."""
-    return f"tg:{namespace}:{group_name}:"
+    return f"tg:{ray_namespace}:{group_name}:"
 
 
-def placement_group_name(*, namespace: str, group_name: str, generation: int, index: int) -> str:
-    return (
-        f"{placement_group_prefix(namespace=namespace, group_name=group_name)}g{generation}:{index}"
-    )
+def placement_group_name(
+    *, ray_namespace: str, group_name: str, generation: int, index: int
+) -> str:
+    prefix = placement_group_prefix(ray_namespace=ray_namespace, group_name=group_name)
+    return f"{prefix}g{generation}:{index}"
 
 
-def record_key(*, namespace: str, group_name: str) -> str:
+def record_key(*, ray_namespace: str, group_name: str) -> str:
     """KV key of the published group record."""
-    return f"record/{namespace}/{group_name}"
+    return f"record/{ray_namespace}/{group_name}"
 
 
-def record_prefix(*, namespace: str | None = None) -> str:
-    return "record/" if namespace is None else f"record/{namespace}/"
+def record_prefix(*, ray_namespace: str | None = None) -> str:
+    return "record/" if ray_namespace is None else f"record/{ray_namespace}/"
 
 
-def members_key(*, namespace: str, group_name: str) -> str:
+def members_key(*, ray_namespace: str, group_name: str) -> str:
     """KV key written before any worker starts: the names teardown must remove."""
-    return f"members/{namespace}/{group_name}"
+    return f"members/{ray_namespace}/{group_name}"
 
 
-def master_key(*, namespace: str, group_name: str, generation: int) -> str:
+def master_key(*, ray_namespace: str, group_name: str, generation: int) -> str:
     """KV key where rank 0 publishes MASTER_ADDR:MASTER_PORT for its generation."""
-    return f"master/{namespace}/{group_name}/g{generation}"
+    return f"master/{ray_namespace}/{group_name}/g{generation}"
 
 
-def master_prefix(*, namespace: str, group_name: str) -> str:
-    return f"master/{namespace}/{group_name}/"
+def master_prefix(*, ray_namespace: str, group_name: str) -> str:
+    return f"master/{ray_namespace}/{group_name}/"
 
 
 def ray_class_name(cls: type) -> str:
@@ -92,38 +92,3 @@ def ray_class_name(cls: type) -> str:
     match = re.fullmatch(r"ActorClass\((.+)\)", name)
     return match.group(1) if match else name
 
-
-def ray_namespace_arg(
-    *, ray_namespace: str | None, namespace: str | None, where: str, stacklevel: int = 3
-) -> str | None:
-    """``ray_namespace``, or the deprecated ``namespace=`` keyword it replaced (one release).
-
-    "namespace" alone is Kubernetes' namespace elsewhere in TrainerGroup; Ray's is
-    ``ray_namespace`` in every public signature.
-    """
-    if namespace is None:
-        return ray_namespace
-    if ray_namespace is not None and ray_namespace != namespace:
-        raise TypeError(
-            f"{where}: ray_namespace={ray_namespace!r} and the deprecated namespace="
-            f"{namespace!r} disagree; pass ray_namespace only"
-        )
-    warnings.warn(
-        f"{where}(namespace=...) is deprecated and will be removed in the next release: pass "
-        "ray_namespace=... (Ray's namespace; 'namespace' is Kubernetes' in TrainerGroup)",
-        DeprecationWarning,
-        stacklevel=stacklevel,  # the public function's caller
-    )
-    return namespace
-
-
-def required_ray_namespace(
-    *, ray_namespace: str | None, namespace: str | None, where: str
-) -> str:
-    """Like ``ray_namespace_arg``, for a signature where the Ray namespace is required."""
-    ns = ray_namespace_arg(
-        ray_namespace=ray_namespace, namespace=namespace, where=where, stacklevel=4
-    )
-    if ns is None:
-        raise TypeError(f"{where}() missing required keyword argument: 'ray_namespace'")
-    return ns

@@ -82,16 +82,16 @@ class Members:
 
 def publish_record(record: GroupRecord) -> None:
     internal_kv._internal_kv_put(
-        naming.record_key(namespace=record.ray_namespace, group_name=record.group_name),
+        naming.record_key(ray_namespace=record.ray_namespace, group_name=record.group_name),
         record.to_json(),
         overwrite=True,
         namespace=_NS,
     )
 
 
-def update_record(*, group_name: str, namespace: str, **changes: Any) -> GroupRecord | None:
+def update_record(*, group_name: str, ray_namespace: str, **changes: Any) -> GroupRecord | None:
     """Re-publish the record with ``changes`` (e.g. ``device=...``); None when there is none."""
-    record = load_record(group_name=group_name, ray_namespace=namespace)
+    record = load_record(group_name=group_name, ray_namespace=ray_namespace)
     if record is None:
         return None
     updated = replace(record, **changes)
@@ -99,28 +99,20 @@ def update_record(*, group_name: str, namespace: str, **changes: Any) -> GroupRe
     return updated
 
 
-def load_record(
-    *, group_name: str, ray_namespace: str | None = None, namespace: str | None = None
-) -> GroupRecord | None:
-    """The published record of a group (``namespace=``: deprecated name of ``ray_namespace``)."""
-    namespace = naming.required_ray_namespace(
-        ray_namespace=ray_namespace, namespace=namespace, where="load_record"
-    )
+def load_record(*, group_name: str, ray_namespace: str) -> GroupRecord | None:
+    """The published record of a group."""
     raw = internal_kv._internal_kv_get(
-        naming.record_key(namespace=namespace, group_name=group_name), namespace=_NS
+        naming.record_key(ray_namespace=ray_namespace, group_name=group_name), namespace=_NS
     )
     return None if raw is None else GroupRecord.from_json(raw)
 
 
-def list_groups(
-    *, ray_namespace: str | None = None, namespace: str | None = None
-) -> list[tuple[str, str]]:
+def list_groups(*, ray_namespace: str | None = None) -> list[tuple[str, str]]:
     """(Ray namespace, group name) of every published record (optionally in one Ray
-    namespace; ``namespace=`` is the deprecated name of ``ray_namespace``)."""
-    namespace = naming.ray_namespace_arg(
-        ray_namespace=ray_namespace, namespace=namespace, where="list_groups"
+    namespace)."""
+    keys = internal_kv._internal_kv_list(
+        naming.record_prefix(ray_namespace=ray_namespace), namespace=_NS
     )
-    keys = internal_kv._internal_kv_list(naming.record_prefix(namespace=namespace), namespace=_NS)
     out = []
     for key in keys:
         text = key.decode() if isinstance(key, bytes) else str(key)
@@ -129,10 +121,10 @@ def list_groups(
     return sorted(out)
 
 
-def claim_members(*, group_name: str, namespace: str, members: Members) -> bool:
+def claim_members(*, group_name: str, ray_namespace: str, members: Members) -> bool:
     """Write the members key unless it exists; True when this caller claimed it."""
     existed = internal_kv._internal_kv_put(
-        naming.members_key(namespace=namespace, group_name=group_name),
+        naming.members_key(ray_namespace=ray_namespace, group_name=group_name),
         members.to_json(),
         overwrite=False,
         namespace=_NS,
@@ -140,21 +132,21 @@ def claim_members(*, group_name: str, namespace: str, members: Members) -> bool:
     return not existed
 
 
-def load_members(*, group_name: str, namespace: str) -> Members | None:
+def load_members(*, group_name: str, ray_namespace: str) -> Members | None:
     raw = internal_kv._internal_kv_get(
-        naming.members_key(namespace=namespace, group_name=group_name), namespace=_NS
+        naming.members_key(ray_namespace=ray_namespace, group_name=group_name), namespace=_NS
     )
     return None if raw is None else Members.from_json(raw)
 
 
-def delete_group_keys(*, group_name: str, namespace: str) -> list[str]:
+def delete_group_keys(*, group_name: str, ray_namespace: str) -> list[str]:
     """Delete record, members and every generation's master key; the keys that existed."""
     keys = [
-        naming.record_key(namespace=namespace, group_name=group_name),
-        naming.members_key(namespace=namespace, group_name=group_name),
+        naming.record_key(ray_namespace=ray_namespace, group_name=group_name),
+        naming.members_key(ray_namespace=ray_namespace, group_name=group_name),
     ]
     for raw in internal_kv._internal_kv_list(
-        naming.master_prefix(namespace=namespace, group_name=group_name), namespace=_NS
+        naming.master_prefix(ray_namespace=ray_namespace, group_name=group_name), namespace=_NS
     ):
         keys.append(raw.decode() if isinstance(raw, bytes) else str(raw))
     removed: list[str] = []
@@ -165,19 +157,23 @@ def delete_group_keys(*, group_name: str, namespace: str) -> list[str]:
 
 
 def publish_master(
-    *, group_name: str, namespace: str, generation: int, addr: str, port: int
+    *, group_name: str, ray_namespace: str, generation: int, addr: str, port: int
 ) -> None:
     internal_kv._internal_kv_put(
-        naming.master_key(namespace=namespace, group_name=group_name, generation=generation),
+        naming.master_key(
+            ray_namespace=ray_namespace, group_name=group_name, generation=generation
+        ),
         json.dumps({"addr": addr, "port": port}),
         overwrite=True,
         namespace=_NS,
     )
 
 
-def load_master(*, group_name: str, namespace: str, generation: int) -> tuple[str, int] | None:
+def load_master(*, group_name: str, ray_namespace: str, generation: int) -> tuple[str, int] | None:
     raw = internal_kv._internal_kv_get(
-        naming.master_key(namespace=namespace, group_name=group_name, generation=generation),
+        naming.master_key(
+            ray_namespace=ray_namespace, group_name=group_name, generation=generation
+        ),
         namespace=_NS,
     )
     if raw is None:
@@ -191,15 +187,15 @@ def namespaces_with_group(group_name: str) -> list[str]:
     return sorted({ns for ns, name in list_groups() if name == group_name})
 
 
-def groups_in(namespace: str) -> list[str]:
-    return [name for ns, name in list_groups(ray_namespace=namespace) if ns == namespace]
+def groups_in(ray_namespace: str) -> list[str]:
+    return [name for ns, name in list_groups(ray_namespace=ray_namespace) if ns == ray_namespace]
 
 
-def with_names(names: Sequence[str], namespace: str) -> GroupRecord | None:
-    """The record in ``namespace`` whose workers are exactly ``names`` (any order), if any."""
+def with_names(names: Sequence[str], ray_namespace: str) -> GroupRecord | None:
+    """The record in ``ray_namespace`` whose workers are exactly ``names`` (any order), if any."""
     wanted = set(names)
-    for _, name in list_groups(ray_namespace=namespace):
-        record = load_record(group_name=name, ray_namespace=namespace)
+    for _, name in list_groups(ray_namespace=ray_namespace):
+        record = load_record(group_name=name, ray_namespace=ray_namespace)
         if record is not None and set(record.worker_names) == wanted:
             return record
     return None

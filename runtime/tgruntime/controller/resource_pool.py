@@ -2,7 +2,7 @@
 
 One placement group per entry of ``process_on_nodes`` (verl's name: processes per node),
 one bundle per worker process. CPU amounts may be fractional, so several workers fit on
-a 2-core machine. Placement groups are named from (namespace, group, generation, index)
+a 2-core machine. Placement groups are named from (Ray namespace, group, generation, index)
 and may be detached, so they outlive their creator and can be found and removed later.
 Waiting for placement is bounded; a timeout removes what was created and says what was
 asked and what the cluster has.
@@ -222,7 +222,7 @@ def create_placement_groups(
     pool: ResourcePool,
     *,
     group_name: str,
-    namespace: str,
+    ray_namespace: str,
     generation: int,
     detached: bool,
     timeout_s: float,
@@ -240,7 +240,7 @@ def create_placement_groups(
             bundles=group,
             strategy=str(PlacementStrategy(pool.strategy).value),
             name=naming.placement_group_name(
-                namespace=namespace, group_name=group_name, generation=generation, index=i
+                ray_namespace=ray_namespace, group_name=group_name, generation=generation, index=i
             ),
             lifetime="detached" if (detached if pool.detached is None else pool.detached) else None,
         )
@@ -275,9 +275,9 @@ class PlacementGroupInfo:
     state: str
 
 
-def find_placement_groups(*, namespace: str, group_name: str) -> list[PlacementGroupInfo]:
+def find_placement_groups(*, ray_namespace: str, group_name: str) -> list[PlacementGroupInfo]:
     """Every not-yet-removed placement group of a group (all generations), by name."""
-    prefix = naming.placement_group_prefix(namespace=namespace, group_name=group_name)
+    prefix = naming.placement_group_prefix(ray_namespace=ray_namespace, group_name=group_name)
     out = []
     for pg_id, info in placement_group_table().items():
         name = info.get("name") or ""

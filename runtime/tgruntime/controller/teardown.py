@@ -5,7 +5,7 @@ still finds everything when the record (or some actors) are already gone:
 
 - worker names from the record and from the ``members`` key claimed before creation;
 - placement groups by their deterministic name prefix (all generations);
-- any live actor of the namespace placed in one of those placement groups (the GCS actor
+- any live actor of the Ray namespace placed in one of those placement groups (the GCS actor
   table: no dashboard needed).
 
 The report lists what was checked and what could not be (``checked`` / ``not_checked``).
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import ray
 from ray.util.placement_group import placement_group_table
 
-from tgruntime.controller import naming, registry
+from tgruntime.controller import registry
 from tgruntime.controller.resource_pool import find_placement_groups, remove_by_id
 
 
@@ -31,7 +31,7 @@ class TeardownReport:
     """What teardown found and removed."""
 
     group_name: str
-    namespace: str
+    ray_namespace: str
     actors_killed: tuple[str, ...]
     placement_groups_removed: tuple[str, ...]
     keys_removed: tuple[str, ...]
@@ -48,34 +48,27 @@ class TeardownReport:
 def teardown_group(
     *,
     group_name: str,
-    ray_namespace: str | None = None,
+    ray_namespace: str,
     timeout_s: float = 30,
     extra_worker_names: Iterable[str] = (),
-    namespace: str | None = None,
 ) -> TeardownReport:
-    """Remove a group's actors, placement groups and record; safe to call repeatedly.
-
-    ``ray_namespace`` is required (``namespace=`` is its deprecated old name, one release).
-    """
-    namespace = naming.required_ray_namespace(
-        ray_namespace=ray_namespace, namespace=namespace, where="teardown_group"
-    )
+    """Remove a group's actors, placement groups and record; safe to call repeatedly."""
     errors: list[str] = []
     names: set[str] = set(extra_worker_names)
-    record = registry.load_record(group_name=group_name, ray_namespace=namespace)
+    record = registry.load_record(group_name=group_name, ray_namespace=ray_namespace)
     if record is not None:
         names.update(record.worker_names)
-    members = registry.load_members(group_name=group_name, namespace=namespace)
+    members = registry.load_members(group_name=group_name, ray_namespace=ray_namespace)
     if members is not None:
         names.update(members.worker_names)
     checked = ["group record and members key (GCS KV)"]
     not_checked: list[str] = []
-    pgs = find_placement_groups(namespace=namespace, group_name=group_name)
-    checked.append(f"placement groups named tg:{namespace}:{group_name}:* (GCS)")
+    pgs = find_placement_groups(ray_namespace=ray_namespace, group_name=group_name)
+    checked.append(f"placement groups named tg:{ray_namespace}:{group_name}:* (GCS)")
     pg_ids = {p.id_hex for p in pgs}
     if pg_ids:
         found = _actors_in_placement_groups(
-            namespace, pg_ids, timeout_s=min(10.0, timeout_s), errors=errors
+            ray_namespace, pg_ids, timeout_s=min(10.0, timeout_s), errors=errors
         )
         if found is None:
             not_checked.append(
@@ -88,7 +81,7 @@ def teardown_group(
     killed: list[str] = []
     for name in sorted(names):
         try:
-            handle = ray.get_actor(name, namespace=namespace)
+            handle = ray.get_actor(name, namespace=ray_namespace)
         except ValueError:
             continue
         try:
@@ -105,11 +98,11 @@ def teardown_group(
         except Exception as exc:
             errors.append(f"remove placement group {pg.name}: {exc}")
 
-    keys = registry.delete_group_keys(group_name=group_name, namespace=namespace)
+    keys = registry.delete_group_keys(group_name=group_name, ray_namespace=ray_namespace)
     # A worker that could not be killed or a placement group that could not be removed may
     # still hold its resources: never complete, whatever the wait below finds.
     failed = [e for e in errors if e.startswith(("kill ", "remove placement group "))]
-    complete = _wait_gone(namespace, killed, {p.id_hex for p in pgs}, timeout_s=timeout_s)
+    complete = _wait_gone(ray_namespace, killed, {p.id_hex for p in pgs}, timeout_s=timeout_s)
     if not complete:
         errors.append(f"not everything was gone after {timeout_s:g}s")
     else:
@@ -117,7 +110,7 @@ def teardown_group(
         # re-created too early) would otherwise leave workers or placement groups behind
         # a report that says complete.
         time.sleep(_SETTLE_S)
-        left = _still_there(group_name=group_name, namespace=namespace, names=killed)
+        left = _still_there(group_name=group_name, ray_namespace=ray_namespace, names=killed)
         if left:
             complete = False
             errors.append(
@@ -129,7 +122,7 @@ def teardown_group(
     )
     return TeardownReport(
         group_name=group_name,
-        namespace=namespace,
+        ray_namespace=ray_namespace,
         actors_killed=tuple(killed),
         placement_groups_removed=tuple(removed_pgs),
         keys_removed=tuple(keys),
@@ -143,35 +136,35 @@ def teardown_group(
 _SETTLE_S = 0.2
 
 
-def _still_there(*, group_name: str, namespace: str, names: Iterable[str]) -> list[str]:
+def _still_there(*, group_name: str, ray_namespace: str, names: Iterable[str]) -> list[str]:
     """What of the group exists now: bound worker names, placement groups, KV keys."""
     left = []
     for name in sorted(names):
         try:
-            ray.get_actor(name, namespace=namespace)
+            ray.get_actor(name, namespace=ray_namespace)
             left.append(f"actor {name}")
         except ValueError:
             pass
     left += [
         f"placement group {p.name}"
-        for p in find_placement_groups(namespace=namespace, group_name=group_name)
+        for p in find_placement_groups(ray_namespace=ray_namespace, group_name=group_name)
     ]
-    if registry.load_members(group_name=group_name, namespace=namespace) is not None:
+    if registry.load_members(group_name=group_name, ray_namespace=ray_namespace) is not None:
         left.append("members key")
-    if registry.load_record(group_name=group_name, ray_namespace=namespace) is not None:
+    if registry.load_record(group_name=group_name, ray_namespace=ray_namespace) is not None:
         left.append("record")
     return left
 
 
 def _actors_in_placement_groups(
-    namespace: str, pg_ids: set[str], *, timeout_s: float, errors: list[str]
+    ray_namespace: str, pg_ids: set[str], *, timeout_s: float, errors: list[str]
 ) -> set[str] | None:
-    """Live named actors of the namespace in those placement groups; None if unreadable."""
+    """Live named actors of the Ray namespace in those placement groups; None if unreadable."""
     from tgruntime.controller.gcs_view import actor_infos
 
     try:
         gcs = ray._private.worker.global_worker.gcs_client  # type: ignore[attr-defined]
-        actors = actor_infos(gcs, namespace=namespace, timeout_s=timeout_s)
+        actors = actor_infos(gcs, ray_namespace=ray_namespace, timeout_s=timeout_s)
     except Exception as exc:
         errors.append(f"GCS actor table unreadable, relying on names only: {exc}")
         return None
@@ -180,7 +173,7 @@ def _actors_in_placement_groups(
     }
 
 
-def _wait_gone(namespace: str, names: list[str], pg_ids: set[str], *, timeout_s: float) -> bool:
+def _wait_gone(ray_namespace: str, names: list[str], pg_ids: set[str], *, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     pending_names = list(names)
     pending_pgs = set(pg_ids)
@@ -189,7 +182,7 @@ def _wait_gone(namespace: str, names: list[str], pg_ids: set[str], *, timeout_s:
         still = []
         for name in pending_names:
             try:
-                ray.get_actor(name, namespace=namespace)
+                ray.get_actor(name, namespace=ray_namespace)
                 still.append(name)
             except ValueError:
                 pass

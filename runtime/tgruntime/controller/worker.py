@@ -55,7 +55,7 @@ def _setup_master_from_group() -> None:
     from tgruntime.controller import registry
 
     group = os.environ[ENV_GROUP]
-    namespace = os.environ[ENV_NAMESPACE]
+    ray_namespace = os.environ[ENV_NAMESPACE]
     generation = int(os.environ.get(ENV_GENERATION, "0"))
     rank = int(os.environ["RANK"])
     if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
@@ -65,7 +65,11 @@ def _setup_master_from_group() -> None:
         addr = _node_ip()
         _process_master["socket"] = sock
         registry.publish_master(
-            group_name=group, namespace=namespace, generation=generation, addr=addr, port=port
+            group_name=group,
+            ray_namespace=ray_namespace,
+            generation=generation,
+            addr=addr,
+            port=port,
         )
     else:
         timeout = float(os.environ.get(ENV_MASTER_TIMEOUT, "120"))
@@ -74,7 +78,7 @@ def _setup_master_from_group() -> None:
         delay = 0.02
         while found is None:
             found = registry.load_master(
-                group_name=group, namespace=namespace, generation=generation
+                group_name=group, ray_namespace=ray_namespace, generation=generation
             )
             if found is None:
                 if time.monotonic() > deadline:

@@ -13,7 +13,6 @@ published record), ``from_worker_names`` and ``from_handles``.
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Self
 
@@ -114,7 +113,7 @@ class WorkerGroup:
         group_cls,  # ``cls`` is the worker-class argument of the public API
         *,
         group_name: str,
-        ray_namespace: str | None = None,
+        ray_namespace: str,
         resource_pool: ResourcePool,
         cls: ClassWithInitArgs | type,
         name_prefix: str | None = None,
@@ -126,24 +125,18 @@ class WorkerGroup:
         mesh: Mapping[str, Any] | None = None,
         call_timeout_s: float | None = None,
         placement_groups: list[Any] | None = None,
-        namespace: str | None = None,
     ) -> Self:
         """Place and start a new group, publish its record, return it.
 
         ``cls``: the worker class with its constructor arguments (a bare class is wrapped).
         ``name_prefix`` defaults to the group name. ``mesh`` (e.g. {"tp": 2, "dp": 1}) is
         published in the record. ``placement_groups``: already placed groups to use instead
-        of creating them (they stay owned by whoever created them). ``ray_namespace`` is
-        required (``namespace=``, its old name, still works for one release, with a
-        DeprecationWarning).
+        of creating them (they stay owned by whoever created them).
         """
-        ray_namespace = naming.required_ray_namespace(
-            ray_namespace=ray_namespace, namespace=namespace, where="WorkerGroup.create"
-        )
         worker_cls = cls if isinstance(cls, ClassWithInitArgs) else ClassWithInitArgs(cls)
         launched = launch(
             group_name=group_name,
-            namespace=ray_namespace,
+            ray_namespace=ray_namespace,
             resource_pool=resource_pool,
             cls=worker_cls,
             name_prefix=group_name if name_prefix is None else name_prefix,
@@ -173,33 +166,31 @@ class WorkerGroup:
         cls,
         *,
         group_name: str,
-        ray_namespace: str | None = None,
+        ray_namespace: str,
         timeout_s: float = 30,
         strict: bool = True,
         worker_cls: Any = None,
         call_timeout_s: float | None = None,
-        namespace: str | None = None,
     ) -> Self:
         """Attach to a published group by name (one KV read plus one lookup per worker).
 
         Waits up to ``timeout_s`` only while the group is being created; an unknown name
         fails at once. ``strict``: a missing worker raises WorkerDiedError (else its handle
         is None, health() reports it NOT_FOUND or DEAD and calls raise when they reach it).
-        ``ray_namespace`` is required (``namespace=`` is its deprecated old name).
         """
-        ns = naming.required_ray_namespace(
-            ray_namespace=ray_namespace, namespace=namespace, where="WorkerGroup.attach"
-        )
         deadline = time.monotonic() + timeout_s
         while True:
-            record = registry.load_record(group_name=group_name, ray_namespace=ns)
+            record = registry.load_record(group_name=group_name, ray_namespace=ray_namespace)
             if record is not None:
                 break
-            creating = registry.load_members(group_name=group_name, namespace=ns) is not None
+            creating = (
+                registry.load_members(group_name=group_name, ray_namespace=ray_namespace)
+                is not None
+            )
             if not creating or time.monotonic() > deadline:
-                _raise_not_found(group_name, ns, creating=creating, timeout_s=timeout_s)
+                _raise_not_found(group_name, ray_namespace, creating=creating, timeout_s=timeout_s)
             time.sleep(0.05)
-        handles = [get_actor(name, ns) for name in record.worker_names]
+        handles = [get_actor(name, ray_namespace) for name in record.worker_names]
         if strict:
             for rank, (name, handle) in enumerate(zip(record.worker_names, handles, strict=True)):
                 if handle is None:
@@ -207,7 +198,7 @@ class WorkerGroup:
                         group_name=group_name,
                         rank=rank,
                         worker_name=name,
-                        cause=f"no live actor named {name!r} in Ray namespace {ns!r}",
+                        cause=f"no live actor named {name!r} in Ray namespace {ray_namespace!r}",
                     )
         methods = (
             registered_methods(unwrap_actor_class(_plain(worker_cls))[0])
@@ -216,7 +207,7 @@ class WorkerGroup:
         )
         return cls._from_parts(
             group_name=group_name,
-            ray_namespace=ns,
+            ray_namespace=ray_namespace,
             worker_names=record.worker_names,
             handles=handles,
             methods=methods,
@@ -234,16 +225,13 @@ class WorkerGroup:
         worker_cls: Any = None,
         group_name: str | None = None,
         call_timeout_s: float | None = None,
-        namespace: str | None = None,
     ) -> Self:
         """Attach to named workers (rank order = the order given).
 
         The methods come from ``worker_cls`` (a class, ray.remote class or
         ClassWithInitArgs) or, without it, from the record of the group those workers form.
         """
-        ns = naming.ray_namespace_arg(
-            ray_namespace=ray_namespace, namespace=namespace, where="WorkerGroup.from_worker_names"
-        ) or ray.get_runtime_context().namespace
+        ns = ray_namespace or ray.get_runtime_context().namespace
         handles = []
         for name in worker_names:
             handle = get_actor(name, ns)
@@ -277,12 +265,9 @@ class WorkerGroup:
         ray_namespace: str | None = None,
         group_name: str | None = None,
         call_timeout_s: float | None = None,
-        namespace: str | None = None,
     ) -> Self:
         """A group over actor handles you already hold (strong references are kept)."""
-        ns = naming.ray_namespace_arg(
-            ray_namespace=ray_namespace, namespace=namespace, where="WorkerGroup.from_handles"
-        ) or ray.get_runtime_context().namespace
+        ns = ray_namespace or ray.get_runtime_context().namespace
         names = (
             list(worker_names)
             if worker_names is not None
@@ -317,16 +302,6 @@ class WorkerGroup:
 
     @property
     def ray_namespace(self) -> str:
-        return self._ray_namespace
-
-    @property
-    def namespace(self) -> str:
-        """Deprecated (one release): ``ray_namespace``."""
-        warnings.warn(
-            "WorkerGroup.namespace is deprecated: use WorkerGroup.ray_namespace",
-            DeprecationWarning,
-            stacklevel=2,
-        )
         return self._ray_namespace
 
     @property
@@ -513,7 +488,7 @@ class WorkerGroup:
         """Each worker's state (ALIVE / DEAD with cause / UNREACHABLE); never raises for a
         dead one."""
         return group_health(
-            namespace=self._ray_namespace,
+            ray_namespace=self._ray_namespace,
             worker_names=self._worker_names,
             actor_ids=[a or None for a in self._actor_ids],
             handles=self._handles,
@@ -564,31 +539,37 @@ def methods_from(worker_cls: Any, record: registry.GroupRecord | None) -> dict[s
     raise TypeError("pass worker_cls=<the worker class>: no group record describes these workers")
 
 
-def get_actor(name: str, namespace: str) -> Any | None:
-    """The named actor's handle in ``namespace``, or None when there is none."""
+def get_actor(name: str, ray_namespace: str) -> Any | None:
+    """The named actor's handle in ``ray_namespace``, or None when there is none."""
     try:
-        return ray.get_actor(name, namespace=namespace)
+        return ray.get_actor(name, namespace=ray_namespace)
     except ValueError:
         return None
 
 
-def _raise_not_found(group_name: str, namespace: str, *, creating: bool, timeout_s: float) -> None:
+def _raise_not_found(
+    group_name: str, ray_namespace: str, *, creating: bool, timeout_s: float
+) -> None:
     if creating:
         raise GroupNotFoundError(
             group_name=group_name,
-            namespace=namespace,
-            existing=registry.groups_in(namespace),
+            ray_namespace=ray_namespace,
+            existing=registry.groups_in(ray_namespace),
             detail=f"still being created after {timeout_s:g}s",
         )
-    elsewhere = [ns for ns in registry.namespaces_with_group(group_name) if ns != namespace]
+    elsewhere = [ns for ns in registry.namespaces_with_group(group_name) if ns != ray_namespace]
     if elsewhere:
-        raise NamespaceMismatchError(group_name=group_name, namespace=namespace, found_in=elsewhere)
+        raise NamespaceMismatchError(
+            group_name=group_name, ray_namespace=ray_namespace, found_in=elsewhere
+        )
     raise GroupNotFoundError(
-        group_name=group_name, namespace=namespace, existing=registry.groups_in(namespace)
+        group_name=group_name,
+        ray_namespace=ray_namespace,
+        existing=registry.groups_in(ray_namespace),
     )
 
 
-def raise_missing_worker(name: str, namespace: str, group_name: str | None) -> None:
+def raise_missing_worker(name: str, ray_namespace: str, group_name: str | None) -> None:
     """Raise the WorkerDiedError / lookup error that names a missing worker and what exists."""
     label = group_name or name
     try:
@@ -600,20 +581,23 @@ def raise_missing_worker(name: str, namespace: str, group_name: str | None) -> N
     )
     if found_in:
         raise NamespaceMismatchError(
-            group_name=label, namespace=namespace, found_in=found_in, detail=f"worker {name!r}"
+            group_name=label,
+            ray_namespace=ray_namespace,
+            found_in=found_in,
+            detail=f"worker {name!r}",
         )
     stem = naming.parse_worker_name(name)[0] if "_" in name and ":" in name else name
     similar = sorted(
         a["name"]
         for a in everywhere
         if isinstance(a, dict)
-        and a.get("namespace") == namespace
+        and a.get("namespace") == ray_namespace
         and str(a.get("name", "")).startswith(stem[:8])
     )
     raise GroupNotFoundError(
         group_name=label,
-        namespace=namespace,
-        existing=registry.groups_in(namespace),
+        ray_namespace=ray_namespace,
+        existing=registry.groups_in(ray_namespace),
         detail=f"no live actor named {name!r}"
         + (f"; similar names: {similar[:10]}" if similar else ""),
     )

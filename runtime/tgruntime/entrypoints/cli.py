@@ -169,13 +169,13 @@ def _watch_creation(
     pgs = len(tg.spec.workers.processes_per_node)
     while proc.poll() is None and time.monotonic() < deadline:
         try:
-            record = view.record(group_name=tg.group_name, namespace=tg.ray_namespace)
-            members = view.members(group_name=tg.group_name, namespace=tg.ray_namespace)
+            record = view.record(group_name=tg.group_name, ray_namespace=tg.ray_namespace)
+            members = view.members(group_name=tg.group_name, ray_namespace=tg.ray_namespace)
             if record is not None:
                 progress.step(f"actors: {n}/{n} alive")
                 progress.step("init_model: running on every worker")
             elif members is not None:
-                actors = by_name(view.actors(namespace=tg.ray_namespace))
+                actors = by_name(view.actors(ray_namespace=tg.ray_namespace))
                 mine = [actors[w] for w in members.worker_names if w in actors]
                 if not mine:
                     progress.step(
@@ -306,17 +306,17 @@ def group_status(address: str, tg: tgapi.TrainerGroup) -> dict[str, Any]:
     from tgruntime.controller.gcs_view import GcsView, by_name
 
     view = GcsView(_gcs_address(address))
-    record = view.record(group_name=tg.group_name, namespace=tg.ray_namespace)
+    record = view.record(group_name=tg.group_name, ray_namespace=tg.ray_namespace)
     base: dict[str, Any] = {
         "groupName": tg.group_name,
         "rayNamespace": tg.ray_namespace,
         "rayAddress": view.address,
     }
     if record is None:
-        members = view.members(group_name=tg.group_name, namespace=tg.ray_namespace)
+        members = view.members(group_name=tg.group_name, ray_namespace=tg.ray_namespace)
         phase = "Creating" if members is not None else "NotFound"
         return {**base, "phase": phase, "workers": []}
-    actors = by_name(view.actors(namespace=tg.ray_namespace))
+    actors = by_name(view.actors(ray_namespace=tg.ray_namespace))
     workers = []
     for rank, name in enumerate(record.worker_names):
         a = actors.get(name)

@@ -107,7 +107,7 @@ def run(tg: tgapi.TrainerGroup, *, generation: int, address: str | None) -> mark
             )
         if device:  # what the workers run on, for status readers (tgctl status, the operator)
             registry.update_record(
-                group_name=tg.group_name, namespace=tg.ray_namespace, device=device
+                group_name=tg.group_name, ray_namespace=tg.ray_namespace, device=device
             )
         return report.ready_payload(
             wg,

@@ -48,7 +48,7 @@ def to_marker(report: TeardownReport) -> markers.Teardown:
     """The controller's report as the ``TG_TEARDOWN`` payload."""
     return markers.Teardown(
         group_name=report.group_name,
-        ray_namespace=report.namespace,
+        ray_namespace=report.ray_namespace,
         actors_killed=report.actors_killed,
         placement_groups_removed=report.placement_groups_removed,
         keys_removed=report.keys_removed,

@@ -121,7 +121,7 @@ class RayResourcePool:
             self.pgs = create_placement_groups(
                 self.to_resource_pool(strategy),
                 group_name=group,
-                namespace=_ray_namespace(),
+                ray_namespace=_ray_namespace(),
                 generation=0,
                 detached=self.detached,
                 timeout_s=timeout_s,
@@ -204,7 +204,7 @@ class RayWorkerGroup(WorkerGroup):
         )
         launched = launch(
             group_name=group_name,
-            namespace=ray_namespace,
+            ray_namespace=ray_namespace,
             resource_pool=resource_pool.to_resource_pool(strategy),
             cls=cia,
             name_prefix=self.name_prefix,

@@ -104,8 +104,12 @@ def wire_key(field_name: str) -> str:
     return head + "".join(part[:1].upper() + part[1:] for part in rest)
 
 
-def to_wire(payload: _Payload) -> dict[str, Any]:
-    """The JSON object of a payload (camelCase keys; tuples as lists)."""
+def payload_to_wire(payload: _Payload) -> dict[str, Any]:
+    """The JSON object of a payload (camelCase keys; tuples as lists).
+
+    Not ``tgapi.to_wire`` (the spec's wire form, ``tgapi.wire``): a payload's fields are
+    plain snake_case names turned camelCase by :func:`wire_key`, with no field metadata.
+    """
     out: dict[str, Any] = {}
     for f in dataclasses.fields(payload):
         value = getattr(payload, f.name)
@@ -119,10 +123,10 @@ def to_wire(payload: _Payload) -> dict[str, Any]:
 
 def line(payload: _Payload) -> str:
     """``TAG {json}``, the one line an entrypoint prints."""
-    return f"{payload.TAG} {json.dumps(to_wire(payload), sort_keys=True)}"
+    return f"{payload.TAG} {json.dumps(payload_to_wire(payload), sort_keys=True)}"
 
 
-def from_wire(cls: type[P], data: Mapping[str, Any]) -> P:
+def payload_from_wire(cls: type[P], data: Mapping[str, Any]) -> P:
     """A payload from its JSON object; ValueError naming the key when one is missing/wrong."""
     kwargs: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
@@ -145,6 +149,11 @@ def from_wire(cls: type[P], data: Mapping[str, Any]) -> P:
     return cls(**kwargs)
 
 
+to_wire = payload_to_wire
+"""The old name, kept while ``tgruntime.entrypoints.cli`` still calls ``markers.to_wire``;
+new code calls :func:`payload_to_wire` (``tgapi.to_wire`` is the spec's)."""
+
+
 def _lines(cls: type[P], text: str) -> list[P | None]:
     pattern = re.compile(rf"^\s*{re.escape(cls.TAG)} (\{{.*\}})\s*$")
     found: list[P | None] = []
@@ -154,7 +163,7 @@ def _lines(cls: type[P], text: str) -> list[P | None]:
             continue
         try:
             data = json.loads(m.group(1))
-            found.append(from_wire(cls, data) if isinstance(data, dict) else None)
+            found.append(payload_from_wire(cls, data) if isinstance(data, dict) else None)
         except ValueError:
             found.append(None)  # a broken line: it counts as the last one, and reads as None
     return found

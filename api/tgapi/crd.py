@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from tgapi.expr import variables
 from tgapi.fields import default_value, field_meta, has_default
 from tgapi.model import (
     API_GROUP,
@@ -26,7 +27,7 @@ from tgapi.model import (
     SINGULAR,
     TrainerGroupSpec,
 )
-from tgapi.rules import Rule, crd_rules, policy_rules, variables
+from tgapi.rules import Rule, crd_rules, policy_rules
 from tgapi.sizing import SIZING_RULES
 from tgapi.status import TrainerGroupStatus
 

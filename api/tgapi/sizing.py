@@ -21,7 +21,7 @@ processes of one node share a pod), the GPU's memory for GPU workers when it is 
 ``nvidia.com/gpu.product`` node selector); ``tgctl`` passes the machine's memory for local
 CPU workers (:func:`host_errors`). Nothing here imports more than the standard library.
 
-The estimate and its sentences are written once, in ``tgapi.rules``' expression language
+The estimate and its sentences are written once, in ``tgapi.expr``'s expression language
 (:data:`SIZING_RULES`): Python evaluates them for tgapi's parse (:func:`sizing_errors`), and
 ``crd.py`` writes the same expressions as CEL into the ValidatingAdmissionPolicy, so
 ``kubectl apply`` refuses a model that cannot fit with the same sentence. Counts are
@@ -41,8 +41,23 @@ from typing import Any
 
 from tgapi import rules
 from tgapi.errors import SpecError
+from tgapi.expr import (
+    CelError,
+    Cond,
+    ContainsFolded,
+    Expr,
+    Field,
+    Fixed,
+    Lit,
+    MapGet,
+    Str,
+    Text,
+    Var,
+    Wire,
+    fmt,
+)
 from tgapi.model import TrainerGroupSpec
-from tgapi.rules import Cond, Expr, Fixed, Lit, Rule, Text
+from tgapi.rules import Rule
 from tgapi.wire import to_wire
 
 __all__ = [
@@ -115,7 +130,7 @@ def parse_quantity(text: str) -> decimal.Decimal | None:
 
 def bytes_per_parameter(*, on_gpu: bool, dtype: str) -> int:
     """Weights + gradients + optimizer state per parameter (see the module docstring)."""
-    value = _bytes_per_parameter(rules.Lit(on_gpu)).eval({"model": {"dtype": dtype}})
+    value = _bytes_per_parameter(Lit(on_gpu)).eval({"model": {"dtype": dtype}})
     assert isinstance(value, int)
     return value
 
@@ -127,7 +142,7 @@ def _ceil_div(a: Expr, b: Expr) -> Expr:
 
 
 def _bytes_per_parameter(on_gpu: Expr) -> Expr:
-    return Cond(~on_gpu | rules.Field("model.dtype").eq("float32"), Lit(16), Lit(18))
+    return Cond(~on_gpu | Field("model.dtype").eq("float32"), Lit(16), Lit(18))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -149,17 +164,17 @@ def formula(on_gpu: Expr, *, prefix: str = "") -> Formula:
     """
 
     def var(name: str, expr: Expr) -> Expr:
-        return rules.Var(prefix + name, expr) if prefix else expr
+        return Var(prefix + name, expr) if prefix else expr
 
     h, heads, t, p = rules.HIDDEN, rules.HEADS, rules.TENSOR, rules.PIPELINE
     head_dim = Cond(h // heads >= 1, h // heads, Lit(1))
     qkv = h * (heads * head_dim + 2 * rules.QUERY_GROUPS * head_dim)
     proj = heads * head_dim * h
-    swiglu = rules.Field("model.activation").eq("swiglu")
+    swiglu = Field("model.activation").eq("swiglu")
     mlp = h * rules.FFN * Cond(swiglu, Lit(2), Lit(1)) + rules.FFN * h
-    layer_norm = rules.Field("model.normalization").eq("LayerNorm")
+    layer_norm = Field("model.normalization").eq("LayerNorm")
     norm = var("Norm", h * Cond(layer_norm, Lit(2), Lit(1)))
-    position = rules.Field("model.positionEmbedding")
+    position = Field("model.positionEmbedding")
     learned = position.eq("learned_absolute") | (position.eq("auto") & ~on_gpu)
     positions = var("Positions", Cond(learned, rules.MAX_SEQ * h, Lit(0)))
     vocab = rules.VOCAB * h
@@ -198,25 +213,25 @@ def _three_digits(v: Expr) -> Expr:
     """A double in [1, 1000) with three significant digits: 1.07, 70.6, 175."""
     return Cond(
         v < 10.0,
-        rules.fmt("{}", Fixed(v, 2)),
-        Cond(v < 100.0, rules.fmt("{}", Fixed(v, 1)), rules.fmt("{}", Fixed(v, 0))),
+        fmt("{}", Fixed(v, 2)),
+        Cond(v < 100.0, fmt("{}", Fixed(v, 1)), fmt("{}", Fixed(v, 0))),
     )
 
 
 def count_text(n: Expr) -> Expr:
     """A count (a double) as ``1.07B``, ``70.6M``, ``512``."""
-    out: Expr = rules.fmt("{}", n.to_int())
+    out: Expr = fmt("{}", n.to_int())
     for unit, size in reversed(_COUNT_UNITS):
-        out = Cond(n >= float(size), rules.fmt("{}" + unit, _three_digits(n / float(size))), out)
+        out = Cond(n >= float(size), fmt("{}" + unit, _three_digits(n / float(size))), out)
     return out
 
 
 def bytes_text(n: Expr) -> Expr:
     """Bytes (a double) as ``85.8 GiB`` (one decimal, the largest binary unit that fits)."""
-    out: Expr = rules.fmt("{} B", Fixed(n, 0))
+    out: Expr = fmt("{} B", Fixed(n, 0))
     for unit in reversed(_BYTE_UNITS):
         size = float(_BINARY[unit[:2]])
-        out = Cond(n >= size, rules.fmt("{} " + unit, Fixed(n / size, 1)), out)
+        out = Cond(n >= size, fmt("{} " + unit, Fixed(n / size, 1)), out)
     return out
 
 
@@ -230,8 +245,8 @@ def quantity_up_text(n: Expr) -> Expr:
     mib = _ceil(n / float(2**20))
     return Cond(
         n >= float(2**30),
-        rules.fmt("{}Gi", _ceil(n / float(2**30))),
-        rules.fmt("{}Mi", Cond(mib >= 1, mib, Lit(1))),
+        fmt("{}Gi", _ceil(n / float(2**30))),
+        fmt("{}Mi", Cond(mib >= 1, mib, Lit(1))),
     )
 
 
@@ -301,7 +316,7 @@ def human_bytes(n: int | float | decimal.Decimal) -> str:
 # -- the rules ---------------------------------------------------------------------------
 def _text(value: object) -> str:
     if not isinstance(value, str):
-        raise rules.CelError(f"expected a string, got {value!r}")
+        raise CelError(f"expected a string, got {value!r}")
     return value
 
 
@@ -315,10 +330,10 @@ class Quantity(Expr):
     def cel(self, root: str = "self") -> str:
         return f"quantity({self.arg.cel(root)}).asApproximateFloat()"
 
-    def eval(self, spec: rules.Wire) -> Any:
+    def eval(self, spec: Wire) -> Any:
         q = parse_quantity(_text(self.arg.eval(spec)))
         if q is None:
-            raise rules.CelError("quantities must match the regular expression")
+            raise CelError("quantities must match the regular expression")
         return float(q) if q.is_finite() and q < 2**1000 else math.inf
 
 
@@ -331,7 +346,7 @@ class IsQuantity(Expr):
     def cel(self, root: str = "self") -> str:
         return f"isQuantity({self.arg.cel(root)})"
 
-    def eval(self, spec: rules.Wire) -> Any:
+    def eval(self, spec: Wire) -> Any:
         return parse_quantity(_text(self.arg.eval(spec))) is not None
 
 
@@ -342,13 +357,13 @@ _SHRINK = (
 )
 
 _NODES = "rayCluster.workers"
-MEMORY = rules.Field(f"{_NODES}.memory")
-GPU_MEMORY = rules.Field(f"{_NODES}.gpuMemory")
+MEMORY = Field(f"{_NODES}.memory")
+GPU_MEMORY = Field(f"{_NODES}.gpuMemory")
 _GPU = formula(Lit(True), prefix="sizeGpu")
 _CPU = formula(Lit(False), prefix="sizeCpu")
-_GPU_PRODUCT = rules.Var(
+_GPU_PRODUCT = Var(
     "sizeGpuProduct",
-    rules.MapGet(rules.Field(f"{_NODES}.nodeSelector"), GPU_PRODUCT_LABEL, Lit("")),
+    MapGet(Field(f"{_NODES}.nodeSelector"), GPU_PRODUCT_LABEL, Lit("")),
 )
 
 
@@ -356,13 +371,13 @@ def _product_memory() -> Expr:
     """The nominal memory of the GPU the product label names (0: not known)."""
     out: Expr = Lit(0)
     for name, size in reversed(KNOWN_GPU_MEMORY):
-        out = Cond(rules.ContainsFolded(_GPU_PRODUCT, name.lower()), Lit(size), out)
+        out = Cond(ContainsFolded(_GPU_PRODUCT, name.lower()), Lit(size), out)
     return out
 
 
-_PRODUCT_MEMORY = rules.Var("sizeGpuProductMemory", _product_memory())
-_PER_POD = rules.Var("sizeProcessesPerPod", Cond(rules.PPN.size().eq(0), Lit(1), rules.PPN.max()))
-_POD_BYTES = rules.Var("sizeCpuPodBytes", _CPU.worker_bytes * _PER_POD.to_double())
+_PRODUCT_MEMORY = Var("sizeGpuProductMemory", _product_memory())
+_PER_POD = Var("sizeProcessesPerPod", Cond(rules.PPN.size().eq(0), Lit(1), rules.PPN.max()))
+_POD_BYTES = Var("sizeCpuPodBytes", _CPU.worker_bytes * _PER_POD.to_double())
 
 
 def _gpu_text(what: str, *what_args: Expr) -> tuple[Text, Text]:
@@ -372,10 +387,10 @@ def _gpu_text(what: str, *what_args: Expr) -> tuple[Text, Text]:
     return problem, fix
 
 
-_GPU_BY_MEMORY = _gpu_text("gpuMemory is {}", rules.Str(GPU_MEMORY))
+_GPU_BY_MEMORY = _gpu_text("gpuMemory is {}", Str(GPU_MEMORY))
 _GPU_BY_PRODUCT = _gpu_text(
     "{} has {} GB ({})",
-    rules.Str(_GPU_PRODUCT),
+    Str(_GPU_PRODUCT),
     _PRODUCT_MEMORY // _GB,
     bytes_text(_PRODUCT_MEMORY.to_double()),
 )
@@ -414,7 +429,7 @@ SIZING_RULES: tuple[Rule, ...] = (
         problem=Text(
             "{} is too small for the model: " + _CPU_TEMPLATE + ", and a pod holds {} CPU "
             "worker process(es): at least {}",
-            rules.Str(MEMORY),
+            Str(MEMORY),
             *_CPU_ARGS,
             _PER_POD,
             bytes_text(_POD_BYTES),

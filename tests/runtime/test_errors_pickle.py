@@ -20,13 +20,13 @@ import pytest
 import torch
 
 from tgapi.errors import PicklableError, SpecError, SpecErrors
+from tgapi.expr import CelError
 from tgapi.kube_view.ready import (
     TrainerGroupFailed,
     TrainerGroupForbidden,
     TrainerGroupNotFound,
     TrainerGroupNotReady,
 )
-from tgapi.rules import CelError
 from tgapi.status import TrainerGroupStatus
 from tgruntime.controller import errors as ce
 from tgruntime.service.sessions import ServiceError
@@ -51,7 +51,7 @@ CASES: dict[str, Callable[[], BaseException]] = {
     "tgapi.errors:SpecErrors": lambda: SpecErrors(
         [_spec(), SpecError(field="spec.model", problem="missing", fix="set spec.model.path")]
     ),
-    "tgapi.rules:CelError": lambda: CelError("no such key: foo"),
+    "tgapi.expr:CelError": lambda: CelError("no such key: foo"),
     "tgapi.kube_view.ready:TrainerGroupNotFound": lambda: TrainerGroupNotFound("no group 'g'"),
     "tgapi.kube_view.ready:TrainerGroupForbidden": lambda: TrainerGroupForbidden("403 on get"),
     "tgapi.kube_view.ready:TrainerGroupFailed": lambda: TrainerGroupFailed(

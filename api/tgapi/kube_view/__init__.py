@@ -16,23 +16,27 @@ from tgapi.kube_view.kube import (
     wait_until,
 )
 from tgapi.kube_view.ready import (
+    AttachTarget,
     ReadyGroup,
     TrainerGroupFailed,
     TrainerGroupForbidden,
     TrainerGroupNotFound,
     TrainerGroupNotReady,
+    attach_target,
     is_failed,
     is_ready,
     ready_deadline,
 )
 
 __all__ = [
+    "AttachTarget",
     "ReadyGroup",
     "TrainerGroupFailed",
     "TrainerGroupForbidden",
     "TrainerGroupNotFound",
     "TrainerGroupNotReady",
     "api_client",
+    "attach_target",
     "default_k8s_namespace",
     "get_trainergroup",
     "is_failed",

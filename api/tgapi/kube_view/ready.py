@@ -7,6 +7,7 @@ it reads, kept apart so they are testable on plain dicts.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from tgapi.errors import PicklableError, SpecErrors
@@ -23,6 +24,34 @@ class ReadyGroup(NamedTuple):
 
     status: TrainerGroupStatus
     spec: TrainerGroupSpec
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttachTarget:
+    """Where a client attaches to a Ready TrainerGroup's group of workers."""
+
+    ray_address: str | None  # the GCS (host:port); None: neither given nor in the status
+    ray_namespace: str
+    group_name: str
+    worker_names: tuple[str, ...] = ()  # rank order
+
+
+def attach_target(
+    status: TrainerGroupStatus, *, name: str, address: str | None = None
+) -> AttachTarget:
+    """Where a client of the Ready TrainerGroup ``name`` attaches, from its status.
+
+    The Ray address is ``address`` (a caller's override, e.g. ``--address``) else
+    ``status.rayAddress``; the Ray namespace is ``status.rayNamespace``; the group is
+    ``status.groupName``, else the TrainerGroup's own name. The one rule both clients use
+    (``tg-client`` and ``TrainerClient.connect``).
+    """
+    return AttachTarget(
+        ray_address=address or status.ray_address or None,
+        ray_namespace=status.ray_namespace,
+        group_name=status.group_name or name,
+        worker_names=tuple(status.worker_names),
+    )
 
 
 class TrainerGroupNotFound(PicklableError, LookupError):

@@ -21,12 +21,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import ray
 
 from tgruntime.controller import DataProto, DataProtoFuture, WorkerGroup
 from tgruntime.controller.calls import CallContext, resolve
+
+if TYPE_CHECKING:
+    from tgapi.kube_view import AttachTarget
 
 __all__ = ["TRAIN_MESH", "TrainerClient", "TrainerFuture"]
 
@@ -74,18 +77,24 @@ class TrainerFuture(Generic[T]):
 
 
 def _k8s_target(
-    *, trainergroup: str, k8s_namespace: str | None, kubeconfig: str | None, wait_s: float | None
-) -> tuple[str, str, str | None]:
-    """(group name, Ray namespace, Ray address) from the TrainerGroup's Kubernetes status.
+    *,
+    trainergroup: str,
+    k8s_namespace: str | None,
+    kubeconfig: str | None,
+    wait_s: float | None,
+    address: str | None,
+) -> AttachTarget:
+    """Where to attach, from the TrainerGroup's Kubernetes status once it is Ready.
 
-    The one place this module reads Kubernetes (the same reader the client Job uses).
+    The one place this module reads Kubernetes (the same reader and the same
+    ``tgapi.kube_view.attach_target`` rule the client Job uses).
     """
-    from tgapi.kube_view import wait_for_ready
+    from tgapi.kube_view import attach_target, wait_for_ready
 
     status, _spec = wait_for_ready(
         name=trainergroup, k8s_namespace=k8s_namespace, kubeconfig=kubeconfig, timeout_s=wait_s
     )
-    return status.group_name or trainergroup, status.ray_namespace, status.ray_address or None
+    return attach_target(status, name=trainergroup, address=address)
 
 
 def _as_proto(data: DataProto | Mapping[str, Any], meta: Mapping[str, Any]) -> DataProto:
@@ -143,16 +152,17 @@ class TrainerClient:
         ``k8s_namespace``: default the pod's own, else the kubeconfig context's; ``address``
         overrides ``status.rayAddress``; ``wait_s`` default: the TrainerGroup's Ready deadline.
         """
-        group_name, ray_namespace, status_address = _k8s_target(
+        where = _k8s_target(
             trainergroup=trainergroup,
             k8s_namespace=k8s_namespace,
             kubeconfig=kubeconfig,
             wait_s=wait_s,
+            address=address,
         )
         return cls.connect_local(
-            group_name=group_name,
-            ray_namespace=ray_namespace,
-            address=address or status_address,
+            group_name=where.group_name,
+            ray_namespace=where.ray_namespace,
+            address=where.ray_address,
             attach_timeout_s=attach_timeout_s,
         )
 

@@ -69,7 +69,7 @@ def resolve_target(args: argparse.Namespace) -> Target:
         )
     if args.trainergroup:
         # The Kubernetes client is only needed in this mode; import lazily.
-        from tgapi.kube_view import wait_for_ready
+        from tgapi.kube_view import attach_target, wait_for_ready
 
         status, spec = wait_for_ready(
             name=args.trainergroup,
@@ -77,12 +77,13 @@ def resolve_target(args: argparse.Namespace) -> Target:
             kubeconfig=args.kubeconfig,
             timeout_s=args.wait,
         )
+        where = attach_target(status, name=args.trainergroup, address=args.address)
         return Target(
-            group_name=status.group_name or args.trainergroup,
-            ray_namespace=status.ray_namespace,
-            address=args.address or status.ray_address or None,
+            group_name=where.group_name,
+            ray_namespace=where.ray_namespace,
+            address=where.ray_address,
             spec=spec,
-            worker_names=tuple(status.worker_names),
+            worker_names=where.worker_names,
         )
     if not (args.group or args.worker_names) or not args.ray_namespace:
         raise ValueError(
@@ -250,7 +251,7 @@ def build_wait_parser() -> argparse.ArgumentParser:
 
 def wait_main(argv: list[str]) -> int:
     """``tg-client wait``: exit 0 and print the address when Ready, 1 with the cause if not."""
-    from tgapi.kube_view import wait_for_ready
+    from tgapi.kube_view import attach_target, wait_for_ready
 
     args = build_wait_parser().parse_args(argv)
     if not args.trainergroup:
@@ -274,7 +275,8 @@ def wait_main(argv: list[str]) -> int:
     except (LookupError, RuntimeError, TimeoutError, PermissionError) as exc:
         print(f"tg-client wait: {exc}", file=sys.stderr)
         return 1
-    if not status.ray_address:
+    where = attach_target(status, name=args.trainergroup)
+    if not where.ray_address:
         print(
             f"tg-client wait: TrainerGroup {args.trainergroup} is Ready but its "
             "status.rayAddress is empty",
@@ -283,14 +285,14 @@ def wait_main(argv: list[str]) -> int:
         return 1
     if args.json:
         out = {
-            "rayAddress": status.ray_address,
-            "rayNamespace": status.ray_namespace,
-            "groupName": status.group_name,
-            "workerNames": list(status.worker_names),
+            "rayAddress": where.ray_address,
+            "rayNamespace": where.ray_namespace,
+            "groupName": where.group_name,
+            "workerNames": list(where.worker_names),
         }
         print(json.dumps(out))
     else:
-        print(status.ray_address)
+        print(where.ray_address)
     return 0
 
 

@@ -204,7 +204,7 @@ def _actor_options(
     runtime_env["env_vars"] = {**dict(runtime_env.get("env_vars") or {}), **env}
     options.update(
         name=name,
-        ray_namespace=ray_namespace,
+        namespace=ray_namespace,  # Ray's actor option
         runtime_env=runtime_env,
         scheduling_strategy=PlacementGroupSchedulingStrategy(
             placement_group=pg, placement_group_bundle_index=bundle_index

@@ -13,9 +13,11 @@ bytes out of band instead of pickling torch tensors.
 from __future__ import annotations
 
 import copy
+import os
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -26,7 +28,14 @@ from tgruntime.controller.partition import chunk_lengths as chunk_lengths  # re-
 
 _STATE_VERSION = 1
 
+AUTO_PADDING_KEY = "_verl_auto_padding"
+"""verl's ``DataProtoConfig.auto_padding_key``: ``from_dict(auto_padding=True)`` sets it in
+meta_info, ``is_padding_enabled()`` reads it."""
+
+PADDING_CANDIDATES = ("", "first", "last")
+
 Key = str | tuple[str, ...]
+Trim = tuple[int, int] | None
 
 
 @dataclass
@@ -64,8 +73,16 @@ class DataProto:
         non_tensors: Mapping[str, Any] | None = None,
         meta_info: Mapping[str, Any] | None = None,
         num_batch_dims: int = 1,
+        auto_padding: bool = False,
     ) -> DataProto:
-        """Build from plain dicts; the batch size is the tensors' leading dimension(s)."""
+        """Build from plain dicts; the batch size is the tensors' leading dimension(s).
+
+        ``auto_padding=True`` records verl's per-batch padding flag in meta_info
+        (``AUTO_PADDING_KEY``), which ``is_padding_enabled()`` reports. Dispatch here pads
+        uneven batches whatever the flag; ``chunk()`` honours it.
+        """
+        if num_batch_dims < 1:
+            raise ValueError(f"num_batch_dims must be >= 1, got {num_batch_dims}")
         tensors = dict(tensors or {})
         batch = None
         if tensors:
@@ -78,16 +95,24 @@ class DataProto:
                         f"expected {batch_size}"
                     )
             batch = TensorDict(tensors, batch_size=batch_size)
-        return cls(batch=batch, non_tensor_batch=non_tensors, meta_info=meta_info)
+        meta = dict(meta_info or {})
+        if auto_padding:
+            meta[AUTO_PADDING_KEY] = True
+        return cls(batch=batch, non_tensor_batch=non_tensors, meta_info=meta)
 
     @classmethod
     def from_single_dict(
-        cls, data: Mapping[str, Any], meta_info: Mapping[str, Any] | None = None
+        cls,
+        data: Mapping[str, Any],
+        meta_info: Mapping[str, Any] | None = None,
+        auto_padding: bool = False,
     ) -> DataProto:
         """Split one dict into tensors and non-tensors by value type."""
         tensors = {k: v for k, v in data.items() if isinstance(v, torch.Tensor)}
         others = {k: v for k, v in data.items() if not isinstance(v, torch.Tensor)}
-        return cls.from_dict(tensors=tensors, non_tensors=others, meta_info=meta_info)
+        return cls.from_dict(
+            tensors=tensors, non_tensors=others, meta_info=meta_info, auto_padding=auto_padding
+        )
 
     # ---------------------------------------------------------------- basics
     def __len__(self) -> int:
@@ -271,17 +296,22 @@ class DataProto:
 
     # ---------------------------------------------------------------- splitting
     def chunk(self, chunks: int) -> list[DataProto]:
-        """``chunks`` equal parts (views). The length must divide evenly (see pad_to_divisor)."""
+        """``chunks`` equal parts (views).
+
+        The length must divide evenly (see pad_to_divisor) unless ``is_padding_enabled()``:
+        then, as in verl, the parts hold ceil(len/chunks) rows and the tail parts fewer.
+        """
         if chunks < 1:
             raise ValueError(f"chunks must be >= 1, got {chunks}")
         n = len(self)
-        if n % chunks != 0:
+        if n % chunks != 0 and not self.is_padding_enabled():
             raise ValueError(
                 f"cannot chunk {n} rows into {chunks} equal parts; use pad_to_divisor({chunks}) "
-                "first, or split()"
+                "first, split(), or enable auto padding"
             )
-        size = n // chunks
-        return [self.slice(i * size, (i + 1) * size) for i in range(chunks)]
+        real, _ = chunk_lengths(n, chunks)
+        starts = np.cumsum([0, *real]).tolist()
+        return [self.slice(starts[i], starts[i] + real[i]) for i in range(chunks)]
 
     def split(self, split_size: int) -> list[DataProto]:
         """Parts of ``split_size`` rows (the last may be shorter); views."""
@@ -326,6 +356,33 @@ class DataProto:
         index = np.arange(pad) % n
         padding = self.select_idxs(index)
         return DataProto.concat([self, padding]), pad
+
+    def is_padding_enabled(self) -> bool:
+        """verl's check: this batch's meta_info flag, or ``DataProtoConfig.auto_padding``."""
+        return bool(self.meta_info.get(AUTO_PADDING_KEY, False)) or _global_auto_padding()
+
+    def padding(self, padding_size: int, padding_candidate: str = "") -> None:
+        """verl's in-place padding: append ``padding_size`` copies of one row.
+
+        ``padding_candidate="first"`` repeats the first row; ``"last"`` or ``""`` (the
+        default) the last row, as verl does. Anything else is a ValueError (verl reads any
+        other value as the last row). meta_info is unchanged.
+        """
+        if padding_candidate not in PADDING_CANDIDATES:
+            raise ValueError(
+                f"padding_candidate must be 'first' or 'last' (or ''), got {padding_candidate!r}"
+            )
+        if padding_size < 0:
+            raise ValueError(f"padding_size must be >= 0, got {padding_size}")
+        if padding_size == 0:
+            return
+        n = len(self)
+        if n == 0:
+            raise ValueError("cannot pad a DataProto with no rows: there is no row to repeat")
+        row = 0 if padding_candidate == "first" else n - 1
+        padded = DataProto.concat([self, self.select_idxs(np.full(padding_size, row))])
+        self.batch = padded.batch
+        self.non_tensor_batch = padded.non_tensor_batch
 
     def unpad(self, pad_size: int) -> DataProto:
         """Drop the last ``pad_size`` rows (the inverse of pad_to_divisor)."""
@@ -393,6 +450,73 @@ class DataProto:
         self.batch = batch
         self.non_tensor_batch = state["non_tensor_batch"]
         self.meta_info = state["meta_info"]
+
+
+def _global_auto_padding() -> bool:
+    """``DataProtoConfig.auto_padding`` when the verl names are loaded, else the env switch.
+
+    Read through sys.modules: the controller does not import the compatibility layer (a
+    process that never imported it cannot have set the class switch).
+    """
+    protocol = sys.modules.get("tgruntime.compat.verl.protocol")
+    if protocol is not None:
+        return bool(protocol.DataProtoConfig.auto_padding)
+    return os.environ.get("VERL_AUTO_PADDING", "FALSE").upper() in ("TRUE", "1")
+
+
+# ------------------------------------------------------------------------- TensorDict
+def concat_tensordicts(parts: Sequence[TensorDict]) -> TensorDict:
+    """Join TensorDicts along dim 0 (verl's ``concat_tensordict``).
+
+    TensorDicts without a batch dimension hold batch-wide values only: the first is
+    returned, as verl does. Batch-wide ``NonTensorData`` equal in every part stays one
+    value; differing values become a per-row stack (tensordict's rule).
+    """
+    parts = list(parts)
+    if not parts:
+        raise ValueError("concat_tensordicts needs at least one TensorDict")
+    bad = [type(p).__name__ for p in parts if not isinstance(p, TensorDict)]
+    if bad:
+        raise TypeError(f"expected TensorDicts, got {bad}")
+    if len(parts[0].batch_size) == 0:
+        if any(len(p.batch_size) for p in parts):
+            raise ValueError("cannot concatenate TensorDicts with and without a batch dimension")
+        return parts[0]
+    if len(parts) == 1:
+        return parts[0]
+    return cast(TensorDict, TensorDict.cat(parts, dim=0))
+
+
+def tensordict_rows(td: TensorDict) -> int | None:
+    """Rows of a TensorDict (its first batch dimension); None when it has no batch dimension."""
+    return int(td.batch_size[0]) if len(td.batch_size) else None
+
+
+def split_tensordict(td: TensorDict, parts: int) -> tuple[list[TensorDict], list[Trim]]:
+    """Split as ``dispatch.split_proto`` does: equal parts, tail parts padded with leading rows.
+
+    Every part owns its memory: pickling a view of a tensor ships its whole storage, so
+    views would send the full batch to every rank.
+    """
+    n = tensordict_rows(td)
+    if n is None:
+        raise ValueError("a TensorDict without a batch dimension cannot be split")
+    real, pad = chunk_lengths(n, parts)
+    out: list[TensorDict] = []
+    trims: list[Trim] = []
+    offset = 0
+    for r, p in zip(real, pad, strict=True):
+        piece = td[offset : offset + r]
+        offset += r
+        if p and n:
+            padding = td[torch.arange(p) % n]
+            piece = cast(TensorDict, torch.cat([piece, padding], dim=0)) if r else padding
+            trims.append((r, r + p))
+        else:
+            piece = piece.clone()
+            trims.append(None)
+        out.append(piece)
+    return out, trims
 
 
 def _cat_batches(batches: list[TensorDict]) -> TensorDict:

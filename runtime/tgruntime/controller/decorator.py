@@ -6,7 +6,7 @@ it gets does three small things on the worker side:
 - materialises ``DataProtoFuture`` arguments (results of another group's non-blocking
   call) before the method runs;
 - drops the padding rows the controller added to make a batch divide evenly, when the
-  method returns a DataProto (or list) with one row per input row;
+  method returns a DataProto (or TensorDict, or list) with one row per input row;
 - carries a ``MethodSpec`` that the WorkerGroup reads to bind the method.
 """
 
@@ -259,6 +259,10 @@ def _trim(output: Any, trim: Any) -> Any:
     if isinstance(output, DataProto) and len(output) == padded:
         return output.slice(0, real)
     if isinstance(output, list) and len(output) == padded:
+        return output[:real]
+    from tgruntime.controller.partition import is_tensordict
+
+    if is_tensordict(output) and len(output.batch_size) and output.batch_size[0] == padded:
         return output[:real]
     return output
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from tgruntime.controller.futures import DataProtoFuture, is_object_ref
 from tgruntime.controller.modes import TRIM_KWARG, Dispatch
-from tgruntime.controller.partition import chunk_lengths, is_dataproto
+from tgruntime.controller.partition import chunk_lengths, is_dataproto, is_tensordict
 
 if TYPE_CHECKING:
     from tgruntime.controller.dataproto import DataProto
@@ -66,10 +66,11 @@ def split_proto(data: DataProto, parts: int) -> tuple[list[DataProto], list[Trim
 def _split_many(
     parts: int, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[list[list[Any] | None], dict[str, list[Any] | None], list[Trim]]:
-    """Split every DataProto (or DataProtoFuture) argument into ``parts`` parts.
+    """Split every DataProto, TensorDict (or DataProtoFuture) argument into ``parts`` parts.
 
-    Non-DataProto arguments map to None (the caller broadcasts them). All DataProto
-    arguments must have the same length.
+    Other arguments map to None (the caller broadcasts them), and so do TensorDicts without
+    a batch dimension (batch-wide values only). All split arguments must have the same
+    length.
     """
     length: int | None = None
     trims: list[Trim] = [None] * parts
@@ -80,16 +81,31 @@ def _split_many(
             if value.num_parts == parts and value.select is None:
                 return list(value.refs)  # already one part per slot: pass straight through
             value = value.get()
-        if not is_dataproto(value):
+        rows: int | None
+        if is_dataproto(value):
+            rows = len(value)
+        elif is_tensordict(value):
+            from tgruntime.controller.dataproto import tensordict_rows
+
+            rows = tensordict_rows(value)
+            if rows is None:
+                return None
+        else:
             return None
         if length is None:
-            length = len(value)
-        elif len(value) != length:
+            length = rows
+        elif rows != length:
             raise ValueError(
-                f"all DataProto arguments of a DP call must have the same length, got {length} and "
-                f"{len(value)}"
+                "all DataProto/TensorDict arguments of a DP call must have the same length, got "
+                f"{length} and {rows}"
             )
-        pieces, t = split_proto(value, parts)
+        if is_dataproto(value):
+            pieces, t = split_proto(value, parts)
+        else:
+            from tgruntime.controller.dataproto import split_tensordict
+
+            tds, t = split_tensordict(value, parts)
+            pieces = list(tds)
         trims = t
         return list(pieces)
 
@@ -204,15 +220,23 @@ def _dp_size(mesh_name: str, mapping: Sequence[int]) -> int:
 
 # --------------------------------------------------------------------------- helpers
 def concat_outputs(outputs: Sequence[Any]) -> Any:
-    """DataProto.concat of values, or a DataProtoFuture over references."""
+    """DataProto.concat (or verl's concat_tensordict) of values, or a DataProtoFuture over
+    references."""
     outputs = list(outputs)
     if outputs and all(is_object_ref(o) for o in outputs):
         return DataProtoFuture(outputs)
     if any(is_object_ref(o) for o in outputs):
         raise TypeError("cannot mix ObjectRefs and values in a DataProto collect")
+    if outputs and all(is_tensordict(o) for o in outputs):
+        from tgruntime.controller.dataproto import concat_tensordicts
+
+        return concat_tensordicts(outputs)
     bad = [type(o).__name__ for o in outputs if not is_dataproto(o)]
     if bad or not outputs:
-        raise TypeError(f"a DataProto collect needs every worker to return a DataProto, got {bad}")
+        raise TypeError(
+            "a DataProto collect needs every worker to return a DataProto (or every worker a "
+            f"TensorDict), got {[type(o).__name__ for o in outputs]}"
+        )
     return type(outputs[0]).concat(outputs)
 
 

@@ -1,6 +1,7 @@
 """DataProtoFuture: the result of a non-blocking DataProto call, not yet fetched.
 
-It holds one ``ObjectRef`` per part (one per collected worker). Passed to another
+It holds one ``ObjectRef`` per part (one per collected worker); the parts are DataProtos,
+or TensorDicts (joined with verl's ``concat_tensordict`` rule). Passed to another
 group's DP method with as many workers as parts, each part's reference goes straight to
 the matching worker: the data moves worker to worker and never through the controller.
 Otherwise ``get()`` fetches and concatenates the parts (on the controller, or inside a
@@ -15,7 +16,11 @@ from typing import TYPE_CHECKING, Any
 import ray
 from ray.exceptions import GetTimeoutError, RayError
 
+from tgruntime.controller.partition import is_tensordict
+
 if TYPE_CHECKING:
+    from tensordict import TensorDict
+
     from tgruntime.controller.calls import CallContext
     from tgruntime.controller.dataproto import DataProto
 
@@ -53,10 +58,15 @@ class DataProtoFuture:
             raise ValueError("cannot chunk a future that is already a chunk")
         return [DataProtoFuture(self.refs, ctx=self.ctx, select=(i, chunks)) for i in range(chunks)]
 
-    def get(self, timeout_s: float | None = None) -> DataProto:
+    def get(self, timeout_s: float | None = None) -> DataProto | TensorDict:
         """Fetch, concatenate (and select a chunk of) the parts."""
         from tgruntime.controller.calls import mark_retrieved, resolve
-        from tgruntime.controller.dataproto import DataProto, chunk_lengths
+        from tgruntime.controller.dataproto import (
+            DataProto,
+            chunk_lengths,
+            concat_tensordicts,
+            tensordict_rows,
+        )
 
         if self.ctx is not None and len(self.ctx.ranks) == len(self.refs):
             values = resolve(self.refs, self.ctx, timeout_s=timeout_s)
@@ -67,9 +77,20 @@ class DataProtoFuture:
                 if not isinstance(exc, GetTimeoutError):
                     mark_retrieved(self.refs)  # the other parts' errors: not "unhandled"
                 raise
-        bad = [type(v).__name__ for v in values if not isinstance(v, DataProto)]
-        if bad:
-            raise TypeError(f"DataProtoFuture parts must be DataProto, got {bad}")
+        if values and all(is_tensordict(v) for v in values):
+            td = concat_tensordicts(values)
+            rows = tensordict_rows(td)
+            if self.select is None or rows is None:
+                return td
+            index, parts = self.select
+            real, _ = chunk_lengths(rows, parts)
+            start = sum(real[:index])
+            return td[start : start + real[index]]
+        if not all(isinstance(v, DataProto) for v in values):
+            raise TypeError(
+                "DataProtoFuture parts must all be DataProto or all TensorDict, got "
+                f"{[type(v).__name__ for v in values]}"
+            )
         data = values[0] if len(values) == 1 else DataProto.concat(values)
         if self.select is None:
             return data

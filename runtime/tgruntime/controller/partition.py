@@ -29,3 +29,9 @@ def is_dataproto(value: Any) -> bool:
 def is_tensor(value: Any) -> bool:
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(value, torch.Tensor)
+
+
+def is_tensordict(value: Any) -> bool:
+    """isinstance(value, TensorDict) without importing tensordict when none exists yet."""
+    module = sys.modules.get("tensordict")
+    return module is not None and isinstance(value, module.TensorDict)

@@ -30,9 +30,14 @@ Differences, all on the safe side:
   Keyword arguments that verl does not know are a TypeError naming them (verl swallows
   them). Workers see verl's RANK, WORLD_SIZE, MASTER_ADDR/PORT, WG_PREFIX, WG_BACKEND,
   RAY_LOCAL_WORLD_SIZE and RAY_LOCAL_RANK (local to each node here; verl uses node 0's size).
-- DP_COMPUTE_PROTO always pads a batch that does not divide by the DP size and drops the
-  padding from the result, so ``DataProtoConfig.auto_padding`` (and ``VERL_AUTO_PADDING``)
-  is accepted and read but changes nothing: verl without it would fail the call.
+- DP_COMPUTE_PROTO and N-D dispatch always pad a batch that does not divide by the DP
+  size and drop the padding from the result, so ``DataProtoConfig.auto_padding`` (and
+  ``VERL_AUTO_PADDING``, and ``from_dict(auto_padding=True)``) changes only what
+  ``DataProto.is_padding_enabled()`` says and whether ``DataProto.chunk()`` accepts an
+  uneven split: verl without it would fail the call. ``DataProto.padding()`` is verl's.
+- TensorDict arguments of DP_COMPUTE_PROTO and N-D methods are split per rank like
+  DataProtos (padded, not refused, when uneven), and TensorDict results are joined with
+  ``concat_tensordict``, also through ``DataProtoFuture``.
 - ``tensordict_utils``: verl's ``verl.utils.tensordict_utils`` helpers.
 
 The modules below this package map verl's one to one: ``protocol`` (``verl.protocol``),

@@ -48,11 +48,13 @@ class _DataProtoConfigMeta(type):
 class DataProtoConfig(metaclass=_DataProtoConfigMeta):
     """verl's switch for DP_COMPUTE_PROTO padding (``DataProtoConfig.auto_padding = True``).
 
-    Here DP_COMPUTE_PROTO pads uneven batches (and removes the padding from the result)
-    whatever the setting, so the switch is kept only so that verl code runs unchanged.
+    ``DataProto.is_padding_enabled()`` reads it (or the batch's own flag,
+    ``meta_info[auto_padding_key]``, set by ``from_dict(auto_padding=True)``), and
+    ``DataProto.chunk()`` then allows uneven parts, as in verl. DP_COMPUTE_PROTO pads uneven
+    batches (and removes the padding from the result) whatever the setting.
     """
 
-    auto_padding_key = "_verl_auto_padding"
+    auto_padding_key = "_verl_auto_padding"  # == tgruntime.controller.dataproto.AUTO_PADDING_KEY
 
 
 def pad_dataproto_to_divisor(data: Any, size_divisor: int) -> tuple[Any, int]:

@@ -1,7 +1,7 @@
 """verl's ``verl.utils.tensordict_utils`` helpers, for workers ported by changing imports.
 
-    # from verl.utils import tensordict_utils as tu
-    from tgruntime.compat.verl import tensordict_utils as tu
+    # import verl.utils.tensordict_utils as tu   (or: from verl.utils import tensordict_utils)
+    import tgruntime.compat.verl.utils.tensordict_utils as tu
 
 The helpers keep verl's meanings: non-tensor values live in a TensorDict as
 ``NonTensorData`` (one value for the whole batch) or ``NonTensorStack`` (one value per
@@ -20,6 +20,8 @@ from typing import Any, cast
 import torch
 from tensordict import TensorDict
 from tensordict.tensorclass import NonTensorData, NonTensorStack
+
+from tgruntime.controller.dataproto import concat_tensordicts
 
 __all__ = [
     "assign_non_tensor",
@@ -235,9 +237,13 @@ def chunk_tensordict(td: TensorDict, chunks: int) -> list[TensorDict]:
 
 
 def concat_tensordict(data: Sequence[TensorDict]) -> TensorDict:
+    """Join along dim 0; TensorDicts without a batch dimension give the first (verl's rule).
+
+    The same function joins TensorDict results of N-D / DP_COMPUTE_PROTO calls.
+    """
     if not data:
         raise ValueError("nothing to concatenate")
-    return cast(TensorDict, torch.cat(list(data), dim=0)) if len(data) > 1 else data[0]
+    return concat_tensordicts(data)
 
 
 def pad_to_divisor(data: TensorDict, size_divisor: int) -> tuple[TensorDict, int]:

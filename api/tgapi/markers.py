@@ -149,11 +149,6 @@ def payload_from_wire(cls: type[P], data: Mapping[str, Any]) -> P:
     return cls(**kwargs)
 
 
-to_wire = payload_to_wire
-"""The old name, kept while ``tgruntime.entrypoints.cli`` still calls ``markers.to_wire``;
-new code calls :func:`payload_to_wire` (``tgapi.to_wire`` is the spec's)."""
-
-
 def _lines(cls: type[P], text: str) -> list[P | None]:
     pattern = re.compile(rf"^\s*{re.escape(cls.TAG)} (\{{.*\}})\s*$")
     found: list[P | None] = []

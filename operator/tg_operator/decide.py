@@ -21,6 +21,7 @@ from tg_operator import (
     names,
     observed,
     outcomes,
+    owners,
     raycluster,
     recreate,
     spec_change,
@@ -77,7 +78,7 @@ def create_cluster(snap: Snapshot, cfg: Settings) -> Decision | None:
 
 def cluster_conflict(snap: Snapshot, cfg: Settings) -> Decision | None:
     rc, tg = snap.raycluster, snap.tg
-    if not names.owns_cluster(tg) or rc is None or raycluster.is_owned_by(dict(rc), tg):
+    if not names.owns_cluster(tg) or rc is None or owners.is_owned_by(dict(rc), tg):
         return None
     msg = (
         f"RayCluster {names.cluster_name(tg)} already exists and is not owned by this "

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tg_operator import names, raycluster
+from tg_operator import names, owners
 from tgapi import TrainerGroup
 
 CLIENT_LABEL = "trainergroup.io/client"
@@ -63,7 +63,7 @@ def build_networkpolicy(
             "name": policy_name(tg),
             "namespace": tg.namespace,
             "labels": dict(names.labels(tg)),
-            "ownerReferences": [raycluster.owner_reference(tg)],
+            "ownerReferences": [owners.owner_reference(tg)],
         },
         "spec": {
             "podSelector": {"matchLabels": {names.RAY_CLUSTER_LABEL: cluster}},

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from tg_operator import entrypoints, names, raycluster, spec_change
+from tg_operator import entrypoints, names, owners, spec_change
 from tg_operator import status as status_mod
 from tg_operator.snapshot import RayReads, Snapshot
 from tgapi import TrainerGroupStatus, markers, to_wire
@@ -88,7 +88,7 @@ def cluster_settled(snap: Snapshot) -> bool:
     rc, tg = snap.raycluster, snap.tg
     if not names.owns_cluster(tg):
         return True
-    return rc is not None and raycluster.is_owned_by(dict(rc), tg) and not outdated(snap)
+    return rc is not None and owners.is_owned_by(dict(rc), tg) and not outdated(snap)
 
 
 def ray_reads(snap: Snapshot) -> RayReads:

@@ -22,7 +22,7 @@ import hmac
 import secrets
 from typing import Any
 
-from tg_operator import names, raycluster
+from tg_operator import names, owners
 from tgapi import TrainerGroup
 from tgapi.model import AUTH_TOKEN
 
@@ -62,7 +62,7 @@ def build_secret(tg: TrainerGroup, *, token: str) -> dict[str, Any]:
             "name": secret_name(tg),
             "namespace": tg.namespace,
             "labels": dict(names.labels(tg)),
-            "ownerReferences": [raycluster.owner_reference(tg)],
+            "ownerReferences": [owners.owner_reference(tg)],
         },
         "data": {TOKEN_KEY: base64.b64encode(token.encode()).decode()},
     }

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tg_operator import names, platform, probes, ray_token
+from tg_operator import names, owners, platform, probes, ray_token
 from tgapi import TrainerGroup
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -67,7 +67,7 @@ def build_raycluster(tg: TrainerGroup, *, cluster_hash: str) -> dict[str, Any]:
                 labels=dict(labels),
                 annotations={names.CLUSTER_HASH_ANNOTATION: cluster_hash},
             ),
-            "ownerReferences": [owner_reference(tg)],
+            "ownerReferences": [owners.owner_reference(tg)],
         },
         "spec": {
             "rayVersion": tg.spec.ray_version,
@@ -177,25 +177,6 @@ def worker_tolerations(tg: TrainerGroup) -> list[dict[str, Any]]:
     ):
         tolerations.append({"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
     return tolerations
-
-
-def owner_reference(tg: TrainerGroup) -> dict[str, Any]:
-    """The one owner reference (``controller: true``) of everything the operator makes for
-    ``tg``: the RayCluster, the Ray token Secret, the NetworkPolicies, the Tinker objects.
-    Garbage collection removes them with the TrainerGroup."""
-    return {
-        "apiVersion": names.TG_API_VERSION,
-        "kind": names.TG_KIND,
-        "name": tg.name,
-        "uid": tg.uid,
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
-
-
-def is_owned_by(raycluster: dict[str, Any], tg: TrainerGroup) -> bool:
-    refs = raycluster.get("metadata", {}).get("ownerReferences") or []
-    return any(r.get("uid") == tg.uid for r in refs)
 
 
 def desired_worker_replicas(raycluster: dict[str, Any]) -> int:

@@ -33,7 +33,7 @@ import secrets
 from collections.abc import Mapping
 from typing import Any
 
-from tg_operator import names, platform, probes, ray_token, raycluster
+from tg_operator import names, owners, platform, probes, ray_token
 from tg_operator.networkpolicy import CLIENT_LABEL
 from tgapi import TrainerGroup
 
@@ -88,7 +88,7 @@ def _metadata(tg: TrainerGroup, name: str) -> dict[str, Any]:
         "name": name,
         "namespace": tg.namespace,
         "labels": {**names.labels(tg), SERVER_LABEL: tg.name},
-        "ownerReferences": [raycluster.owner_reference(tg)],
+        "ownerReferences": [owners.owner_reference(tg)],
     }
 
 

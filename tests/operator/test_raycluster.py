@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from tests.operator.helpers import BASE_SPEC, trainergroup
-from tg_operator import names, raycluster
+from tg_operator import names, owners, raycluster
 from tg_operator.raycluster import GPU_RESOURCE, build_raycluster
 
 
@@ -84,7 +84,7 @@ def test_owned_labelled_named_and_hashed() -> None:
         "controller": True,
         "blockOwnerDeletion": True,
     }
-    assert raycluster.is_owned_by(rc, tg)
+    assert owners.is_owned_by(rc, tg)
     assert rc["spec"]["rayVersion"] == "2.60.0"
     assert raycluster.desired_worker_replicas(rc) == 1
 

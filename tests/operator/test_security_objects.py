@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.operator.helpers import BASE_SPEC, trainergroup
-from tg_operator import networkpolicy, ray_token, raycluster, tinker
+from tg_operator import networkpolicy, owners, ray_token, tinker
 from tg_operator.raycluster import build_raycluster, ray_containers
 from tg_operator.settings import OperatorConfig, SettingsError
 from tgapi import SpecErrors, TrainerGroup
@@ -175,7 +175,7 @@ def test_token_key_setting_from_value_or_file(tmp_path: Any) -> None:
 
 def test_every_object_the_operator_makes_carries_the_one_owner_reference() -> None:
     tg = trainergroup()
-    ref = raycluster.owner_reference(tg)
+    ref = owners.owner_reference(tg)
     made = [
         build_raycluster(tg, cluster_hash="h"),
         ray_token.build_secret(tg, token=ray_token.new_token()),

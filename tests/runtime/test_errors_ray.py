@@ -34,7 +34,8 @@ from tgruntime.controller import (
     register,
 )
 from tgruntime.driver.trainer_client import TrainerClient
-from tgruntime.trainer.losses import MissingTensorError, TokenTensors, resolve_loss
+from tgruntime.trainer.loss_catalog import resolve_loss
+from tgruntime.trainer.losses import MissingTensorError, TokenTensors
 
 pytestmark = pytest.mark.ray
 

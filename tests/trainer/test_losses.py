@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from tgruntime.trainer import losses
-from tgruntime.trainer.losses import MissingTensorError, TokenTensors, resolve_loss
+from tgruntime.trainer.loss_catalog import resolve_loss
+from tgruntime.trainer.losses import MissingTensorError, TokenTensors
 from tgruntime.trainer.token_batch import split_token_batch, token_batch
 
 

@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 import torch
 
-from tgruntime.trainer.losses import TokenTensors, resolve_loss
+from tgruntime.trainer.loss_catalog import resolve_loss
+from tgruntime.trainer.losses import TokenTensors
 from tgruntime.trainer.tinker_losses import TINKER_LOSSES, tinker_loss_name
 from tgruntime.trainer.token_batch import token_batch
 

@@ -288,7 +288,7 @@ class TrainerClient:
     @staticmethod
     def _precheck(loss: str | Callable[..., Any], data: DataProto) -> None:
         """Fail here, before sending, when a built-in loss's tensors are missing."""
-        from tgruntime.trainer.losses import registered_losses, resolve_loss
+        from tgruntime.trainer.loss_catalog import registered_losses, resolve_loss
 
         if isinstance(loss, str) and loss in registered_losses() and data.batch is not None:
             keys = [str(k) for k in data.batch.keys()]  # noqa: SIM118 (TensorDict)

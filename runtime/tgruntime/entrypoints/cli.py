@@ -252,12 +252,12 @@ def cmd_up(args: argparse.Namespace) -> int:
         )
         print(f"tgctl up: {failed.error}\n  (server log: {log_path})", file=sys.stderr)
         if args.json:
-            body = {"ok": False, **markers.to_wire(failed), "serverLog": str(log_path)}
+            body = {"ok": False, **markers.payload_to_wire(failed), "serverLog": str(log_path)}
             _emit_json(body)
         return 1
     progress.step(f"init_model: done, group {ready.group_name} is up")
     if args.json:
-        wire = markers.to_wire(ready)
+        wire = markers.payload_to_wire(ready)
         _emit_json({**wire, "rayAddress": head.gcs_address, "dashboardUrl": dashboard})
         return 0
     print(
@@ -441,7 +441,7 @@ def cmd_down(args: argparse.Namespace) -> int:
             address=address,
             timeout_s=args.timeout,
         )
-        out["teardown"] = markers.to_wire(body)
+        out["teardown"] = markers.payload_to_wire(body)
         if not body.complete:
             rc = teardown.EXIT_INCOMPLETE
             print(f"tgctl down: {teardown.incomplete_message(body)}", file=sys.stderr)

@@ -244,6 +244,3 @@ def resolve_loss(loss: str | LossFn) -> LossSpec:
 register_loss("cross_entropy", cross_entropy)
 register_loss("importance_sampling", importance_sampling, required=("advantages", "old_log_probs"))
 register_loss("ppo", ppo, required=("advantages", "old_log_probs"))
-
-# Tinker's losses register themselves on import (tinker_losses imports this module).
-from tgruntime.trainer import tinker_losses as _tinker_losses  # noqa: E402,F401

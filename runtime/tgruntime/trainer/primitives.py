@@ -29,7 +29,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 
 from tgruntime.trainer.distributed import Mesh
-from tgruntime.trainer.losses import LossFn, resolve_loss
+from tgruntime.trainer.loss_catalog import LossFn, resolve_loss
 from tgruntime.trainer.optim import TrainingState, step_overrides
 from tgruntime.trainer.schedule import ForwardBackwardFunc
 from tgruntime.trainer.settings import RuntimeSettings

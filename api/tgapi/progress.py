@@ -1,0 +1,88 @@
+"""Training progress: what the trainer's rank 0 records in the group record after each step.
+
+The ``training`` object of the group record (Ray's internal KV, docs/contracts.md): the
+last optimizer step, its loss, gradient norm and throughput, when it ended, and how many
+training runs the group holds. ``tgctl status`` shows it; the operator is to read the same
+shape. Pure (standard library only), camelCase on the wire like every other payload.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["TrainingProgress", "describe_age"]
+
+
+def _finite(value: Any) -> float | None:
+    """A float, or None for None / NaN / inf (strict JSON has no non-finite numbers)."""
+    if value is None or isinstance(value, bool):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainingProgress:
+    """The last optimizer step of a group, as its rank 0 saw it."""
+
+    step: int
+    """Optimizer steps taken so far (it continues across a resume)."""
+    loss: float | None = None
+    """Mean loss of the step over the global batch; None when not finite."""
+    grad_norm: float | None = None
+    """Global L2 norm of the gradient before clipping; None when not finite."""
+    tokens_per_s: float | None = None
+    """Tokens of the global batch per second of the step's wall time."""
+    last_step_at: float = 0.0
+    """When the step ended, seconds since the epoch (the writer's clock)."""
+    runs: int = 1
+    """Training runs in the group (1: the group's own model)."""
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "loss": _finite(self.loss),
+            "gradNorm": _finite(self.grad_norm),
+            "tokensPerSecond": _finite(self.tokens_per_s),
+            "lastStepAt": self.last_step_at,
+            "runs": self.runs,
+        }
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> TrainingProgress:
+        """From the wire object; missing keys take their defaults, unknown keys are ignored.
+
+        ValueError when ``step`` is missing or a value has the wrong type.
+        """
+        if "step" not in data:
+            raise ValueError("training progress: key 'step' is missing")
+        try:
+            return cls(
+                step=int(data["step"]),
+                loss=_finite(data.get("loss")),
+                grad_norm=_finite(data.get("gradNorm")),
+                tokens_per_s=_finite(data.get("tokensPerSecond")),
+                last_step_at=float(data.get("lastStepAt") or 0.0),
+                runs=int(data.get("runs", 1)),
+            )
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"training progress: {exc}") from exc
+
+    def age_s(self, now: float) -> float:
+        """Seconds since the last step at ``now`` (epoch seconds); never negative."""
+        return max(0.0, now - self.last_step_at)
+
+
+def describe_age(seconds: float) -> str:
+    """``12 s ago``, ``5 min ago``, ``3 h ago``, ``2 d ago``."""
+    s = max(0, int(seconds))
+    if s < 120:
+        return f"{s} s ago"
+    if s < 2 * 3600:
+        return f"{s // 60} min ago"
+    if s < 2 * 86400:
+        return f"{s // 3600} h ago"
+    return f"{s // 86400} d ago"

@@ -3,8 +3,9 @@
 A detached group publishes one small JSON record in Ray's internal key-value store (held
 by the GCS, so it lives as long as the cluster and costs no process): worker names in
 rank order, world size, mesh, worker class, generation, creation time, and the table of
-registered methods (so attaching needs no import of the worker's module). A lookup is
-one GCS round trip.
+registered methods (so attaching needs no import of the worker's module), and the last
+training step (``training``, written by the trainer's rank 0). A lookup is one GCS round
+trip.
 
 Two more keys live beside it: ``members`` (claimed atomically before any worker starts;
 lists what teardown must remove even if creation never finished) and ``master`` (rank
@@ -20,6 +21,7 @@ from typing import Any
 
 from ray.experimental import internal_kv
 
+from tgapi.progress import TrainingProgress
 from tgruntime.controller import naming
 
 _NS = naming.KV_NAMESPACE
@@ -48,9 +50,14 @@ class GroupRecord:
     # What the workers actually run on, reported by ``init_model`` (empty until then):
     # {"device": "cuda"|"cpu"|"mixed", "backend": "nccl"|"gloo", "dtype": "bfloat16", ...}.
     device: Mapping[str, Any] = field(default_factory=dict)
+    # The last optimizer step, written by the trainer's rank 0 after each one (None before
+    # the first); on the wire the camelCase object of ``tgapi.progress.TrainingProgress``.
+    training: TrainingProgress | None = None
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        data = asdict(self)
+        data["training"] = None if self.training is None else self.training.to_wire()
+        return json.dumps(data, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> GroupRecord:
@@ -61,6 +68,8 @@ class GroupRecord:
         data = {k: v for k, v in data.items() if k in known}  # a newer writer's extra keys
         data["worker_names"] = tuple(data["worker_names"])
         data["placement_groups"] = tuple(data.get("placement_groups", ()))
+        training = data.get("training")  # absent in records written before it existed
+        data["training"] = TrainingProgress.from_wire(training) if training else None
         return cls(**data)
 
 

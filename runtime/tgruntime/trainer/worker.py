@@ -12,13 +12,20 @@ Wire format of ``train_model``: in, a DataProto with ``batch["input_ids"]`` int6
 loss per sample) and ``meta_info`` metrics of the whole step: ``loss`` (mean over the global
 batch), ``grad_norm``, ``tokens`` (global), ``step_time_s``, ``step``, ``lr``, ``skipped``,
 ``rank``, ``dp_rank``, ``shard_loss``.
+
+Progress: after every optimizer step (``train_model``, or ``optim_step`` after
+``forward_backward`` calls) rank 0 writes the step, loss, gradient norm, tokens/s and the
+time into the group record's ``training`` (``tgapi.progress.TrainingProgress``; one KV
+write per step). A failed write is logged once at warning and never fails the step.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
+import time
 from typing import Any
 
 import torch
@@ -26,6 +33,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 
 from tgapi import TrainerGroupSpec, parse_spec
+from tgapi.progress import TrainingProgress
 from tgruntime.controller import (
     DataProto,
     Dispatch,
@@ -43,6 +51,18 @@ __all__ = ["TRAIN_MESH", "MegatronTrainer"]
 
 TRAIN_MESH = "train"
 
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class _Pending:
+    """The forward_backward calls since the last optimizer step (for its progress)."""
+
+    started: float  # time.perf_counter() when the first one began
+    loss_sum: float = 0.0  # sum of loss x tokens ("mean") or of the summed losses ("sum")
+    tokens: float = 0.0
+    reduction: str = "mean"
+
 
 class MegatronTrainer(SamplingMixin, HFWeightsMixin, Worker):
     """One rank of a Megatron GPT training job inside a TrainerGroup."""
@@ -53,6 +73,8 @@ class MegatronTrainer(SamplingMixin, HFWeightsMixin, Worker):
         self.engine: TrainEngine | None = None
         self.resumed_from: str | None = None
         self.pretrained_from: str | None = None  # model.pretrained, when init_model loaded it
+        self._pending: _Pending | None = None
+        self._progress_warned = False  # a record write failed and was logged (once)
 
     def _engine(self) -> TrainEngine:
         if self.engine is None:
@@ -98,16 +120,61 @@ class MegatronTrainer(SamplingMixin, HFWeightsMixin, Worker):
         if data.batch is None or "input_ids" not in data.batch:
             raise ValueError("train_model needs a DataProto with batch['input_ids'] (int64 [B, S])")
         result = engine.train_step(data.batch["input_ids"])
+        self._pending = None
         self._last_step = {
             "rank": self.rank,
             **engine.mesh(),
             "step": engine.step,
             "loss": result.loss,
         }
+        metrics = self._step_metrics(engine, result)
+        self._record_progress(
+            step=engine.step,
+            loss=float(metrics["loss"]),
+            grad_norm=result.grad_norm,
+            tokens=float(metrics["tokens"]),
+            seconds=result.step_time_s,
+        )
         return DataProto.from_dict(
             tensors={"loss": torch.tensor(result.per_sample_loss, dtype=torch.float32)},
-            meta_info=self._step_metrics(engine, result),
+            meta_info=metrics,
         )
+
+    def _record_progress(
+        self, *, step: int, loss: float | None, grad_norm: float, tokens: float, seconds: float
+    ) -> None:
+        """Rank 0: the step into the group record's ``training``; never raises."""
+        if self.rank != 0:
+            return
+        from tgruntime.controller import worker as base
+
+        group = os.environ.get(base.ENV_GROUP)
+        ray_namespace = os.environ.get(base.ENV_NAMESPACE)
+        if not group or not ray_namespace:  # not created by a WorkerGroup: no record
+            return
+        progress = TrainingProgress(
+            step=step,
+            loss=loss,
+            grad_norm=grad_norm,
+            tokens_per_s=tokens / seconds if seconds > 0 else None,
+            last_step_at=time.time(),
+        )
+        try:
+            from tgruntime.controller import registry
+
+            registry.update_record(group_name=group, ray_namespace=ray_namespace, training=progress)
+        except Exception as exc:  # progress is a report: the step itself succeeded
+            if self._progress_warned:
+                log.debug("training progress not recorded: %s", exc)
+                return
+            self._progress_warned = True
+            log.warning(
+                "rank 0 of group %r: could not record training progress in the group record "
+                "(%s: %s); training goes on (later failures are not logged)",
+                group,
+                type(exc).__name__,
+                exc,
+            )
 
     def _step_metrics(self, engine: TrainEngine, result: StepResult) -> dict[str, Any]:
         mesh = engine.mesh_info
@@ -163,12 +230,19 @@ class MegatronTrainer(SamplingMixin, HFWeightsMixin, Worker):
         Returns ``batch["loss"]`` per sample (mean, or sum with ``reduction="sum"``) and
         ``batch["log_probs"]`` per token (before this call's update)."""
         engine = self._engine()
+        started = time.perf_counter()
         result = engine.forward_backward(
             self._token_batch(engine, data, "forward_backward"),
             loss=loss,
             loss_config=loss_config,
             reduction=reduction,
         )
+        pending = self._pending
+        if pending is None or pending.reduction != result.reduction:
+            pending = self._pending = _Pending(started=started, reduction=result.reduction)
+        weight = result.tokens if result.reduction == "mean" else 1.0
+        pending.loss_sum += result.loss * weight
+        pending.tokens += result.tokens
         meta = result.meta()
         meta.update(rank=self.rank, dp_rank=engine.mesh_info.dp_rank, step=engine.step)
         tensors = {"loss": torch.tensor(result.per_sample_loss, dtype=torch.float32)}
@@ -194,12 +268,26 @@ class MegatronTrainer(SamplingMixin, HFWeightsMixin, Worker):
             betas=None if betas is None else (float(betas[0]), float(betas[1])),
             eps=eps,
         )
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            if pending.reduction == "mean":
+                step_loss = pending.loss_sum / pending.tokens if pending.tokens > 0 else None
+            else:
+                step_loss = pending.loss_sum
+            self._record_progress(
+                step=result.step,
+                loss=step_loss,
+                grad_norm=result.grad_norm,
+                tokens=result.tokens,
+                seconds=time.perf_counter() - pending.started,
+            )
         return {**dataclasses.asdict(result), "rank": self.rank}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def zero_grad(self) -> bool:
         """Discard the accumulated gradient."""
         self._engine().zero_grad()
+        self._pending = None
         return True
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

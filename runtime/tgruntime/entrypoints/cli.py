@@ -300,12 +300,16 @@ def _gcs_address(address: str) -> str:
     return address
 
 
-def group_status(address: str, tg: tgapi.TrainerGroup) -> dict[str, Any]:
-    """The group's phase and workers, read from the GCS (no driver, no worker class)."""
+def group_status(
+    address: str, tg: tgapi.TrainerGroup, *, view: Any = None, now: float | None = None
+) -> dict[str, Any]:
+    """The group's phase, workers and training progress, read from the GCS (no driver, no
+    worker class). ``view``: a ``GcsView`` to reuse (``--watch``)."""
     from tgapi.workers import WorkerState, describe_worker
     from tgruntime.controller.gcs_view import GcsView, by_name
 
-    view = GcsView(_gcs_address(address))
+    if view is None:
+        view = GcsView(_gcs_address(address))
     record = view.record(group_name=tg.group_name, ray_namespace=tg.ray_namespace)
     base: dict[str, Any] = {
         "groupName": tg.group_name,
@@ -337,9 +341,108 @@ def group_status(address: str, tg: tgapi.TrainerGroup) -> dict[str, Any]:
         "mesh": dict(record.mesh),
         "useGpu": record.use_gpu,
         "device": dict(record.device),
+        "training": training_status(record.training, now=time.time() if now is None else now),
         "workers": workers,
         "dashboardUrl": view.dashboard_url(),
     }
+
+
+def training_status(progress: Any, *, now: float) -> dict[str, Any] | None:
+    """The record's ``training`` on the wire plus ``lastStepAgeSeconds`` (None: no step yet)."""
+    if progress is None:
+        return None
+    out: dict[str, Any] = progress.to_wire()
+    out["lastStepAgeSeconds"] = round(progress.age_s(now), 3)
+    return out
+
+
+def describe_training(training: Mapping[str, Any] | None) -> str:
+    """``step 2, loss 4.8123, 1,234 tokens/s, last step 12 s ago`` (from training_status)."""
+    from tgapi.progress import describe_age
+
+    if not training:
+        return "no optimizer step recorded yet"
+    parts = [f"step {training['step']}"]
+    loss = training.get("loss")
+    parts.append(f"loss {loss:.4f}" if loss is not None else "loss n/a")
+    rate = training.get("tokensPerSecond")
+    parts.append(f"{rate:,.0f} tokens/s" if rate is not None else "tokens/s n/a")
+    parts.append(f"last step {describe_age(float(training.get('lastStepAgeSeconds') or 0.0))}")
+    runs = int(training.get("runs", 1))
+    if runs != 1:
+        parts.append(f"{runs} runs")
+    return ", ".join(parts)
+
+
+def render_status(st: Mapping[str, Any], *, file: str) -> list[str]:
+    """``tgctl status``'s text for people, from :func:`group_status` (pure)."""
+    ns = st["rayNamespace"]
+    if st["phase"] == "NotFound":
+        return [
+            "phase: NotFound",
+            f"group {st['groupName']!r} is not in Ray namespace {ns!r} at {st['rayAddress']}.",
+            f"Run `tgctl up -f {file}` to create it.",
+        ]
+    if st["phase"] == "Creating":
+        return [
+            f"phase: Creating  (group {st['groupName']} in Ray namespace {ns}: "
+            "its workers are being created; ask again shortly)"
+        ]
+    lines = [
+        f"phase: {st['phase']}  ({st['alive']}/{st['worldSize']} workers alive, generation "
+        f"{st['generation']}, Ray namespace {ns})",
+        f"device: {describe_device(st['useGpu'], st['device'])}",
+        f"training: {describe_training(st.get('training'))}",
+    ]
+    if st["dashboardUrl"]:
+        lines.append(f"dashboard: {st['dashboardUrl']}")
+    lines.append(f"{'RANK':<5} {'STATE':<12} {'PID':<8} {'NAME':<40} CAUSE")
+    for w in st["workers"]:
+        lines.append(
+            f"{w['rank']:<5} {w['state']:<12} {w['pid'] or '':<8} {w['name']:<40} {w['cause']}"
+        )
+    return lines
+
+
+def _status_rc(st: Mapping[str, Any]) -> int:
+    return {"Ready": 0, "NotFound": 1}.get(st["phase"], 3)
+
+
+# Redraw in place on a terminal: back to the first line of the last frame, clear to the end.
+_CLEAR_TO_END = "\x1b[J"
+WATCH_MIN_S = 0.2
+WATCH_MAX_S = 3600.0
+
+
+def _watch_status(
+    args: argparse.Namespace, tg: tgapi.TrainerGroup, address: str, interval: float
+) -> int:
+    """Refresh the status every ``interval`` s until Ctrl-C (exit 0)."""
+    from tgruntime.controller.gcs_view import GcsView
+
+    interval = min(max(interval, WATCH_MIN_S), WATCH_MAX_S)
+    tty = sys.stdout.isatty()
+    drawn = 0
+    try:
+        view = GcsView(_gcs_address(address))
+        while True:
+            st = group_status(address, tg, view=view)
+            if args.json:
+                _emit_json(st)  # one document per refresh (JSON lines)
+            else:
+                lines = render_status(st, file=args.file)
+                stamp = time.strftime("%H:%M:%S")
+                lines.append(f"(every {interval:g} s, {stamp}; Ctrl-C to stop)")
+                if tty:
+                    up = f"\x1b[{drawn}F" if drawn else ""
+                    sys.stdout.write(up + _CLEAR_TO_END + "\n".join(lines) + "\n")
+                    drawn = len(lines)
+                else:
+                    sys.stdout.write("\n".join(lines) + "\n\n")
+                sys.stdout.flush()
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -350,35 +453,14 @@ def cmd_status(args: argparse.Namespace) -> int:
             "no Ray cluster is known: run `tgctl up -f FILE` first, or pass --address "
             "(or set RAY_ADDRESS)"
         )
+    if args.watch is not None:
+        return _watch_status(args, tg, address, args.watch)
     st = group_status(address, tg)
-    rc = {"Ready": 0, "NotFound": 1}.get(st["phase"], 3)
     if args.json:
         _emit_json(st)
-        return rc
-    if st["phase"] == "NotFound":
-        print(
-            f"phase: NotFound\ngroup {tg.group_name!r} is not in Ray namespace "
-            f"{tg.ray_namespace!r} at {st['rayAddress']}.\nRun `tgctl up -f {args.file}` to create "
-            "it."
-        )
-        return rc
-    if st["phase"] == "Creating":
-        print(
-            f"phase: Creating  (group {tg.group_name} in Ray namespace {tg.ray_namespace}: "
-            "its workers are being created; ask again shortly)"
-        )
-        return rc
-    print(
-        f"phase: {st['phase']}  ({st['alive']}/{st['worldSize']} workers alive, generation "
-        f"{st['generation']}, Ray namespace {tg.ray_namespace})"
-    )
-    print(f"device: {describe_device(st['useGpu'], st['device'])}")
-    if st["dashboardUrl"]:
-        print(f"dashboard: {st['dashboardUrl']}")
-    print(f"{'RANK':<5} {'STATE':<12} {'PID':<8} {'NAME':<40} CAUSE")
-    for w in st["workers"]:
-        print(f"{w['rank']:<5} {w['state']:<12} {w['pid'] or '':<8} {w['name']:<40} {w['cause']}")
-    return rc
+    else:
+        print("\n".join(render_status(st, file=args.file)))
+    return _status_rc(st)
 
 
 # ============================================================================ train, down
@@ -560,7 +642,17 @@ def build_parser() -> argparse.ArgumentParser:
         'without NVIDIA GPUs). workers.useGpu "auto" (the default) then picks GPU or CPU '
         "workers from what the head has",
     )
-    add("status", "show the group's phase and workers")
+    st = add("status", "show the group's phase, workers and training progress")
+    st.add_argument(
+        "--watch",
+        nargs="?",
+        type=float,
+        const=2.0,
+        default=None,
+        metavar="SECONDS",
+        help="refresh every SECONDS (default 2; bounded to 0.2..3600) until Ctrl-C: redrawn "
+        "in place on a terminal, reprinted otherwise; with --json one document per refresh",
+    )
     tr = add("train", "attach and train")
     tr.add_argument("--steps", type=int, default=5)
     tr.add_argument("--fresh-batches", action="store_true", help="a new random batch every step")

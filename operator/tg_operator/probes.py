@@ -25,6 +25,8 @@ RAYLET_PORT = 52365
 DASHBOARD_PORT = 8265
 CHECK_TIMEOUT_S = 10
 """Each HTTP check's own timeout (wget -T / the read): a loaded dashboard answers in seconds."""
+STARTUP_PERIOD_S = 5
+"""How soon after the container starts kubelet runs the (waiting) startup probe."""
 RAY_START_LIMIT_S = 900
 """How long a Ray node may take to come up (image already on the node) before a restart."""
 
@@ -48,10 +50,15 @@ def http_200(*, port: int, path: str) -> str:
 
 
 def startup_wait(check: str, *, limit_s: int, every_s: int = 3) -> dict[str, Any]:
-    """A startup probe that loops on ``check`` for up to ``limit_s`` (one result, no polling)."""
+    """A startup probe that loops on ``check`` for up to ``limit_s`` (one result, no polling).
+
+    ``periodSeconds`` stays short: kubelet's first tick comes before the container runs (that
+    attempt is skipped), and the next one a period later, so a long period would delay the
+    start by that much. A probe in flight blocks the next tick, so the loop still runs once.
+    """
     return {
         **_exec(f"until {check}; do sleep {every_s}; done"),
-        "periodSeconds": limit_s + 10,
+        "periodSeconds": STARTUP_PERIOD_S,
         "timeoutSeconds": limit_s,
         "failureThreshold": 1,
     }

@@ -42,7 +42,14 @@ def test_two_steps_are_recorded_and_shown_by_status(
         started = time.time()
         metas = [wg.train_model(data).meta_info for _ in range(2)]
 
-        record = registry.load_record(group_name=wg.group_name, ray_namespace=ray_namespace)
+        # rank 0 writes in the background: the newest value lands within a few seconds
+        deadline = time.monotonic() + 30
+        while True:
+            record = registry.load_record(group_name=wg.group_name, ray_namespace=ray_namespace)
+            done = record is not None and record.training is not None and record.training.step == 2
+            if done or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
         assert record is not None and record.training is not None
         training = record.training
         assert training.step == 2 and training.runs == 1

@@ -15,15 +15,15 @@ batch), ``grad_norm``, ``tokens`` (global), ``step_time_s``, ``step``, ``lr``, `
 
 Progress: after every optimizer step (``train_model``, or ``optim_step`` after
 ``forward_backward`` calls) rank 0 writes the step, loss, gradient norm, tokens/s and the
-time into the group record's ``training`` (``tgapi.progress.TrainingProgress``; one KV
-write per step). A failed write is logged once at warning and never fails the step.
+time into the group record's ``training`` (``tgapi.progress.TrainingProgress``), from a
+background thread that writes the newest value (``progress_writer``): the step never waits on
+the GCS, and a failed write is logged once at warning and never fails the step.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import os
 import time
 from typing import Any
@@ -44,15 +44,13 @@ from tgruntime.controller import (
 from tgruntime.trainer.engine import StepResult, TrainEngine
 from tgruntime.trainer.hf_worker import HFWeightsMixin
 from tgruntime.trainer.losses import LossFn
+from tgruntime.trainer.progress_writer import ProgressWriter
 from tgruntime.trainer.sampling.mixin import SamplingMixin
 from tgruntime.trainer.token_batch import TokenBatch, token_batch
 
 __all__ = ["TRAIN_MESH", "MegatronTrainer"]
 
 TRAIN_MESH = "train"
-
-log = logging.getLogger(__name__)
-
 
 @dataclasses.dataclass
 class _Pending:
@@ -74,7 +72,7 @@ class MegatronTrainer(SamplingMixin, HFWeightsMixin, Worker):
         self.resumed_from: str | None = None
         self.pretrained_from: str | None = None  # model.pretrained, when init_model loaded it
         self._pending: _Pending | None = None
-        self._progress_warned = False  # a record write failed and was logged (once)
+        self._progress: ProgressWriter | None = None  # rank 0's record writer, made on first use
 
     def _engine(self) -> TrainEngine:
         if self.engine is None:
@@ -143,38 +141,26 @@ class MegatronTrainer(SamplingMixin, HFWeightsMixin, Worker):
     def _record_progress(
         self, *, step: int, loss: float | None, grad_norm: float, tokens: float, seconds: float
     ) -> None:
-        """Rank 0: the step into the group record's ``training``; never raises."""
+        """Rank 0: the step into the group record's ``training``, in the background."""
         if self.rank != 0:
             return
-        from tgruntime.controller import worker as base
+        if self._progress is None:
+            from tgruntime.controller import worker as base
 
-        group = os.environ.get(base.ENV_GROUP)
-        ray_namespace = os.environ.get(base.ENV_NAMESPACE)
-        if not group or not ray_namespace:  # not created by a WorkerGroup: no record
-            return
-        progress = TrainingProgress(
-            step=step,
-            loss=loss,
-            grad_norm=grad_norm,
-            tokens_per_s=tokens / seconds if seconds > 0 else None,
-            last_step_at=time.time(),
-        )
-        try:
-            from tgruntime.controller import registry
-
-            registry.update_record(group_name=group, ray_namespace=ray_namespace, training=progress)
-        except Exception as exc:  # progress is a report: the step itself succeeded
-            if self._progress_warned:
-                log.debug("training progress not recorded: %s", exc)
+            group = os.environ.get(base.ENV_GROUP)
+            ray_namespace = os.environ.get(base.ENV_NAMESPACE)
+            if not group or not ray_namespace:  # not created by a WorkerGroup: no record
                 return
-            self._progress_warned = True
-            log.warning(
-                "rank 0 of group %r: could not record training progress in the group record "
-                "(%s: %s); training goes on (later failures are not logged)",
-                group,
-                type(exc).__name__,
-                exc,
+            self._progress = ProgressWriter(group_name=group, ray_namespace=ray_namespace)
+        self._progress.submit(
+            TrainingProgress(
+                step=step,
+                loss=loss,
+                grad_norm=grad_norm,
+                tokens_per_s=tokens / seconds if seconds > 0 else None,
+                last_step_at=time.time(),
             )
+        )
 
     def _step_metrics(self, engine: TrainEngine, result: StepResult) -> dict[str, Any]:
         mesh = engine.mesh_info

@@ -73,7 +73,10 @@ status=0
 PY="$ROOT/.venv/bin/python"
 pytest_phase() {  # NAME MARKEXPR [pytest args]
   local name="$1" expr="$2" rc; shift 2
-  phase "$name" - "$PY" -m pytest -q -m "$expr" -p no:cacheprovider --durations=8 "$@"; rc=$?
+  # PYTHONFAULTHANDLER: a native crash (even at interpreter exit, after pytest's own handler is
+  # gone) prints every thread's Python stack, so the log names the code that crashed.
+  phase "$name" - env PYTHONFAULTHANDLER=1 "$PY" -m pytest -q -m "$expr" -p no:cacheprovider \
+    --durations=8 "$@"; rc=$?
   # 5: nothing selected (e.g. -k matched nothing in this phase): not a failure of the phase
   if (( rc == 5 )); then sed -i '$ s/\t5$/\t0 (none selected)/' "$PHASES"; rc=0; fi
   (( rc != 0 )) && status=1

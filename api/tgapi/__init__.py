@@ -29,6 +29,7 @@ from tgapi.status import (
     Condition,
     MeshStatus,
     TrainerGroupStatus,
+    TrainingStatus,
     WorkerStatus,
     parse_status,
 )
@@ -56,6 +57,7 @@ __all__ = [
     "TrainerGroupSpec",
     "TrainerGroupStatus",
     "TrainingSpec",
+    "TrainingStatus",
     "WorkerStatus",
     "WorkersSpec",
     "load_file",

@@ -53,6 +53,18 @@ PRINTER_COLUMNS = [
         "jsonPath": ".status.worldSize",
         "description": "Workers wanted",
     },
+    {
+        "name": "Step",
+        "type": "integer",
+        "jsonPath": ".status.training.step",
+        "description": "Optimizer steps taken",
+    },
+    {
+        "name": "Loss",
+        "type": "number",
+        "jsonPath": ".status.training.loss",
+        "description": "Loss of the last step",
+    },
     {"name": "RayCluster", "type": "string", "jsonPath": ".status.rayClusterName"},
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "priority": 1},
     {

@@ -239,6 +239,15 @@ class RayClusterSpec:
         "gcsFaultToleranceOptions); absent: losing the head loses the group.",
         default=None,
     )
+    scheduler_name: str = spec_field(
+        name="schedulerName",
+        description="schedulerName of the head and worker pods (e.g. volcano or yunikorn for "
+        "gang scheduling, with the label ray.io/gang-scheduling-enabled in labels); empty: the "
+        "default scheduler.",
+        default="",
+        pattern=_DNS_SUBDOMAIN_OR_EMPTY,
+        max_length=253,
+    )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -458,6 +467,14 @@ class TrainingSpec:
         default="",
         max_length=1024,
     )
+    stall_seconds: int = spec_field(
+        name="stallSeconds",
+        description="The Training condition turns False (reason Stalled) once no optimizer "
+        "step has ended for this long while the group is Ready; 0 never calls a run stalled.",
+        default=900,
+        minimum=0,
+        maximum=7 * 86400,
+    )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -562,6 +579,27 @@ class ApiSpec:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class QueueSpec:
+    """The Kueue queue the group's RayCluster waits in (Kueue's RayCluster integration)."""
+
+    name: str = spec_field(
+        name="name",
+        description="The LocalQueue (in the group's namespace): the RayCluster is created "
+        "suspended with the label kueue.x-k8s.io/queue-name, and Kueue starts it once admitted.",
+        pattern=_DNS_SUBDOMAIN,
+        max_length=253,
+    )
+    priority_class: str = spec_field(
+        name="priorityClass",
+        description="A Kueue WorkloadPriorityClass (label kueue.x-k8s.io/priority-class); empty: "
+        "the queue's default.",
+        default="",
+        pattern=_DNS_SUBDOMAIN_OR_EMPTY,
+        max_length=253,
+    )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainerGroupSpec:
     image: str = spec_field(
         name="image",
@@ -618,6 +656,12 @@ class TrainerGroupSpec:
         name="api",
         description="The APIs the group serves besides Ray (the Tinker API).",
         default_factory=ApiSpec,
+    )
+    queue: QueueSpec | None = spec_field(
+        name="queue",
+        description="Wait for admission by Kueue before the RayCluster starts (phase Queued); "
+        "needs rayCluster. Absent: the RayCluster starts at once.",
+        default=None,
     )
 
     # -- derived values -------------------------------------------------------------

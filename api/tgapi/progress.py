@@ -2,18 +2,26 @@
 
 The ``training`` object of the group record (Ray's internal KV, docs/contracts.md): the
 last optimizer step, its loss, gradient norm and throughput, when it ended, and how many
-training runs the group holds. ``tgctl status`` shows it; the operator is to read the same
-shape. Pure (standard library only), camelCase on the wire like every other payload.
+training runs the group holds. ``tgctl status`` shows it.
+
+The operator never imports Ray, so it cannot read the KV: rank 0 also keeps the same object,
+one JSON line, in a file under its node's Ray log directory (:func:`progress_filename`), which
+the operator reads through the dashboard's log API (``GET /api/v0/logs/file``). Pure (standard
+library only), camelCase on the wire like every other payload.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["TrainingProgress", "describe_age"]
+__all__ = ["TrainingProgress", "describe_age", "parse_progress_file", "progress_filename"]
+
+PROGRESS_DIR = "trainergroup"
+"""The folder, under the Ray log directory of rank 0's node, of the groups' progress files."""
 
 
 def _finite(value: Any) -> float | None:
@@ -86,3 +94,22 @@ def describe_age(seconds: float) -> str:
     if s < 2 * 86400:
         return f"{s // 3600} h ago"
     return f"{s // 86400} d ago"
+
+
+def progress_filename(*, ray_namespace: str, group_name: str) -> str:
+    """The progress file of one group, relative to the Ray log directory of rank 0's node
+    (the ``filename`` of the dashboard's log API)."""
+    return f"{PROGRESS_DIR}/progress.{ray_namespace}.{group_name}.json"
+
+
+def parse_progress_file(text: str) -> TrainingProgress | None:
+    """The progress in a progress file's text (its last non-empty line); None when the text
+    holds no valid progress object (empty, cut off, not JSON, no ``step``)."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        return None
+    try:
+        data = json.loads(lines[-1])
+        return TrainingProgress.from_wire(data) if isinstance(data, Mapping) else None
+    except ValueError:
+        return None

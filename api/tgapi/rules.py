@@ -287,6 +287,13 @@ RULES: tuple[Rule, ...] = (
         cluster=True,
     ),
     Rule(
+        name="queue-needs-cluster",
+        field="queue",
+        holds=~Has("queue") | HAS_CLUSTER,
+        problem=Text("is set with rayClusterRef: Kueue queues a RayCluster the operator creates"),
+        fix=Text("use rayCluster (the operator creates it suspended for Kueue) or remove queue"),
+    ),
+    Rule(
         name="gpu-pods-have-gpus",
         field="rayCluster.workers.gpusPerWorker",
         holds=~GPU | (GPUS_PER_WORKER >= 1),

@@ -16,8 +16,11 @@ from typing import Any
 
 from tgapi.fields import field_meta, has_default, spec_field
 
+QUEUED = "Queued"
+"""The phase of a group whose RayCluster waits for Kueue's admission (``spec.queue``)."""
 PHASES = (
     "Pending",
+    QUEUED,
     "ClusterProvisioning",
     "WorkersStarting",
     "Ready",
@@ -25,7 +28,7 @@ PHASES = (
     "Failed",
     "Terminating",
 )
-CONDITION_TYPES = ("RayClusterReady", "WorkersReady", "Degraded")
+CONDITION_TYPES = ("RayClusterReady", "WorkersReady", "Degraded", "Training")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -66,6 +69,32 @@ class MeshStatus:
     pp: int = spec_field(name="pp", description="Pipeline parallel size.", default=1)
     cp: int = spec_field(name="cp", description="Context parallel size.", default=1)
     dp: int = spec_field(name="dp", description="Data parallel size.", default=1)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainingStatus:
+    """The group's last optimizer step, as its rank 0 recorded it (tgapi.progress)."""
+
+    step: int = spec_field(
+        name="step", description="Optimizer steps taken (continues across a resume).", default=0
+    )
+    loss: float | None = spec_field(
+        name="loss", description="Mean loss of the last step (absent: not finite).", default=None
+    )
+    grad_norm: float | None = spec_field(
+        name="gradNorm",
+        description="Gradient norm of the last step, before clipping.",
+        default=None,
+    )
+    tokens_per_second: float | None = spec_field(
+        name="tokensPerSecond",
+        description="Tokens of the global batch per second of the step.",
+        default=None,
+    )
+    last_step_time: str = spec_field(
+        name="lastStepTime", description="When the last step ended (RFC 3339).", default=""
+    )
+    runs: int = spec_field(name="runs", description="Training runs in the group.", default=1)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -154,13 +183,18 @@ class TrainerGroupStatus:
         description="When the phase last changed (RFC 3339); timeouts count from here.",
         default="",
     )
+    training: TrainingStatus | None = spec_field(
+        name="training",
+        description="Training progress: the last optimizer step (absent before the first).",
+        default=None,
+    )
 
 
 log = logging.getLogger(__name__)
 _warned: set[str] = set()
 
 _COUNTERS = frozenset(
-    {"observedGeneration", "worldSize", "readyWorkers", "restarts", "groupGeneration"}
+    {"observedGeneration", "worldSize", "readyWorkers", "restarts", "groupGeneration", "step"}
 )
 """Counters the operator does arithmetic with: a negative one is garbage too."""
 
@@ -193,6 +227,8 @@ def _scalar_ok(tp: Any, value: Any) -> bool:
         return isinstance(value, str)
     if tp is bool:
         return isinstance(value, bool)
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
     return False  # pragma: no cover - no other scalar types in the status model
 
 
@@ -238,13 +274,13 @@ def _value(tp: Any, raw: Any, path: str) -> Any:
                 continue
             items.append(got)
         return items
-    inner = args[0] if args and dataclasses.is_dataclass(args[0]) else tp
+    inner = args[0] if len(args) == 1 else tp  # X | None: read as X
     if dataclasses.is_dataclass(inner):
         if not isinstance(raw, Mapping):
             _warn_once(path, f"expected a mapping, got {type(raw).__name__}")
             return _INVALID
         return _lenient(inner, raw, f"{path}.")
-    if not _scalar_ok(tp, raw):
-        _warn_once(path, f"expected {getattr(tp, '__name__', tp)}, got {type(raw).__name__}")
+    if not _scalar_ok(inner, raw):
+        _warn_once(path, f"expected {getattr(inner, '__name__', inner)}, got {type(raw).__name__}")
         return _INVALID
-    return raw
+    return float(raw) if inner is float else raw

@@ -4,7 +4,8 @@ The operator reaches Ray only through these endpoints, so it never imports Ray:
 
 * Jobs API: ``POST /api/jobs/``, ``GET /api/jobs/{id}``, ``GET /api/jobs/{id}/logs``,
   ``POST /api/jobs/{id}/stop``, ``DELETE /api/jobs/{id}``;
-* State API: ``GET /api/v0/actors`` filtered on ``ray_namespace``;
+* State API: ``GET /api/v0/actors`` filtered on ``ray_namespace``; ``GET /api/v0/logs/file``:
+  a file under a node's Ray log directory (the trainer's progress file);
 * ``GET /api/version`` as a reachability probe; ``GET /api/v0/nodes``: the worker nodes Ray sees.
 
 Every request has a timeout. A dashboard that cannot be reached raises
@@ -286,6 +287,20 @@ class DashboardClient:
                 message=f"State API error: {msg or str(data)[:200]}",
             )
         return [ActorInfo.from_wire(r) for r in rows if isinstance(r, Mapping)]
+
+
+    async def node_log_file(self, *, node_id: str, filename: str, lines: int = 5) -> str | None:
+        """The last ``lines`` lines of ``filename`` (relative to the Ray log directory) on
+        node ``node_id``; None when the node has no such file."""
+        path = "/api/v0/logs/file"
+        params = [("node_id", node_id), ("filename", filename), ("lines", str(lines))]
+        try:
+            _, text = await self._request("GET", path, params=params)
+        except DashboardRequestFailed as exc:
+            if "not found" in exc.body.lower() or "FileNotFoundError" in exc.body:
+                return None
+            raise
+        return text
 
 
 def _state_rows(data: Any) -> list[Any] | None:

@@ -18,7 +18,7 @@ from typing import Any, cast
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from tg_operator import names
+from tg_operator import names, queue
 from tgapi.kube_view.kube import api_client
 
 __all__ = ["KubeApi", "api_client"]
@@ -262,6 +262,25 @@ class KubeApi:
         return await asyncio.to_thread(call)
 
     # -- plumbing -------------------------------------------------------------------
+    async def list_workloads(self, *, namespace: str, cluster_uid: str) -> list[dict[str, Any]]:
+        def call() -> list[dict[str, Any]]:
+            try:
+                found = self._custom.list_namespaced_custom_object(
+                    queue.WORKLOAD_GROUP,
+                    queue.WORKLOAD_VERSION,
+                    namespace,
+                    queue.WORKLOAD_PLURAL,
+                    label_selector=f"{queue.JOB_UID_LABEL}={cluster_uid}",
+                    _request_timeout=self._timeout,
+                )
+            except ApiException as exc:
+                if exc.status in (403, 404):  # no Kueue here, or no RBAC for it: no message
+                    return []
+                raise
+            return [dict(i) for i in cast(dict[str, Any], found).get("items") or []]
+
+        return await asyncio.to_thread(call)
+
     def _get_custom(
         self, group: str, version: str, plural: str, namespace: str, name: str
     ) -> dict[str, Any] | None:

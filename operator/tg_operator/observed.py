@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from tg_operator import entrypoints, names, owners, spec_change
+from tg_operator import entrypoints, names, owners, queue, spec_change, training
 from tg_operator import status as status_mod
 from tg_operator.snapshot import RayReads, Snapshot
 from tgapi import TrainerGroupStatus, markers, to_wire
@@ -50,8 +50,26 @@ def group_record(snap: Snapshot) -> markers.GroupReady | None:
     return found
 
 
+def rank0_node(snap: Snapshot, record: markers.GroupReady) -> str | None:
+    """The Ray node id rank 0's actor is alive on (None: not read, not alive, no workers)."""
+    if not record.worker_names or snap.actors is None:
+        return None
+    rank0 = record.worker_names[0]
+    for actor in snap.actors:
+        if actor.name == rank0 and actor.state == "ALIVE" and actor.node_id:
+            return actor.node_id
+    return None
+
+
 def kube_readiness(snap: Snapshot) -> status_mod.ClusterReadiness:
     cluster, tg = names.cluster_name(snap.tg), snap.tg
+    rc = snap.raycluster
+    if rc is not None and queue.suspended(rc) and not rc.get("metadata", {}).get(
+        "deletionTimestamp"
+    ):
+        name = tg.spec.queue.name if tg.spec.queue is not None else "(none: spec.suspend is set)"
+        msg = queue.admission_message(snap.workload, queue=name)
+        return status_mod.ClusterReadiness(ready=False, reason=status_mod.QUEUED, message=msg)
     ready = status_mod.kube_readiness(
         raycluster_obj=snap.raycluster, pods=snap.pods, cluster=cluster
     )
@@ -126,7 +144,14 @@ def status_from(
         actors_error=snap.actors_error,
     )
     base = snap.status if previous is None else previous
-    return status_mod.compute_status(tg=snap.tg, previous=base, obs=obs, now=snap.now)
+    st = status_mod.compute_status(tg=snap.tg, previous=base, obs=obs, now=snap.now)
+    return training.with_training(
+        st,
+        progress=snap.training,
+        stall_seconds=snap.tg.spec.training.stall_seconds,
+        now=snap.now,
+        generation=snap.tg.generation,
+    )
 
 
 def booked(snap: Snapshot) -> TrainerGroupStatus:

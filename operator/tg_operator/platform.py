@@ -67,6 +67,8 @@ def pod_identity(tg: TrainerGroup) -> dict[str, Any]:
         out["imagePullSecrets"] = [{"name": n} for n in rc.image_pull_secrets]
     if rc.priority_class_name:
         out["priorityClassName"] = rc.priority_class_name
+    if rc.scheduler_name:
+        out["schedulerName"] = rc.scheduler_name
     return out
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tg_operator import names, owners, platform, probes, ray_token
+from tg_operator import names, owners, platform, probes, queue, ray_token
 from tgapi import TrainerGroup
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -122,6 +122,7 @@ def build_raycluster(tg: TrainerGroup, *, cluster_hash: str) -> dict[str, Any]:
     }
     add_token_auth(manifest, tg)
     add_gcs_fault_tolerance(manifest, tg)
+    queue.add_to_cluster(manifest, tg)
     return manifest
 
 

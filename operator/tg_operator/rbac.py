@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from tg_operator import names
+from tg_operator import names, queue
 
 OPERATOR_RULES: list[dict[str, Any]] = [
     # kopf watches TrainerGroups and patches their metadata (finalizer, progress annotations).
@@ -47,6 +47,8 @@ OPERATOR_RULES: list[dict[str, Any]] = [
         "resources": [names.RAY_PLURAL],
         "verbs": ["get", "list", "watch", "create", "delete"],
     },
+    # spec.queue: the Kueue Workload of a suspended RayCluster, for its admission message.
+    {"apiGroups": [queue.WORKLOAD_GROUP], "resources": [queue.WORKLOAD_PLURAL], "verbs": ["list"]},
     # Readiness: each pod's Ready and PodScheduled (Unschedulable) conditions, watched.
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
     # kopf.event(): phase changes and failures.

@@ -31,12 +31,14 @@ from tg_operator import (
     names,
     observed,
     outcomes,
+    queue,
     tinker,
 )
 from tg_operator import status as status_mod
 from tg_operator.context import Context, Step
 from tg_operator.dashboard import DashboardError, JobInfo
 from tg_operator.events import EventSink
+from tg_operator.ports import Dashboard
 from tg_operator.snapshot import (
     Decision,
     Settings,
@@ -49,10 +51,12 @@ from tgapi import (
     SpecErrors,
     TrainerGroup,
     TrainerGroupStatus,
+    markers,
     parse_resource,
     parse_status,
     to_wire,
 )
+from tgapi.progress import parse_progress_file, progress_filename
 
 log = logging.getLogger(__name__)
 
@@ -79,12 +83,15 @@ async def write_status(
     wire = to_wire(new)
     if new.mesh is None:
         wire["mesh"] = None
+    if new.training is not None and new.training.loss is None:
+        wire["training"]["loss"] = None  # a merge patch keeps an absent key: remove the old loss
     version = await ctx.kube.patch_trainergroup_status(namespace=namespace, name=name, status=wire)
     if new.phase != old.phase:
         events.phase_changed(sink, old=old.phase, new=new.phase, message=new.message)
         log.info("%s/%s: %s -> %s: %s", namespace, name, old.phase, new.phase, new.message)
+    metrics.STATUS_WRITES.inc()
     ctx.written[uid] = (new, version or "")
-    ctx.phases.set(uid, new.phase)
+    ctx.phases.written(uid, namespace=namespace, name=name, status=new)
 
 
 def bare_snapshot(ctx: Context, tg: TrainerGroup, status: TrainerGroupStatus) -> Snapshot:
@@ -108,6 +115,10 @@ async def observe(ctx: Context, bare: Snapshot) -> Snapshot:
     if rc is not None:
         pods = await kube.list_cluster_pods(namespace=tg.namespace, cluster=cluster)
     snap = dataclasses.replace(bare, raycluster=rc, pods=tuple(pods))
+    if rc is not None and queue.suspended(rc):
+        uid = str(rc.get("metadata", {}).get("uid") or "")
+        workloads = await kube.list_workloads(namespace=tg.namespace, cluster_uid=uid)
+        snap = dataclasses.replace(snap, workload=queue.workload_of(workloads, cluster_uid=uid))
     if tinker.wanted(tg):
         deployment = await kube.get_tinker_deployment(namespace=tg.namespace, group=tg.name)
         snap = dataclasses.replace(snap, tinker=TinkerSeen(deployment=deployment))
@@ -137,6 +148,7 @@ async def observe(ctx: Context, bare: Snapshot) -> Snapshot:
             snap = dataclasses.replace(snap, actors=tuple(actors))
         except DashboardError as exc:
             snap = dataclasses.replace(snap, actors_error=str(exc))
+        snap = await _read_training(dash, snap, record)
     if reads.job and snap.job is None:
         slots = ctx.slots
         snap = dataclasses.replace(
@@ -146,6 +158,21 @@ async def observe(ctx: Context, bare: Snapshot) -> Snapshot:
             slot_limit=slots.limit,
         )
     return snap
+
+
+async def _read_training(
+    dash: Dashboard, snap: Snapshot, record: markers.GroupReady
+) -> Snapshot:
+    """Rank 0's progress file, from the node rank 0 runs on (tgapi.progress)."""
+    node_id = observed.rank0_node(snap, record)
+    if node_id is None:
+        return snap
+    filename = progress_filename(ray_namespace=record.ray_namespace, group_name=record.group_name)
+    try:
+        text = await dash.node_log_file(node_id=node_id, filename=filename)
+    except DashboardError as exc:
+        return dataclasses.replace(snap, training_error=str(exc))
+    return dataclasses.replace(snap, training=parse_progress_file(text or ""))
 
 
 def _sync_slot(ctx: Context, *, url: str, submission_id: str, job: JobInfo | None) -> None:
@@ -259,7 +286,7 @@ async def advance(ctx: Context, *, obj: Mapping[str, Any], sink: EventSink) -> S
             return Step.settled(message)
         ctx.use_cluster(namespace=namespace, cluster=names.cluster_name(tg), name=name)
         if previous.phase == "Failed" and previous.observed_generation == tg.generation:
-            ctx.phases.set(tg.uid, previous.phase)
+            ctx.phases.written(tg.uid, namespace=namespace, name=name, status=previous)
             return Step.settled(f"Failed: {previous.message}")
         bare = bare_snapshot(ctx, tg, previous)
         try:

@@ -16,6 +16,7 @@ from tg_operator.context import Step
 from tg_operator.dashboard import ActorInfo, JobInfo
 from tg_operator.settings import OperatorConfig
 from tgapi import TrainerGroup, TrainerGroupStatus
+from tgapi.progress import TrainingProgress
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -51,6 +52,8 @@ class Snapshot:
     ray_address: str
     raycluster: Mapping[str, Any] | None = None
     pods: tuple[Mapping[str, Any], ...] = ()
+    workload: Mapping[str, Any] | None = None
+    """Kueue's Workload for a suspended RayCluster (None: not suspended, none, or no Kueue)."""
     dashboard_error: str | None = None
     """The dashboard's ``/api/version`` failed (None: it answered, or it was not asked)."""
     alive_worker_nodes: int | None = None
@@ -64,6 +67,10 @@ class Snapshot:
     actors: tuple[ActorInfo, ...] | None = None
     """The actors of the group's Ray namespace (None: not read, or unreadable)."""
     actors_error: str = ""
+    training: TrainingProgress | None = None
+    """Rank 0's last recorded optimizer step (None: none yet, or not read)."""
+    training_error: str = ""
+    """Reading rank 0's progress file failed (the status keeps the last progress)."""
     tinker: TinkerSeen | None = None
     """The group's Tinker server as the Deployment watch shows it (None: not looked at,
     e.g. ``spec.api.tinker`` is off)."""

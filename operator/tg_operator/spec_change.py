@@ -5,7 +5,8 @@ training) are hashed into ``status.specHash``; the fields the RayCluster is buil
 from (image, rayVersion, rayCluster or rayClusterRef) into ``status.clusterHash``.
 A change to either hash re-creates the group under a new group generation (a new
 cluster also means new worker processes). Anything else (labels, annotations,
-restartPolicy, maxRestarts, timeouts) is applied without touching the running workers.
+restartPolicy, maxRestarts, timeouts, training.stallSeconds) is applied without touching the
+running workers.
 """
 
 from __future__ import annotations
@@ -40,20 +41,42 @@ def group_hash(spec: TrainerGroupSpec) -> str:
             "parallelism": to_wire(spec.parallelism),
             "model": to_wire(spec.model),
             "optimizer": to_wire(spec.optimizer),
-            "training": to_wire(spec.training),
+            "training": _without(to_wire(spec.training), NOT_HASHED_TRAINING),
         }
     )
+
+
+NOT_HASHED_TRAINING = frozenset({"stallSeconds"})
+"""Training fields only the operator reads: a change never re-creates the workers (and the hash
+of a group made before a field existed stays the same)."""
+
+
+def _without(wire: dict[str, Any], keys: frozenset[str]) -> dict[str, Any]:
+    return {k: v for k, v in wire.items() if k not in keys}
+
+
+LATER_CLUSTER_FIELDS: dict[str, Any] = {"schedulerName": ""}
+"""rayCluster fields added after clusters were first hashed, with their defaults: hashed only
+when set, so that an operator upgrade does not replace the clusters already running."""
+
+
+def _without_defaults(wire: Any, defaults: dict[str, Any]) -> Any:
+    if not isinstance(wire, dict):
+        return wire
+    return {k: v for k, v in wire.items() if k not in defaults or v != defaults[k]}
 
 
 def cluster_hash(spec: TrainerGroupSpec) -> str:
     """Hash of the spec fields the RayCluster is built from."""
     if spec.ray_cluster_ref is not None:
         return _digest({"rayClusterRef": spec.ray_cluster_ref.name})
-    fields = {
+    fields: dict[str, Any] = {
         "image": spec.image,
         "rayVersion": spec.ray_version,
-        "rayCluster": to_wire(spec.ray_cluster),
+        "rayCluster": _without_defaults(to_wire(spec.ray_cluster), LATER_CLUSTER_FIELDS),
     }
+    if spec.queue is not None:
+        fields["queue"] = to_wire(spec.queue)
     if spec.model.pretrained is not None and spec.ray_cluster is not None:
         fields["headReadsCheckpoints"] = spec.ray_cluster.storage is not None  # head mount
     return _digest(fields)

@@ -19,11 +19,14 @@ from typing import Any
 from tg_operator import names, raycluster
 from tg_operator.dashboard import ActorInfo, JobInfo
 from tgapi import Condition, MeshStatus, TrainerGroup, TrainerGroupStatus, WorkerStatus, markers
+from tgapi import status as tgapi_status
 from tgapi.workers import WorkerState, describe_worker, is_dead
 
 RAY_CLUSTER_READY = "RayClusterReady"
 WORKERS_READY = "WorkersReady"
 DEGRADED = "Degraded"
+QUEUED = tgapi_status.QUEUED
+"""Also the readiness reason of a RayCluster that waits for Kueue's admission."""
 
 ALIVE = WorkerState.ALIVE
 
@@ -374,7 +377,13 @@ def compute_status(
             generation=gen,
         )
 
-    if not r.ready:
+    if not r.ready and r.reason == QUEUED:
+        # waiting for Kueue (first admission, or after a preemption): not a failure
+        workers_cond("False", QUEUED, r.message)
+        degraded_cond("False", QUEUED, "")
+        st = with_phase(st, phase=QUEUED, message=r.message, now=now)
+        st = dataclasses.replace(st, ready_workers=0)
+    elif not r.ready:
         had_group = bool(st.worker_names)
         if had_group:
             workers_cond("Unknown", "ClusterNotReady", "the RayCluster is not ready")

@@ -83,6 +83,9 @@ class WatchedKube:
     async def list_cluster_pods(self, *, namespace: str, cluster: str) -> list[dict[str, Any]]:
         return [dict(p) for p in self._pods.get((namespace, cluster), ())]
 
+    async def list_workloads(self, *, namespace: str, cluster_uid: str) -> list[dict[str, Any]]:
+        return await self._api.list_workloads(namespace=namespace, cluster_uid=cluster_uid)
+
     async def create_secret(self, body: dict[str, Any]) -> bool:
         return await self._api.create_secret(body)
 

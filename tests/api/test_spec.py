@@ -179,12 +179,15 @@ def test_crd_schema_covers_status_contract() -> None:
     ):
         assert key in status
     assert version["subresources"] == {"status": {}}
-    assert [c["name"] for c in version["additionalPrinterColumns"]][:4] == [
+    assert [c["name"] for c in version["additionalPrinterColumns"]][:6] == [
         "Phase",
         "Ready",
         "Desired",
+        "Step",
+        "Loss",
         "RayCluster",
     ]
+    assert "training" in status and "stallSeconds" in str(version["schema"])
 
 
 def test_example_validates_against_crd_schema() -> None:

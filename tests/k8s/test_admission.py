@@ -74,6 +74,8 @@ MISTAKES: list[tuple[str, dict[str, Any]]] = [
     ("batch-by-data-parallel", spec_with(training={"batchSize": 3})),
     ("cluster-choice", spec_with(rayCluster=None)),
     ("cluster-choice", spec_with(rayClusterRef={"name": "shared"})),
+    ("queue-needs-cluster", spec_with(rayCluster=None, rayClusterRef={"name": "shared"},
+                                      queue={"name": "team-a"})),
     ("gpu-pods-have-gpus", spec_with(workers={"useGpu": True},
                                      rayCluster={"workers": {"replicas": 2, "gpusPerWorker": 0}})),
     (

@@ -61,6 +61,8 @@ class FakeKube:
         self.pods: dict[tuple[str, str], list[dict[str, Any]]] = {}
         self.statuses: dict[tuple[str, str], dict[str, Any]] = {}
         self.released: list[tuple[str, str]] = []
+        self.workloads: list[dict[str, Any]] = []
+        """Kueue's Workloads (a test plays Kueue's part)."""
 
     async def patch_trainergroup_status(
         self, *, namespace: str, name: str, status: dict[str, Any]
@@ -75,6 +77,15 @@ class FakeKube:
         self.calls["remove_finalizer"] += 1
         self.released.append((namespace, name))
         return True
+
+    async def list_workloads(self, *, namespace: str, cluster_uid: str) -> list[dict[str, Any]]:
+        self.calls["list_workloads"] += 1
+        return [
+            copy.deepcopy(w)
+            for w in self.workloads
+            if w["metadata"].get("namespace") == namespace
+            and w["metadata"].get("labels", {}).get("kueue.x-k8s.io/job-uid") == cluster_uid
+        ]
 
     async def get_raycluster(self, *, namespace: str, name: str) -> dict[str, Any] | None:
         self.calls["get_raycluster"] += 1
@@ -170,6 +181,10 @@ class Script:
     reachable: bool = True
 
 
+NODE = "node-a"
+"""The Ray node every fake actor runs on."""
+
+
 class FakeRay:
     """The Jobs and State APIs of one Ray cluster, in memory."""
 
@@ -181,6 +196,8 @@ class FakeRay:
         self.jobs: dict[str, JobInfo] = {}
         self.logs: dict[str, str] = {}
         self.actors: dict[str, ActorInfo] = {}
+        self.files: dict[tuple[str, str], str] = {}
+        """(node id, filename under the Ray log dir) -> text: rank 0's progress file."""
         self.ray_namespace = ""
         # the ALIVE non-head nodes Ray sees (default: more than any test's RayCluster asks)
         self.worker_nodes = 64
@@ -250,7 +267,7 @@ class FakeRay:
             for w in workers:
                 cause = "exit 1" if state == "DEAD" else ""
                 self.actors[w] = ActorInfo(
-                    actor_id=f"id-{w}", name=w, state=state, death_cause=cause
+                    actor_id=f"id-{w}", name=w, state=state, death_cause=cause, node_id=NODE
                 )
         self.jobs[submission_id] = JobInfo(
             submission_id=submission_id, status=status, start_time_ms=start
@@ -276,6 +293,10 @@ class FakeRay:
     async def list_actors(self, *, ray_namespace: str) -> list[ActorInfo]:
         self._check("list_actors")
         return list(self.actors.values())
+
+    async def node_log_file(self, *, node_id: str, filename: str, lines: int = 5) -> str | None:
+        self._check("node_log_file")
+        return self.files.get((node_id, filename))
 
     def kill(self, name: str, cause: str = "the worker process died") -> None:
         self.actors[name] = dataclasses.replace(self.actors[name], state="DEAD", death_cause=cause)

@@ -27,6 +27,8 @@ from tg_operator import rbac
 
 pytestmark = [pytest.mark.k8s, pytest.mark.ray]
 READY_TIMEOUT = 900.0
+HEALTH_INTERVAL_S = 2.0
+"""The operator's health tick here (hack/operator_plane.operator_env's default)."""
 
 
 def delete_and_wait(
@@ -246,7 +248,12 @@ def test_lifecycle_train_kill_restart_delete(
     assert [w["rank"] for w in st["workers"]] == [0, 1]
     assert all(w["state"] == "ALIVE" and w["pid"] > 0 for w in st["workers"])
     cond = {c["type"]: c["status"] for c in st["conditions"]}
-    assert cond == {"RayClusterReady": "True", "WorkersReady": "True", "Degraded": "False"}
+    assert cond == {
+        "RayClusterReady": "True",
+        "WorkersReady": "True",
+        "Degraded": "False",
+        "Training": "Unknown",  # no step yet
+    }
     alive = {
         a.name
         for a in ks.actors(ray_endpoint.dashboard_url, st["rayNamespace"])
@@ -269,6 +276,28 @@ def test_lifecycle_train_kill_restart_delete(
     steps = run_client(name, ns, client_kubeconfig, tmp_path)
     assert len(steps) == 3, steps
     assert steps[-1]["loss"] < steps[0]["loss"], steps
+
+    # rank 0's progress reaches the status on a health tick (the operator reads rank 0's
+    # progress file through the dashboard's log API): step, loss, the Training condition
+    def trained() -> dict[str, Any] | None:
+        s = ks.status_of(k8s_plane, ns, name)
+        return s if (s.get("training") or {}).get("step") == 3 else None
+
+    st_trained = ks.wait_for(trained, timeout=60, what="status.training", detail=operator.tail)
+    assert st_trained["training"]["loss"] == pytest.approx(steps[-1]["loss"], rel=1e-5)
+    assert st_trained["training"]["tokensPerSecond"] > 0 and st_trained["training"]["lastStepTime"]
+    training_cond = {c["type"]: c for c in st_trained["conditions"]}["Training"]
+    assert (training_cond["status"], training_cond["reason"]) == ("True", "StepsArriving")
+    # a settled, trained group writes no status on its health ticks (measured: writes/tick)
+    writes_before = _sample(operator.metrics(), "tg_operator_status_writes_total")
+    time.sleep(5 * HEALTH_INTERVAL_S)
+    writes_after = _sample(operator.metrics(), "tg_operator_status_writes_total")
+    print(f"status writes over 5 idle health ticks: {writes_after - writes_before:g}")
+    assert writes_after == writes_before
+    series = operator.metrics()
+    labels = f'name="{name}",namespace="{ns}"'  # the exposition sorts label names
+    assert f"trainergroup_training_step{{{labels}}} 3.0" in series, series
+    assert f'trainergroup_phase{{{labels},phase="Ready"}} 1.0' in series
 
     # kill one worker: Degraded (rank and cause), then Ready under a new generation
     victim = st["workers"][1]
@@ -322,6 +351,14 @@ def test_lifecycle_train_kill_restart_delete(
         what="the RayCluster to go",
     )
     assert "CleanedUp" in [e["reason"] for e in ks.events_of(k8s_plane, ns, name)]
+
+
+def _sample(text: str, metric: str) -> float:
+    """The value of an unlabelled sample in a /metrics text (0 when absent)."""
+    for line in text.splitlines():
+        if line.startswith(f"{metric} "):
+            return float(line.split()[1])
+    return 0.0
 
 
 def client_wait(

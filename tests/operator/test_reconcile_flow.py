@@ -9,14 +9,16 @@ from __future__ import annotations
 import asyncio
 import datetime
 import itertools
+import json
 from collections.abc import Callable
 from typing import Any
 
-from tests.operator.fakes import World, cluster_key, world
+from tests.operator.fakes import NODE, World, cluster_key, world
 from tg_operator import group_loop, names, reconcile, spec_change
 from tg_operator.context import Step
 from tg_operator.job_slots import JobSlots
 from tgapi import parse_resource
+from tgapi.progress import TrainingProgress, progress_filename
 
 
 async def drive(
@@ -63,18 +65,89 @@ def test_apply_to_ready_posts_only_normal_events() -> None:
     assert w.kube.calls["create_raycluster"] == 1 and w.ray.calls["submit_job"] == 1
 
 
-def test_a_settled_group_costs_three_dashboard_calls_and_no_api_call_per_health_tick() -> None:
+def test_a_settled_group_costs_four_dashboard_calls_and_no_api_call_per_health_tick() -> None:
     w = world()
     run(drive(w, until=phase_is("Ready")))
     kube, ray = sum(w.kube.calls.values()), sum(w.ray.calls.values())
+    patches = w.kube.calls["patch_status"]
     run(drive(w, passes=10))
     assert w.status["phase"] == "Ready"
     # each tick: the cluster from the watch (no API call); on Ray version, alive_worker_nodes
-    # (every worker pod's raylet registered) and list_actors
+    # (every worker pod's raylet registered), list_actors and rank 0's progress file
     # get_raycluster + list_pods + the Tinker server's Deployment: all three from the indexes
     assert sum(w.kube.calls.values()) - kube == 10 * 3
-    assert w.kube.calls["patch_status"] <= 8
-    assert sum(w.ray.calls.values()) - ray == 10 * 3
+    assert w.kube.calls["patch_status"] == patches  # nothing changed: nothing written
+    assert sum(w.ray.calls.values()) - ray == 10 * 4
+
+
+def _progress(w: World, *, step: int, loss: float | None = 2.5) -> None:
+    """Rank 0's progress file as the trainer writes it (tgapi.progress)."""
+    record = TrainingProgress(
+        step=step,
+        loss=loss,
+        grad_norm=1.5,
+        tokens_per_s=1000.0,
+        last_step_at=w.clock.now.timestamp(),
+    )
+    st = w.status
+    filename = progress_filename(ray_namespace=st["rayNamespace"], group_name=st["groupName"])
+    w.ray.files[(NODE, filename)] = json.dumps(record.to_wire()) + "\n"
+
+
+def _training(w: World) -> tuple[str, str]:
+    (cond,) = [c for c in w.status["conditions"] if c["type"] == "Training"]
+    return cond["status"], cond["reason"]
+
+
+def test_training_progress_reaches_the_status_once_per_step_and_a_stall_turns_the_condition() -> (
+    None
+):
+    w = world()
+    w.obj["spec"].setdefault("training", {})["stallSeconds"] = 300
+    run(drive(w, until=phase_is("Ready")))
+    assert "training" not in w.status and _training(w) == ("Unknown", "NoStepYet")
+
+    _progress(w, step=3)
+    run(drive(w, passes=1))
+    training = w.status["training"]
+    assert training["step"] == 3 and training["loss"] == 2.5
+    assert training["tokensPerSecond"] == 1000.0 and training["gradNorm"] == 1.5
+    assert training["lastStepTime"] and training["runs"] == 1
+    assert _training(w) == ("True", "StepsArriving")
+
+    # health ticks with no new step write nothing; each new step is one write
+    patches = w.kube.calls["patch_status"]
+    run(drive(w, passes=5))
+    assert w.kube.calls["patch_status"] == patches
+    for step in (4, 5):
+        _progress(w, step=step)
+        run(drive(w, passes=3))
+    assert w.kube.calls["patch_status"] == patches + 2 and w.status["training"]["step"] == 5
+
+    # no step for longer than stallSeconds: False, Stalled; the message names the field
+    w.clock.advance(301)
+    run(drive(w, passes=1))
+    assert _training(w) == ("False", "Stalled")
+    (cond,) = [c for c in w.status["conditions"] if c["type"] == "Training"]
+    assert "spec.training.stallSeconds (300 s)" in cond["message"], cond["message"]
+    assert w.status["phase"] == "Ready"  # a stalled run is not a failed group
+    patches = w.kube.calls["patch_status"]
+    run(drive(w, passes=5))
+    assert w.kube.calls["patch_status"] == patches  # the message does not tick with the clock
+    _progress(w, step=6)
+    run(drive(w, passes=1))
+    assert _training(w) == ("True", "StepsArriving") and w.status["training"]["step"] == 6
+
+
+def test_an_unreadable_progress_file_keeps_the_last_progress() -> None:
+    w = world()
+    run(drive(w, until=phase_is("Ready")))
+    _progress(w, step=7)
+    run(drive(w, passes=1))
+    for key in w.ray.files:
+        w.ray.files[key] = '{"step": 8, "loss'  # cut off mid-write
+    run(drive(w, passes=2))
+    assert w.status["training"]["step"] == 7
 
 
 def test_cluster_conflict_fails_without_touching_the_foreign_cluster() -> None:

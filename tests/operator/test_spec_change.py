@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from tests.operator.helpers import body
-from tg_operator.spec_change import SpecChange, classify, cluster_hash, group_hash
-from tgapi import TrainerGroupStatus, parse_resource
+from tg_operator.spec_change import SpecChange, _digest, classify, cluster_hash, group_hash
+from tgapi import TrainerGroupStatus, parse_resource, to_wire
 
 
 def _running(b: dict[str, Any]) -> TrainerGroupStatus:
@@ -38,6 +38,10 @@ def _changed(mutate: Any) -> SpecChange:
         (lambda b: b["metadata"].setdefault("annotations", {}).update(a="b"), SpecChange.NONE),
         (lambda b: b["spec"].update(restartPolicy="Never"), SpecChange.NONE),
         (lambda b: b["spec"].update(timeouts={"clusterReadySeconds": 5}), SpecChange.NONE),
+        (
+            lambda b: b["spec"].setdefault("training", {}).update(stallSeconds=60),
+            SpecChange.NONE,
+        ),
         (lambda b: b["spec"]["model"].update(numLayers=4), SpecChange.GROUP),
         (lambda b: b["spec"].update(optimizer={"lr": 1e-3}), SpecChange.GROUP),
         (lambda b: b["spec"]["workers"].update(processesPerNode=[1]), SpecChange.GROUP),
@@ -67,3 +71,21 @@ def test_hashes_ignore_defaults_spelling() -> None:
     b_ = body()
     b_["spec"]["parallelism"] = {"tensor": 1, "pipeline": 1}  # explicit defaults
     assert group_hash(a.spec) == group_hash(parse_resource(b_).spec)
+
+
+def test_the_group_hash_of_a_spec_before_stall_seconds_existed_is_unchanged() -> None:
+    """A group made by an operator without ``training.stallSeconds`` keeps its hash after the
+    upgrade (otherwise every running group would be re-created)."""
+    spec = parse_resource(body()).spec
+    wire = to_wire(spec.training)
+    wire.pop("stallSeconds")
+    before = _digest(
+        {
+            "workers": to_wire(spec.workers),
+            "parallelism": to_wire(spec.parallelism),
+            "model": to_wire(spec.model),
+            "optimizer": to_wire(spec.optimizer),
+            "training": wire,
+        }
+    )
+    assert group_hash(spec) == before

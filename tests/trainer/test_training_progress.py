@@ -8,10 +8,13 @@ tests/runtime/test_status_format.py.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import time
 from pathlib import Path
 
+import aiohttp
 import pytest
 import yaml
 
@@ -21,7 +24,9 @@ from tests.fixtures_ray import RayCluster
 from tests.specs import tiny_spec as tiny_resource_spec
 from tests.trainer.groups import trainer_group
 from tests.trainer.scenarios import BATCH, SEQ, fixed_batch, tiny_spec
+from tgapi.progress import TrainingProgress, parse_progress_file, progress_filename
 from tgruntime.controller import DataProto, registry
+from tgruntime.controller.worker_group import WorkerGroup
 from tgruntime.entrypoints import cli
 
 pytestmark = [pytest.mark.ray, pytest.mark.megatron]
@@ -75,5 +80,36 @@ def test_two_steps_are_recorded_and_shown_by_status(
         assert body["training"]["step"] == 2
         assert body["training"]["loss"] == pytest.approx(training.loss)
         assert 0 <= body["training"]["lastStepAgeSeconds"] < 120
+
+        # the operator's path: rank 0's progress file, read through the dashboard's log API
+        # from the node rank 0 runs on, says the same
+        assert _progress_via_dashboard(ray_driver, wg, ray_namespace) == training
     finally:
         wg.teardown()
+
+
+def _progress_via_dashboard(
+    ray_driver: RayCluster, wg: WorkerGroup, ray_namespace: str
+) -> TrainingProgress | None:
+    from tg_operator.dashboard import DashboardClient
+    from tg_operator.settings import ray_auth_token
+
+    group_name, rank0 = wg.group_name, wg.worker_names[0]
+
+    async def main() -> TrainingProgress | None:
+        async with aiohttp.ClientSession() as session:
+            dash = DashboardClient(
+                base_url=ray_driver.dashboard_url,
+                session=session,
+                timeout_s=30,
+                token=ray_auth_token(os.environ),
+            )
+            actors = await dash.list_actors(ray_namespace=ray_namespace)
+            (actor,) = [a for a in actors if a.name == rank0 and a.state == "ALIVE"]
+            filename = progress_filename(ray_namespace=ray_namespace, group_name=group_name)
+            text = await dash.node_log_file(node_id=actor.node_id, filename=filename)
+            missing = await dash.node_log_file(node_id=actor.node_id, filename=filename + ".no")
+            assert missing is None
+            return parse_progress_file(text or "")
+
+    return asyncio.run(main())

@@ -98,6 +98,10 @@ ConfigMaps, no create/delete of TrainerGroups, read-only Pods. Proven on a real 
 - apiGroups: ["ray.io"]
   resources: ["rayclusters"]
   verbs: ["get", "list", "watch", "create", "delete"]
+# spec.queue: the Kueue Workload of a suspended RayCluster, for its admission message (read).
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["list"]
 # Readiness: each Ray pod's Ready and PodScheduled (Unschedulable) conditions, watched.
 - apiGroups: [""]
   resources: ["pods"]

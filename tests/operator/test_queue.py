@@ -1,0 +1,153 @@
+"""``spec.queue``: the RayCluster is created suspended for Kueue, and a suspended cluster is
+Queued, never a failure (pure builders, and the reconcile flow on the in-memory ports; the
+test plays Kueue's part by flipping ``spec.suspend`` as Kueue does on admission/preemption)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.operator.fakes import World, cluster_key, world
+from tests.operator.helpers import body
+from tests.operator.test_reconcile_flow import drive, phase_is, run
+from tg_operator import queue, raycluster, spec_change
+from tgapi import parse_resource
+
+
+def _queued_body(**queue_spec: str) -> dict[str, Any]:
+    b = body()
+    b["spec"]["queue"] = {"name": "team-a", **queue_spec}
+    return b
+
+
+def test_a_queued_group_s_cluster_is_suspended_and_labelled() -> None:
+    tg = parse_resource(_queued_body(priorityClass="high"))
+    rc = raycluster.build_raycluster(tg, cluster_hash="h")
+    assert rc["spec"]["suspend"] is True
+    labels = rc["metadata"]["labels"]
+    assert labels[queue.QUEUE_LABEL] == "team-a" and labels[queue.PRIORITY_LABEL] == "high"
+    plain = raycluster.build_raycluster(parse_resource(body()), cluster_hash="h")
+    assert "suspend" not in plain["spec"] and queue.QUEUE_LABEL not in plain["metadata"]["labels"]
+
+
+def test_the_queue_is_part_of_the_cluster_hash_only_when_set() -> None:
+    plain, queued = parse_resource(body()).spec, parse_resource(_queued_body()).spec
+    assert spec_change.cluster_hash(plain) != spec_change.cluster_hash(queued)
+    b = body()
+    b["spec"]["rayCluster"]["schedulerName"] = ""  # a later field at its default: same hash
+    assert spec_change.cluster_hash(parse_resource(b).spec) == spec_change.cluster_hash(plain)
+
+
+def test_scheduler_name_and_gang_labels_pass_through_to_the_cluster_and_its_pods() -> None:
+    b = body()
+    b["spec"]["rayCluster"]["schedulerName"] = "volcano"
+    b["spec"]["rayCluster"]["labels"] = {"ray.io/gang-scheduling-enabled": "true"}
+    rc = raycluster.build_raycluster(parse_resource(b), cluster_hash="h")
+    assert rc["metadata"]["labels"]["ray.io/gang-scheduling-enabled"] == "true"
+    head = rc["spec"]["headGroupSpec"]["template"]["spec"]
+    worker = rc["spec"]["workerGroupSpecs"][0]["template"]["spec"]
+    assert head["schedulerName"] == "volcano" and worker["schedulerName"] == "volcano"
+
+
+def test_admission_message_uses_kueue_s_words() -> None:
+    workload = {
+        "metadata": {"name": "raycluster-demo-3f2a1"},
+        "status": {
+            "conditions": [
+                {
+                    "type": "QuotaReserved",
+                    "status": "False",
+                    "message": "couldn't assign flavors to pod set workers: insufficient "
+                    "quota for nvidia.com/gpu in flavor default",
+                }
+            ]
+        },
+    }
+    msg = queue.admission_message(workload, queue="team-a")
+    assert msg.startswith("waiting in Kueue LocalQueue team-a (Workload raycluster-demo-3f2a1): ")
+    assert "insufficient quota for nvidia.com/gpu" in msg
+    assert "no Workload yet" in queue.admission_message(None, queue="team-a")
+
+
+def _kueue(w: World, *, admit: bool) -> None:
+    """Kueue's part: admission clears spec.suspend, preemption sets it (KubeRay then deletes
+    the pods)."""
+    rc = w.kube.clusters[cluster_key(w)]
+    rc["spec"]["suspend"] = not admit
+    if not admit:
+        w.kube.pods.pop(cluster_key(w), None)
+        rc["status"] = {"state": "suspended"}
+
+
+def _drive_queued(w: World, passes: int) -> None:
+    """Passes with KubeRay making no pods for a suspended cluster."""
+    for _ in range(passes):
+        key = cluster_key(w)
+        rc = w.kube.clusters.get(key)
+        run(drive(w, passes=1, kuberay=rc is not None and not queue.suspended(rc)))
+
+
+def test_a_queued_group_waits_without_timing_out_then_starts_once_admitted() -> None:
+    w = world()
+    w.obj["spec"]["queue"] = {"name": "team-a"}
+    w.obj["spec"].setdefault("timeouts", {})["clusterReadySeconds"] = 60
+    _drive_queued(w, passes=3)
+    key = cluster_key(w)
+    w.kube.clusters[key].setdefault("metadata", {})["uid"] = "rc-uid-1"
+    w.kube.workloads.append(
+        {
+            "metadata": {
+                "name": "raycluster-x-1",
+                "namespace": key[0],
+                "labels": {queue.JOB_UID_LABEL: "rc-uid-1"},
+            },
+            "status": {
+                "conditions": [
+                    {
+                        "type": "QuotaReserved",
+                        "status": "False",
+                        "message": "insufficient quota for nvidia.com/gpu",
+                    }
+                ]
+            },
+        }
+    )
+    for _ in range(20):  # far past clusterReadySeconds
+        _drive_queued(w, passes=1)
+        w.clock.advance(30)
+    st = w.status
+    assert st["phase"] == "Queued", st
+    assert "Workload raycluster-x-1" in st["message"] and "insufficient quota" in st["message"]
+    assert w.kube.clusters[key]["spec"]["suspend"] is True  # never unsuspended by the operator
+    assert w.ray.calls["submit_job"] == 0 and w.warnings() == []
+    assert w.kube.calls["delete_raycluster"] == 0
+
+    _kueue(w, admit=True)
+    run(drive(w, until=phase_is("Ready")))
+    assert w.status["phase"] == "Ready" and w.status["readyWorkers"] == 2
+
+
+def test_a_preempted_group_goes_back_to_queued_then_resumes_once_admitted_again() -> None:
+    w = world()
+    w.obj["spec"]["queue"] = {"name": "team-a"}
+    _drive_queued(w, passes=2)
+    _kueue(w, admit=True)
+    run(drive(w, until=phase_is("Ready")))
+    first = w.status["groupGeneration"]
+
+    _kueue(w, admit=False)  # preempted by a higher-priority workload
+    _drive_queued(w, passes=3)
+    assert w.status["phase"] == "Queued" and w.status["readyWorkers"] == 0
+    assert not [e for e in w.warnings() if e[1] == "Failed"]
+
+    _kueue(w, admit=True)
+    for name in list(w.ray.actors):  # the old head went with its pod: its actors are gone
+        w.ray.kill(name, cause="the node was removed")
+    run(
+        drive(
+            w,
+            until=lambda x: (
+                x.status.get("phase") == "Ready" and x.status.get("groupGeneration", 0) > first
+            ),
+        )
+    )
+    assert w.status["phase"] == "Ready" and w.status["groupGeneration"] == first + 1

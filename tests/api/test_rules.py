@@ -66,6 +66,8 @@ def _random_spec(rnd: random.Random) -> dict[str, Any]:
         spec["model"]["positionEmbedding"] = rnd.choice(["auto", "rope", "learned_absolute"])
         spec["model"]["normalization"] = rnd.choice(["RMSNorm", "LayerNorm"])
         spec["model"]["activation"] = rnd.choice(["swiglu", "gelu"])
+    if rnd.random() < 0.3:  # drawn last too: a Kueue queue, with rayCluster or rayClusterRef
+        spec["queue"] = {"name": "team-a"}
     return spec
 
 

@@ -174,6 +174,8 @@ def _not_ready(
         )
     if ready.reason in ("DashboardUnreachable", "RayNodesMissing"):
         delay = DASHBOARD_POLL_S  # Ray has no watch: poll until it answers / the raylet joins
+    elif new.phase == status_mod.QUEUED:
+        delay = WATCH_FALLBACK_S  # no deadline while queued: the watch wakes on admission
     else:
         delay = min(WATCH_FALLBACK_S, max(1.0, limit - waited + 1.0))
     return Decision(rule=rule, status=new, step=Step.wait(delay, ready.message), action=action)

@@ -21,6 +21,7 @@ from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_se
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from tg_operator import status as status_mod
 from tgapi import PHASES, TrainerGroupStatus
 from tgapi.status import QUEUED
 
@@ -121,7 +122,8 @@ class GroupCollector(Collector):
             for p in PHASES:
                 phase.add_metric([*key, p], 1.0 if st.phase == p else 0.0)
             restarts.add_metric(key, float(st.restarts))
-            queued.add_metric(key, _seconds_since(st.phase_since, now) if st.phase == QUEUED else 0)
+            waited = status_mod.seconds_in_phase(st, now=now) if st.phase == QUEUED else 0.0
+            queued.add_metric(key, waited)
             t = st.training
             if t is None:
                 continue
@@ -130,22 +132,10 @@ class GroupCollector(Collector):
                 loss.add_metric(key, t.loss)
             if t.tokens_per_second is not None:
                 tps.add_metric(key, t.tokens_per_second)
-            at = _parse_time(t.last_step_time)
+            at = status_mod.parse_rfc3339(t.last_step_time)
             if at is not None:
                 last.add_metric(key, at.timestamp())
         yield from (step, loss, tps, last, phase, restarts, queued)
-
-
-def _parse_time(value: str) -> datetime.datetime | None:
-    try:
-        return datetime.datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
-    except ValueError:
-        return None
-
-
-def _seconds_since(value: str, now: datetime.datetime) -> float:
-    at = _parse_time(value)
-    return 0.0 if at is None else max(0.0, (now - at).total_seconds())
 
 
 GROUP_SERIES = GroupCollector()

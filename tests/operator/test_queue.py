@@ -9,7 +9,7 @@ from typing import Any
 from tests.operator.fakes import World, cluster_key, world
 from tests.operator.helpers import body
 from tests.operator.test_reconcile_flow import drive, phase_is, run
-from tg_operator import queue, raycluster, spec_change
+from tg_operator import decide, queue, raycluster, reconcile, spec_change
 from tgapi import parse_resource
 
 
@@ -120,6 +120,10 @@ def test_a_queued_group_waits_without_timing_out_then_starts_once_admitted() -> 
     assert w.kube.clusters[key]["spec"]["suspend"] is True  # never unsuspended by the operator
     assert w.ray.calls["submit_job"] == 0 and w.warnings() == []
     assert w.kube.calls["delete_raycluster"] == 0
+    # far past clusterReadySeconds, a queued group still waits for the watch (no 1 s poll,
+    # which would list Workloads every second)
+    step = run(reconcile.advance(w.ctx, obj=w.obj, sink=w.sink))
+    assert step.delay == decide.WATCH_FALLBACK_S, step
 
     _kueue(w, admit=True)
     run(drive(w, until=phase_is("Ready")))

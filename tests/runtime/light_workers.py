@@ -102,11 +102,12 @@ class VerlStyle(Worker):
         return DataProto.from_dict(tensors={"loss": loss})
 
 
-class MeshProbe(Worker):
+class MeshProbe(Counter):
     """A mesh "train" given per rank (``dp_ranks[rank]``; the first rank of each dp rank
     collects): ``step`` returns its shard tagged with the rank that computed it, and
     ``seen`` what each rank received (tp peers must have got the same rows). torch is
-    imported only when a DataProto arrives."""
+    imported only when a DataProto arrives. A Counter too, so one group serves the placement
+    checks (``whoami``, ``scaled``) and the mesh dispatch."""
 
     def __init__(self, dp_ranks: list[int]) -> None:
         super().__init__()

@@ -7,7 +7,8 @@ machine's IP, so the node *id* (not the IP) tells them apart.
 
 For ``processesPerNode`` [1,1], [2,1], [1,2] (entry i pinned to node a, b):
 ranks in order; each rank on the node its bundle names; verl's names
-(``{prefix}{ClassName}_{pg_index}:{local_rank}``); mesh dispatch across the nodes.
+(``{prefix}{ClassName}_{pg_index}:{local_rank}``); mesh dispatch across the nodes (one group
+per layout for all of these).
 The bug test shows what the old IP sort did: placement groups re-sorted by node IP were
 paired with the per-node counts in spec order. TP=2 across the two nodes (gloo) trains
 the tiny Megatron model with falling loss.
@@ -106,16 +107,27 @@ def expected_names(prefix: str, cls_name: str, counts: list[int]) -> list[str]:
 CASES = [[1, 1], [2, 1], [1, 2]]
 
 
+# dp rank per rank: a tp pair spanning the two nodes in every case
+MESHES = {"1x1": [0, 0], "2x1": [0, 1, 1], "1x2": [0, 0, 1]}
+
+
 @pytest.mark.parametrize("counts", CASES, ids=lambda c: "x".join(map(str, c)))
-def test_placement_ranks_names(two_nodes: TwoNodes, counts: list[int]) -> None:
+def test_placement_ranks_names_and_mesh_dispatch(two_nodes: TwoNodes, counts: list[int]) -> None:
+    """One group per layout serves both checks (a group start is most of each test's time)."""
+    import torch
+
+    from tgruntime.controller import DataProto
+
+    key = "x".join(map(str, counts))
+    dp_ranks = MESHES[key]
     prefix = f"p{uuid.uuid4().hex[:6]}"
     wg = WorkerGroup.create(
         group_name=f"mn-{prefix}", ray_namespace=f"t-{prefix}", name_prefix=prefix,
         resource_pool=pinned_pool(counts, cpus_per_process=0.2),
-        cls=ClassWithInitArgs(Counter), detached=False, **TIMEOUTS,  # type: ignore[arg-type]
+        cls=ClassWithInitArgs(MeshProbe, dp_ranks), detached=False, **TIMEOUTS,  # type: ignore[arg-type]
     )
     try:
-        names = expected_names(prefix, "Counter", counts)
+        names = expected_names(prefix, "MeshProbe", counts)
         assert wg.worker_names == names
         infos = wg.whoami()
         assert [i["rank"] for i in infos] == list(range(sum(counts)))
@@ -140,29 +152,8 @@ def test_placement_ranks_names(two_nodes: TwoNodes, counts: list[int]) -> None:
         assert wg.scaled(list(range(10, 10 + sum(counts)))) == [
             (10 + r) * (r + 1) for r in range(sum(counts))
         ]
-    finally:
-        wg.teardown()
-
-
-# dp rank per rank: a tp pair spanning the two nodes in every case
-MESHES = {"1x1": [0, 0], "2x1": [0, 1, 1], "1x2": [0, 0, 1]}
-
-
-@pytest.mark.parametrize("counts", CASES, ids=lambda c: "x".join(map(str, c)))
-def test_mesh_dispatch(two_nodes: TwoNodes, counts: list[int]) -> None:
-    import torch
-
-    from tgruntime.controller import DataProto
-
-    key = "x".join(map(str, counts))
-    dp_ranks = MESHES[key]
-    prefix = f"m{uuid.uuid4().hex[:6]}"
-    wg = WorkerGroup.create(
-        group_name=f"mn-{prefix}", ray_namespace=f"t-{prefix}", name_prefix=prefix,
-        resource_pool=pinned_pool(counts, cpus_per_process=0.2),
-        cls=ClassWithInitArgs(MeshProbe, dp_ranks), detached=False, **TIMEOUTS,  # type: ignore[arg-type]
-    )
-    try:
+        # N-D mesh dispatch across the nodes: each dp rank's rows reach its tp peers, and the
+        # collecting rank of each dp rank returns them
         dp_size = max(dp_ranks) + 1
         rows = 2 * dp_size
         out = wg.step(DataProto.from_dict(tensors={"x": torch.arange(rows)}))

@@ -34,25 +34,33 @@ phase() {
   record "$name" "$(( $(date +%s) - t0 ))" "$cache" "$rc"
   return $rc
 }
-# bg NAME CMD...: run CMD in the background into $WORK/NAME.log; `bg_wait NAME` records it.
+# bg NAME CMD...: run CMD in the background into $WORK/NAME.log; `bg_wait NAME` records it (its
+# seconds are the command's own, from its start to its end, not to the time it was collected).
 declare -A BG_PID BG_T0
 bg() {
   local name="$1"; shift
   BG_T0[$name]=$(date +%s)
-  ( "$@"; echo $? > "$WORK/$name.rc" ) > "$WORK/$name.log" 2>&1 &
+  ( "$@"; echo $? > "$WORK/$name.rc"; date +%s > "$WORK/$name.end" ) > "$WORK/$name.log" 2>&1 &
   BG_PID[$name]=$!
   log "$name: started in the background (log: $WORK/$name.log)"
 }
 bg_wait() {  # NAME CACHE
-  local name="$1" cache="$2" rc
-  wait "${BG_PID[$name]}"; rc=$?
-  record "$name" "$(( $(date +%s) - BG_T0[$name] ))" "$cache" "$rc"
+  local name="$1" cache="$2" rc end
+  wait "${BG_PID[$name]}"; rc=$(cat "$WORK/$name.rc" 2>/dev/null || echo 1)
+  end=$(cat "$WORK/$name.end" 2>/dev/null || date +%s)
+  record "$name" "$(( end - BG_T0[$name] ))" "$cache" "$rc"
   unset "BG_PID[$name]"
-  return $rc
+  return "$rc"
+}
+kill_tree() {  # PID: the process and everything under it (a lane's pytest, Ray, kind)
+  local c
+  for c in $(pgrep -P "$1" 2>/dev/null); do kill_tree "$c"; done
+  kill "$1" 2>/dev/null || true
 }
 # shellcheck disable=SC2329  # called by the EXIT trap
-stop_bg() { local p; for p in "${BG_PID[@]}"; do kill "$p" 2>/dev/null || true; done; }
+stop_bg() { local p; for p in "${BG_PID[@]}"; do kill_tree "$p"; done; }
 trap stop_bg EXIT
+trap 'exit 143' TERM INT
 # The load average, sampled every 20 s, for the table (these machines are shared).
 ( while sleep 20; do cut -d' ' -f1 /proc/loadavg; done ) > "$WORK/load.txt" 2>/dev/null &
 LOAD_PID=$!
@@ -72,21 +80,26 @@ KIND="kind or e2e"
 status=0
 PY="$ROOT/.venv/bin/python"
 pytest_phase() {  # NAME MARKEXPR [pytest args]
-  local name="$1" expr="$2" rc; shift 2
+  local name="$1" expr="$2" rc t0 shown; shift 2
   # PYTHONFAULTHANDLER: a native crash (even at interpreter exit, after pytest's own handler is
   # gone) prints every thread's Python stack, so the log names the code that crashed.
   local done_file="$WORK/$name.pytest-status"
-  phase "$name" - env PYTHONFAULTHANDLER=1 TG_PYTEST_STATUS_FILE="$done_file" \
+  log "$name"
+  t0=$(date +%s)
+  env PYTHONFAULTHANDLER=1 TG_PYTEST_STATUS_FILE="$done_file" \
     "$PY" -m pytest -q -m "$expr" -p no:cacheprovider --durations=8 "$@"; rc=$?
+  shown=$rc
   # 5: nothing selected (e.g. -k matched nothing in this phase): not a failure of the phase
-  if (( rc == 5 )); then sed -i '$ s/\t5$/\t0 (none selected)/' "$PHASES"; rc=0; fi
+  if (( rc == 5 )); then shown="0 (none selected)"; rc=0; fi
   # Killed by a signal (SIGSEGV 139, SIGABRT 134) after pytest had reported every result with
   # status 0 (tests/conftest.py writes it last): a crash in a native library's teardown at
   # interpreter exit, not a failed test. Said loudly, counted in the table, not a failure.
   if (( rc > 128 )) && [[ "$(cat "$done_file" 2>/dev/null)" == 0 ]]; then
     log "WARNING: $name: every test passed, then the Python process died of signal $(( rc - 128 )) at exit (the stack is printed above); see docs/testing.md, 'A crash at exit'"
-    sed -i "\$ s/\t$rc\$/\t0 (signal $(( rc - 128 )) at exit after all passed)/" "$PHASES"; rc=0
+    shown="0 (signal $(( rc - 128 )) at exit after all passed)"; rc=0
   fi
+  # One line per phase, written once: the two lanes append to the same file.
+  record "$name" "$(( $(date +%s) - t0 ))" - "$shown"
   (( rc != 0 )) && status=1
   return 0
 }
@@ -115,81 +128,115 @@ if (( ! QUICK )); then
   fi
 fi
 
-# The kind cluster for the last phase, made ready while the foreground tests run: once both
-# builds are done, tests/e2e/run.sh up to its "loaded" step (cluster up, runtime image in the
-# nodes: ~7 min on a cold machine), cluster kept; the kind phase then reuses it.
-kind_prep() {
+# The kind cluster for the kind phase, made ready in the background once both builds are done:
+# tests/e2e/run.sh up to its "loaded" step (cluster up, runtime image in the nodes: ~7 min on a
+# cold machine), cluster kept; the kind phase then reuses it.
+builds_done() {  # wait for the background builds' rc files (the lane cannot `wait` on them)
   local t0=$SECONDS
-  until [[ -f "$WORK/images.rc" && -f "$WORK/go-tools.rc" ]]; do
-    (( SECONDS - t0 < 5400 )) || { echo "kind-prep: the builds did not finish in 5400 s"; return 1; }
-    sleep 10
+  until [[ -f "$WORK/images.rc" || "$HAVE_DOCKER" == 0 ]] && [[ -f "$WORK/go-tools.rc" || "$HAVE_GO" == 0 ]]; do
+    (( SECONDS - t0 < 5400 )) || { echo "the builds did not finish in 5400 s"; return 1; }
+    sleep 5
   done
+}
+kind_prep() {
+  builds_done || return 1
   [[ "$(cat "$WORK/images.rc")" == 0 && "$(cat "$WORK/go-tools.rc")" == 0 ]] \
     || { echo "kind-prep: a build failed; the kind phase builds and reports"; return 1; }
   E2E_STOP_AFTER=loaded E2E_KEEP_CLUSTER=1 E2E_SKIP_BUILD=1 E2E_GPU=fake \
     E2E_ARTIFACTS="$WORK/kind-prep" bash tests/e2e/run.sh
 }
+
+# The Kubernetes lane, in the background beside the Ray and Megatron phases (docs/testing.md,
+# "Two lanes"): the unit tests first (they need no build), then, once the builds are done, the
+# control-plane tests and the kind phase. Its own status is its exit code; its log is printed
+# whole when the foreground has collected it.
+k8s_lane() {
+  pytest_phase unit "$UNIT" "$@"
+  (( QUICK )) || k8s_phases "$@"
+  return $status
+}
+k8s_phases() {  # the control plane and kind phases, once the builds are done
+  local kind_prep_pid=""
+  builds_done || { status=2; return; }
+  if (( HAVE_GO )) && [[ "$(cat "$WORK/go-tools.rc")" != 0 ]]; then
+    tail -n 30 "$WORK/go-tools.log"; log "control-plane build failed: see above"; status=2; return
+  fi
+  if (( HAVE_DOCKER )) && [[ "$(cat "$WORK/images.rc")" != 0 ]]; then
+    log "the background image build failed (the kind test rebuilds and reports); its tail:"
+    tail -n 20 "$WORK/images.log"
+  fi
+  if (( KIND_PREP )); then
+    ( kind_prep ) > "$WORK/kind-prep.log" 2>&1 &
+    kind_prep_pid=$!
+    log "kind-prep: started (log: $WORK/kind-prep.log)"
+  fi
+  pytest_phase plane "$PLANE" "$@"
+  if [[ -n "$kind_prep_pid" ]]; then
+    local t0; t0=$(date +%s)
+    if wait "$kind_prep_pid"; then
+      export E2E_REUSE_CLUSTER=1 E2E_SKIP_BUILD=1
+      log "kind-prep: cluster up with the images loaded (waited $(( $(date +%s) - t0 )) s for it)"
+    else
+      log "kind-prep failed (the kind phase starts its own cluster); its tail:"
+      tail -n 20 "$WORK/kind-prep.log"
+    fi
+  fi
+  if [[ "${TG_CHAOS:-0}" != 0 ]]; then
+    # TG_CHAOS=1: three faults after the kind flow (docs/testing.md); the seed varies per run
+    # and is printed. Off by default until a run of the whole new flow with it has been measured.
+    export E2E_CHAOS=1
+    export E2E_CHAOS_FAULTS="${E2E_CHAOS_FAULTS:-worker-killed-mid-step,operator-killed-restarting,head-killed}"
+    export E2E_CHAOS_SEED="${TG_CHAOS_SEED:-$(( $(date +%s) % 100000 ))}"
+    log "chaos subset: $E2E_CHAOS_FAULTS, seed $E2E_CHAOS_SEED (replay: TG_CHAOS_SEED=$E2E_CHAOS_SEED)"
+  fi
+  pytest_phase kind "$KIND" "$@"
+}
 KIND_PREP=0
 if (( HAVE_DOCKER && HAVE_GO )) && [[ "${TG_SKIP_KIND:-0}" != 1 && "${TG_KIND_PREP:-1}" == 1 ]]; then
   KIND_PREP=1
-  bg kind-prep kind_prep
 fi
+export E2E_ARTIFACTS="${E2E_ARTIFACTS:-$ROOT/tests/e2e/.artifacts/test-sh}"
+rm -rf "$E2E_ARTIFACTS"
 
-# ---- foreground: Python, lint, types, and the tests that need no Go/Docker -----------------------
+# ---- Python, lint, types; then the two lanes --------------------------------------------------
 cache=miss; [[ -f .venv/.tg-installed ]] && cache=hit
 phase install "$cache" ./tools/install.sh || { log "install failed: see the messages above"; table; exit 2; }
 export PATH="$ROOT/.venv/bin:$PATH"
+LANES="${TG_LANES:-2}"
+if [[ "$LANES" == 2 ]]; then
+  # The lane's output streams here, each line prefixed "k8s| " (grep -v '^k8s|' reads the
+  # foreground alone), and is kept whole in $WORK/k8s-lane.log.
+  BG_T0[k8s-lane]=$(date +%s)
+  { ( k8s_lane "$@"; echo $? > "$WORK/k8s-lane.rc"; date +%s > "$WORK/k8s-lane.end" ) 2>&1 \
+      | tee "$WORK/k8s-lane.log" | sed -u 's/^/k8s| /' >&2; } &
+  BG_PID[k8s-lane]=$!
+  log "k8s-lane: the unit tests, then the plane and kind phases, in the background"
+fi
 phase lint - "$PY" -m ruff check . || status=1
 phase types - "$PY" -m mypy || status=1
 phase crd - "$PY" -m tgapi.crd --check . || status=1
-pytest_phase unit "$UNIT" "$@"
 pytest_phase ray "$RAY" "$@"
 pytest_phase megatron-cpu "$MEGATRON" "$@"
-
+if [[ "$LANES" == 2 ]]; then
+  log "the foreground lane is done; waiting for the Kubernetes lane (log: $WORK/k8s-lane.log)"
+  wait "${BG_PID[k8s-lane]}"; unset "BG_PID[k8s-lane]"
+  [[ "$(cat "$WORK/k8s-lane.rc" 2>/dev/null)" == 0 ]] || status=1
+else  # TG_LANES=1: one lane, all in the foreground, unit after megatron (for comparison)
+  k8s_lane "$@"
+fi
+if (( ! QUICK )); then
+  if (( HAVE_GO )); then bg_wait go-tools "$GO_CACHE" || status=1; fi
+  if (( HAVE_DOCKER )); then
+    IMG_AFTER="$(docker image inspect -f '{{.Id}}' ghcr.io/trainergroup/operator:0.1.0 ghcr.io/trainergroup/runtime:0.1.0 2>/dev/null | sort | tr '\n' ' ')"
+    cache=miss; [[ "$IMG_BEFORE" == "$IMG_AFTER" ]] && cache=hit
+    bg_wait images "$cache" && log "images built: $(grep -o 'times: .*' "$WORK/images.log" | tail -n 1)"
+  fi
+fi
 if (( QUICK )); then
   table
   log "quick tier finished in $(( $(date +%s) - T0 ))s with status $status (CI runs everything: ./tools/test.sh)"
   exit $status
 fi
-
-# ---- the builds, then the control plane and real pods ------------------------------------------
-if (( HAVE_GO )); then
-  bg_wait go-tools "$GO_CACHE" || { tail -n 30 "$WORK/go-tools.log" >&2; log "control-plane build failed: see above"; table; exit 2; }
-fi
-if (( HAVE_DOCKER )); then
-  if bg_wait images -; then
-    IMG_AFTER="$(docker image inspect -f '{{.Id}}' ghcr.io/trainergroup/operator:0.1.0 ghcr.io/trainergroup/runtime:0.1.0 2>/dev/null | sort | tr '\n' ' ')"
-    cache=miss; [[ "$IMG_BEFORE" == "$IMG_AFTER" ]] && cache=hit
-    sed -i "\$ s/\t-\t/\t$cache\t/" "$PHASES"
-    log "images built: $(grep -o 'times: .*' "$WORK/images.log" | tail -n 1)"
-  else
-    log "the background image build failed (the kind test rebuilds and reports); its tail:"
-    tail -n 20 "$WORK/images.log" >&2
-  fi
-fi
-pytest_phase plane "$PLANE" "$@"
-
-if (( KIND_PREP )); then
-  if bg_wait kind-prep -; then
-    export E2E_REUSE_CLUSTER=1 E2E_SKIP_BUILD=1
-    log "kind-prep: cluster up with the images loaded, in the background (log: $WORK/kind-prep.log)"
-  else
-    log "kind-prep failed (the kind phase starts its own cluster); its tail:"
-    tail -n 20 "$WORK/kind-prep.log" >&2
-  fi
-fi
-export E2E_ARTIFACTS="${E2E_ARTIFACTS:-$ROOT/tests/e2e/.artifacts/test-sh}"
-rm -rf "$E2E_ARTIFACTS"
-if [[ "${TG_CHAOS:-0}" != 0 ]]; then
-  # TG_CHAOS=1: three faults after the kind flow (docs/testing.md); the seed varies per run and
-  # is printed. Off by default until a run of the whole new flow with it has been measured.
-  export E2E_CHAOS=1
-  export E2E_CHAOS_FAULTS="${E2E_CHAOS_FAULTS:-worker-killed-mid-step,operator-killed-restarting,head-killed}"
-  export E2E_CHAOS_SEED="${TG_CHAOS_SEED:-$(( $(date +%s) % 100000 ))}"
-  log "chaos subset: $E2E_CHAOS_FAULTS, seed $E2E_CHAOS_SEED (replay: TG_CHAOS_SEED=$E2E_CHAOS_SEED)"
-fi
-pytest_phase kind "$KIND" "$@"
-
 table
 log "finished in $(( $(date +%s) - T0 ))s with status $status"
 exit $status

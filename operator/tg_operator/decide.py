@@ -22,6 +22,7 @@ from tg_operator import (
     observed,
     outcomes,
     owners,
+    queue,
     raycluster,
     recreate,
     spec_change,
@@ -97,6 +98,8 @@ def serve_tinker(snap: Snapshot, cfg: Settings) -> Decision | None:
         return None
     if seen.deployment is not None:
         return update_tinker(snap, cfg)
+    if tg.spec.queue is not None and (snap.raycluster is None or queue.suspended(snap.raycluster)):
+        return None  # a queued group holds no pod at all: its server starts once it is admitted
     action = ServeTinker(
         secret_name=tinker.keys_secret_name(tg), bodies=tinker.objects(tg, python=cfg.python)
     )

@@ -11,6 +11,7 @@ docs/kueue.md).
 
 from __future__ import annotations
 
+import copy
 import subprocess
 import time
 from pathlib import Path
@@ -127,4 +128,35 @@ def test_a_queued_group_waits_suspended_then_starts_once_admitted(
     assert st["phase"] == "Ready", ks.dump(st)
     metrics = operator.metrics()
     assert f'trainergroup_phase{{name="{name}",namespace="{ns}",phase="Ready"}} 1.0' in metrics
+    delete_and_wait(k8s_plane, ns, name, operator)
+
+
+def test_gang_scheduling_fields_land_on_the_real_pods(
+    k8s_plane: Any, ns: str, operator: ks.OperatorProcess
+) -> None:
+    """Without Kueue: the gang-scheduling labels reach the RayCluster and ``schedulerName`` and
+    the pod labels reach every pod KubeRay creates (docs/kueue.md, "Gang scheduling"). No
+    Volcano runs here, so the pods stay Pending; the group waits for its cluster, not Failed."""
+    name = "gang"
+    cluster = copy.deepcopy(ks.TINY_SPEC["rayCluster"])
+    gang = {"ray.io/gang-scheduling-enabled": "true", "volcano.sh/queue-name": "team-a"}
+    pod_labels = {"yunikorn.apache.org/app-id": "gang-app"}
+    cluster.update(schedulerName="volcano", labels=gang, podLabels=pod_labels)
+    k8s_plane.apply(ks.noop(name, ns, rayCluster=cluster))
+
+    def pods() -> list[dict[str, Any]] | None:
+        got = k8s_plane.kubectl_json("get", "pods", "-n", ns, "-l", f"ray.io/cluster={name}")
+        items: list[dict[str, Any]] = got["items"]
+        return items if len(items) == 2 else None  # the head and the one worker
+
+    items = ks.wait_for(
+        pods, timeout=120, what="KubeRay's head and worker pods", detail=operator.tail
+    )
+    for pod in items:
+        assert pod["spec"]["schedulerName"] == "volcano", pod["metadata"]["name"]
+        assert pod_labels.items() <= pod["metadata"]["labels"].items(), pod["metadata"]
+        assert pod["status"].get("phase") == "Pending"  # no Volcano: nothing binds them
+    rc = k8s_plane.kubectl_json("get", "raycluster", name, "-n", ns)
+    assert gang.items() <= rc["metadata"]["labels"].items(), rc["metadata"]["labels"]
+    assert ks.status_of(k8s_plane, ns, name).get("phase") not in {"Failed", "Ready"}
     delete_and_wait(k8s_plane, ns, name, operator)

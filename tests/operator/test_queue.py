@@ -120,6 +120,8 @@ def test_a_queued_group_waits_without_timing_out_then_starts_once_admitted() -> 
     assert w.kube.clusters[key]["spec"]["suspend"] is True  # never unsuspended by the operator
     assert w.ray.calls["submit_job"] == 0 and w.warnings() == []
     assert w.kube.calls["delete_raycluster"] == 0
+    tinker_key = ("Deployment", key[0], f"{w.obj['metadata']['name']}-tinker")
+    assert tinker_key not in w.kube.objects  # a queued group holds no pod, not even its server
     # far past clusterReadySeconds, a queued group still waits for the watch (no 1 s poll,
     # which would list Workloads every second)
     step = run(reconcile.advance(w.ctx, obj=w.obj, sink=w.sink))
@@ -128,6 +130,7 @@ def test_a_queued_group_waits_without_timing_out_then_starts_once_admitted() -> 
     _kueue(w, admit=True)
     run(drive(w, until=phase_is("Ready")))
     assert w.status["phase"] == "Ready" and w.status["readyWorkers"] == 2
+    assert tinker_key in w.kube.objects  # admitted: the Tinker server is created
 
 
 def test_a_preempted_group_goes_back_to_queued_then_resumes_once_admitted_again() -> None:

@@ -13,7 +13,9 @@
 # unpacked into snapshots, which is all a container needs (containerd's own
 # discard_unpacked_layers does the same for pulled images). Without that a node holds every
 # layer twice: a 6 GB image costs 13 GB of disk per node instead of 6.5.
-# Nodes that already hold the same image ID are skipped.
+# Nodes that already hold the same image ID are skipped. A node that holds an older image of the
+# same name gets only the layers it lacks (hack/kind/image_delta.py; TG_KIND_LOAD_DELTA=0: the
+# whole image), so a code change costs its small top layers, not the whole image per node.
 #
 # Env: TG_KIND_CLUSTER (default tg-kind), TG_KIND_LOAD_NODES (comma list; default all nodes),
 #      TG_KIND_LOAD_KEEP_LAYERS=1 (keep the layer blobs), TG_KIND_LOAD_VIA_KIND=1 (plain
@@ -21,6 +23,7 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
+DELTA_PY="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/image_delta.py"
 CLUSTER="${TG_KIND_CLUSTER:-tg-kind}"
 TMO="${TG_KIND_LOAD_TIMEOUT:-1800}"
 [[ $# -ge 1 ]] || die "usage: $0 IMAGE... (env TG_KIND_CLUSTER=$CLUSTER, TG_KIND_LOAD_NODES=n1,n2)"
@@ -38,6 +41,41 @@ node_image_id() {  # <node> <ref>: the config digest (= docker image ID) the nod
   "$DOCKER" exec "$1" sh -c '
     m=$(ctr -n k8s.io images ls 2>/dev/null | awk -v r="$0" "\$1==r {print \$3}")
     [ -n "$m" ] && ctr -n k8s.io content get "$m" | jq -r .config.digest' "$2" 2>/dev/null || true
+}
+
+node_layers() {  # <node> <ref>: the layer digests of the image the node holds under ref (none: empty)
+  "$DOCKER" exec "$1" sh -c '
+    m=$(ctr -n k8s.io images ls 2>/dev/null | awk -v r="$0" "\$1==r {print \$3}")
+    [ -n "$m" ] && ctr -n k8s.io content get "$m" | jq -r ".layers[].digest"' "$2" 2>/dev/null || true
+}
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/tg-load.XXXXXX")"
+trap 'rm -rf "$WORK"' EXIT
+# A changed image whose lower layers the node already has (the usual case: a code change in
+# the runtime image): an OCI archive of only the layers it lacks (hack/kind/image_delta.py),
+# made once per image and set of layers the node has. The old image stays tagged during the
+# import, so its snapshots (the new image's lower layers) are referenced until the new one is
+# unpacked. Any failure: the whole image, as before.
+import_delta() {  # <node> <ref> <have file>
+  local n="$1" img="$2" have="$3" key delta
+  key="$(sha256sum < "$have" | cut -c1-16)"
+  delta="$WORK/delta.$key.tar"
+  if [[ ! -f "$delta" ]]; then
+    with_timeout "$TMO" "docker save $img for a delta" bash -c '
+        set -o pipefail
+        "$1" save "$2" | python3 "$3" --have "$4" --out "$5"' _ "$DOCKER" "$img" \
+        "$DELTA_PY" "$have" "$delta.part" \
+      && mv "$delta.part" "$delta" || { log "delta of $img failed: loading it whole"; return 1; }
+  fi
+  log "loading the layers of $img that $n lacks ($(( $(stat -c %s "$delta") >> 20 )) MiB of $mib MiB)"
+  "$DOCKER" exec "$n" ctr -n k8s.io images tag --force "$img" "$img-tg-previous" >/dev/null 2>&1 || true
+  if ! with_timeout "$TMO" "importing the delta of $img into $n" bash -c '
+      "$1" exec -i "$2" ctr --namespace=k8s.io images import --all-platforms --digests \
+          --snapshotter=overlayfs - < "$3" >/dev/null' _ "$DOCKER" "$n" "$delta"; then
+    log "delta import of $img into $n failed: loading it whole"
+    "$DOCKER" exec "$n" ctr -n k8s.io images rm "$img-tg-previous" >/dev/null 2>&1 || true
+    return 1
+  fi
+  "$DOCKER" exec "$n" ctr -n k8s.io images rm "$img-tg-previous" >/dev/null 2>&1 || true
 }
 
 for img in "$@"; do
@@ -58,13 +96,18 @@ for img in "$@"; do
         log "$n already has $img ($id), skipped"; continue
       fi
       tn=$SECONDS
-      log "loading $img ($mib MiB) into $n"
-      # shellcheck disable=SC2016
-      with_timeout "$TMO" "loading $img into $n" bash -c '
-          set -o pipefail
-          "$1" save "$2" | "$1" exec -i "$3" ctr --namespace=k8s.io images import \
-              --all-platforms --digests --snapshotter=overlayfs - >/dev/null' _ "$DOCKER" "$img" "$n" \
-        || die "importing $img into $n failed (disk space? 'df -h /var/lib/docker'; a node needs about the image size free, twice with TG_KIND_LOAD_KEEP_LAYERS=1)"
+      have="$WORK/have.$n"
+      node_layers "$n" "$img" > "$have"
+      if [[ "${TG_KIND_LOAD_DELTA:-1}" == 1 && -s "$have" ]] && import_delta "$n" "$img" "$have"; then
+        :
+      else
+        log "loading $img ($mib MiB) into $n"
+        with_timeout "$TMO" "loading $img into $n" bash -c '
+            set -o pipefail
+            "$1" save "$2" | "$1" exec -i "$3" ctr --namespace=k8s.io images import \
+                --all-platforms --digests --snapshotter=overlayfs - >/dev/null' _ "$DOCKER" "$img" "$n" \
+          || die "importing $img into $n failed (disk space? 'df -h /var/lib/docker'; a node needs about the image size free, twice with TG_KIND_LOAD_KEEP_LAYERS=1)"
+      fi
       got="$(node_image_id "$n" "$img")"
       if [[ "$got" != "$id" ]]; then
         now="$("$DOCKER" image inspect -f '{{.Id}}' "$img")"

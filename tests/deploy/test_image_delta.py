@@ -1,0 +1,125 @@
+"""hack/kind/image_delta.py: a changed image reaches a containerd that holds its older version
+as the layers it lacks only, and runs there with old and new layers both.
+
+The containerd is Docker's own (Debian's docker.io runs one; a private namespace here), version
+1.6 like the kind nodes'. The flow is load-image.sh's: a whole import, the layer blobs dropped,
+then the next version as a delta with the previous image tagged during the import.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hack.kind import image_delta
+
+REPO = Path(__file__).resolve().parents[2]
+DELTA = REPO / "hack" / "kind" / "image_delta.py"
+SOCKET = Path("/run/docker/containerd/containerd.sock")
+
+
+def test_tags_are_named_the_way_containerd_names_them() -> None:
+    assert image_delta.normalized("busybox:1") == "docker.io/library/busybox:1"
+    assert image_delta.normalized("me/app:2") == "docker.io/me/app:2"
+    assert image_delta.normalized("ghcr.io/trainergroup/runtime:0.1.0") == (
+        "ghcr.io/trainergroup/runtime:0.1.0"
+    )
+    assert image_delta.normalized("localhost/x:1") == "localhost/x:1"
+
+
+def _run(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    proc = subprocess.run(list(args), input=stdin, capture_output=True, timeout=600, check=False)
+    assert proc.returncode == 0, (args, proc.stderr.decode()[-3000:])
+    return proc
+
+
+@pytest.fixture
+def ctr() -> Iterator[list[str]]:
+    if shutil.which("docker") is None or shutil.which("ctr") is None or not SOCKET.exists():
+        pytest.skip(f"needs Docker with its containerd at {SOCKET} and ctr (hack/docker/up.sh)")
+    ns = f"tgdelta-{uuid.uuid4().hex[:6]}"
+    base = ["ctr", "-a", str(SOCKET), "-n", ns]
+    yield base
+    for ref in subprocess.run(
+        [*base, "images", "ls", "-q"], capture_output=True, text=True, check=False
+    ).stdout.split():
+        subprocess.run([*base, "images", "rm", "--sync", ref], capture_output=True, check=False)
+    subprocess.run(
+        ["ctr", "-a", str(SOCKET), "namespaces", "rm", ns], capture_output=True, check=False
+    )
+
+
+@pytest.mark.docker
+def test_a_code_change_loads_as_its_new_layer_only(ctr: list[str], tmp_path: Path) -> None:
+    base = _run("docker", "image", "ls", "-q", "--filter", "reference=trainergroup.local/debian")
+    if not base.stdout.split():
+        pytest.skip("no stand-in Debian base (hack/images/build-bases.sh builds it)")
+    tag = f"tgdelta-{uuid.uuid4().hex[:6]}"
+    (tmp_path / "Dockerfile").write_text(
+        f"FROM {base.stdout.split()[0].decode()}\n"
+        "RUN head -c 8000000 /dev/urandom > /big.bin && echo big > /big\nCOPY f /f\n"
+    )
+    ref = f"docker.io/library/{tag}:cur"
+    try:
+        for version in ("one", "two"):
+            (tmp_path / "f").write_text(version)
+            _run("docker", "build", "-q", "-t", f"{tag}:{version}", str(tmp_path))
+        # the node's state after load-image.sh: v1 imported whole, its layer blobs dropped
+        _run("docker", "tag", f"{tag}:one", f"{tag}:cur")
+        saved = _run("docker", "save", f"{tag}:cur").stdout
+        _run(
+            *ctr, "images", "import", "--all-platforms", "--snapshotter=overlayfs", "-", stdin=saved
+        )
+        manifest = json.loads(_run(*ctr, "content", "get", _digest(ctr, ref)).stdout)
+        layers = [layer["digest"] for layer in manifest["layers"]]
+        for digest in layers:
+            _run(*ctr, "content", "rm", digest)
+        (tmp_path / "have").write_text("\n".join(layers) + "\n")
+
+        _run("docker", "tag", f"{tag}:two", f"{tag}:cur")
+        saved = _run("docker", "save", f"{tag}:cur").stdout
+        out = tmp_path / "delta.tar"
+        _run(
+            "python3", str(DELTA), "--have", str(tmp_path / "have"), "--out", str(out), stdin=saved
+        )
+        assert out.stat().st_size < 200_000 < len(saved)  # the 8 MB layer stayed behind
+        _run(*ctr, "images", "tag", "--force", ref, f"{ref}-previous")
+        _run(
+            *ctr,
+            "images",
+            "import",
+            "--all-platforms",
+            "--snapshotter=overlayfs",
+            "-",
+            stdin=out.read_bytes(),
+        )
+        _run(*ctr, "images", "rm", f"{ref}-previous")
+
+        config = json.loads(_run(*ctr, "content", "get", _digest(ctr, ref)).stdout)["config"]
+        image_id = _run("docker", "image", "inspect", "-f", "{{.Id}}", f"{tag}:two").stdout
+        assert config["digest"] == image_id.decode().strip()
+        name = f"t{uuid.uuid4().hex[:6]}"
+        got = _run(
+            *ctr, "run", "--rm", "--snapshotter", "overlayfs", ref, name, "cat", "/f", "/big"
+        ).stdout.decode()
+        assert got == "twobig\n", got  # the new top layer over the old lower ones
+    finally:
+        subprocess.run(
+            ["docker", "rmi", "-f", f"{tag}:one", f"{tag}:two", f"{tag}:cur"],
+            capture_output=True,
+            check=False,
+        )
+
+
+def _digest(ctr: list[str], ref: str) -> str:
+    for line in _run(*ctr, "images", "ls").stdout.decode().splitlines()[1:]:
+        fields = line.split()
+        if fields and fields[0] == ref:
+            return fields[2]
+    raise AssertionError(f"{ref} is not in the namespace")

@@ -1,21 +1,25 @@
 #!/usr/bin/env bash
 # Build the project's images here, FROM stand-in bases made from Debian's packages.
 #
-#   hack/images/build.sh [operator|runtime|kuberay|all]...   (default: all)
+#   hack/images/build.sh [operator|runtime|kuberay|kueue|all]...   (default: all = the first three)
 #
 # operator  images/operator.Dockerfile -> $OPERATOR_IMAGE (ghcr.io/trainergroup/operator:<appVersion>)
 # runtime   images/runtime.Dockerfile  -> $RUNTIME_IMAGE  (ghcr.io/trainergroup/runtime:<appVersion>)
-# kuberay   images/kuberay-operator.Dockerfile with hack/build-tools.sh's ray-operator binary
+# kuberay   images/go-manager.Dockerfile with hack/build-tools.sh's ray-operator binary
 #           -> $KUBERAY_IMAGE (trainergroup.local/kuberay-operator:<KUBERAY_VERSION>)
+# kueue     images/go-manager.Dockerfile with hack/kueue/build.sh's manager binary
+#           -> $KUEUE_IMAGE (trainergroup.local/kueue:<KUEUE_VERSION>, hack/kueue/version.env)
 # The tags are the ones the chart (charts/trainergroup: values.yaml image.repository,
 # Chart.yaml appVersion) and the TrainerGroup examples expect, so `kind load` + `helm install`
 # need no overrides. Bases: hack/images/build-bases.sh (cached by recipe hash), or set
-# OPERATOR_BASE_IMAGE / RUNTIME_BASE_IMAGE / KUBERAY_BASE_IMAGE to use other (e.g. upstream) ones.
+# OPERATOR_BASE_IMAGE / RUNTIME_BASE_IMAGE / GO_MANAGER_BASE_IMAGE (KubeRay's and Kueue's;
+# KUBERAY_BASE_IMAGE still works) to use other (e.g. upstream) ones.
 # pip reaches PyPI with $PIP_CA_BUNDLE (default: the host's /etc/ssl/certs/ca-certificates.crt)
 # given to BuildKit as the secret `pip-ca`: mounted during the install RUN only, never stored.
 # Layer and pip caches are Docker's own (BuildKit): a second run with nothing changed takes
 # seconds, a changed source file rebuilds only the last layers. Prints a time per image.
-# Env: DOCKER, OPERATOR_IMAGE, RUNTIME_IMAGE, KUBERAY_IMAGE, *_BASE_IMAGE, KUBERAY_OPERATOR_BIN,
+# Env: DOCKER, OPERATOR_IMAGE, RUNTIME_IMAGE, KUBERAY_IMAGE, KUEUE_IMAGE, *_BASE_IMAGE,
+# KUBERAY_OPERATOR_BIN, KUEUE_MANAGER_BIN,
 # PIP_CA_BUNDLE (empty: no secret), TG_BUILD_CONTEXT, BUILD_FLAGS.
 set -euo pipefail
 
@@ -32,6 +36,9 @@ OPERATOR_REPO="$(sed -n '/^image:/,/^[^ ]/s/^  repository: *//p' "$REPO/charts/t
 OPERATOR_IMAGE="${OPERATOR_IMAGE:-${OPERATOR_REPO:-ghcr.io/trainergroup/operator}:$APP_VERSION}"
 RUNTIME_IMAGE="${RUNTIME_IMAGE:-${OPERATOR_REPO%/operator}/runtime:$APP_VERSION}"
 KUBERAY_IMAGE="${KUBERAY_IMAGE:-trainergroup.local/kuberay-operator:$KUBERAY_VERSION}"
+# shellcheck disable=SC1091  # hack/kueue/version.env: KUEUE_VERSION (apart, so it keys no k8s build)
+source "$REPO/hack/kueue/version.env"
+KUEUE_IMAGE="${KUEUE_IMAGE:-trainergroup.local/kueue:$KUEUE_VERSION}"
 PIP_CA_BUNDLE="${PIP_CA_BUNDLE-/etc/ssl/certs/ca-certificates.crt}"
 # The build context (default: the repository; a copy works too, e.g. to time a source change).
 CONTEXT="${TG_BUILD_CONTEXT:-$REPO}"
@@ -81,25 +88,39 @@ build_runtime() {
   build_python_image runtime images/runtime.Dockerfile "$RUNTIME_IMAGE" "$base"
 }
 
-build_kuberay() {
-  local base="${KUBERAY_BASE_IMAGE:-}" bin t0=$SECONDS ctx
+build_go_manager() {  # <name> <tag> <version> <binary>: images/go-manager.Dockerfile
+  local name="$1" tag="$2" version="$3" bin="$4" base="${GO_MANAGER_BASE_IMAGE:-${KUBERAY_BASE_IMAGE:-}}" t0=$SECONDS ctx title
+  title="${tag##*/}"; title="${title%%:*}"   # the image's name: kuberay-operator, kueue
   [[ -n "$base" ]] || { bases; base="$DEBIAN_BASE"; }
-  bin="${KUBERAY_OPERATOR_BIN:-}"
+  [[ -x "$bin" ]] || die "$name: no manager binary at $bin"
+  ctx="$(mktemp -d)"
+  # shellcheck disable=SC2064
+  trap "rm -rf '$ctx'" RETURN
+  ln "$bin" "$ctx/manager" 2>/dev/null || cp "$bin" "$ctx/manager"
+  log "$name: $tag FROM $base ($bin)"
+  "$DOCKER" build -f "$REPO/images/go-manager.Dockerfile" -t "$tag" \
+    --build-arg "BASE_IMAGE=$base" --build-arg "TITLE=$title" --build-arg "VERSION=$version" "$ctx" >&2
+  TIMES+=("$name $((SECONDS - t0)) s ($tag)")
+  log "$name: built $tag in $((SECONDS - t0)) s"
+}
+
+build_kuberay() {
+  local bin="${KUBERAY_OPERATOR_BIN:-}"
   if [[ -z "$bin" ]]; then
     # Waits on build-tools' lock when its (long, cold) build is running; prints the bin dir last.
     log "kuberay: the ray-operator binary from hack/build-tools.sh (waits for a build in progress)"
     bin="$("$REPO/hack/build-tools.sh" | tail -1)/ray-operator"
   fi
-  [[ -x "$bin" ]] || die "kuberay: no ray-operator binary at $bin"
-  ctx="$(mktemp -d)"
-  # shellcheck disable=SC2064
-  trap "rm -rf '$ctx'" RETURN
-  ln "$bin" "$ctx/manager" 2>/dev/null || cp "$bin" "$ctx/manager"
-  log "kuberay: $KUBERAY_IMAGE FROM $base ($bin)"
-  "$DOCKER" build -f "$REPO/images/kuberay-operator.Dockerfile" -t "$KUBERAY_IMAGE" \
-    --build-arg "BASE_IMAGE=$base" --build-arg "KUBERAY_VERSION=$KUBERAY_VERSION" "$ctx" >&2
-  TIMES+=("kuberay $((SECONDS - t0)) s ($KUBERAY_IMAGE)")
-  log "kuberay: built $KUBERAY_IMAGE in $((SECONDS - t0)) s"
+  build_go_manager kuberay "$KUBERAY_IMAGE" "$KUBERAY_VERSION" "$bin"
+}
+
+build_kueue() {
+  local bin="${KUEUE_MANAGER_BIN:-}"
+  if [[ -z "$bin" ]]; then
+    log "kueue: the manager binary from hack/kueue/build.sh (cold: a go build of minutes)"
+    bin="$("$REPO/hack/kueue/build.sh" | tail -1)"
+  fi
+  build_go_manager kueue "$KUEUE_IMAGE" "$KUEUE_VERSION" "$bin"
 }
 
 TIMES=()
@@ -110,9 +131,10 @@ for t in "${targets[@]}"; do
     operator) build_operator ;;
     runtime) build_runtime ;;
     kuberay) build_kuberay ;;
+    kueue) build_kueue ;;
     all) build_operator; build_runtime; build_kuberay ;;
-    -h|--help) sed -n '2,18p' "${BASH_SOURCE[0]}"; exit 0 ;;
-    *) die "unknown target '$t' (operator|runtime|kuberay|all)" ;;
+    -h|--help) sed -n '2,21p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    *) die "unknown target '$t' (operator|runtime|kuberay|kueue|all)" ;;
   esac
 done
 log "times: $(IFS=';'; echo "${TIMES[*]}"); total $((SECONDS - T0)) s"
@@ -122,4 +144,4 @@ log "times: $(IFS=';'; echo "${TIMES[*]}"); total $((SECONDS - T0)) s"
 "$DOCKER" image prune -f >/dev/null 2>&1 || true
 "$DOCKER" builder prune -f --keep-storage "${TG_BUILDKIT_KEEP:-14GB}" >/dev/null 2>&1 || true
 "$DOCKER" image ls --format '{{.Repository}}:{{.Tag}} {{.Size}}' \
-  | grep -E "^(${OPERATOR_IMAGE}|${RUNTIME_IMAGE}|${KUBERAY_IMAGE}) " >&2 || true
+  | grep -E "^(${OPERATOR_IMAGE}|${RUNTIME_IMAGE}|${KUBERAY_IMAGE}|${KUEUE_IMAGE}) " >&2 || true

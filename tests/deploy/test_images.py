@@ -36,7 +36,7 @@ from tests.deploy.chart import CHART, EXAMPLE_JOB, EXAMPLE_TG, REPO
 
 IMAGES = REPO / "images"
 DOCKERFILES = {"operator": IMAGES / "operator.Dockerfile", "runtime": IMAGES / "runtime.Dockerfile"}
-KUBERAY_DOCKERFILE = IMAGES / "kuberay-operator.Dockerfile"
+GO_MANAGER_DOCKERFILE = IMAGES / "go-manager.Dockerfile"  # KubeRay's and Kueue's
 PRODUCTION_BASES = {
     "operator": "python:3.12.12-slim-bookworm",
     "runtime": "rayproject/ray:2.60.0-py312-gpu",
@@ -350,10 +350,10 @@ def test_make_images_builds_both() -> None:
     assert "-f images/runtime.Dockerfile" in makefile
 
 
-def test_kuberay_image_is_a_drop_in_for_kuberays_own() -> None:
-    """KubeRay's chart and config/manager run `command: [/manager]` with args; upstream's image
-    is distroless :nonroot (65532) with ENTRYPOINT ["/manager"]."""
-    ins = _instructions(KUBERAY_DOCKERFILE)
+def test_go_manager_image_is_a_drop_in_for_kuberays_and_kueues_own() -> None:
+    """KubeRay's and Kueue's charts run `command: [/manager]` with args; their upstream images
+    are distroless :nonroot (65532) with ENTRYPOINT ["/manager"]."""
+    ins = _instructions(GO_MANAGER_DOCKERFILE)
     assert ("COPY", "manager /manager") in ins
     assert [a for i, a in ins if i == "ENTRYPOINT"][-1] == '["/manager"]'
     assert [a for i, a in ins if i == "USER"][-1] == "65532:65532"
@@ -361,7 +361,7 @@ def test_kuberay_image_is_a_drop_in_for_kuberays_own() -> None:
     hadolint = _hadolint()
     if hadolint is not None:
         proc = subprocess.run(
-            [hadolint, "--failure-threshold", "style", str(KUBERAY_DOCKERFILE)],
+            [hadolint, "--failure-threshold", "style", str(GO_MANAGER_DOCKERFILE)],
             capture_output=True,
             text=True,
             check=False,

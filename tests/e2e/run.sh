@@ -30,6 +30,8 @@
 #   E2E_STEPS=10 (nvidia) / 5 (fake)     client training steps
 #   E2E_READY_TIMEOUT=1800          seconds for the TrainerGroup to become Ready
 #   E2E_PHASES="resume tinker"      phases run after the recovery step (tests/e2e/phases/); "" none
+#   E2E_KUEUE=0                     1: at the end, Kueue built here admits, queues and preempts
+#                                   groups (tests/e2e/phases/kueue.sh, docs/kueue.md)
 #   E2E_CHAOS=0                     1: then the chaos suite (tests/e2e/chaos.py, ~25 min, docs/chaos.md)
 #   E2E_CHAOS_SEED=1 E2E_CHAOS_FAULTS=   its seed; a comma-separated subset of its faults
 #   E2E_WORKER_CPU, E2E_WORKER_MEMORY, E2E_HEAD_CPU, E2E_HEAD_MEMORY   Ray pod sizes
@@ -118,6 +120,10 @@ diagnose() {
   } > "$ARTIFACTS/cluster.txt" 2>&1 || true
   k -n "$OP_NS" logs deploy/trainergroup-operator --tail=-1 > "$ARTIFACTS/operator.log" 2>&1 || true
   k -n "$KR_NS" logs deploy/kuberay-operator --tail=-1 > "$ARTIFACTS/kuberay.log" 2>&1 || true
+  if k get ns kueue-system >/dev/null 2>&1; then   # phase kueue
+    k -n kueue-system logs deploy/kueue-controller-manager --tail=-1 > "$ARTIFACTS/kueue.log" 2>&1 || true
+    k get workloads,clusterqueues,localqueues -A -o yaml > "$ARTIFACTS/kueue-objects.yaml" 2>&1 || true
+  fi
   k -n "$TG_NS" logs "job/$TG-client" --tail=-1 > "$ARTIFACTS/client.log" 2>&1 || true
   k -n "$TG_NS" logs -l "ray.io/cluster=$TG,ray.io/node-type=head" --tail=-1 > "$ARTIFACTS/ray-head.log" 2>&1 || true
   k -n "$TG_NS" logs -l "ray.io/cluster=$TG,ray.io/node-type=worker" --tail=-1 > "$ARTIFACTS/ray-workers.log" 2>&1 || true
@@ -466,6 +472,7 @@ NEW_NAMES="$(k -n "$TG_NS" get tg "$TG" -o jsonpath='{.status.workerNames}')"
 check_status | tee "$ARTIFACTS/status-recovered.json"
 log "recovered under new names $NEW_NAMES (were $OLD_NAMES)"
 run_client "$TG-client-2"
+source tests/e2e/lib/clients.sh   # e2e_client, e2e_steps, e2e_claim, e2e_ready_line (phases)
 # shellcheck source=/dev/null  # ---- phases: tests/e2e/phases/<name>.sh, each from a Ready group
 for phase in ${E2E_PHASES-resume tinker}; do source "tests/e2e/phases/$phase.sh"; done
 [[ "${E2E_CHAOS:-0}" == 1 ]] && source tests/e2e/phases/chaos.sh   # opt-in: docs/chaos.md
@@ -487,6 +494,7 @@ CLEANED="$(k -n "$TG_NS" get events --field-selector "involvedObject.name=$TG,re
 log "operator's CleanedUp event: $CLEANED"
 [[ "$CLEANED" == *"no live workers left"* ]] || die "no CleanedUp event saying the workers are gone (got '$CLEANED')"
 source tests/e2e/phases/gcs_ft.sh   # GCS fault tolerance: the head pod dies, the workers live on
+[[ "${E2E_KUEUE:-0}" == 1 ]] && source tests/e2e/phases/kueue.sh   # Kueue admits, queues, preempts
 
 # ---- record -------------------------------------------------------------------------------------
 python3 tests/e2e/timeline.py "$ARTIFACTS" | tee "$ARTIFACTS/timeline.txt"

@@ -14,7 +14,7 @@
 #      first client's last one, far below a fresh model's (~ ln 256 = 5.55).
 #
 # Uses run.sh's k, log, die, wait_for, wait_phase, stamp, TG, TG_NS, GPU_NODE, STEPS, ARTIFACTS,
-# RUNTIME_IMAGE, MODE; defines only resume_* names. Figures go to $ARTIFACTS/resume.json.
+# RUNTIME_IMAGE, MODE and tests/e2e/lib/clients.sh's e2e_*; defines only resume_* names. Figures go to $ARTIFACTS/resume.json.
 
 RESUME_T0=$(date +%s)
 RESUME_ID="$RESUME_T0"
@@ -27,39 +27,7 @@ RESUME_CKPT="$RESUME_DIR/step_$(printf '%08d' "$STEPS")"
 log "phase resume: checkpoint claim $RESUME_CLAIM (hostPath $RESUME_HOST_DIR on $GPU_NODE)"
 stamp resume_start
 
-# The kind node is a container: make the directory there, writable by the pods' uid 1000.
-docker exec "$GPU_NODE" sh -c "mkdir -p '$RESUME_HOST_DIR' && chmod 0777 '$RESUME_HOST_DIR'"
-k apply -f - <<EOF
-apiVersion: v1
-kind: PersistentVolume
-metadata:
-  name: $RESUME_PV
-  labels: {app.kubernetes.io/part-of: trainergroup-e2e}
-spec:
-  capacity: {storage: 1Gi}
-  accessModes: [ReadWriteOnce]
-  persistentVolumeReclaimPolicy: Retain
-  storageClassName: ""
-  hostPath: {path: $RESUME_HOST_DIR, type: Directory}
-  nodeAffinity:
-    required:
-      nodeSelectorTerms:
-        - matchExpressions:
-            - {key: kubernetes.io/hostname, operator: In, values: [$GPU_NODE]}
----
-apiVersion: v1
-kind: PersistentVolumeClaim
-metadata:
-  name: $RESUME_CLAIM
-  namespace: $TG_NS
-spec:
-  accessModes: [ReadWriteOnce]
-  storageClassName: ""
-  volumeName: $RESUME_PV
-  resources: {requests: {storage: 1Gi}}
-EOF
-resume_bound() { [[ "$(k -n "$TG_NS" get pvc "$RESUME_CLAIM" -o jsonpath='{.status.phase}')" == Bound ]]; }
-wait_for 60 "claim $RESUME_CLAIM Bound" resume_bound
+e2e_claim "$RESUME_CLAIM" "$RESUME_PV" "$RESUME_HOST_DIR"
 
 resume_field() { k -n "$TG_NS" get tg "$TG" -o jsonpath="{$1}"; }
 resume_new_group_ready() {  # <old workerNames>: Ready, spec acted on, under new worker names
@@ -82,46 +50,8 @@ RESUME_WPOD_CLAIM="$(k -n "$TG_NS" get pod -l "ray.io/cluster=$TG,ray.io/node-ty
 [[ "$RESUME_WPOD_CLAIM" == "$RESUME_CLAIM" ]] || die "the worker pod does not mount claim $RESUME_CLAIM (got '$RESUME_WPOD_CLAIM')"
 log "group Ready with $RESUME_CLAIM mounted at $RESUME_MOUNT in $(( $(date +%s) - RESUME_T0 ))s"
 
-# ---- clients ------------------------------------------------------------------------------------
-resume_client() {  # <job name> [client args...]: run the example client Job; its TG_STEP lines
-  local job="$1" t0 done_; shift
-  k -n "$TG_NS" delete job "$job" --ignore-not-found --wait=true >/dev/null
-  JOB="$job" STEPS="$STEPS" EXTRA="$*" python3 - manifests/examples/client-job.yaml \
-    > "$ARTIFACTS/$job.yaml" <<'PY'
-import os, sys, yaml
-doc = yaml.safe_load(open(sys.argv[1]))
-doc["metadata"]["name"] = os.environ["JOB"]
-c = doc["spec"]["template"]["spec"]["containers"][0]
-c["image"], c["imagePullPolicy"] = os.environ["RUNTIME_IMAGE"], "Never"
-for e in c["env"]:
-    if e["name"] == "TG_STEPS":
-        e["value"] = os.environ["STEPS"]
-c["args"] = [a.replace("--no-progress", "--no-progress " + os.environ["EXTRA"]) for a in c["args"]]
-if os.environ["MODE"] == "fake":
-    c["resources"] = {"requests": {"cpu": "250m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}}
-yaml.safe_dump(doc, sys.stdout, sort_keys=False)
-PY
-  k apply -f "$ARTIFACTS/$job.yaml" >/dev/null
-  t0=$(date +%s)
-  while :; do
-    done_="$(k -n "$TG_NS" get job "$job" -o jsonpath='{range .status.conditions[*]}{.type}={.status} {end}')"
-    [[ "$done_" == *"Complete=True"* ]] && break
-    [[ "$done_" == *"Failed=True"* ]] && { k -n "$TG_NS" logs "job/$job" --tail=50 >&2 || true; die "client Job $job failed"; }
-    (( $(date +%s) - t0 < 1800 )) || die "client Job $job not done after 1800s"
-    sleep 3
-  done
-  k -n "$TG_NS" logs "job/$job" --tail=-1 > "$ARTIFACTS/$job.log"
-  log "client Job $job done in $(( $(date +%s) - t0 ))s"
-}
-resume_steps() {  # <job name>: its TG_STEP lines as a JSON list of {step, loss}
-  python3 -c '
-import json, sys
-print(json.dumps([json.loads(l.split("TG_STEP ", 1)[1]) for l in open(sys.argv[1]) if "TG_STEP " in l]))' \
-    "$ARTIFACTS/$1.log"
-}
-
 # ---- 3. train and save a checkpoint -------------------------------------------------------------
-resume_client "$TG-resume-a" --save-checkpoint "$RESUME_CKPT"
+e2e_client "$TG-resume-a" --save-checkpoint "$RESUME_CKPT"
 grep -q "checkpoint saved to $RESUME_CKPT" "$ARTIFACTS/$TG-resume-a.log" \
   || die "client $TG-resume-a did not report the checkpoint $RESUME_CKPT"
 docker exec "$GPU_NODE" test -f "$RESUME_HOST_DIR/$TG/$(basename "$RESUME_CKPT")/meta.json" \
@@ -136,15 +66,13 @@ stamp resume_kill
 k -n "$TG_NS" delete pod "$RESUME_WPOD" --wait=false
 wait_for "$READY_TIMEOUT" "TrainerGroup $TG Ready again under new worker names" resume_new_group_ready "$NAMES_BEFORE"
 stamp resume_recovered
-RESUME_HEAD="$(k -n "$TG_NS" get pod -l "ray.io/cluster=$TG,ray.io/node-type=head" -o name | head -n1)"
-# shellcheck disable=SC2016  # expanded in the head pod: the newest server job's ready line
-RESUME_READY_LINE="$(k -n "$TG_NS" exec "$RESUME_HEAD" -- bash -c 'cd /tmp/ray/session_latest/logs && grep -h TG_GROUP_READY $(ls -t job-driver-*.log) 2>/dev/null | head -n1')"
-log "server: ${RESUME_READY_LINE#*TG_GROUP_READY }"
+RESUME_READY_LINE="$(e2e_ready_line)"
+log "server: $RESUME_READY_LINE"
 
 # ---- 5. the next loss continues from the checkpoint ---------------------------------------------
-resume_client "$TG-resume-b"
+e2e_client "$TG-resume-b"
 stamp resume_done
-A="$(resume_steps "$TG-resume-a")" B="$(resume_steps "$TG-resume-b")" READY="${RESUME_READY_LINE#*TG_GROUP_READY }" \
+A="$(e2e_steps "$TG-resume-a")" B="$(e2e_steps "$TG-resume-b")" READY="$RESUME_READY_LINE" \
   CKPT="$RESUME_CKPT" STEPS="$STEPS" SECONDS_="$(( $(date +%s) - RESUME_T0 ))" python3 - <<'PY' | tee "$ARTIFACTS/resume.json"
 import json, math, os, sys
 a, b = json.loads(os.environ["A"]), json.loads(os.environ["B"])

@@ -1,0 +1,88 @@
+# shellcheck shell=bash
+# Helpers shared by the phases of tests/e2e/run.sh that train, save and resume (resume, kueue).
+# Sourced; uses run.sh's k, log, die, wait_for, TG, TG_NS, GPU_NODE, STEPS, ARTIFACTS,
+# RUNTIME_IMAGE, MODE. Defines only e2e_* names.
+
+e2e_client() {  # <job name> [client args...]: run the example client Job on $TG; its log in $ARTIFACTS
+  local job="$1" t0 done_; shift
+  k -n "$TG_NS" delete job "$job" --ignore-not-found --wait=true >/dev/null
+  JOB="$job" STEPS="$STEPS" EXTRA="$*" python3 - manifests/examples/client-job.yaml \
+    > "$ARTIFACTS/$job.yaml" <<'PY'
+import os, sys, yaml
+doc = yaml.safe_load(open(sys.argv[1]))
+doc["metadata"]["name"] = os.environ["JOB"]
+c = doc["spec"]["template"]["spec"]["containers"][0]
+c["image"], c["imagePullPolicy"] = os.environ["RUNTIME_IMAGE"], "Never"
+for e in c["env"]:
+    if e["name"] == "TG_STEPS":
+        e["value"] = os.environ["STEPS"]
+c["args"] = [a.replace("--no-progress", "--no-progress " + os.environ["EXTRA"]) for a in c["args"]]
+if os.environ["MODE"] == "fake":
+    c["resources"] = {"requests": {"cpu": "250m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}}
+yaml.safe_dump(doc, sys.stdout, sort_keys=False)
+PY
+  k apply -f "$ARTIFACTS/$job.yaml" >/dev/null
+  t0=$(date +%s)
+  while :; do
+    done_="$(k -n "$TG_NS" get job "$job" -o jsonpath='{range .status.conditions[*]}{.type}={.status} {end}')"
+    [[ "$done_" == *"Complete=True"* ]] && break
+    [[ "$done_" == *"Failed=True"* ]] && { k -n "$TG_NS" logs "job/$job" --tail=50 >&2 || true; die "client Job $job failed"; }
+    (( $(date +%s) - t0 < 1800 )) || die "client Job $job not done after 1800s"
+    sleep 3
+  done
+  k -n "$TG_NS" logs "job/$job" --tail=-1 > "$ARTIFACTS/$job.log"
+  log "client Job $job done in $(( $(date +%s) - t0 ))s"
+}
+
+e2e_steps() {  # <job name>: its TG_STEP lines as a JSON list of {step, loss, optimizerStep, ...}
+  python3 -c '
+import json, sys
+print(json.dumps([json.loads(l.split("TG_STEP ", 1)[1]) for l in open(sys.argv[1]) if "TG_STEP " in l]))' \
+    "$ARTIFACTS/$1.log"
+}
+
+e2e_claim() {  # <claim> <pv> <host dir>: a hostPath PV on the GPU node and a claim bound to it
+  local claim="$1" pv="$2" dir="$3"
+  # kind here has no storage provisioner; the node is a container: make the directory there,
+  # writable by the pods' uid 1000.
+  docker exec "$GPU_NODE" sh -c "mkdir -p '$dir' && chmod 0777 '$dir'"
+  k apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: PersistentVolume
+metadata:
+  name: $pv
+  labels: {app.kubernetes.io/part-of: trainergroup-e2e}
+spec:
+  capacity: {storage: 1Gi}
+  accessModes: [ReadWriteOnce]
+  persistentVolumeReclaimPolicy: Retain
+  storageClassName: ""
+  hostPath: {path: $dir, type: Directory}
+  nodeAffinity:
+    required:
+      nodeSelectorTerms:
+        - matchExpressions:
+            - {key: kubernetes.io/hostname, operator: In, values: [$GPU_NODE]}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata:
+  name: $claim
+  namespace: $TG_NS
+spec:
+  accessModes: [ReadWriteOnce]
+  storageClassName: ""
+  volumeName: $pv
+  resources: {requests: {storage: 1Gi}}
+EOF
+  e2e_bound() { [[ "$(k -n "$TG_NS" get pvc "$claim" -o jsonpath='{.status.phase}')" == Bound ]]; }
+  wait_for 60 "claim $claim Bound" e2e_bound
+}
+
+e2e_ready_line() {  # the JSON of the newest server's TG_GROUP_READY line on $TG's head pod
+  local head line
+  head="$(k -n "$TG_NS" get pod -l "ray.io/cluster=$TG,ray.io/node-type=head" -o name | head -n1)"
+  # shellcheck disable=SC2016  # expanded in the head pod: the newest server job's ready line
+  line="$(k -n "$TG_NS" exec "$head" -- bash -c 'cd /tmp/ray/session_latest/logs && grep -h TG_GROUP_READY $(ls -t job-driver-*.log) 2>/dev/null | head -n1')"
+  echo "${line#*TG_GROUP_READY }"
+}

@@ -111,6 +111,39 @@ class RayCluster:
         return proc.stdout
 
 
+STARTUP_TRIES = 3
+
+
+def init_private_ray(*, namespace: str, num_cpus: int = 4) -> None:
+    """``ray.init`` of a private local cluster for this process (no dashboard), tried up to
+    STARTUP_TRIES times.
+
+    Ray gives a new raylet a fixed 30 s to register with its GCS (``ray/_private/node.py``,
+    not configurable); on a loaded 2-core machine (two test lanes, kind) it can miss that and
+    ``ray.init`` raises "The current node timed out during startup". The processes of the
+    failed try are this process's children: they are killed before the next try.
+    """
+    import psutil
+    import ray
+
+    me = psutil.Process()
+    for attempt in range(1, STARTUP_TRIES + 1):
+        before = {c.pid for c in me.children(recursive=True)}
+        try:
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
+                     namespace=namespace)
+            return
+        except Exception as exc:
+            if "timed out during startup" not in str(exc) or attempt == STARTUP_TRIES:
+                raise
+            ray.shutdown()
+            for child in me.children(recursive=True):
+                if child.pid not in before:
+                    child.kill()
+            print(f"init_private_ray: try {attempt} timed out during Ray's startup; again",
+                  file=sys.stderr)
+
+
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[RayCluster]:
     """A local Ray head for the whole session (started on free ports, stopped at the end)."""

@@ -143,7 +143,11 @@ kind_prep() {
   [[ "$(cat "$WORK/images.rc")" == 0 && "$(cat "$WORK/go-tools.rc")" == 0 ]] \
     || { echo "kind-prep: a build failed; the kind phase builds and reports"; return 1; }
   E2E_STOP_AFTER=loaded E2E_KEEP_CLUSTER=1 E2E_SKIP_BUILD=1 E2E_GPU=fake \
-    E2E_ARTIFACTS="$WORK/kind-prep" bash tests/e2e/run.sh
+    E2E_ARTIFACTS="$WORK/kind-prep" bash tests/e2e/run.sh || return 1
+  # The kind phase's other go builds, here in the background rather than on its path (cached
+  # by version: seconds when warm): kube-router's policy controller, and Kueue's manager.
+  TG_KIND_CLUSTER=tg-e2e bash hack/kind/netpol.sh image
+  if [[ "${E2E_KUEUE:-0}" == 1 ]]; then bash hack/images/build.sh kueue; fi
 }
 
 # The Kubernetes lane, in the background beside the Ray and Megatron phases (docs/testing.md,

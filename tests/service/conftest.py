@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from tests.fixtures_ray import init_private_ray
+
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 
 KEY = "tml-" + uuid.uuid4().hex
@@ -35,12 +37,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     spec = tiny_spec(tp=2, checkpoint_dir=str(root / "ckpt"), **MODEL)  # type: ignore[arg-type]
     started = not ray.is_initialized()
     if started:
-        ray.init(
-            address="local",
-            num_cpus=4,
-            include_dashboard=False,
-            namespace=f"tg-svc-{uuid.uuid4().hex[:8]}",
-        )
+        init_private_ray(namespace=f"tg-svc-{uuid.uuid4().hex[:8]}")
     wg = trainer_group(spec, prefix="svc")
     running = None
     try:

@@ -32,6 +32,7 @@ pytest.importorskip("megatron.core")
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
+from tests.fixtures_ray import init_private_ray  # noqa: E402
 from tests.trainer.scenarios import fixed_batch, tiny_spec  # noqa: E402
 from tgruntime.controller import (  # noqa: E402
     ClassWithInitArgs,
@@ -57,12 +58,7 @@ def _spec(*, pretrained: Path | None = None, **parallel: int) -> tgapi.TrainerGr
 def ray_session() -> Iterator[None]:
     started = not ray.is_initialized()
     if started:
-        ray.init(
-            address="local",
-            num_cpus=4,
-            include_dashboard=False,
-            namespace=f"tg-hf-{uuid.uuid4().hex[:8]}",
-        )
+        init_private_ray(namespace=f"tg-hf-{uuid.uuid4().hex[:8]}")
     try:
         yield
     finally:

@@ -29,6 +29,7 @@ ray = pytest.importorskip("ray")
 pytest.importorskip("megatron.core")
 transformers = pytest.importorskip("transformers")
 
+from tests.fixtures_ray import init_private_ray  # noqa: E402
 from tests.trainer import sampler_scenarios  # noqa: E402
 from tests.trainer.groups import trainer_group  # noqa: E402
 from tests.trainer.scenarios import SEQ, VOCAB, fixed_batch, tiny_spec  # noqa: E402
@@ -46,12 +47,7 @@ PROMPTS = [[3, 17, 42, 5, 9], [100, 2], [7, 7, 8, 1, 30, 31, 64, 12, 90]]
 def client() -> Iterator[TrainerClient]:
     started = not ray.is_initialized()
     if started:
-        ray.init(
-            address="local",
-            num_cpus=4,
-            include_dashboard=False,
-            namespace=f"tg-sampler-{uuid.uuid4().hex[:8]}",
-        )
+        init_private_ray(namespace=f"tg-sampler-{uuid.uuid4().hex[:8]}")
     spec = tiny_spec(tp=2, positionEmbedding="rope", numQueryGroups=2)
     wg = trainer_group(spec, prefix="sampler")
     try:

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.fixtures_ray import init_private_ray
 from tgruntime.trainer.loss_catalog import resolve_loss
 from tgruntime.trainer.losses import TokenTensors
 from tgruntime.trainer.tinker_losses import TINKER_LOSSES, tinker_loss_name
@@ -262,12 +263,7 @@ def test_trainer_client_tinker_calls(tmp_path: Path) -> None:
 
     started = not ray.is_initialized()
     if started:
-        ray.init(
-            address="local",
-            num_cpus=4,
-            include_dashboard=False,
-            namespace=f"tg-tinker-{uuid.uuid4().hex[:8]}",
-        )
+        init_private_ray(namespace=f"tg-tinker-{uuid.uuid4().hex[:8]}")
     spec = tiny_spec(tp=2, **MODEL)  # type: ignore[arg-type]
     wg = trainer_group(spec, prefix="tinker")
     try:

@@ -21,6 +21,7 @@ import tgapi
 ray = pytest.importorskip("ray")
 pytest.importorskip("megatron.core")
 
+from tests.fixtures_ray import init_private_ray  # noqa: E402
 from tests.trainer.rl_scenarios import rl_inputs  # noqa: E402
 from tests.trainer.scenarios import BATCH, SEQ, fixed_batch, tiny_spec  # noqa: E402
 from tgruntime import TrainerClient  # noqa: E402
@@ -57,12 +58,7 @@ def _new_group(spec: tgapi.TrainerGroupSpec) -> WorkerGroup:
 def ray_session() -> Iterator[None]:
     started = not ray.is_initialized()
     if started:
-        ray.init(
-            address="local",
-            num_cpus=4,
-            include_dashboard=False,
-            namespace=f"tg-rl-{uuid.uuid4().hex[:8]}",
-        )
+        init_private_ray(namespace=f"tg-rl-{uuid.uuid4().hex[:8]}")
     yield
     if started:
         ray.shutdown()

@@ -18,6 +18,7 @@ import pytest
 import ray
 
 import tgapi
+from tests.fixtures_ray import init_private_ray
 from tests.trainer.scenarios import BATCH, SEQ, fixed_batch, tiny_spec
 from tgruntime.controller import (
     ClassWithInitArgs,
@@ -35,12 +36,7 @@ def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[WorkerGrou
     ckpt = tmp_path_factory.mktemp("worker-ckpt")
     started = not ray.is_initialized()
     if started:
-        ray.init(
-            address="local",  # a private cluster, never one that another test left running
-            num_cpus=4,
-            include_dashboard=False,
-            namespace=f"tg-trainer-{uuid.uuid4().hex[:8]}",
-        )
+        init_private_ray(namespace=f"tg-trainer-{uuid.uuid4().hex[:8]}")
     spec = tiny_spec(tp=2, checkpoint_dir=str(ckpt))
     wire = json.dumps(tgapi.to_wire(spec))
     wg = WorkerGroup.create(

@@ -22,6 +22,7 @@ import argparse
 import hashlib
 import io
 import json
+import posixpath
 import shutil
 import sys
 import tarfile
@@ -61,6 +62,13 @@ def read_save(stream: IO[bytes], *, have: set[str], work: Path) -> dict[str, Any
     files: dict[str, bytes] = {}
     with tarfile.open(fileobj=stream, mode="r|") as tar:
         for member in tar:
+            if member.issym() and member.name.endswith("/layer.tar"):
+                # a layer that occurs twice is saved once; the second is a link to the first
+                target = posixpath.normpath(
+                    posixpath.join(posixpath.dirname(member.name), member.linkname)
+                )
+                layers[member.name] = layers[target]
+                continue
             if not member.isfile():
                 continue
             src = tar.extractfile(member)

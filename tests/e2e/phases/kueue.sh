@@ -149,6 +149,10 @@ kq_queued_holding_nothing() {  # <name> <seconds>: Queued, suspended, and no pod
 # the last group named $TG (gcs_ft) was just deleted: its token Secret must be collected first
 kq_secret_gone() { ! k -n "$TG_NS" get secret "$TG-ray-token" >/dev/null 2>&1; }
 wait_for 120 "the deleted group's Secret garbage-collected" kq_secret_gone
+# and its RayCluster (KubeRay's GCS FT cleanup finalizer holds it a while): a new group of the
+# same name would find it and fail with ClusterConflict (seen on kind at 19:13)
+kq_cluster_gone() { ! k -n "$TG_NS" get raycluster "$TG" >/dev/null 2>&1; }
+wait_for 600 "the deleted group's RayCluster gone" kq_cluster_gone
 kq_apply "$KQ_HOLDER" low
 kq_wait "$KQ_HOLDER" Ready "$READY_TIMEOUT"
 stamp kueue_first_ready

@@ -291,7 +291,9 @@ class DashboardClient:
 
     async def node_log_file(self, *, node_id: str, filename: str, lines: int = 5) -> str | None:
         """The last ``lines`` lines of ``filename`` (relative to the Ray log directory) on
-        node ``node_id``; None when the node has no such file."""
+        node ``node_id``; None when the node has no such file or it is empty. Ray answers a
+        missing file with a 500 naming FileNotFoundError, or (seen under load, CI 21:39) with
+        an empty 200: both read as "nothing there yet"."""
         path = "/api/v0/logs/file"
         params = [("node_id", node_id), ("filename", filename), ("lines", str(lines))]
         try:
@@ -300,7 +302,7 @@ class DashboardClient:
             if "not found" in exc.body.lower() or "FileNotFoundError" in exc.body:
                 return None
             raise
-        return text
+        return text or None
 
 
 def _state_rows(data: Any) -> list[Any] | None:

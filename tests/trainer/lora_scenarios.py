@@ -56,6 +56,18 @@ def _layout(
         import_hf_checkpoint(engine, path=base_dir)
         module = engine.state.module
         shape = LlamaShape.from_model_spec(spec.model, position_embedding="rope")
+        errors = {}
+        if name == "tp2":  # refused before any hook is placed
+            import dataclasses
+
+            for case, bad_settings, bad_shape in (
+                ("rank", lora.LoraSettings(rank=65), shape),
+                ("groups", settings(), dataclasses.replace(shape, num_key_value_heads=1)),
+            ):
+                try:
+                    lora.inject_lora(module, settings=bad_settings, shape=bad_shape)
+                except ValueError as exc:
+                    errors[case] = str(exc)
         adapters = lora.inject_lora(module, settings=settings(), shape=shape)
         seeded = lora.gather_full(adapters)
         lora.import_peft(adapters, init_dir)
@@ -120,6 +132,7 @@ def _layout(
             else all(torch.equal(after[n], reloaded[n]) for n in after)
         )
         out["seeded"] = seeded
+        out["errors"] = errors
         out["mesh"] = engine.mesh()
         adapters.detach()
         out["seconds"] = time.perf_counter() - start

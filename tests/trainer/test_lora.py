@@ -90,9 +90,9 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tensors = tinker_inputs()
     with torch.no_grad():
         initial = _log_probs(_peft_model(base, init), tensors)
-    tensors["old_log_probs"] = ((initial + 0.3 * tensors.pop("noise")) * tensors[
-        "attention_mask"
-    ]).float()
+    tensors["old_log_probs"] = (
+        (initial + 0.3 * tensors.pop("noise")) * tensors["attention_mask"]
+    ).float()
     blobs = launch(
         lora_scenarios.lora_suite,
         world_size=2,
@@ -230,3 +230,12 @@ def test_memory_figures(run: dict[str, Any]) -> None:
     )
     print({layout: round(run["ranks"][0][layout]["seconds"], 1) for layout in LAYOUTS})
     assert step["optimizer_state_bytes"] == step["adam_bytes_adapters"]
+    assert step["adapter_params"] == lora_scenarios.settings().parameter_count(_shape())
+
+
+def test_bad_injections_are_refused_with_the_field_named(run: dict[str, Any]) -> None:
+    for rank in run["ranks"]:
+        errors = rank["tp2"]["errors"]
+        assert "lora.rank 65 is beyond the model's hidden size 64" in errors["rank"]
+        assert "lora.train_attn: the model's 1 key/value groups do not split" in errors["groups"]
+        assert "tensor-parallel size 2" in errors["groups"]

@@ -59,9 +59,11 @@ def initial_a(*, hf_module: str, rank: int, in_features: int, seed: int) -> torc
         (seed * 1_000_003 + zlib.crc32(hf_module.encode())) % (2**63)
     )
     bound = 1.0 / math.sqrt(in_features)
-    return (torch.rand(rank, in_features, generator=gen, dtype=torch.float64) * 2 - 1).mul_(
-        bound
-    ).float()
+    return (
+        (torch.rand(rank, in_features, generator=gen, dtype=torch.float64) * 2 - 1)
+        .mul_(bound)
+        .float()
+    )
 
 
 def _key(hf_module: str) -> str:

@@ -164,12 +164,14 @@ def inject_lora(
                 Part(hf_module=m + "mlp.up_proj", in_features=h, out_features=f),
             ]
             adapters.add(
-                src + "mlp.linear_fc1", make(COLUMN, FUSE_GATED, gate_up, mlp.linear_fc1),
+                src + "mlp.linear_fc1",
+                make(COLUMN, FUSE_GATED, gate_up, mlp.linear_fc1),
                 mlp.linear_fc1,
             )
             down = [Part(hf_module=m + "mlp.down_proj", in_features=f, out_features=h)]
             adapters.add(
-                src + "mlp.linear_fc2", make(ROW, FUSE_NONE, down, mlp.linear_fc2),
+                src + "mlp.linear_fc2",
+                make(ROW, FUSE_NONE, down, mlp.linear_fc2),
                 mlp.linear_fc2,
             )
     output = getattr(module, "output_layer", None)

@@ -70,9 +70,7 @@ def build_adapter_training_state(
     config.finalize_model_grads_func = finalize
     config.no_sync_func = None
     config.grad_scale_func = None
-    return AdapterTrainingState(
-        model=module, module=module, optimizer=optimizer, adapters=adapters
-    )
+    return AdapterTrainingState(model=module, module=module, optimizer=optimizer, adapters=adapters)
 
 
 def adam_state_bytes(params: Iterable[torch.Tensor], *, state_dtype_bytes: int = 4) -> int:

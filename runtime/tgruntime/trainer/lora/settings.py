@@ -128,6 +128,17 @@ class LoraSettings:
             for t in self.hf_targets()
         ]
 
+    def parameter_count(self, shape: LlamaShape) -> int:
+        """Adapter parameters of the whole model (all stages, unsharded): ``rank * (in + out)``
+        per adapted projection, per layer (``lm_head`` once)."""
+        if not self.enabled:
+            return 0
+        total = 0
+        for target in self.targets(shape):
+            per = self.rank * (target.in_features + target.out_features)
+            total += per if target.name == "lm_head" else per * shape.num_layers
+        return total
+
     def check_shape(self, shape: LlamaShape) -> None:
         """Refuse a rank no adapted projection can hold (beyond its input or output size)."""
         if not self.enabled:

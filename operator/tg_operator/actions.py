@@ -112,7 +112,10 @@ async def serve_tinker(
             message=f"created Secret {action.secret_name} with one random API key",
         )
     for body in action.bodies:
-        if await kube.create_object(body) and body["kind"] == "Deployment":
+        created = await kube.create_object(body)
+        if body["kind"] == "Deployment":
+            ctx.tinker_created[tg.uid] = ctx.clock()
+        if created and body["kind"] == "Deployment":
             name = body["metadata"]["name"]
             events.info(
                 sink,

@@ -64,6 +64,9 @@ class Context:
     cleaned: set[str] = dataclasses.field(default_factory=set)
     """Uids whose cleanup finished in this process (the delete handler has nothing to do)."""
     closers: list[Callable[[], object]] = dataclasses.field(default_factory=list)
+    tinker_created: dict[str, datetime.datetime] = dataclasses.field(default_factory=dict)
+    """When this process created each group's Tinker server objects, by uid (until the
+    Deployment watch shows the Deployment: snapshot.TinkerSeen.just_created)."""
     tokens: dict[str, str] = dataclasses.field(default_factory=dict, repr=False)
     """Each group's Ray token by uid (read from its Secret once)."""
 

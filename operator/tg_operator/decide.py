@@ -98,6 +98,8 @@ def serve_tinker(snap: Snapshot, cfg: Settings) -> Decision | None:
         return None
     if seen.deployment is not None:
         return update_tinker(snap, cfg)
+    if seen.just_created:
+        return None  # created a moment ago: the Deployment watch wakes the group once it sees it
     if tg.spec.queue is not None and (snap.raycluster is None or queue.suspended(snap.raycluster)):
         return None  # a queued group holds no pod at all: its server starts once it is admitted
     action = ServeTinker(

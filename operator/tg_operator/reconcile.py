@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -57,6 +58,10 @@ from tgapi import (
     to_wire,
 )
 from tgapi.progress import parse_progress_file, progress_filename
+
+TINKER_WATCH_GRACE = datetime.timedelta(seconds=30)
+"""How long a Tinker server this process created may stay unseen by the Deployment watch
+before the operator takes it as missing (deleted meanwhile) and creates it again."""
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +126,14 @@ async def observe(ctx: Context, bare: Snapshot) -> Snapshot:
         snap = dataclasses.replace(snap, workload=queue.workload_of(workloads, cluster_uid=uid))
     if tinker.wanted(tg):
         deployment = await kube.get_tinker_deployment(namespace=tg.namespace, group=tg.name)
-        snap = dataclasses.replace(snap, tinker=TinkerSeen(deployment=deployment))
+        created = ctx.tinker_created.get(tg.uid)
+        if deployment is not None or (
+            created is not None and ctx.clock() - created > TINKER_WATCH_GRACE
+        ):
+            ctx.tinker_created.pop(tg.uid, None)
+            created = None
+        seen = TinkerSeen(deployment=deployment, just_created=created is not None)
+        snap = dataclasses.replace(snap, tinker=seen)
     reads = observed.ray_reads(snap)
     if not reads.probe:
         return snap

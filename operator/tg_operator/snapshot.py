@@ -85,6 +85,11 @@ class TinkerSeen:
     """The Tinker server's Deployment ``<name>-tinker`` (None: the watch shows none)."""
 
     deployment: Mapping[str, Any] | None = None
+    just_created: bool = False
+    """This process created the server's objects moments ago (``reconcile.TINKER_WATCH_GRACE``) and
+    the watch does not show the Deployment yet: creating them again would only be answered
+    "exists", and a Service create answered so has allocated a ClusterIP that the API server
+    reclaims with a Warning event (IPAddressWrongReference, kind 2026-12-02 21:53)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -63,6 +63,8 @@ class FakeKube:
         self.released: list[tuple[str, str]] = []
         self.workloads: list[dict[str, Any]] = []
         """Kueue's Workloads (a test plays Kueue's part)."""
+        self.watch_lags: set[tuple[str, str]] = set()
+        """(namespace, group) whose Tinker Deployment the watch does not show yet."""
 
     async def patch_trainergroup_status(
         self, *, namespace: str, name: str, status: dict[str, Any]
@@ -127,6 +129,8 @@ class FakeKube:
         self, *, namespace: str, group: str
     ) -> dict[str, Any] | None:
         self.calls["tinker_index"] += 1  # the operator reads it from the Deployment watch
+        if (namespace, group) in self.watch_lags:
+            return None
         found = self.objects.get(("Deployment", namespace, f"{group}-tinker"))
         return copy.deepcopy(found) if found is not None else None
 

@@ -441,6 +441,25 @@ def test_the_reconcile_creates_the_server_once_and_never_replaces_the_key() -> N
     assert w.status["apiURL"] == ""
 
 
+def test_a_server_the_watch_does_not_show_yet_is_not_created_twice() -> None:
+    """Passes between the create and the watch's view of the Deployment create nothing (a
+    second Service create would allocate a ClusterIP the API server then reclaims with a
+    Warning event); once the grace has passed unseen, the server counts as missing again."""
+    from tests.operator.test_reconcile_flow import drive
+
+    w = world()
+    w.kube.watch_lags.add(("team-a", "demo"))
+    asyncio.run(drive(w, until=lambda w: w.kube.calls["create_deployment"] == 1))
+    asyncio.run(drive(w, passes=5))
+    assert w.kube.calls["create_service"] == w.kube.calls["create_deployment"] == 1
+    w.clock.advance(reconcile.TINKER_WATCH_GRACE.total_seconds() + 1)
+    asyncio.run(drive(w, passes=2))
+    assert w.kube.calls["create_deployment"] == 2  # unseen past the grace: tried again
+    w.kube.watch_lags.clear()
+    asyncio.run(drive(w, passes=3))
+    assert w.kube.calls["create_deployment"] == 2 and w.ctx.tinker_created == {}
+
+
 def test_the_reconcile_replaces_an_outdated_pod_template_once_and_keeps_the_key() -> None:
     """update-tinker through the executor and the fake port: a Deployment built from another
     spec (its hash differs) gets the current template by one update; the Secret stays."""

@@ -14,7 +14,7 @@ import pytest
 from tests.operator.fakes import world
 from tests.operator.helpers import BASE_SPEC, trainergroup
 from tests.operator.snapshots import SETTINGS, actors, running, snap
-from tg_operator import decide, networkpolicy, spec_change, tinker
+from tg_operator import decide, networkpolicy, reconcile, spec_change, tinker
 from tg_operator.snapshot import ServeTinker, Snapshot, TinkerSeen
 from tgapi import TrainerGroup
 
@@ -450,7 +450,7 @@ def test_a_server_the_watch_does_not_show_yet_is_not_created_twice() -> None:
     w = world()
     w.kube.watch_lags.add(("team-a", "demo"))
     asyncio.run(drive(w, until=lambda w: w.kube.calls["create_deployment"] == 1))
-    asyncio.run(drive(w, passes=5))
+    asyncio.run(drive(w, passes=2))  # 10 s apart: within the grace
     assert w.kube.calls["create_service"] == w.kube.calls["create_deployment"] == 1
     w.clock.advance(reconcile.TINKER_WATCH_GRACE.total_seconds() + 1)
     asyncio.run(drive(w, passes=2))

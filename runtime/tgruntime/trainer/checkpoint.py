@@ -3,7 +3,10 @@
 Layout of a checkpoint directory::
 
     meta.json                 written last by rank 0: step, mesh sizes, model shape, format
+                              (a LoRA engine's: also ``lora``, the adapter settings)
     shard_tp00_pp000.pt       model + optimizer state, step, RNG states of that shard
+                              (a LoRA engine's: also ``lora`` and ``adapters``, this rank's
+                              adapter state dict; ``optimizer`` is the adapters' AdamW state)
 
 Only data-parallel rank 0 of each (tp, pp) shard writes (replicas hold the same state).
 Every rank reads its own shard on load, so the loading group must have the same tensor

@@ -5,6 +5,12 @@ groups, the model stage, the optimizer, the step counter and checkpoints. Every 
 the job calls the same methods in the same order (they are collective). The Ray worker
 (``worker.py``) and the direct benchmark (``bench/bench_step.py``) both drive it, so the
 group path and the direct path run exactly the same step.
+
+LoRA (``create(lora=LoraSettings(rank>0))``): the model is built as usual, adapters are
+injected and the base frozen, and the optimizer is built over the adapter parameters only
+(``lora.build_adapter_training_state``): no megatron DDP, no full-weight optimizer or fp32
+master copy is ever made. Checkpoints then also hold the adapters (and the optimizer state
+is the adapters'). Rank 0 or no settings: a full-weight run, exactly as without the option.
 """
 
 from __future__ import annotations
@@ -25,6 +31,13 @@ from tgruntime.trainer.distributed import (
     init_model_parallel,
     init_process_group,
     select_device,
+)
+from tgruntime.trainer.hf_weights import LlamaShape
+from tgruntime.trainer.lora import (
+    LoraAdapters,
+    LoraSettings,
+    build_adapter_training_state,
+    inject_lora,
 )
 from tgruntime.trainer.model import (
     build_gpt_model,
@@ -82,8 +95,12 @@ class TrainEngine(Primitives):
         forward_backward: ForwardBackwardFunc,
         micro_batch_size: int | None,
         owns_process_group: bool,
+        lora: LoraSettings | None = None,
+        adapters: LoraAdapters | None = None,
     ) -> None:
         self.spec = spec
+        self.lora = lora  # the adapters' settings (None: a full-weight run)
+        self.adapters = adapters  # this rank's adapters (None: a full-weight run)
         self.settings = settings
         self.device = device
         self.state = state
@@ -103,6 +120,7 @@ class TrainEngine(Primitives):
         backend: str | None = None,
         device: str | None = None,
         micro_batch_size: int | None = None,
+        lora: LoraSettings | None = None,
     ) -> TrainEngine:
         """Join the job (process group from the environment) and build model + optimizer.
 
@@ -110,6 +128,12 @@ class TrainEngine(Primitives):
         ``workers.useGpu`` and CUDA is present); ``micro_batch_size`` overrides the
         micro-batch split (default: the whole local batch, or 2 x stages micro-batches
         with pipeline parallelism).
+
+        ``lora`` with ``rank > 0``: LoRA adapters on the model (docs/lora.md), the base
+        frozen, AdamW over the adapters only (the full-weight optimizer is never built).
+        ``None`` or rank 0: a full-weight run. Settings the model cannot take (not a
+        Llama-shaped model, a rank beyond a projection, fp16, key/value groups not split by
+        the TP size) raise ``ValueError`` naming the field, before anything is left built.
         """
         p = spec.parallelism
         if p.context != 1:
@@ -122,16 +146,26 @@ class TrainEngine(Primitives):
                 "parallelism.expert must be 1: the built-in trainer builds dense models"
             )
         settings = resolve_settings(spec, backend=backend, device=device)
+        lora = lora if lora is not None and lora.enabled else None
+        shape = _lora_shape(spec, settings, lora) if lora is not None else None
         torch_device = select_device(settings)
         owns = init_process_group(settings)
+        adapters: LoraAdapters | None = None
         try:
             init_model_parallel(tp=p.tensor, pp=p.pipeline, cp=p.context)
             seed_everything(spec.model.seed, settings=settings)
             config = transformer_config(spec.model, p, settings)
             module = build_gpt_model(spec.model, config, settings)
-            state = build_training_state(
-                module, config=config, spec=spec.optimizer, settings=settings
-            )
+            state: TrainingState
+            if lora is not None and shape is not None:
+                adapters = inject_lora(module, settings=lora, shape=shape)
+                state = build_adapter_training_state(
+                    module, adapters=adapters, config=config, spec=spec.optimizer
+                )
+            else:
+                state = build_training_state(
+                    module, config=config, spec=spec.optimizer, settings=settings
+                )
         except BaseException:
             destroy_parallel(destroy_process_group=owns)
             raise
@@ -143,6 +177,8 @@ class TrainEngine(Primitives):
             forward_backward=select_forward_backward(on_gpu=settings.on_gpu),
             micro_batch_size=micro_batch_size,
             owns_process_group=owns,
+            lora=lora,
+            adapters=adapters,
         )
 
     # -- introspection --------------------------------------------------------------
@@ -162,6 +198,11 @@ class TrainEngine(Primitives):
             parameters=count_parameters(self.state.module),
             step=self.step,
         )
+        if self.lora is not None and self.adapters is not None:  # absent on full-weight runs
+            out.update(
+                lora=self.lora.to_dict(),
+                adapter_parameters=count_parameters(self.adapters),
+            )
         return out
 
     # -- training -------------------------------------------------------------------
@@ -197,6 +238,9 @@ class TrainEngine(Primitives):
     def save_checkpoint(self, path: str | Path | None = None) -> str:
         """Write model + optimizer state, step and RNG of every shard into directory ``path``.
 
+        A LoRA engine also writes its adapters and settings (the optimizer state is the
+        adapters'; the frozen base is written too, so a resume needs nothing else).
+
         Default: ``{training.checkpointDir}/step_{step:08d}``. Collective; returns the path.
         """
         self._check_open()
@@ -205,31 +249,31 @@ class TrainEngine(Primitives):
             raise ValueError("no checkpoint path given and training.checkpointDir is empty")
         mesh = self._mesh
         if mesh.dp_rank == 0 and mesh.cp_rank == 0:
-            ckpt.write_shard(
-                target,
-                mesh,
-                {
-                    "model": self.state.module.state_dict(),
-                    "optimizer": self.state.optimizer.state_dict(),
-                    "step": self.step,
-                    "rng": ckpt.capture_rng(),
-                    "mesh": mesh.to_dict(),
-                },
-            )
+            payload: dict[str, Any] = {
+                "model": self.state.module.state_dict(),
+                "optimizer": self.state.optimizer.state_dict(),
+                "step": self.step,
+                "rng": ckpt.capture_rng(),
+                "mesh": mesh.to_dict(),
+            }
+            if self.lora is not None and self.adapters is not None:
+                payload["lora"] = self.lora.to_dict()
+                payload["adapters"] = self.adapters.state_dict()
+            ckpt.write_shard(target, mesh, payload)
         ckpt.barrier()
         if mesh.rank == 0:
-            ckpt.write_meta(
-                target,
-                {
-                    "step": self.step,
-                    "tp": mesh.tp_size,
-                    "pp": mesh.pp_size,
-                    "dp": mesh.dp_size,
-                    "dtype": self.settings.dtype_name,
-                    "position_embedding": self.settings.position_embedding,
-                    "model": to_wire(self.spec.model),
-                },
-            )
+            meta: dict[str, Any] = {
+                "step": self.step,
+                "tp": mesh.tp_size,
+                "pp": mesh.pp_size,
+                "dp": mesh.dp_size,
+                "dtype": self.settings.dtype_name,
+                "position_embedding": self.settings.position_embedding,
+                "model": to_wire(self.spec.model),
+            }
+            if self.lora is not None:
+                meta["lora"] = self.lora.to_dict()
+            ckpt.write_meta(target, meta)
         ckpt.barrier()
         return str(target)
 
@@ -238,9 +282,14 @@ class TrainEngine(Primitives):
 
         ``optimizer=False``: the weights (and step, RNG) only; the optimizer starts fresh
         (Adam's moments forgotten; megatron's fp32 main params re-copied from the weights).
+
+        A LoRA engine restores its adapters too; the checkpoint must hold adapters of the
+        same rank, alpha and switches (the seed may differ: it only picks the initial ``A``).
+        A full-weight checkpoint does not load into a LoRA engine, nor the reverse.
         """
         self._check_open()
         meta = ckpt.read_meta(path)
+        self._check_lora_checkpoint(path, meta.get("lora"))
         mesh = self._mesh
         if (meta["tp"], meta["pp"]) != (mesh.tp_size, mesh.pp_size):
             raise ValueError(
@@ -254,6 +303,8 @@ class TrainEngine(Primitives):
             )
         payload = ckpt.read_shard(path, mesh, map_location=self.device)
         self.state.module.load_state_dict(payload["model"], strict=True)
+        if self.adapters is not None:
+            self.adapters.load_state_dict(payload["adapters"], strict=True)
         if optimizer:
             self.state.optimizer.load_state_dict(payload["optimizer"])
         else:
@@ -265,6 +316,30 @@ class TrainEngine(Primitives):
         self._reduction = None
         ckpt.barrier()
         return self.step
+
+    def _check_lora_checkpoint(self, path: str | Path, saved: Any) -> None:
+        """Refuse a checkpoint whose adapters (or their absence) do not fit this engine."""
+        mine = self.lora
+        if saved is None and mine is None:
+            return
+        if mine is not None and saved is None:
+            raise ValueError(
+                f"{path} is a full-weight checkpoint (no LoRA adapters); this engine trains "
+                f"LoRA adapters (rank {mine.rank}): load it into a full-weight group, or "
+                "import its weights as the base (export_hf there, then import_hf here)"
+            )
+        theirs = LoraSettings.from_mapping(saved)
+        if mine is None:
+            raise ValueError(
+                f"{path} holds LoRA adapters (rank {theirs.rank}); this engine trains full "
+                "weights: create it with the same LoRA settings to load it"
+            )
+        for field in ("rank", "alpha", "train_attn", "train_mlp", "train_unembed"):
+            if getattr(theirs, field) != getattr(mine, field):
+                raise ValueError(
+                    f"{path}: its adapters have lora.{field} {getattr(theirs, field)!r}; this "
+                    f"engine's have {getattr(mine, field)!r}"
+                )
 
     def load_latest_checkpoint(self) -> int | None:
         """Load the newest complete checkpoint under ``training.checkpointDir``, if any."""
@@ -285,3 +360,23 @@ class TrainEngine(Primitives):
         destroy_parallel(destroy_process_group=self._owns_process_group)
         if self.settings.on_gpu:
             torch.cuda.empty_cache()
+
+
+def _lora_shape(
+    spec: TrainerGroupSpec, settings: RuntimeSettings, lora: LoraSettings
+) -> LlamaShape:
+    """The Llama shape LoRA needs, checked before anything is built (a ``ValueError``
+    naming the field otherwise)."""
+    if settings.dtype == torch.float16:
+        raise ValueError(
+            "lora: LoRA training needs model.dtype bfloat16 or float32 (float16 would need "
+            "loss scaling, which the adapters' optimizer does not do)"
+        )
+    try:
+        shape = LlamaShape.from_model_spec(
+            spec.model, position_embedding=settings.position_embedding
+        )
+    except ValueError as exc:
+        raise ValueError(f"lora: the adapters follow Hugging Face Llama's layout: {exc}") from None
+    lora.check_shape(shape)
+    return shape

@@ -110,8 +110,17 @@ class LocalOptimizer:
     def get_grad_norm(self) -> float:
         """L2 norm of the whole model's gradient (all tensor/pipeline shards, no duplicates)."""
         tp_group = parallel_state.get_tensor_model_parallel_group()
-        squares = torch.zeros(1, dtype=torch.float32)
-        for p in self._params():
+        params = self._params()
+        # the parameters' device: a LoRA run uses this optimizer on a GPU too (NCCL needs a
+        # CUDA tensor, also on a pipeline stage without adapters)
+        if params:
+            device = params[0].device
+        elif dist.get_backend() == "nccl":
+            device = torch.device("cuda", torch.cuda.current_device())
+        else:
+            device = torch.device("cpu")
+        squares = torch.zeros(1, dtype=torch.float32, device=device)
+        for p in params:
             if (
                 p.grad is not None
                 and param_is_not_shared(p)
@@ -119,7 +128,7 @@ class LocalOptimizer:
             ):
                 squares += p.grad.detach().float().pow(2).sum()
         dist.all_reduce(squares, group=parallel_state.get_model_parallel_group())
-        return math.sqrt(float(squares))
+        return math.sqrt(float(squares.item()))
 
     @torch.no_grad()
     def step(self) -> tuple[bool, float | None, int | None]:

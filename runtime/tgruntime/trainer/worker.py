@@ -13,6 +13,13 @@ loss per sample) and ``meta_info`` metrics of the whole step: ``loss`` (mean ove
 batch), ``grad_norm``, ``tokens`` (global), ``step_time_s``, ``step``, ``lr``, ``skipped``,
 ``rank``, ``dp_rank``, ``shard_loss``.
 
+LoRA: the optional second constructor argument ``lora_json`` (a JSON object of
+``LoraSettings`` fields: ``rank``, ``alpha``, ``seed``, ``train_attn``, ``train_mlp``,
+``train_unembed``; unknown fields refused) makes the group train LoRA adapters on the frozen
+base (``TrainEngine.create(lora=...)``); absent, null or rank 0: full-weight training.
+Checkpoints then hold the adapters, ``export_lora`` writes them in PEFT's format, and
+sampling is refused (not wired for adapters yet).
+
 Progress: after every optimizer step (``train_model``, or ``optim_step`` after
 ``forward_backward`` calls) rank 0 writes the step, loss, gradient norm, tokens/s and the
 time into the group record's ``training`` (``tgapi.progress.TrainingProgress``), from a
@@ -43,6 +50,7 @@ from tgruntime.controller import (
 )
 from tgruntime.trainer.engine import StepResult, TrainEngine
 from tgruntime.trainer.hf_worker import HFWeightsMixin
+from tgruntime.trainer.lora import LoraSettings
 from tgruntime.trainer.losses import LossFn
 from tgruntime.trainer.progress_writer import ProgressWriter
 from tgruntime.trainer.sampling.mixin import SamplingMixin
@@ -51,6 +59,20 @@ from tgruntime.trainer.token_batch import TokenBatch, token_batch
 __all__ = ["TRAIN_MESH", "MegatronTrainer"]
 
 TRAIN_MESH = "train"
+
+
+def _parse_lora(lora_json: str | None) -> LoraSettings | None:
+    """The worker's LoRA argument: a JSON object of ``LoraSettings`` fields (or None/null)."""
+    if lora_json is None:
+        return None
+    values = json.loads(lora_json)
+    if values is None:
+        return None
+    if not isinstance(values, dict):
+        raise ValueError(f"lora_json must be a JSON object of LoRA settings, not {values!r}")
+    settings = LoraSettings.from_mapping(values)
+    return settings if settings.enabled else None
+
 
 @dataclasses.dataclass
 class _Pending:
@@ -65,9 +87,10 @@ class _Pending:
 class MegatronTrainer(SamplingMixin, HFWeightsMixin, Worker):
     """One rank of a Megatron GPT training job inside a TrainerGroup."""
 
-    def __init__(self, spec_json: str) -> None:
+    def __init__(self, spec_json: str, lora_json: str | None = None) -> None:
         super().__init__()
         self.spec: TrainerGroupSpec = parse_spec(json.loads(spec_json), local=True)
+        self.lora: LoraSettings | None = _parse_lora(lora_json)
         self.engine: TrainEngine | None = None
         self.resumed_from: str | None = None
         self.pretrained_from: str | None = None  # model.pretrained, when init_model loaded it
@@ -89,7 +112,7 @@ class MegatronTrainer(SamplingMixin, HFWeightsMixin, Worker):
         Hugging Face directory (``import_hf``); a checkpoint, when there is one, wins.
         """
         if self.engine is None:
-            self.engine = TrainEngine.create(spec=self.spec)
+            self.engine = TrainEngine.create(spec=self.spec, lora=self.lora)
             release = getattr(self, "release_master_port", None)
             if release is not None:  # the process group is up: the port is the store's now
                 release()
@@ -119,12 +142,8 @@ class MegatronTrainer(SamplingMixin, HFWeightsMixin, Worker):
             raise ValueError("train_model needs a DataProto with batch['input_ids'] (int64 [B, S])")
         result = engine.train_step(data.batch["input_ids"])
         self._pending = None
-        self._last_step = {
-            "rank": self.rank,
-            **engine.mesh(),
-            "step": engine.step,
-            "loss": result.loss,
-        }
+        # the mesh is added when read (last_step): engine.mesh() counts the parameters, ~1 ms
+        self._last_step = {"rank": self.rank, "step": engine.step, "loss": result.loss}
         metrics = self._step_metrics(engine, result)
         self._record_progress(
             step=engine.step,
@@ -292,7 +311,11 @@ class MegatronTrainer(SamplingMixin, HFWeightsMixin, Worker):
     def last_step(self) -> dict[str, Any] | None:
         """This rank's view of the last step (rank, mesh, step, loss): tensor-parallel peers
         must agree on the loss; a client or test compares them."""
-        return getattr(self, "_last_step", None)
+        last: dict[str, Any] | None = getattr(self, "_last_step", None)
+        if last is None or self.engine is None:
+            return last
+        mesh = self.engine.mesh()
+        return {"rank": last["rank"], **mesh, "step": last["step"], "loss": last["loss"]}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str | None = None) -> str:
@@ -303,6 +326,20 @@ class MegatronTrainer(SamplingMixin, HFWeightsMixin, Worker):
     def load_checkpoint(self, path: str) -> int:
         """Restore model, optimizer, step and RNG from ``path``; returns the restored step."""
         return self._engine().load_checkpoint(path)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def export_lora(self, path: str, base_model: str = "") -> dict[str, Any]:
+        """Write the LoRA adapters in PEFT's format (``adapter_config.json`` and
+        ``adapter_model.safetensors``) into directory ``path`` (global rank 0 writes; the
+        path must exist there only); returns path, tensors, bytes on every rank."""
+        engine = self._engine()
+        if engine.adapters is None:
+            raise ValueError(
+                "export_lora: this group trains full weights (no LoRA adapters); use export_hf"
+            )
+        from tgruntime.trainer.lora import export_peft
+
+        return export_peft(engine.adapters, path, base_model=base_model)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def get_mesh(self) -> dict[str, Any]:

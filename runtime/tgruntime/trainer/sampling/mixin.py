@@ -28,7 +28,14 @@ class SamplingMixin:
         sampler: Sampler | None = getattr(self, "_sampler", None)
         store: SnapshotStore | None = getattr(self, "_snapshot_store", None)
         if sampler is None or store is None:
-            sampler = Sampler(self._engine().state.module)
+            engine = self._engine()
+            if getattr(engine, "adapters", None) is not None:
+                # the sampler reads the base weights directly: it would ignore the adapters
+                raise NotImplementedError(
+                    "this group trains LoRA adapters, and sampling from adapters is not wired "
+                    "yet (issue 22); export them (export_lora, PEFT format) and sample there"
+                )
+            sampler = Sampler(engine.state.module)
             store = SnapshotStore()
             self._sampler, self._snapshot_store = sampler, store
         return sampler, store

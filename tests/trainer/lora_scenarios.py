@@ -43,7 +43,7 @@ def _rows(t: dict[str, torch.Tensor], layout: str) -> dict[str, torch.Tensor]:
 def _layout(
     name: str, *, base_dir: str, init_dir: str, out_dir: Path, tensors: dict[str, torch.Tensor]
 ) -> dict[str, Any]:
-    from tgruntime.trainer import TrainEngine, lora
+    from tgruntime.trainer import TrainEngine, hf_worker, lora
     from tgruntime.trainer.hf_weights import LlamaShape
     from tgruntime.trainer.hf_worker import import_hf_checkpoint
     from tgruntime.trainer.token_batch import token_batch
@@ -114,7 +114,7 @@ def _layout(
         out["peft"] = lora.export_peft(adapters, root / "peft", base_model=base_dir)
         out["peft_seconds"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        out["merged"] = lora.export_merged(engine, adapters, root / "merged")
+        out["merged"] = hf_worker.export_merged_lora(engine, adapters, root / "merged")
         out["merged_seconds"] = time.perf_counter() - t0
         out["restored_max_diff"] = max(
             float((a - p).abs().max()) for a, p in zip(base, module.parameters(), strict=True)

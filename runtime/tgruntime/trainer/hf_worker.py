@@ -42,8 +42,14 @@ from tgruntime.trainer.hf_weights import (
     tp_merge,
     tp_split,
 )
+from tgruntime.trainer.lora.inject import LoraAdapters
 
-__all__ = ["HFWeightsMixin", "export_hf_checkpoint", "import_hf_checkpoint"]
+__all__ = [
+    "HFWeightsMixin",
+    "export_hf_checkpoint",
+    "export_merged_lora",
+    "import_hf_checkpoint",
+]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -316,3 +322,24 @@ def import_hf_checkpoint(
         "parameters": sum(p.numel() for p in params.values()),
         "seconds": time.perf_counter() - start,
     }
+
+
+# -- LoRA: the merged export (here, not in lora/, which the engine imports) --------------
+def export_merged_lora(
+    engine: Any, adapters: LoraAdapters, path: str | Path, *, dtype: str | None = None
+) -> dict[str, Any]:
+    """Collective: write ``engine``'s model with the adapters folded in
+    (``W + scaling * B @ A``) as a Hugging Face checkpoint; the weights are restored after."""
+    module = engine.state.module
+    saved: list[tuple[torch.Tensor, torch.Tensor]] = []
+    try:
+        with torch.no_grad():
+            for name, adapter in adapters.items():
+                weight = module.get_submodule(name).weight
+                saved.append((weight, weight.detach().clone()))
+                weight.add_(adapter.delta_weight().to(weight.dtype))
+        return export_hf_checkpoint(engine, path=str(path), dtype=dtype)
+    finally:
+        with torch.no_grad():
+            for weight, original in saved:
+                weight.copy_(original)

@@ -21,7 +21,6 @@ from tgruntime.trainer.lora.optim import (
 from tgruntime.trainer.lora.settings import DEFAULT_ALPHA, DEFAULT_RANK, LoraSettings
 from tgruntime.trainer.lora.state import (
     adapter_config,
-    export_merged,
     export_peft,
     gather_full,
     import_peft,
@@ -43,7 +42,6 @@ __all__ = [
     "adapter_config",
     "adapter_parameters",
     "build_adapter_training_state",
-    "export_merged",
     "export_peft",
     "freeze_base",
     "gather_full",

@@ -10,8 +10,8 @@
 * :func:`export_peft` writes ``adapter_config.json`` + ``adapter_model.safetensors`` that
   ``peft.PeftModel.from_pretrained(LlamaForCausalLM..., path)`` loads; :func:`import_peft`
   reads them back (the config must match the settings).
-* :func:`export_merged` writes full Hugging Face weights (``hf_worker.export_hf_checkpoint``)
-  of ``W + scaling * B @ A``; the model's own weights are restored bit for bit afterwards.
+* the merged export (full Hugging Face weights of ``W + scaling * B @ A``) is
+  ``hf_worker.export_merged_lora``: it needs the engine, which imports this package.
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ __all__ = [
     "ADAPTER_WEIGHTS",
     "PEFT_PREFIX",
     "adapter_config",
-    "export_merged",
     "export_peft",
     "gather_full",
     "import_peft",
@@ -301,26 +300,3 @@ def import_peft(adapters: LoraAdapters, path: str | Path) -> None:
                 f"{getattr(mine, field)!r}"
             )
     load_full(adapters, tensors)
-
-
-# -- merged export ----------------------------------------------------------------------
-def export_merged(
-    engine: Any, adapters: LoraAdapters, path: str | Path, *, dtype: str | None = None
-) -> dict[str, Any]:
-    """Collective: write ``engine``'s model with the adapters folded in
-    (``W + scaling * B @ A``) as a Hugging Face checkpoint; the weights are restored after."""
-    from tgruntime.trainer.hf_worker import export_hf_checkpoint
-
-    module = engine.state.module
-    saved: list[tuple[torch.Tensor, torch.Tensor]] = []
-    try:
-        with torch.no_grad():
-            for name, adapter in adapters.items():
-                weight = module.get_submodule(name).weight
-                saved.append((weight, weight.detach().clone()))
-                weight.add_(adapter.delta_weight().to(weight.dtype))
-        return export_hf_checkpoint(engine, path=str(path), dtype=dtype)
-    finally:
-        with torch.no_grad():
-            for weight, original in saved:
-                weight.copy_(original)

@@ -43,8 +43,8 @@ def attach_target(
 
     The Ray address is ``address`` (a caller's override, e.g. ``--address``) else
     ``status.rayAddress``; the Ray namespace is ``status.rayNamespace``; the group is
-    ``status.groupName``, else the TrainerGroup's own name. The one rule both clients use
-    (``tg-client`` and ``TrainerClient.connect``).
+    ``status.groupName``, else the TrainerGroup's own name. The one rule every client uses
+    (``tg-client``, ``TrainerClient.connect`` and the Tinker server).
     """
     return AttachTarget(
         ray_address=address or status.ray_address or None,

@@ -172,16 +172,18 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     if args.trainergroup:
+        from tgapi.kube_view import attach_target
         from tgapi.kube_view.kube import wait_for_ready
 
         ready = wait_for_ready(
             name=args.trainergroup, k8s_namespace=args.k8s_namespace, kubeconfig=args.kubeconfig
         )
         spec = ready.spec
+        where = attach_target(ready.status, name=args.trainergroup, address=args.address)
         client = TrainerClient.connect_local(
-            group_name=ready.status.group_name or args.trainergroup,
-            ray_namespace=ready.status.ray_namespace,
-            address=args.address or ready.status.ray_address or None,
+            group_name=where.group_name,
+            ray_namespace=where.ray_namespace,
+            address=where.ray_address,
         )
         name = args.trainergroup
     elif args.spec:

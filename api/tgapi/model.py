@@ -600,6 +600,44 @@ class QueueSpec:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class LoraSpec:
+    """LoRA adapters on the frozen base (the Tinker SDK's ``LoraConfig`` fields, plus alpha)."""
+
+    rank: int = spec_field(
+        name="rank",
+        description="Adapter rank (each adapted projection gets A [rank, in] and B [out, rank]).",
+        default=32,
+        minimum=1,
+    )
+    alpha: float = spec_field(
+        name="alpha",
+        description="Scaling numerator: a projection adds alpha / rank * B @ A @ x.",
+        default=32.0,
+        minimum=0,
+        exclusive_minimum=True,
+    )
+    train_attn: bool = spec_field(
+        name="trainAttn", description="Adapt q/k/v/o projections.", default=True
+    )
+    train_mlp: bool = spec_field(
+        name="trainMlp", description="Adapt gate/up/down projections.", default=True
+    )
+    train_unembed: bool = spec_field(
+        name="trainUnembed", description="Adapt the output layer (lm_head).", default=True
+    )
+
+    def settings(self) -> dict[str, Any]:
+        """The runtime's ``LoraSettings`` fields (tgruntime.trainer.lora)."""
+        return {
+            "rank": self.rank,
+            "alpha": self.alpha,
+            "train_attn": self.train_attn,
+            "train_mlp": self.train_mlp,
+            "train_unembed": self.train_unembed,
+        }
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainerGroupSpec:
     image: str = spec_field(
         name="image",
@@ -656,6 +694,12 @@ class TrainerGroupSpec:
         name="api",
         description="The APIs the group serves besides Ray (the Tinker API).",
         default_factory=ApiSpec,
+    )
+    lora: LoraSpec | None = spec_field(
+        name="lora",
+        description="Train LoRA adapters on a frozen base (docs/lora.md); the optimizer holds "
+        "adapter state only. Absent: full-weight training.",
+        default=None,
     )
     queue: QueueSpec | None = spec_field(
         name="queue",

@@ -73,8 +73,8 @@ def _cel_holds(expr: str, activation: dict[str, Any], *, run: Any = _run) -> boo
     (the CRD reports it, the policy's failurePolicy is Fail)."""
     try:
         result = run(expr, activation)
-    except celpy.evaluation.CELEvalError:
-        return False
+    except (celpy.evaluation.CELEvalError, OverflowError, ValueError):
+        return False  # ValueError: celpy's int64 overflow (2**63), which the server refuses too
     return type(result).__name__ == "BoolType" and bool(result)
 
 

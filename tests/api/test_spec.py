@@ -212,3 +212,20 @@ def _strip_k8s(schema: object) -> object:
     if isinstance(schema, list):
         return [_strip_k8s(v) for v in schema]
     return schema
+
+
+def test_lora_defaults_bounds_and_round_trip() -> None:
+    """spec.lora: absent -> full weights; present -> the SDK's LoraConfig defaults (rank 32,
+    every switch on) plus alpha; rank < 1 and alpha <= 0 name their field."""
+    assert tgapi.parse_spec({}, local=True).lora is None
+    spec = tgapi.parse_spec({"lora": {}}, local=True)
+    assert spec.lora is not None
+    assert spec.lora.settings() == {
+        "rank": 32, "alpha": 32.0, "train_attn": True, "train_mlp": True, "train_unembed": True
+    }
+    spec = tgapi.parse_spec({"lora": {"rank": 8, "trainUnembed": False}}, local=True)
+    assert tgapi.parse_spec(tgapi.to_wire(spec), local=True) == spec
+    assert tgapi.to_wire(spec)["lora"]["trainUnembed"] is False
+    bad = sorted(_fields({"lora": {"rank": 0, "alpha": 0}}))
+    assert bad == ["spec.lora.alpha", "spec.lora.rank"]
+    assert _fields({"lora": {"rnak": 8}}) == ["spec.lora.rnak"]

@@ -120,3 +120,27 @@ def test_stop_strings_cut_at_the_first_decoded_stop(tmp_path: Path) -> None:
     seqs = [{"tokens": ids, "logprobs": [-1.0] * 5, "stop_reason": "length"}]
     out = cut_sequences(tok, seqs, ["is", "of"])[0]
     assert out == {"tokens": ids[:3], "logprobs": [-1.0] * 3, "stop_reason": "stop"}
+
+
+def test_a_lora_group_refuses_create_model_and_says_why() -> None:
+    """spec.lora -> GroupInfo.lora_rank; the Tinker API does not serve LoRA groups yet, so
+    create_model is refused with the reason and what to do (no model is registered)."""
+    import tgapi
+    from tgruntime.service.__main__ import group_info
+    from tgruntime.service.app import TinkerService
+    from tgruntime.service.backend import Backend
+
+    spec = tgapi.parse_spec({"lora": {"rank": 8}}, local=True)
+    info = group_info("tiny", spec)
+    assert info.lora_rank == 8
+    assert group_info("tiny", tgapi.parse_spec({}, local=True)).lora_rank is None
+    service = TinkerService(Backend(client=None, info=info), KeyStore(keys=["k"]))  # type: ignore[arg-type]
+    sid = service.registry.new_session([], None).session_id
+
+    class Request:
+        async def json(self) -> dict[str, object]:
+            return {"session_id": sid, "base_model": "tiny", "lora_config": {"rank": 8}}
+
+    with pytest.raises(ServiceError, match=r"spec\.lora, rank 8.*TrainerClient"):
+        asyncio.run(service.create_model(Request()))  # type: ignore[arg-type]
+    assert not service.registry.models

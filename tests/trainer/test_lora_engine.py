@@ -11,8 +11,8 @@ One launch of two processes (``tgruntime.trainer.launch``, as test_lora.py) runs
   for the adapter parameters only), a checkpoint, then two more steps;
 * a new LoRA engine (another model seed and adapter seed) that loads the checkpoint and
   takes the same two steps; the refused cross loads (full <-> LoRA);
-* ``MegatronTrainer(spec_json, lora_json)`` without Ray: ``init_model`` resumes from the
-  checkpoint, ``train_model`` gives the same next loss, ``export_lora`` writes PEFT files,
+* ``MegatronTrainer(spec_json)`` with ``spec.lora``, without Ray: ``init_model`` resumes
+  from the checkpoint, ``train_model`` gives the same next loss, ``export_lora`` writes PEFT files,
   ``sample`` is refused.
 
 Nothing is downloaded: the model is megatron's, built from the seed.
@@ -221,7 +221,7 @@ def _refusals(spec: Any) -> dict[str, Any]:
     return out
 
 
-def _worker_run(spec_json: str, lora_json: str, peft_dir: Path) -> dict[str, Any]:
+def _worker_run(spec_json: str, lora_json: str | None, peft_dir: Path) -> dict[str, Any]:
     """``MegatronTrainer`` driven directly (no Ray): resume, one step, PEFT export, sampling."""
     from tgruntime.controller import DataProto
     from tgruntime.trainer.worker import MegatronTrainer
@@ -271,11 +271,12 @@ def engine_suite(*, out_dir: str) -> bytes:
         result["loaded"] = _loaded_run(
             other, dataclasses.replace(settings, seed=99), lora_dir / "step2", root / "full"
         )
-        result["worker"] = _worker_run(
-            json.dumps(tgapi.to_wire(tiny_spec(tp=TP, checkpoint_dir=str(lora_dir), **MODEL))),
-            json.dumps(settings.to_dict()),
-            root / "peft",
-        )
+        # the worker takes its LoRA settings from spec.lora, as tgctl and operator groups do
+        # (seed 0 there; the checkpoint it resumes holds the adapters, so only rank, alpha and
+        # the switches must match)
+        wire = tgapi.to_wire(tiny_spec(tp=TP, checkpoint_dir=str(lora_dir), **MODEL))
+        wire["lora"] = {"rank": settings.rank, "alpha": settings.alpha}
+        result["worker"] = _worker_run(json.dumps(wire), None, root / "peft")
         buffer = io.BytesIO()
         torch.save(result, buffer)
         return buffer.getvalue()
@@ -401,7 +402,7 @@ def test_worker_resumes_trains_and_exports_the_adapters(run: dict[str, Any]) -> 
     for rank in run["ranks"]:
         w = rank["worker"]
         assert w["mesh"]["resumed_from"] == rank["lora"]["ckpt_path"]
-        assert w["mesh"]["lora"] == lora_scenarios.settings().to_dict()
+        assert w["mesh"]["lora"] == {**lora_scenarios.settings().to_dict(), "seed": 0}
         assert w["step"] == 3
         assert w["loss"] == rank["lora"]["next_losses"][0]
         assert w["export"]["tensors"] == 30

@@ -40,6 +40,7 @@ def group_info(
         tokenizer_id=tokenizer or pretrained,
         eos_token_ids=eos_token_ids,
         aliases=tuple(a for a in (tg_name, pretrained) if a and a != name),
+        lora_rank=spec.lora.rank if spec.lora is not None else None,
     )
 
 

@@ -228,6 +228,12 @@ class TinkerService:
         sid = str(body.get("session_id"))
         self.registry.session(sid)
         self._base(body.get("base_model"))
+        if self.info.lora_rank is not None:
+            raise ServiceError(
+                f"this group trains LoRA adapters (spec.lora, rank {self.info.lora_rank}); the "
+                "Tinker API does not serve LoRA groups yet: drive it with TrainerClient, or "
+                "serve a group without spec.lora"
+            )
         rank = self._check_lora(body.get("lora_config"))
         self._check_optimizer(body.get("optimizer_config"))
         model_id = f"{sid}:train:{int(body.get('model_seq_id', 0))}"

@@ -25,6 +25,9 @@ class GroupInfo:
     tokenizer_id: str | None = None
     eos_token_ids: tuple[int, ...] = ()
     aliases: tuple[str, ...] = field(default=())
+    lora_rank: int | None = None
+    """``spec.lora.rank`` of a LoRA group (None: full weights); such a group is refused for
+    now (its adapters are not served through this API yet)."""
 
     def accepts(self, name: str | None) -> bool:
         return name is None or name == self.base_model or name in self.aliases

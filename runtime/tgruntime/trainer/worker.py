@@ -13,7 +13,8 @@ loss per sample) and ``meta_info`` metrics of the whole step: ``loss`` (mean ove
 batch), ``grad_norm``, ``tokens`` (global), ``step_time_s``, ``step``, ``lr``, ``skipped``,
 ``rank``, ``dp_rank``, ``shard_loss``.
 
-LoRA: the optional second constructor argument ``lora_json`` (a JSON object of
+LoRA: the spec's ``lora`` (``tgapi.model.LoraSpec``), or the optional second constructor
+argument ``lora_json``, which wins when given (a JSON object of
 ``LoraSettings`` fields: ``rank``, ``alpha``, ``seed``, ``train_attn``, ``train_mlp``,
 ``train_unembed``; unknown fields refused) makes the group train LoRA adapters on the frozen
 base (``TrainEngine.create(lora=...)``); absent, null or rank 0: full-weight training.
@@ -90,6 +91,8 @@ class MegatronTrainer(SamplingMixin, HFWeightsMixin, Worker):
     def __init__(self, spec_json: str, lora_json: str | None = None) -> None:
         super().__init__()
         self.spec: TrainerGroupSpec = parse_spec(json.loads(spec_json), local=True)
+        if lora_json is None and self.spec.lora is not None:  # spec.lora: the group's own
+            lora_json = json.dumps(self.spec.lora.settings())
         self.lora: LoraSettings | None = _parse_lora(lora_json)
         self.engine: TrainEngine | None = None
         self.resumed_from: str | None = None

@@ -75,6 +75,11 @@ def test_worker_group_trains_and_checkpoints(group: tuple[WorkerGroup, Path]) ->
         assert float(out.batch["loss"].mean()) == pytest.approx(meta["loss"], rel=1e-5)
         losses.append(meta["loss"])
     assert losses[-1] < losses[0] - 0.05, losses
+    # the mesh is added to the last step when read (train_model no longer counts parameters)
+    last = wg.last_step()
+    assert [x["tp_rank"] for x in last] == [0, 1] and [x["step"] for x in last] == [3, 3]
+    assert [x["rank"] for x in last] == [0, 1] and last[0]["loss"] == pytest.approx(losses[-1])
+    assert last[0]["parameters"] == meshes[0]["parameters"]
 
     paths = wg.save_checkpoint()
     assert paths == [str(ckpt / "step_00000003")] * 2

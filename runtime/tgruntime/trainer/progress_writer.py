@@ -1,9 +1,16 @@
 """Rank 0's training progress into the group record, off the step's path.
 
-A step hands its progress to :meth:`ProgressWriter.submit` and goes on; one daemon thread writes
-the newest value (a step that finishes while a write is in flight replaces the value waiting, so
-a slow GCS never queues writes or delays a collective). A failed write is logged once at
-warning (later ones at debug) and never reaches the step.
+A step hands its progress to :meth:`ProgressWriter.submit` and goes on; one daemon thread,
+started on the first submit and kept, writes the newest value (a step that finishes while a
+write is in flight replaces the value waiting, so a slow GCS never queues writes or delays a
+collective), and at most one value per ``min_interval_s`` (1 s): the last value is always
+written, at most that long after its step. A failed write is logged once at warning (later
+ones at debug) and never reaches the step.
+
+Why kept and paced: the writer shares the worker's interpreter lock with the training loop.
+On an H200 (seed shape, ~306 ms steps) starting a thread per step cost ~0.45 ms in the call,
+and a write after every step made the next step ~1 ms slower (docs/gpu.md, "The group's own
+overhead").
 
 Each value goes to two places (tgapi.progress): the group record in Ray's KV (``tgctl status``
 reads it), and one JSON line in ``<Ray log dir>/trainergroup/progress.<ns>.<group>.json`` on
@@ -16,6 +23,7 @@ import json
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 
 from tgapi.progress import TrainingProgress, progress_filename
@@ -23,32 +31,46 @@ from tgapi.progress import TrainingProgress, progress_filename
 log = logging.getLogger(__name__)
 
 
+MIN_INTERVAL_S = 1.0
+
+
 class ProgressWriter:
-    def __init__(self, *, group_name: str, ray_namespace: str) -> None:
+    def __init__(
+        self, *, group_name: str, ray_namespace: str, min_interval_s: float = MIN_INTERVAL_S
+    ) -> None:
         self.group_name = group_name
         self.ray_namespace = ray_namespace
+        self.min_interval_s = min_interval_s
         self._lock = threading.Lock()
+        self._wake = threading.Event()
         self._next: TrainingProgress | None = None
-        self._busy = False
+        self._thread: threading.Thread | None = None
         self._warned = False
 
     def submit(self, progress: TrainingProgress) -> None:
         """Write ``progress`` soon (in the background); returns at once."""
         with self._lock:
             self._next = progress
-            if self._busy:
-                return
-            self._busy = True
-        threading.Thread(target=self._drain, name="tg-progress", daemon=True).start()
+            self._wake.set()
+            thread, start = self._thread, self._thread is None
+            if thread is None:
+                thread = self._thread = threading.Thread(
+                    target=self._run, name="tg-progress", daemon=True
+                )
+        if start:
+            thread.start()
 
-    def _drain(self) -> None:
+    def _run(self) -> None:
         while True:
+            self._wake.wait()
+            self._wake.clear()
             with self._lock:
                 progress, self._next = self._next, None
-                if progress is None:
-                    self._busy = False
-                    return
+            if progress is None:
+                continue
             self._write(progress)
+            if self.min_interval_s > 0:
+                time.sleep(self.min_interval_s)  # a newer value waits; the newest is written
 
     def _write(self, progress: TrainingProgress) -> None:
         try:

@@ -24,9 +24,20 @@ def _settings(on_gpu: bool) -> RuntimeSettings:
 
 def test_only_on_a_gpu_and_not_when_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TG_TORCH_COMPILE", raising=False)
+    monkeypatch.setenv("CC", "/usr/bin/cc")
     assert model_mod.compiled_fusions(_settings(on_gpu=True))
     assert not model_mod.compiled_fusions(_settings(on_gpu=False))
     monkeypatch.setenv("TG_TORCH_COMPILE", "0")
+    assert not model_mod.compiled_fusions(_settings(on_gpu=True))
+
+
+def test_no_c_compiler_keeps_the_eager_code(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Triton builds a launcher with a C compiler: without one, compiling would fail the first
+    step, so the eager code is kept."""
+    monkeypatch.delenv("TG_TORCH_COMPILE", raising=False)
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert model_mod.c_compiler() is None
     assert not model_mod.compiled_fusions(_settings(on_gpu=True))
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 
 import numpy as np
 import torch
@@ -42,8 +43,20 @@ __all__ = [
 
 def compiled_fusions(settings: RuntimeSettings) -> bool:
     """Whether the torch.compile'd SwiGLU and RoPE are used: on a GPU, unless
-    ``TG_TORCH_COMPILE=0`` (a CPU run keeps megatron's eager code: no compiler needed)."""
-    return settings.on_gpu and os.environ.get("TG_TORCH_COMPILE", "1") != "0"
+    ``TG_TORCH_COMPILE=0`` (a CPU run keeps megatron's eager code: no compiler needed), and
+    only where Triton can build its launcher: an image without a C compiler keeps the eager
+    code instead of failing the first step."""
+    if not settings.on_gpu or os.environ.get("TG_TORCH_COMPILE", "1") == "0":
+        return False
+    return c_compiler() is not None
+
+
+def c_compiler() -> str | None:
+    """The C compiler Triton would use (``$CC``, else cc, gcc or clang on PATH), or None."""
+    found = os.environ.get("CC") or next(
+        (p for p in map(shutil.which, ("cc", "gcc", "clang")) if p), None
+    )
+    return found or None
 
 
 def compile_rope() -> bool:

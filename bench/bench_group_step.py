@@ -104,6 +104,16 @@ def client_role(args: argparse.Namespace) -> int:
     return 0
 
 
+def teardown(tg: Any, *, gcs_address: str) -> None:
+    """``tg-teardown`` of the benchmark's group (its workers, placement groups and record)."""
+    _run(
+        [PY, "-m", "tgruntime.entrypoints.teardown", "--group", tg.group_name,
+         "--ray-namespace", tg.ray_namespace, "--address", gcs_address],
+        timeout=300,
+        what="teardown",
+    )
+
+
 def _run(cmd: list[str], *, timeout: float, what: str) -> subprocess.CompletedProcess[str]:
     print(
         f"[{time.strftime('%H:%M:%S')}] {what}: {' '.join(cmd[:4])} ...",
@@ -168,21 +178,7 @@ def run_group(
             None,
         )
         assert measured is not None, client.stdout[-2000:]
-        _run(
-            [
-                PY,
-                "-m",
-                "tgruntime.entrypoints.teardown",
-                "--group",
-                tg.group_name,
-                "--ray-namespace",
-                tg.ray_namespace,
-                "--address",
-                head.gcs_address,
-            ],
-            timeout=300,
-            what="teardown",
-        )
+        teardown(tg, gcs_address=head.gcs_address)
     finally:
         stop_local_head(head)
     stats = bench_step.summarize(measured["wall_step_s"])

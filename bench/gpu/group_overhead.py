@@ -746,21 +746,7 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:
             result["profile_group"] = {"error": str(exc)[-2000:]}
         save()
-        bench_group_step._run(
-            [
-                sys.executable,
-                "-m",
-                "tgruntime.entrypoints.teardown",
-                "--group",
-                tg.group_name,
-                "--ray-namespace",
-                tg.ray_namespace,
-                "--address",
-                head.gcs_address,
-            ],
-            timeout=300,
-            what="teardown",
-        )
+        bench_group_step.teardown(tg, gcs_address=head.gcs_address)
     finally:
         if child.is_alive():
             child.terminate()

@@ -161,9 +161,12 @@ def ray_cluster() -> Iterator[RayCluster]:
         )
         return
     head = local_head.start_local_head(
-        num_cpus=2, object_store_memory=1 << 30, timeout_s=180,
+        num_cpus=2, object_store_memory=1 << 30, timeout_s=300,
         env={"RAY_AUTH_MODE": os.environ["RAY_AUTH_MODE"]},
     )
+    up_file = os.environ.get("TG_RAY_UP_FILE")
+    if up_file:  # tools/test.sh: kind-prep's image loads wait for this head (docs/testing.md)
+        Path(up_file).touch()
     try:
         yield RayCluster(
             gcs_address=head.gcs_address, dashboard_url=head.dashboard_url, temp_dir=head.temp_dir,

@@ -142,6 +142,12 @@ kind_prep() {
   builds_done || return 1
   [[ "$(cat "$WORK/images.rc")" == 0 && "$(cat "$WORK/go-tools.rc")" == 0 ]] \
     || { echo "kind-prep: a build failed; the kind phase builds and reports"; return 1; }
+  # The kind cluster and a changed runtime image (6 GB into each of two nodes) load both cores
+  # for minutes: start once the plane's session Ray head is up (at load 20 its start missed
+  # Ray's fixed 30 s raylet wait three times, 2026-12-03 08:14-08:21), or after 600 s.
+  local t0=$SECONDS
+  until [[ -f "$WORK/plane-ray-up" ]] || (( SECONDS - t0 >= 600 )); do sleep 5; done
+  echo "kind-prep: starting after $(( SECONDS - t0 )) s (plane's Ray head up: $([[ -f "$WORK/plane-ray-up" ]] && echo yes || echo no))"
   E2E_STOP_AFTER=loaded E2E_KEEP_CLUSTER=1 E2E_SKIP_BUILD=1 E2E_GPU=fake \
     E2E_ARTIFACTS="$WORK/kind-prep" bash tests/e2e/run.sh || return 1
   # The kind phase's other go builds, here in the background rather than on its path (cached
@@ -174,7 +180,7 @@ k8s_phases() {  # the control plane and kind phases, once the builds are done
     kind_prep_pid=$!
     log "kind-prep: started (log: $WORK/kind-prep.log)"
   fi
-  pytest_phase plane "$PLANE" "$@"
+  TG_RAY_UP_FILE="$WORK/plane-ray-up" pytest_phase plane "$PLANE" "$@"
   if [[ -n "$kind_prep_pid" ]]; then
     local t0; t0=$(date +%s)
     if wait "$kind_prep_pid"; then

@@ -59,7 +59,14 @@ _SLOW_MACHINE_DEFAULTS = {
     "RAY_agent_register_timeout_ms": "300000",
     "RAY_worker_register_timeout_seconds": "600",
     "RAY_raylet_start_wait_time_s": "120",
+    # `ray start` waits this long for the dashboard (Ray: 60 s); at load 20 on 2 cores the
+    # 2026-12-03 08:17 try took longer and the head was torn down
+    "RAY_DASHBOARD_STARTUP_TIMEOUT_S": "300",
 }
+
+
+START_ATTEMPTS = 5
+"""Tries of ``ray start`` in ``start_local_head`` before it gives up."""
 
 
 def dashboard_wanted() -> bool:
@@ -97,7 +104,10 @@ def start_local_head(
     child_env.pop(ADDRESS_ENV, None)
     child_env.pop(DEPRECATED_ADDRESS_ENV, None)
     last_error = ""
-    for _attempt in range(3):  # a chosen port can be taken before Ray binds it
+    # A chosen port can be taken before Ray binds it, and under heavy load a raylet can miss
+    # Ray's fixed 30 s registration wait ("The current node timed out during startup"): try
+    # again. Nothing is retried once a head is up.
+    for _attempt in range(START_ATTEMPTS):
         dashboard_port, client_port = _free_port(), _free_port()
         cmd = [
             _ray_executable(), "start", "--head", "--block", "--disable-usage-stats",

@@ -8,7 +8,7 @@ import pytest
 import torch
 from megatron.core.models.common.embeddings import rope_utils
 
-import tgapi
+from tests.trainer.scenarios import tiny_spec
 from tgruntime.trainer import model as model_mod
 from tgruntime.trainer.settings import RuntimeSettings
 
@@ -42,20 +42,7 @@ def test_no_c_compiler_keeps_the_eager_code(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_swiglu_fusion_follows_the_switch(monkeypatch: pytest.MonkeyPatch) -> None:
-    spec = tgapi.parse_spec(
-        {
-            "model": {
-                "vocabSize": 128,
-                "hiddenSize": 64,
-                "numLayers": 2,
-                "numAttentionHeads": 4,
-                "ffnHiddenSize": 128,
-                "maxSequenceLength": 32,
-            },
-            "training": {"batchSize": 2, "sequenceLength": 32},
-        },
-        local=True,
-    )
+    spec = tiny_spec()  # the shared tiny shape (SwiGLU, RoPE)
     monkeypatch.setattr(model_mod, "compiled_fusions", lambda settings: settings.on_gpu)
     cpu = model_mod.transformer_config(spec.model, spec.parallelism, _settings(on_gpu=False))
     assert cpu.bias_activation_fusion is False

@@ -91,9 +91,9 @@ class MegatronTrainer(SamplingMixin, HFWeightsMixin, Worker):
     def __init__(self, spec_json: str, lora_json: str | None = None) -> None:
         super().__init__()
         self.spec: TrainerGroupSpec = parse_spec(json.loads(spec_json), local=True)
-        if lora_json is None and self.spec.lora is not None:  # spec.lora: the group's own
-            lora_json = json.dumps(self.spec.lora.settings())
         self.lora: LoraSettings | None = _parse_lora(lora_json)
+        if lora_json is None and self.spec.lora is not None:  # spec.lora: the group's own
+            self.lora = LoraSettings.from_mapping(self.spec.lora.settings())
         self.engine: TrainEngine | None = None
         self.resumed_from: str | None = None
         self.pretrained_from: str | None = None  # model.pretrained, when init_model loaded it

@@ -205,6 +205,40 @@ class TrainEngine(Primitives):
             )
         return out
 
+    # -- LoRA runs ------------------------------------------------------------------
+    def build_adapters(self, lora: LoraSettings) -> tuple[LoraAdapters, TrainingState]:
+        """A new adapter set with its own AdamW on this engine's frozen base (many runs on
+        one group: ``lora.runs``). The new adapters are attached: detach the active run's
+        first. ``ValueError`` naming the field when ``lora`` does not fit the model."""
+        self._check_open()
+        if self.adapters is None:
+            raise ValueError(
+                "this group trains full weights: LoRA runs need a LoRA group (set spec.lora)"
+            )
+        if not lora.enabled:
+            raise ValueError("lora.rank must be at least 1 for a LoRA run")
+        shape = _lora_shape(self.spec, self.settings, lora)
+        module = self.state.module
+        adapters = inject_lora(module, settings=lora, shape=shape)
+        try:
+            state = build_adapter_training_state(
+                module, adapters=adapters, config=module.config, spec=self.spec.optimizer
+            )
+        except BaseException:
+            adapters.detach()
+            raise
+        return adapters, state
+
+    def base_fingerprint(self) -> str:
+        """What identifies the frozen base an adapter was trained on: the model section of
+        the spec (shape, seed, pretrained source) as a short hash."""
+        import hashlib
+        import json
+
+        model = to_wire(self.spec.model)
+        blob = json.dumps(model, sort_keys=True, default=str).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
     # -- training -------------------------------------------------------------------
     def train_step(self, input_ids: torch.Tensor) -> StepResult:
         """Forward, next-token loss, backward and one optimizer step on ``input_ids`` [B, S]:

@@ -52,6 +52,7 @@ from tgruntime.controller import (
 from tgruntime.trainer.engine import StepResult, TrainEngine
 from tgruntime.trainer.hf_worker import HFWeightsMixin
 from tgruntime.trainer.lora import LoraSettings
+from tgruntime.trainer.lora.runs import DEFAULT_RUN, RunSet
 from tgruntime.trainer.losses import LossFn
 from tgruntime.trainer.progress_writer import ProgressWriter
 from tgruntime.trainer.sampling.mixin import SamplingMixin
@@ -99,6 +100,8 @@ class MegatronTrainer(SamplingMixin, HFWeightsMixin, Worker):
         self.pretrained_from: str | None = None  # model.pretrained, when init_model loaded it
         self._pending: _Pending | None = None
         self._progress: ProgressWriter | None = None  # rank 0's record writer, made on first use
+        self._runs: RunSet | None = None  # many LoRA runs: made by the first create_run
+        self._pendings: dict[str, _Pending | None] = {}  # the inactive runs' pending steps
 
     def _engine(self) -> TrainEngine:
         if self.engine is None:
@@ -343,6 +346,74 @@ class MegatronTrainer(SamplingMixin, HFWeightsMixin, Worker):
         from tgruntime.trainer.lora import export_peft
 
         return export_peft(engine.adapters, path, base_model=base_model)
+
+    # -- many LoRA runs on one group (lora.runs; docs/lora.md) ----------------------------
+    def _run_set(self) -> RunSet:
+        if self._runs is None:
+            self._runs = RunSet(self._engine())
+        return self._runs
+
+    def _switch_pending(self, run_id: str) -> None:
+        runs = self._run_set()
+        self._pendings[runs.active] = self._pending
+        self._pending = self._pendings.pop(run_id, None)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def create_run(self, run_id: str, lora_json: str) -> dict[str, Any]:
+        """A new LoRA run (its own adapters, AdamW state and step) on the group's frozen
+        base, from a JSON object of ``LoraSettings`` fields; it becomes the active run."""
+        settings = _parse_lora(lora_json)
+        if settings is None:
+            raise ValueError("create_run: lora_json needs a rank of at least 1")
+        runs = self._run_set()
+        self._switch_pending(run_id)
+        try:
+            return runs.create(run_id, settings)
+        except BaseException:
+            self._switch_pending(runs.active)
+            raise
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def use_run(self, run_id: str) -> dict[str, Any]:
+        """Make ``run_id`` the run the next calls train, sample or save (a parked run is
+        brought back first)."""
+        runs = self._run_set()
+        if run_id != runs.active:
+            self._switch_pending(run_id)
+        return runs.use(run_id)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def drop_run(self, run_id: str) -> bool:
+        runs = self._run_set()
+        if run_id == runs.active:
+            self.use_run(DEFAULT_RUN)
+        runs.drop(run_id)
+        self._pendings.pop(run_id, None)
+        return True
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def park_run(self, run_id: str, path: str) -> dict[str, Any]:
+        """Write a run's whole state to directory ``path`` and free its memory."""
+        runs = self._run_set()
+        if run_id == runs.active:
+            self.use_run(DEFAULT_RUN)
+        return runs.park(run_id, path)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def list_runs(self) -> list[dict[str, Any]]:
+        return self._run_set().describe()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_run(self, path: str) -> str:
+        """The active run's adapters, AdamW state and step (no base weights) into ``path``."""
+        return self._run_set().save(path)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_run(self, path: str, optimizer: bool = True) -> int:
+        """Restore a ``save_run`` directory into the active run; returns its step."""
+        step = self._run_set().load(path, optimizer=optimizer)
+        self._pending = None
+        return step
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def get_mesh(self) -> dict[str, Any]:

@@ -49,11 +49,19 @@ class LoraAdapters(torch.nn.Module):
         self.adapters = torch.nn.ModuleDict()
         self.megatron_names: dict[str, str] = {}  # key -> stage-local megatron module name
         self._handles: list[Any] = []
+        self._bases: dict[str, torch.nn.Module] = {}  # key -> the base linear (not a child)
+        self._attached = True
 
     def add(self, megatron_name: str, adapter: LinearLora, base: torch.nn.Module) -> None:
         key = _key(megatron_name)
         self.adapters[key] = adapter
         self.megatron_names[key] = megatron_name
+        self._bases[key] = base
+        if self._attached:
+            self._hook(key)
+
+    def _hook(self, key: str) -> None:
+        adapter, megatron_name = self.adapters[key], self.megatron_names[key]
 
         def hook(
             module: torch.nn.Module,
@@ -71,7 +79,7 @@ class LoraAdapters(torch.nn.Module):
                 )
             return out + delta.to(out.dtype), bias
 
-        self._handles.append(base.register_forward_hook(hook, with_kwargs=True))
+        self._handles.append(self._bases[key].register_forward_hook(hook, with_kwargs=True))
 
     def items(self) -> Iterator[tuple[str, LinearLora]]:
         """(stage-local megatron name, adapter) pairs."""
@@ -79,11 +87,25 @@ class LoraAdapters(torch.nn.Module):
             assert isinstance(adapter, LinearLora)
             yield self.megatron_names[key], adapter
 
+    @property
+    def attached(self) -> bool:
+        """Whether the hooks are on the model (its forward adds these adapters' deltas)."""
+        return self._attached
+
+    def attach(self) -> None:
+        """Put the hooks (back) on the model; a no-op when attached. Another adapter set on
+        the same linears must be detached first (many runs: ``lora.runs``)."""
+        if not self._attached:
+            self._attached = True
+            for key in self.adapters:
+                self._hook(key)
+
     def detach(self) -> None:
         """Remove the hooks: the model computes its base function again."""
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        self._attached = False
 
     def forward(self, *_: Any) -> None:
         raise RuntimeError("LoraAdapters are applied through the model's forward hooks")

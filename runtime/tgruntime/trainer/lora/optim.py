@@ -30,6 +30,7 @@ from tgruntime.trainer.schedule import finalize_grads_local
 __all__ = [
     "AdapterTrainingState",
     "adam_state_bytes",
+    "bind_adapter_grads",
     "build_adapter_training_state",
     "optimizer_state_bytes",
 ]
@@ -63,6 +64,14 @@ def build_adapter_training_state(
     if getattr(config, "fp16", False):
         raise ValueError("LoRA training needs bf16 or fp32 (fp16 would need loss scaling)")
     optimizer = LocalOptimizer(adapters, spec)
+    bind_adapter_grads(config, adapters)
+    return AdapterTrainingState(model=module, module=module, optimizer=optimizer, adapters=adapters)
+
+
+def bind_adapter_grads(config: Any, adapters: LoraAdapters) -> None:
+    """Make the schedule's finalize hook (on the model's ``TransformerConfig``) average
+    ``adapters``' gradients over data parallelism; called again when another run's adapters
+    become the active ones (``lora.runs``)."""
 
     def finalize(model: list[torch.nn.Module], *args: Any, **kwargs: Any) -> None:
         finalize_grads_local([adapters])
@@ -70,7 +79,6 @@ def build_adapter_training_state(
     config.finalize_model_grads_func = finalize
     config.no_sync_func = None
     config.grad_scale_func = None
-    return AdapterTrainingState(model=module, module=module, optimizer=optimizer, adapters=adapters)
 
 
 def adam_state_bytes(params: Iterable[torch.Tensor], *, state_dtype_bytes: int = 4) -> int:

@@ -576,6 +576,23 @@ class ApiSpec:
         description="The Tinker API server's pod.",
         default_factory=TinkerServerSpec,
     )
+    max_runs: int = spec_field(
+        name="maxRuns",
+        description="LoRA groups (spec.lora): how many training runs (Tinker create_model calls, "
+        "each its own adapter and optimizer state on the shared base) the server holds at once; "
+        "one more is refused with HTTP 429 until a run's session finishes.",
+        default=8,
+        minimum=1,
+        maximum=1024,
+    )
+    idle_run_seconds: int = spec_field(
+        name="idleRunSeconds",
+        description="LoRA groups: a run with no call for this long is parked (its adapters and "
+        "optimizer state written under training.checkpointDir, its memory freed) and comes back "
+        "on its next call; 0 never parks.",
+        default=600,
+        minimum=0,
+    )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

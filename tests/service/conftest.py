@@ -5,6 +5,7 @@ sessions (``with ServiceClient``), so the next one may start its own training ru
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Iterator
@@ -24,21 +25,30 @@ MODEL = {"positionEmbedding": "rope", "numQueryGroups": 2, "maxSequenceLength": 
 # package scope: torn down after tests/service, so its 2 CPUs are free for later groups
 @pytest.fixture(scope="package")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    from tests.trainer.scenarios import tiny_spec
+
+    root = tmp_path_factory.mktemp("tinker")
+    spec = tiny_spec(tp=2, checkpoint_dir=str(root / "ckpt"), **MODEL)  # type: ignore[arg-type]
+    with serving(spec, root, prefix="svc") as s:
+        yield s
+
+
+@contextlib.contextmanager
+def serving(spec: Any, root: Path, *, prefix: str) -> Iterator[dict[str, Any]]:
+    """A TP=2 group of ``spec`` (CPU, gloo; a private local Ray unless one is up) and a Tinker
+    server over it on a free port."""
     ray = pytest.importorskip("ray")
     pytest.importorskip("megatron.core")
     pytest.importorskip("tinker")
     from tests.trainer.groups import trainer_group
-    from tests.trainer.scenarios import tiny_spec
     from tgruntime import TrainerClient
     from tgruntime.service.__main__ import group_info, serve
     from tgruntime.service.auth import KeyStore
 
-    root = tmp_path_factory.mktemp("tinker")
-    spec = tiny_spec(tp=2, checkpoint_dir=str(root / "ckpt"), **MODEL)  # type: ignore[arg-type]
     started = not ray.is_initialized()
     if started:
         init_private_ray(namespace=f"tg-svc-{uuid.uuid4().hex[:8]}")
-    wg = trainer_group(spec, prefix="svc")
+    wg = trainer_group(spec, prefix=prefix)
     running = None
     try:
         wg.init_model()
@@ -65,6 +75,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
             "info": info,
             "root": root,
             "service": running.service,
+            "running": running,
             "base": info.base_model,
         }
     finally:

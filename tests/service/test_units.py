@@ -122,25 +122,79 @@ def test_stop_strings_cut_at_the_first_decoded_stop(tmp_path: Path) -> None:
     assert out == {"tokens": ids[:3], "logprobs": [-1.0] * 3, "stop_reason": "stop"}
 
 
-def test_a_lora_group_refuses_create_model_and_says_why() -> None:
-    """spec.lora -> GroupInfo.lora_rank; the Tinker API does not serve LoRA groups yet, so
-    create_model is refused with the reason and what to do (no model is registered)."""
+def test_a_lora_group_takes_its_run_limits_from_the_spec_and_checks_lora_configs() -> None:
+    """spec.lora and spec.api -> GroupInfo; the SDK's LoraConfig -> the workers' settings
+    (alpha from spec.lora), bad values refused before any group call."""
     import tgapi
     from tgruntime.service.__main__ import group_info
     from tgruntime.service.app import TinkerService
     from tgruntime.service.backend import Backend
 
-    spec = tgapi.parse_spec({"lora": {"rank": 8}}, local=True)
+    spec = tgapi.parse_spec(
+        {"lora": {"rank": 8, "alpha": 16}, "api": {"maxRuns": 2, "idleRunSeconds": 30}},
+        local=True,
+    )
     info = group_info("tiny", spec)
-    assert info.lora_rank == 8
+    assert (info.lora_rank, info.lora_alpha, info.max_runs, info.idle_run_seconds) == (
+        8, 16.0, 2, 30,
+    )
     assert group_info("tiny", tgapi.parse_spec({}, local=True)).lora_rank is None
     service = TinkerService(Backend(client=None, info=info), KeyStore(keys=["k"]))  # type: ignore[arg-type]
-    sid = service.registry.new_session([], None).session_id
+    assert service.lora is not None and service.lora.max_runs == 2
+    assert service._run_settings({"rank": 4, "seed": 3, "train_mlp": False}) == {
+        "rank": 4, "alpha": 16.0, "train_attn": True, "train_mlp": False,
+        "train_unembed": True, "seed": 3,
+    }
+    assert service._run_settings(None)["rank"] == 8  # the group's rank by default
+    for bad, field in (({"rank": 0}, "rank"), ({"rank": True}, "rank"),
+                       ({"rank": 4, "train_attn": "yes"}, "train_attn")):
+        with pytest.raises(ServiceError, match=f"lora_config.{field}"):
+            service._run_settings(bad)
 
-    class Request:
-        async def json(self) -> dict[str, object]:
-            return {"session_id": sid, "base_model": "tiny", "lora_config": {"rank": 8}}
 
-    with pytest.raises(ServiceError, match=r"spec\.lora, rank 8.*TrainerClient"):
-        asyncio.run(service.create_model(Request()))  # type: ignore[arg-type]
-    assert not service.registry.models
+def test_fair_turns_serve_runs_round_robin_and_survive_cancellation() -> None:
+    """One run queues six calls, another two, a third one: the turns alternate between the
+    runs that wait (FIFO within a run); a waiter cancelled in the queue loses its place only."""
+    from tgruntime.service.runs import FairTurns
+
+    async def main() -> list[str]:
+        turns = FairTurns()
+        log: list[str] = []
+        gate = asyncio.Event()
+
+        async def call(run: str, n: int) -> None:
+            async with turns.turn(run):
+                if not gate.is_set():
+                    await gate.wait()  # the first holder keeps the group until all queue
+                log.append(f"{run}{n}")
+                await asyncio.sleep(0)
+
+        tasks = [asyncio.create_task(call("a", i)) for i in range(6)]
+        await asyncio.sleep(0.01)
+        tasks += [asyncio.create_task(call("b", i)) for i in range(2)]
+        doomed = asyncio.create_task(call("c", 9))
+        tasks.append(asyncio.create_task(call("c", 0)))
+        await asyncio.sleep(0.01)
+        doomed.cancel()
+        gate.set()
+        await asyncio.gather(*tasks)
+        assert doomed.cancelled()
+        return log
+
+    assert asyncio.run(main()) == ["a0", "b0", "c0", "a1", "b1", "a2", "a3", "a4", "a5"]
+
+
+def test_idle_runs_are_the_unparked_ones_past_the_limit() -> None:
+    from tgruntime.service.runs import LoraRuns, RunState
+
+    runs = LoraRuns(max_runs=2, idle_run_s=60)
+    runs.runs = {
+        "old": RunState("old", 8, last_call=100.0),
+        "new": RunState("new", 8, last_call=150.0),
+        "parked": RunState("parked", 8, last_call=0.0, parked=True),
+    }
+    assert runs.idle(170.0) == ["old"]
+    assert runs.full()
+    runs.touch("parked")
+    assert not runs.runs["parked"].parked
+    assert LoraRuns(max_runs=2, idle_run_s=0).idle(1e12) == []

@@ -20,6 +20,7 @@ Attaching imports neither megatron nor the worker class.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -48,6 +49,14 @@ _PRIMITIVES = (
     "get_mesh",
     "save_sampler_weights",
     "sample",
+    # many LoRA runs (docs/lora.md)
+    "create_run",
+    "use_run",
+    "drop_run",
+    "park_run",
+    "list_runs",
+    "save_run",
+    "load_run",
 )
 
 
@@ -344,6 +353,39 @@ class TrainerClient:
     def import_hf(self, path: str, **kwargs: Any) -> TrainerFuture[Any]:
         """Load Hugging Face Llama weights from ``path`` (the workers' import_hf)."""
         return self._all_call("import_hf", path, **kwargs)
+
+    # -- many LoRA runs on a LoRA group (docs/lora.md) -------------------------------------
+    def create_run(self, run_id: str, lora: Mapping[str, Any]) -> TrainerFuture[dict[str, Any]]:
+        """A new LoRA run (``LoraSettings`` fields: rank, alpha, seed, train_attn, train_mlp,
+        train_unembed) on the group's frozen base; it becomes the active run. The group must
+        have ``spec.lora``. The value: ``{id, rank, steps, lastActive, created, active,
+        parked}``."""
+        return self._all_call("create_run", run_id, json.dumps(dict(lora)))
+
+    def use_run(self, run_id: str) -> TrainerFuture[dict[str, Any]]:
+        """Make ``run_id`` the run the next calls train, sample and save (calls reach the
+        workers in the order they are made, so ``use_run`` then ``forward_backward`` is safe
+        from one client; two clients switching runs of one group must take turns)."""
+        return self._all_call("use_run", run_id)
+
+    def drop_run(self, run_id: str) -> TrainerFuture[bool]:
+        return self._all_call("drop_run", run_id)
+
+    def park_run(self, run_id: str, path: str) -> TrainerFuture[dict[str, Any]]:
+        """Write a run's whole state into ``path`` (shared storage) and free its memory; the
+        next ``use_run`` brings it back."""
+        return self._all_call("park_run", run_id, path)
+
+    def list_runs(self) -> TrainerFuture[list[dict[str, Any]]]:
+        return self._all_call("list_runs")
+
+    def save_run(self, path: str) -> TrainerFuture[str]:
+        """The active run's adapters, optimizer state and step (no base weights)."""
+        return self._all_call("save_run", path)
+
+    def load_run(self, path: str, *, optimizer: bool = True) -> TrainerFuture[int]:
+        """Restore a ``save_run`` directory into the active run; the value is its step."""
+        return self._all_call("load_run", path, optimizer=optimizer)
 
     # -- sampling (docs/sampling.md) ---------------------------------------------------
     def save_sampler_weights(

@@ -41,6 +41,9 @@ def group_info(
         eos_token_ids=eos_token_ids,
         aliases=tuple(a for a in (tg_name, pretrained) if a and a != name),
         lora_rank=spec.lora.rank if spec.lora is not None else None,
+        lora_alpha=spec.lora.alpha if spec.lora is not None else None,
+        max_runs=spec.api.max_runs,
+        idle_run_seconds=spec.api.idle_run_seconds,
     )
 
 

@@ -10,10 +10,11 @@ reason."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from tgruntime.service.codec import (
 from tgruntime.service.datum import metrics, outputs, to_tensors
 from tgruntime.service.futures import FutureStore, Outcome
 from tgruntime.service.paths import Paths
+from tgruntime.service.runs import LoraRuns, RunState
 from tgruntime.service.sampling import SampleJob, SampleQueue
 from tgruntime.service.sessions import Model, Registry, SamplingSession, ServiceError
 from tgruntime.service.stops import Tokenizer, cut_sequences, load_tokenizer, token_stops
@@ -42,6 +44,7 @@ log = logging.getLogger("tgruntime.service")
 PROTO = "application/x-protobuf"
 POLL_S = 30.0  # retrieve_future long-poll (the SDK waits 45 s per poll)
 BASE = "_base"  # {checkpointDir}/tinker/_base: the base model, saved once
+RUN_SETTINGS = "lora.json"  # beside a LoRA run's saved state: the run's LoraSettings
 
 
 def _json_log(event: str, **fields: Any) -> None:
@@ -66,6 +69,10 @@ class TinkerService:
         self.base_sampler: str | None = None
         self._tok: Tokenizer | None = None
         self._tok_tried = False
+        info = backend.info
+        self.lora: LoraRuns | None = None
+        if info.lora_rank is not None:  # a LoRA group: many runs (service.runs)
+            self.lora = LoraRuns(max_runs=info.max_runs, idle_run_s=info.idle_run_seconds)
 
     # -- start-up ---------------------------------------------------------------------
     async def prepare(self) -> None:
@@ -76,13 +83,14 @@ class TinkerService:
             return
         base = self.paths.root / BASE
         state, sampler = base / "state", base / "sampler"
-        if not (state / "meta.json").is_file():
+        if self.lora is None and not (state / "meta.json").is_file():
             state.mkdir(parents=True, exist_ok=True)
             await self.backend.call("save_state", str(state))
         if not sampler.is_dir() or not any(sampler.iterdir()):
             sampler.mkdir(parents=True, exist_ok=True)
             await self.backend.call("save_sampler_weights", str(sampler), str(sampler))
-        self.base_state, self.base_sampler = str(state), str(sampler)
+        self.base_state = str(state) if self.lora is None else None
+        self.base_sampler = str(sampler)
 
     # -- plumbing ---------------------------------------------------------------------
     def _spawn(self, coro: Awaitable[None]) -> None:
@@ -133,18 +141,42 @@ class TinkerService:
             try:
                 if seq_id is not None:
                     await model.order.admit(seq_id)
-                try:
-                    finish = prepare()
-                finally:
-                    if seq_id is not None:
-                        await model.order.done(seq_id)
-                outcome = await finish()
+                async with self._turn(model):
+                    try:
+                        await self._switch_to(model)
+                        finish = prepare()
+                    finally:
+                        if seq_id is not None:
+                            await model.order.done(seq_id)
+                    outcome = await finish()
             except Exception as exc:
                 outcome = self._failure(exc)
             self.futures.resolve(rid, outcome)
 
         self._spawn(go())
         return rid
+
+    @contextlib.asynccontextmanager
+    async def _turn(self, model: Model) -> AsyncIterator[None]:
+        """A LoRA group's call waits for its run's fair turn (service.runs.FairTurns) and
+        holds the group until it is done; a full-weight group's calls go straight on."""
+        if self.lora is None:
+            yield
+            return
+        async with self.lora.turns.turn(model.model_id):
+            yield
+
+    async def _switch_to(self, model: Model) -> None:
+        """Make the workers' active run ``model``'s (awaited: a failed switch must not let
+        the call train another run)."""
+        lora = self.lora
+        if lora is None or model.model_id not in lora.runs:
+            return
+        if lora.active != model.model_id:
+            lora.active = None  # unknown until the switch is confirmed
+            await self.backend.call("use_run", model.model_id)
+            lora.active = model.model_id
+        lora.touch(model.model_id)
 
     @staticmethod
     async def _body(request: web.Request) -> dict[str, Any]:
@@ -176,7 +208,12 @@ class TinkerService:
         return web.json_response({"type": "session_heartbeat"})
 
     async def finish(self, request: web.Request) -> web.Response:
-        self.registry.finish(request.match_info["session_id"])
+        sid = request.match_info["session_id"]
+        self.registry.finish(sid)
+        if self.lora is not None:  # free the session's runs on the workers
+            for m in list(self.registry.models.values()):
+                if m.session_id == sid and m.model_id in self.lora.runs:
+                    self._spawn(self._drop_run(m.model_id, "its session finished"))
         return web.json_response({})
 
     # -- models -----------------------------------------------------------------------
@@ -206,6 +243,12 @@ class TinkerService:
             raise ServiceError(f"lora_config.rank must be a positive integer, got {rank!r}")
         return rank
 
+    def _run_of(self, model: Model) -> dict[str, Any] | None:
+        """A LoRA run's settings (None on a full-weight group)."""
+        if self.lora is None:
+            return None
+        return dict(model.lora_settings or {})
+
     def _reset_to_base(self) -> Callable[[], Awaitable[Outcome]]:
         if self.base_state is None:
 
@@ -228,12 +271,8 @@ class TinkerService:
         sid = str(body.get("session_id"))
         self.registry.session(sid)
         self._base(body.get("base_model"))
-        if self.info.lora_rank is not None:
-            raise ServiceError(
-                f"this group trains LoRA adapters (spec.lora, rank {self.info.lora_rank}); the "
-                "Tinker API does not serve LoRA groups yet: drive it with TrainerClient, or "
-                "serve a group without spec.lora"
-            )
+        if self.lora is not None:
+            return await self._create_run(sid, body)
         rank = self._check_lora(body.get("lora_config"))
         self._check_optimizer(body.get("optimizer_config"))
         model_id = f"{sid}:train:{int(body.get('model_seq_id', 0))}"
@@ -253,6 +292,150 @@ class TinkerService:
         rid = self._ordered(model, None, prepare)
         return web.json_response({"request_id": rid, "model_id": model_id})
 
+    # -- runs of a LoRA group (service.runs) -------------------------------------------
+    def _run_settings(self, lora: Any) -> dict[str, Any]:
+        """The SDK's ``LoraConfig`` as the workers' ``LoraSettings`` fields (alpha: the
+        group's ``spec.lora.alpha``)."""
+        if lora is None:
+            lora = {"rank": self.info.lora_rank}
+        if not isinstance(lora, dict):
+            raise ServiceError("lora_config must be an object")
+        rank = lora.get("rank", self.info.lora_rank)
+        if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
+            raise ServiceError(f"lora_config.rank must be a positive integer, got {rank!r}")
+        out: dict[str, Any] = {"rank": rank, "alpha": self.info.lora_alpha}
+        for key in ("train_attn", "train_mlp", "train_unembed"):
+            value = lora.get(key, True)
+            if not isinstance(value, bool):
+                raise ServiceError(f"lora_config.{key} must be true or false, got {value!r}")
+            out[key] = value
+        seed = lora.get("seed")
+        out["seed"] = 0 if seed is None else int(seed)
+        return out
+
+    async def _free_lapsed_runs(self) -> None:
+        """Drop the runs whose session finished or stopped its heartbeat (their saved
+        states stay on disk)."""
+        lora = self.lora
+        assert lora is not None
+        for run_id in list(lora.runs):
+            m = self.registry.models.get(run_id)
+            sess = self.registry.sessions.get(m.session_id) if m is not None else None
+            if m is None or m.retired is not None or sess is None or not self.registry.alive(sess):
+                await self._drop_run(run_id, "its session ended")
+
+    async def _drop_run(self, run_id: str, why: str) -> None:
+        lora = self.lora
+        assert lora is not None
+        state = lora.runs.get(run_id)
+        if state is None or state.dropping:
+            return
+        state.dropping = True
+        m = self.registry.models.get(run_id)
+        if m is not None and m.retired is None:
+            m.retired = why
+        try:
+            async with lora.turns.turn(run_id):
+                if lora.active == run_id:
+                    lora.active = None
+                await self.backend.call("drop_run", run_id)
+        finally:
+            lora.runs.pop(run_id, None)  # after the workers let go of it
+            lora.turns.forget(run_id)
+        _json_log("drop_run", model_id=run_id, why=why)
+
+    async def _create_run(
+        self, sid: str, body: dict[str, Any], *, state: Path | None = None
+    ) -> web.Response:
+        """``create_model`` (or a load without a model) on a LoRA group: a new run."""
+        lora = self.lora
+        assert lora is not None
+        settings = self._run_settings(body.get("lora_config"))
+        self._check_optimizer(body.get("optimizer_config"))
+        if lora.full():
+            await self._free_lapsed_runs()
+        if lora.full():
+            held = ", ".join(sorted(lora.runs))
+            raise ServiceError(
+                f"this group holds {len(lora.runs)} training runs, its limit (spec.api.maxRuns "
+                f"{lora.max_runs}): {held}. Finish a session (ServiceClient's close, or let its "
+                "heartbeat lapse) or raise spec.api.maxRuns",
+                status=429,
+            )
+        model_id = f"{sid}:train:{int(body.get('model_seq_id', 0))}"
+        if model_id in self.registry.models:
+            raise ServiceError(f"model {model_id} exists already (model_seq_id is reused)")
+        model = Model(model_id, sid, self.info.base_model, settings["rank"])
+        model.lora_settings = settings
+        self.registry.models[model_id] = model
+        lora.runs[model_id] = RunState(model_id, settings["rank"])  # holds its place
+        _json_log("create_model", model_id=model_id, lora=settings)
+        rid = self.futures.new()
+
+        async def go() -> None:
+            async with lora.turns.turn(model_id):
+                try:
+                    lora.active = None  # after a failed create the workers keep their own
+                    await self.backend.call("create_run", model_id, settings)
+                    lora.active = model_id
+                    step = 0
+                    if state is not None:
+                        step = await self.backend.call(
+                            "load_run", str(state), optimizer=bool(body.get("optimizer"))
+                        )
+                    lora.runs[model_id].steps = int(step)
+                    out: dict[str, Any] = {"type": "create_model", "model_id": model_id}
+                    if state is not None:
+                        out = {"type": "load_weights", "path": body.get("path")}
+                        out["model_id"] = model_id
+                    outcome = Outcome(body=out)
+                except Exception as exc:
+                    outcome = self._failure(exc)
+                    lora.runs.pop(model_id, None)
+                    self.registry.models.pop(model_id, None)  # nothing half-created
+                    if lora.active == model_id:  # the run exists on the workers: drop it
+                        with contextlib.suppress(Exception):
+                            await self.backend.call("drop_run", model_id)
+                        lora.active = None
+            if model_id not in lora.runs:
+                lora.turns.forget(model_id)
+            self.futures.resolve(rid, outcome)
+
+        self._spawn(go())
+        return web.json_response({"request_id": rid, "model_id": model_id})
+
+    async def park_idle_runs(self) -> list[str]:
+        """Park the runs idle for ``spec.api.idleRunSeconds`` (their state under
+        ``{checkpointDir}/tinker/<model>/parked``); returns their ids."""
+        lora = self.lora
+        if lora is None or self.paths.root is None:
+            return []
+        parked = []
+        for run_id in lora.idle(time.time()):
+            d = self.paths.root / run_id / "parked"
+            d.mkdir(parents=True, exist_ok=True)
+            async with lora.turns.turn(run_id):
+                if run_id not in lora.runs:
+                    continue
+                if lora.active == run_id:
+                    lora.active = None  # the workers switch to their own run
+                await self.backend.call("park_run", run_id, str(d))
+                lora.runs[run_id].parked = True
+            parked.append(run_id)
+            _json_log("park_run", model_id=run_id, path=str(d))
+        return parked
+
+    async def _park_loop(self) -> None:
+        lora = self.lora
+        assert lora is not None
+        tick = max(1.0, min(30.0, lora.idle_run_s / 4))
+        while True:
+            await asyncio.sleep(tick)
+            try:
+                await self.park_idle_runs()
+            except Exception as exc:
+                log.warning("parking idle runs failed (they stay loaded): %s", exc)
+
     async def get_info(self, request: web.Request) -> web.Response:
         body = await self._body(request)
         m = self.registry.model(str(body.get("model_id")))
@@ -261,8 +444,8 @@ class TinkerService:
                 "type": "get_info",
                 "model_id": m.model_id,
                 "model_name": self.info.base_model,
-                "is_lora": False,
-                "lora_rank": None,
+                "is_lora": self.lora is not None,
+                "lora_rank": m.lora_rank if self.lora is not None else None,
                 "model_data": {
                     "arch": "llama",
                     "model_name": self.info.base_model,
@@ -350,6 +533,8 @@ class TinkerService:
                 r = await self.backend.wait(future)
                 out = {"grad_norm:last": float(r.get("grad_norm", 0.0)), "lr:last": lr}
                 out["step:last"] = float(r.get("step", 0))
+                if self.lora is not None and model.model_id in self.lora.runs:
+                    self.lora.runs[model.model_id].steps = int(r.get("step", 0))
                 return Outcome(body={"type": "optim_step", "metrics": out})
 
             return wait
@@ -364,15 +549,20 @@ class TinkerService:
         seq = body.get("seq_id")
         name = str(body.get("path") or f"step-{seq or int(time.time())}")
         d = self.paths.directory(model.model_id, "weights", name)
-        if d.exists() and not body.get("overwrite", False) and (d / "meta.json").exists():
+        saved = (d / "meta.json").exists() or (d / RUN_SETTINGS).exists()
+        if d.exists() and not body.get("overwrite", False) and saved:
             raise ServiceError(f"weights {name!r} already exist for {model.model_id}")
+        run = self._run_of(model)
 
         def prepare() -> Callable[[], Awaitable[Outcome]]:
             d.mkdir(parents=True, exist_ok=True)
-            future = self.backend.client.save_state(str(d))
+            client = self.backend.client
+            future = client.save_state(str(d)) if run is None else client.save_run(str(d))
 
             async def wait() -> Outcome:
                 await self.backend.wait(future)
+                if run is not None:  # what a load without a model creates the run from
+                    (d / RUN_SETTINGS).write_text(json.dumps(run, indent=2))
                 uri = self.paths.uri(model.model_id, "weights", name)
                 return Outcome(body={"type": "save_weights", "path": uri})
 
@@ -426,6 +616,15 @@ class TinkerService:
                 "path saved by save_state"
             )
         optimizer = bool(body.get("optimizer", False))
+        self._check_state_kind(uri, d)
+        if self.lora is not None and not body.get("model_id"):
+            sid = str(body.get("session_id"))
+            self.registry.session(sid)
+            self._base(body.get("base_model"))
+            saved = json.loads((d / RUN_SETTINGS).read_text())
+            return await self._create_run(
+                sid, {**body, "lora_config": saved, "optimizer": optimizer}, state=d
+            )
         if body.get("model_id"):
             model = self.registry.model(str(body["model_id"]))
             seq = body.get("seq_id")
@@ -441,12 +640,20 @@ class TinkerService:
             seq = None
 
         def prepare() -> Callable[[], Awaitable[Outcome]]:
-            load = self.backend.client.load_state(str(d), optimizer=optimizer)
-            zero = self.backend.client.zero_grad()
+            client = self.backend.client
+            if self.lora is not None:  # the run's adapters (its pending gradient is dropped)
+                load = client.load_run(str(d), optimizer=optimizer)
+                zero = None
+            else:
+                load = client.load_state(str(d), optimizer=optimizer)
+                zero = client.zero_grad()
 
             async def wait() -> Outcome:
-                await self.backend.wait(load)
-                await self.backend.wait(zero)
+                step = await self.backend.wait(load)
+                if zero is not None:
+                    await self.backend.wait(zero)
+                if self.lora is not None and model.model_id in self.lora.runs:
+                    self.lora.runs[model.model_id].steps = int(step)
                 return Outcome(
                     body={"type": "load_weights", "path": uri, "model_id": model.model_id}
                 )
@@ -455,6 +662,21 @@ class TinkerService:
 
         rid = self._ordered(model, seq, prepare)
         return web.json_response({"request_id": rid, "model_id": model.model_id})
+
+    def _check_state_kind(self, uri: str, d: Path) -> None:
+        """A LoRA run's state (adapters only) loads into a LoRA group, a full-weight state into
+        a full-weight group."""
+        is_run = (d / RUN_SETTINGS).is_file()
+        if self.lora is None and is_run:
+            raise ServiceError(
+                f"{uri} is a LoRA run's state (adapters only, no base weights): load it into "
+                "a group with spec.lora"
+            )
+        if self.lora is not None and not is_run:
+            raise ServiceError(
+                f"{uri} is a full-weight state; this group trains LoRA runs (spec.lora): load it "
+                "into a full-weight group, or start a run from the base with create_model"
+            )
 
     # -- sampling ---------------------------------------------------------------------
     def _new_sampler(self, sid: str, weights: str | None, path: str | None) -> SamplingSession:
@@ -651,7 +873,11 @@ class TinkerService:
                 ],
                 "vocab_size": self.info.vocab_size,
                 "losses": sorted(TINKER_LOSSES),
-                "lora": "full weights (rank recorded, not applied)",
+                "lora": (
+                    f"adapters: many runs per group (at most {self.info.max_runs})"
+                    if self.lora is not None
+                    else "full weights (rank recorded, not applied)"
+                ),
                 "tinker_sdk": TINKER_SDK_VERSION,
             }
         )
@@ -681,8 +907,8 @@ class TinkerService:
             "training_run_id": run_id,
             "base_model": self.info.base_model,
             "model_owner": "trainergroup",
-            "is_lora": False,
-            "lora_rank": None,
+            "is_lora": self.lora is not None,
+            "lora_rank": m.lora_rank if m is not None and self.lora is not None else None,
             "corrupted": False,
             "last_request_time": stamp
             or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(m.created if m else time.time())),
@@ -780,6 +1006,8 @@ def create_app(service: TinkerService) -> web.Application:
 
     async def on_startup(_: web.Application) -> None:
         s.samples.start()
+        if s.lora is not None:
+            s._spawn(s._park_loop())
 
     async def on_cleanup(_: web.Application) -> None:
         await s.samples.stop()

@@ -26,8 +26,14 @@ class GroupInfo:
     eos_token_ids: tuple[int, ...] = ()
     aliases: tuple[str, ...] = field(default=())
     lora_rank: int | None = None
-    """``spec.lora.rank`` of a LoRA group (None: full weights); such a group is refused for
-    now (its adapters are not served through this API yet)."""
+    """``spec.lora.rank`` of a LoRA group (None: full weights). A LoRA group serves many
+    runs: each ``create_model`` is an adapter of its own on the shared base (service.runs)."""
+    lora_alpha: float | None = None
+    """``spec.lora.alpha``: every run's scaling numerator (the SDK's LoraConfig has none)."""
+    max_runs: int = 8
+    """``spec.api.maxRuns``: runs a LoRA group holds at once."""
+    idle_run_seconds: float = 600.0
+    """``spec.api.idleRunSeconds``: a LoRA run idle this long is parked (0: never)."""
 
     def accepts(self, name: str | None) -> bool:
         return name is None or name == self.base_model or name in self.aliases

@@ -71,6 +71,7 @@ class Model:
     order: SeqOrder = field(default_factory=SeqOrder)
     retired: str | None = None
     sampler_count: int = 0
+    lora_settings: dict[str, Any] | None = None  # a run of a LoRA group: its LoraSettings
 
 
 @dataclass

@@ -1,0 +1,214 @@
+"""The unmodified tinker SDK against a LoRA group (``spec.lora``): many runs on one base.
+
+A TP=2 group (CPU, gloo) with ``spec.lora`` and ``spec.api.maxRuns: 3``; each
+``create_lora_training_client`` is a run of its own on the workers. Checked here: runs of
+rank 8 and rank 32 train side by side, each following its curve alone bit for bit; save_state
+then create_training_client_from_state continues a run; the run limit; fair turns under a
+flood of one run's requests; an idle run parked and brought back; bad ranks refused with
+nothing left behind."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.service.conftest import MODEL, serving
+
+pytestmark = [pytest.mark.ray, pytest.mark.megatron]
+
+tinker = pytest.importorskip("tinker")
+T = tinker.types
+WAIT = 300.0
+VOCAB = 128
+ADAM = T.AdamParams(learning_rate=5e-3)
+
+
+@pytest.fixture(scope="module")
+def lora_served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    import tgapi
+    from tests.trainer.scenarios import tiny_spec
+
+    root = tmp_path_factory.mktemp("tinker-lora")
+    wire = tgapi.to_wire(tiny_spec(tp=2, checkpoint_dir=str(root / "ckpt"), **MODEL))  # type: ignore[arg-type]
+    wire["lora"] = {"rank": 32, "alpha": 16}
+    wire["api"] = {**wire.get("api", {}), "maxRuns": 3, "idleRunSeconds": 0}
+    spec = tgapi.parse_spec(wire, local=True)
+    with serving(spec, root, prefix="svc-lora") as s:
+        yield s
+
+
+def _sc(served: dict[str, Any]) -> Any:
+    return tinker.ServiceClient(base_url=served["url"], api_key=served["key"])
+
+
+def _batch(seed: int, n: int = 2, length: int = 17) -> list[Any]:
+    g = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        toks = [int(t) for t in g.integers(2, VOCAB, size=length - i * 3)]
+        out.append(
+            T.Datum(
+                model_input=T.ModelInput.from_ints(toks[:-1]),
+                loss_fn_inputs={
+                    "target_tokens": np.asarray(toks[1:], np.int64),
+                    "weights": np.ones(len(toks) - 1, np.float32),
+                },
+            )
+        )
+    return out
+
+
+def _steps(tc: Any, seeds: list[int]) -> list[float]:
+    losses = []
+    for s in seeds:
+        fb = tc.forward_backward(_batch(s), "cross_entropy").result(timeout=WAIT)
+        tc.optim_step(ADAM).result(timeout=WAIT)
+        losses.append(fb.metrics["loss:sum"])
+    return losses
+
+
+def _runs(served: dict[str, Any]) -> dict[str, Any]:
+    lora = served["service"].lora
+    return dict(lora.runs)
+
+
+def _until_no_runs(served: dict[str, Any], timeout_s: float = 60.0) -> None:
+    """A finished session's runs are dropped in the background: wait (bounded) for it."""
+    deadline = time.monotonic() + timeout_s
+    while _runs(served):
+        assert time.monotonic() < deadline, f"runs left after the session: {_runs(served)}"
+        time.sleep(0.2)
+
+
+def test_rank_8_and_32_runs_side_by_side_follow_their_curves_alone(
+    lora_served: dict[str, Any],
+) -> None:
+    base = lora_served["base"]
+    with _sc(lora_served) as sc:
+        solo8 = sc.create_lora_training_client(base_model=base, rank=8, seed=1).result()
+        alone8 = _steps(solo8, [0, 0, 0])
+        solo32 = sc.create_lora_training_client(base_model=base, rank=32, seed=2).result()
+        alone32 = _steps(solo32, [3, 3, 3])
+    _until_no_runs(lora_served)  # the session finished: its runs are dropped
+    with _sc(lora_served) as sc:
+        tc8 = sc.create_lora_training_client(base_model=base, rank=8, seed=1).result()
+        tc32 = sc.create_lora_training_client(base_model=base, rank=32, seed=2).result()
+        info = tc8.get_info()
+        assert info.is_lora and info.lora_rank == 8
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            f8 = pool.submit(_steps, tc8, [0, 0, 0])
+            f32 = pool.submit(_steps, tc32, [3, 3, 3])
+            together8, together32 = f8.result(), f32.result()
+        runs = _runs(lora_served)
+        assert {r.rank for r in runs.values()} == {8, 32}
+        assert all(r.steps == 3 for r in runs.values())
+    assert together8 == alone8
+    assert together32 == alone32
+    assert alone8[-1] < alone8[0] and alone32[-1] < alone32[0]  # one batch, again: it learns
+
+
+def test_save_state_then_a_new_client_from_it_continues_the_run(
+    lora_served: dict[str, Any],
+) -> None:
+    base = lora_served["base"]
+    with _sc(lora_served) as sc:
+        tc = sc.create_lora_training_client(base_model=base, rank=8, seed=3).result()
+        _steps(tc, [0, 1])
+        path = tc.save_state("two").result(timeout=WAIT).path
+        saved = Path(lora_served["root"]) / "ckpt" / "tinker"
+        files = sorted(p.name for p in saved.rglob("*") if p.is_file() and "weights" in str(p))
+        assert "lora.json" in files and not any(f.startswith("shard_") for f in files), files
+        want = _steps(tc, [2])
+        tc2 = sc.create_training_client_from_state_with_optimizer(path).result()
+        assert tc2.get_info().lora_rank == 8
+        assert _steps(tc2, [2]) == want
+        # weights only: the same loss (the adapters), another update afterwards
+        tc3 = sc.create_training_client_from_state(path).result()
+        fb = tc3.forward_backward(_batch(2), "cross_entropy").result(timeout=WAIT)
+        assert fb.metrics["loss:sum"] == want[0]
+
+
+def test_the_run_limit_is_refused_clearly_and_frees_with_the_session(
+    lora_served: dict[str, Any],
+) -> None:
+    base = lora_served["base"]
+    with _sc(lora_served) as sc:
+        held = [sc.create_lora_training_client(base_model=base, rank=4).result() for _ in range(3)]
+        with pytest.raises(Exception, match="maxRuns 3"):
+            sc.create_lora_training_client(base_model=base, rank=4).result()
+        assert len(_runs(lora_served)) == 3
+        assert held
+    _until_no_runs(lora_served)  # the first session finished: its runs are gone
+    with _sc(lora_served) as sc:
+        tc = sc.create_lora_training_client(base_model=base, rank=4).result()
+        assert _steps(tc, [0])
+
+
+def test_a_flooding_run_does_not_starve_another(lora_served: dict[str, Any]) -> None:
+    base = lora_served["base"]
+    turns = lora_served["service"].lora.turns
+    with _sc(lora_served) as sc:
+        busy = sc.create_lora_training_client(base_model=base, rank=4, seed=5).result()
+        calm = sc.create_lora_training_client(base_model=base, rank=4, seed=6).result()
+        flood = [busy.forward_backward(_batch(i), "cross_entropy") for i in range(12)]
+        time.sleep(0.5)  # the flood is queued first
+        start = len(turns.granted)
+        mine = [calm.forward_backward(_batch(100 + i), "cross_entropy") for i in range(3)]
+        for f in mine:
+            f.result(timeout=WAIT)
+        for f in flood:
+            f.result(timeout=WAIT)
+        ids = {busy.model_id: "busy", calm.model_id: "calm"}
+        names = [ids.get(r, "other") for r in turns.granted[start:]]
+        calm_at = [i for i, n in enumerate(names) if n == "calm"]
+        assert len(calm_at) == 3, names
+        # calm's calls were served one per cycle as soon as they came, not after the flood:
+        # at most one busy call between two of calm's, and the flood went on afterwards
+        assert calm_at[0] <= 3, names
+        assert all(b - a <= 2 for a, b in itertools.pairwise(calm_at)), names
+        assert "busy" in names[calm_at[-1] :], names
+
+
+def test_an_idle_run_is_parked_and_comes_back(lora_served: dict[str, Any]) -> None:
+    base = lora_served["base"]
+    lora = lora_served["service"].lora
+    with _sc(lora_served) as sc:
+        tc = sc.create_lora_training_client(base_model=base, rank=8, seed=7).result()
+        twin = sc.create_lora_training_client(base_model=base, rank=8, seed=7).result()
+        _steps(tc, [0])
+        _steps(twin, [0])
+        lora.idle_run_s = 1.0
+        try:
+            deadline = time.monotonic() + 60
+            while not lora.runs[tc.model_id].parked:
+                assert time.monotonic() < deadline, "the idle run was not parked within 60 s"
+                time.sleep(0.5)
+        finally:
+            lora.idle_run_s = 0.0
+        parked = Path(lora_served["root"]) / "ckpt" / "tinker" / tc.model_id / "parked"
+        assert any(parked.glob("run_tp*_pp*.pt"))
+        assert _steps(tc, [1]) == _steps(twin, [1])  # back from disk, the same next loss
+        assert not lora.runs[tc.model_id].parked
+
+
+def test_bad_ranks_are_refused_and_leave_nothing(lora_served: dict[str, Any]) -> None:
+    base = lora_served["base"]
+    client = lora_served["client"]
+    _until_no_runs(lora_served)
+    with _sc(lora_served) as sc:
+        before = [r["id"] for r in client.list_runs().result(timeout=WAIT)]
+        with pytest.raises(Exception, match="rank"):
+            sc.create_lora_training_client(base_model=base, rank=65).result()  # hidden 64
+        with pytest.raises(Exception, match="rank"):
+            sc.create_lora_training_client(base_model=base, rank=0).result()
+        assert not _runs(lora_served)
+        assert [r["id"] for r in client.list_runs().result(timeout=WAIT)] == before
+        tc = sc.create_lora_training_client(base_model=base, rank=4).result()
+        assert _steps(tc, [0])

@@ -18,7 +18,14 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["TrainingProgress", "describe_age", "parse_progress_file", "progress_filename"]
+__all__ = [
+    "MAX_LISTED_RUNS",
+    "RunProgress",
+    "TrainingProgress",
+    "describe_age",
+    "parse_progress_file",
+    "progress_filename",
+]
 
 PROGRESS_DIR = "trainergroup"
 """The folder, under the Ray log directory of rank 0's node, of the groups' progress files."""
@@ -30,6 +37,31 @@ def _finite(value: Any) -> float | None:
         return None
     number = float(value)
     return number if math.isfinite(number) else None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunProgress:
+    """One training run of a LoRA group (many runs on one base; docs/lora.md)."""
+
+    run_id: str
+    steps: int
+    last_active: float
+    """When the run last trained, sampled or saved, seconds since the epoch."""
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"id": self.run_id, "steps": self.steps, "lastActive": self.last_active}
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> RunProgress:
+        return cls(
+            run_id=str(data["id"]),
+            steps=int(data.get("steps", 0)),
+            last_active=float(data.get("lastActive") or 0.0),
+        )
+
+
+MAX_LISTED_RUNS = 32
+"""At most this many runs are listed (the most recently active), whatever ``runs`` says."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -48,9 +80,11 @@ class TrainingProgress:
     """When the step ended, seconds since the epoch (the writer's clock)."""
     runs: int = 1
     """Training runs in the group (1: the group's own model)."""
+    run_list: tuple[RunProgress, ...] = ()
+    """A LoRA group's runs (id, steps, last activity); empty for a group of one run."""
 
     def to_wire(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "step": self.step,
             "loss": _finite(self.loss),
             "gradNorm": _finite(self.grad_norm),
@@ -58,6 +92,9 @@ class TrainingProgress:
             "lastStepAt": self.last_step_at,
             "runs": self.runs,
         }
+        if self.run_list:  # a LoRA group's runs
+            out["runList"] = [r.to_wire() for r in self.run_list]
+        return out
 
     @classmethod
     def from_wire(cls, data: Mapping[str, Any]) -> TrainingProgress:
@@ -75,8 +112,9 @@ class TrainingProgress:
                 tokens_per_s=_finite(data.get("tokensPerSecond")),
                 last_step_at=float(data.get("lastStepAt") or 0.0),
                 runs=int(data.get("runs", 1)),
+                run_list=tuple(RunProgress.from_wire(r) for r in data.get("runList") or ()),
             )
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, KeyError) as exc:
             raise ValueError(f"training progress: {exc}") from exc
 
     def age_s(self, now: float) -> float:

@@ -72,6 +72,19 @@ class MeshStatus:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class RunStatus:
+    """One training run of a LoRA group."""
+
+    id: str = spec_field(name="id", description="The run (the Tinker model id).", default="")
+    steps: int = spec_field(name="steps", description="Optimizer steps it took.", default=0)
+    last_activity_time: str = spec_field(
+        name="lastActivityTime",
+        description="When it last trained, sampled or saved (RFC 3339).",
+        default="",
+    )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainingStatus:
     """The group's last optimizer step, as its rank 0 recorded it (tgapi.progress)."""
 
@@ -95,6 +108,11 @@ class TrainingStatus:
         name="lastStepTime", description="When the last step ended (RFC 3339).", default=""
     )
     runs: int = spec_field(name="runs", description="Training runs in the group.", default=1)
+    run_list: list[RunStatus] = spec_field(
+        name="runList",
+        description="A LoRA group's runs, the most recently active first (at most 32).",
+        default_factory=list,
+    )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

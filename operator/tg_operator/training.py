@@ -21,7 +21,7 @@ import dataclasses
 import datetime
 
 from tg_operator import status as status_mod
-from tgapi import TrainerGroupStatus, TrainingStatus
+from tgapi import RunStatus, TrainerGroupStatus, TrainingStatus
 from tgapi.progress import TrainingProgress
 
 TRAINING = "Training"
@@ -38,6 +38,16 @@ def training_status(progress: TrainingProgress) -> TrainingStatus:
         tokens_per_second=progress.tokens_per_s,
         last_step_time=status_mod.rfc3339(when) if progress.last_step_at > 0 else "",
         runs=progress.runs,
+        run_list=[
+            RunStatus(
+                id=r.run_id,
+                steps=r.steps,
+                last_activity_time=status_mod.rfc3339(
+                    datetime.datetime.fromtimestamp(r.last_active, tz=datetime.UTC)
+                ),
+            )
+            for r in progress.run_list
+        ],
     )
 
 

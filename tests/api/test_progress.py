@@ -55,3 +55,26 @@ def test_age() -> None:
     assert describe_age(300) == "5 min ago"
     assert describe_age(3 * 3600) == "3 h ago"
     assert describe_age(3 * 86400) == "3 d ago"
+
+
+def test_a_lora_groups_runs_travel_to_the_status() -> None:
+    """The worker lists a LoRA group's runs (id, steps, last activity); the operator's
+    status.training.runList shows them with RFC 3339 times."""
+    from tg_operator.training import training_status
+    from tgapi.progress import RunProgress
+
+    p = TrainingProgress(
+        step=7,
+        runs=2,
+        run_list=(
+            RunProgress(run_id="s:train:1", steps=7, last_active=1800000000.0),
+            RunProgress(run_id="s:train:0", steps=3, last_active=1799999990.5),
+        ),
+    )
+    back = TrainingProgress.from_wire(json.loads(json.dumps(p.to_wire())))
+    assert back == p
+    status = training_status(back)
+    assert [(r.id, r.steps) for r in status.run_list] == [("s:train:1", 7), ("s:train:0", 3)]
+    assert status.run_list[0].last_activity_time.startswith("2027-01-15T08:00:00")
+    with pytest.raises(ValueError, match="training progress"):
+        TrainingProgress.from_wire({"step": 1, "runList": [{"steps": 1}]})  # no id

@@ -41,7 +41,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 
 from tgapi import TrainerGroupSpec, parse_spec
-from tgapi.progress import TrainingProgress
+from tgapi.progress import MAX_LISTED_RUNS, RunProgress, TrainingProgress
 from tgruntime.controller import (
     DataProto,
     Dispatch,
@@ -184,8 +184,20 @@ class MegatronTrainer(SamplingMixin, HFWeightsMixin, Worker):
                 grad_norm=grad_norm,
                 tokens_per_s=tokens / seconds if seconds > 0 else None,
                 last_step_at=time.time(),
+                **self._run_progress(),
             )
         )
+
+    def _run_progress(self) -> dict[str, Any]:
+        """A LoRA group's runs for the progress record (nothing for one run)."""
+        if self._runs is None:
+            return {}
+        runs = sorted(self._runs.describe(), key=lambda r: -float(r["lastActive"]))
+        listed = tuple(
+            RunProgress(run_id=r["id"], steps=int(r["steps"]), last_active=float(r["lastActive"]))
+            for r in runs[:MAX_LISTED_RUNS]
+        )
+        return {"runs": len(runs), "run_list": listed}
 
     def _step_metrics(self, engine: TrainEngine, result: StepResult) -> dict[str, Any]:
         mesh = engine.mesh_info

@@ -4,7 +4,10 @@ One call: every prompt is repeated ``num_samples`` times (a row each), the rows 
 right-padded and prefilled together, then decoded one token per step for all rows at once.
 A step is ``decode -> next_token -> write`` on device tensors only (:func:`advance`); on a
 GPU with tensor parallel size 1 it is captured once in a CUDA graph per batch shape and
-replayed (``TG_SAMPLER_CUDA_GRAPHS=0`` turns that off). Stop sequences are checked on the
+replayed (``TG_SAMPLER_CUDA_GRAPHS=0`` turns that off). A graph replays the kernels it
+captured, so forward hooks that change between calls (LoRA adapters: the active run's, a
+snapshot's, a multi-adapter batch's) would be replayed stale: a LoRA group's sampler is built
+with ``cuda_graphs=False`` and runs the eager step. Stop sequences are checked on the
 host every ``check_every`` steps; rows that have stopped keep computing until every row has
 (their extra tokens are dropped), so the device never waits on the host inside a stretch.
 
@@ -16,8 +19,11 @@ never drift apart.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import os
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -29,7 +35,15 @@ from tgruntime.trainer.sampling.params import SamplingParams, row_keys
 from tgruntime.trainer.sampling.select import next_token
 from tgruntime.trainer.sampling.stops import first_stop
 
-__all__ = ["DecodeState", "Sampler", "advance"]
+__all__ = ["DecodeState", "RowScope", "Sampler", "advance"]
+
+RowScope = Callable[[int, int], AbstractContextManager[None]]
+"""``scope(start, stop)``: a context inside which a forward over batch rows ``start:stop``
+only is run (per-row LoRA adapters narrow their row map to those rows)."""
+
+
+def _whole_batch(start: int, stop: int) -> AbstractContextManager[None]:
+    return contextlib.nullcontext()
 
 
 @dataclasses.dataclass
@@ -163,8 +177,14 @@ class Sampler:
         return step.state, step
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[dict[str, Any]]:
-        """One dict per prompt (docs/sampling.md): sequences, and prompt log-probs on request."""
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, *, scope: RowScope | None = None
+    ) -> list[dict[str, Any]]:
+        """One dict per prompt (docs/sampling.md): sequences, and prompt log-probs on request.
+
+        Rows are prompt-major (prompt ``i``'s samples are rows ``i * n .. i * n + n - 1``);
+        ``scope`` is entered around a forward over a slice of the rows (see :data:`RowScope`).
+        """
         d = self.decoder
         n = params.num_samples
         rows = [p for p in prompts for _ in range(n)]
@@ -194,7 +214,7 @@ class Sampler:
         state.step.fill_(1)
         prompt_lps = None
         if params.prompt_logprobs:
-            prompt_lps = self._prompt_logprobs(hidden, prompts, padded)
+            prompt_lps = self._prompt_logprobs(hidden, prompts, padded, scope or _whole_batch)
         del hidden, last, logits
 
         ends: list[int | None] = [None] * r_count
@@ -254,7 +274,11 @@ class Sampler:
         return upto
 
     def _prompt_logprobs(
-        self, hidden: torch.Tensor, prompts: list[list[int]], padded: torch.Tensor
+        self,
+        hidden: torch.Tensor,
+        prompts: list[list[int]],
+        padded: torch.Tensor,
+        scope: RowScope,
     ) -> list[list[float | None]]:
         """Per prompt: None, then log p(token t | tokens < t) for t >= 1 (one prompt at a time)."""
         n = len(padded) // len(prompts)
@@ -264,7 +288,8 @@ class Sampler:
             m = len(prompt)
             values: list[float | None] = [None]
             if m > 1:
-                logits = self.decoder.logits(hidden[: m - 1, r : r + 1])[:, 0]  # [m-1, V]
+                with scope(r, r + 1):
+                    logits = self.decoder.logits(hidden[: m - 1, r : r + 1])[:, 0]  # [m-1, V]
                 targets = padded[r, 1:m].unsqueeze(-1)
                 lp = torch.log_softmax(logits, dim=-1).gather(-1, targets).squeeze(-1)
                 values.extend(float(v) for v in lp.cpu().tolist())

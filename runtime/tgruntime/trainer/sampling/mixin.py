@@ -1,19 +1,32 @@
-"""``SamplingMixin``: the ``save_sampler_weights`` and ``sample`` group methods.
+"""``SamplingMixin``: the ``save_sampler_weights``, ``sample``, ``sample_batch`` and
+``drop_sampler_weights`` group methods.
 
-Mixed into ``MegatronTrainer`` (which provides ``_engine()``). Both are ``ONE_TO_ALL``:
+Mixed into ``MegatronTrainer`` (which provides ``_engine()``). All are ``ONE_TO_ALL``:
 every rank takes part (tensor-parallel collectives), every rank returns the same value.
 Data-parallel replicas each generate the whole request (the same tokens).
+
+Full-weight groups snapshot and swap the model's parameters (``SnapshotStore``). LoRA
+groups (docs/lora.md, "Sampling from adapters") snapshot the active run's adapters only
+(``AdapterSnapshotStore``) and sample by switching forward hooks on the frozen base: the
+active run's (``weights=None``), a snapshot's sampling-only adapter set, or per-row
+adapters for a mixed batch (``lora.multi.MultiLora``). The active run's hooks are put back
+in a ``finally``; its adapters, AdamW state and pending gradient are never touched.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 from tgruntime.controller import Dispatch, register
 from tgruntime.trainer.engine import TrainEngine
+from tgruntime.trainer.lora.inject import LoraAdapters
+from tgruntime.trainer.lora.multi import MultiLora
+from tgruntime.trainer.sampling.decoder import unwrap_gpt
 from tgruntime.trainer.sampling.generate import Sampler
 from tgruntime.trainer.sampling.params import SamplingParams, check_prompts
-from tgruntime.trainer.sampling.snapshots import SnapshotStore
+from tgruntime.trainer.sampling.snapshots import AdapterSnapshotStore, SnapshotStore
 
 __all__ = ["SamplingMixin"]
 
@@ -21,31 +34,114 @@ __all__ = ["SamplingMixin"]
 class SamplingMixin:
     """Sampling group methods for a worker that owns a ``TrainEngine``."""
 
+    _multi_cache: tuple[Any, MultiLora] | None = None  # the last multi-adapter stack, its key
+
     def _engine(self) -> TrainEngine:  # MegatronTrainer provides the real one
         raise NotImplementedError
 
-    def _sampling(self) -> tuple[Sampler, SnapshotStore]:
+    # -- state ---------------------------------------------------------------------------
+    def _sampler_for(self, engine: TrainEngine) -> Sampler:
         sampler: Sampler | None = getattr(self, "_sampler", None)
-        store: SnapshotStore | None = getattr(self, "_snapshot_store", None)
-        if sampler is None or store is None:
-            engine = self._engine()
-            if getattr(engine, "adapters", None) is not None:
-                # the sampler reads the base weights directly: it would ignore the adapters
-                raise NotImplementedError(
-                    "this group trains LoRA adapters, and sampling from adapters is not wired "
-                    "yet (issue 22); export them (export_lora, PEFT format) and sample there"
-                )
-            sampler = Sampler(engine.state.module)
-            store = SnapshotStore()
-            self._sampler, self._snapshot_store = sampler, store
-        return sampler, store
+        if sampler is None:
+            # CUDA graphs replay the kernels of capture time: with LoRA hooks switched per
+            # call (active run, snapshots, per-row batches) a graph would go stale
+            lora = engine.adapters is not None
+            sampler = Sampler(engine.state.module, cuda_graphs=False if lora else None)
+            self._sampler = sampler
+        return sampler
 
+    def _sampling(self) -> tuple[Sampler, SnapshotStore]:
+        """The sampler and the full-weight snapshot store (a full-weight group)."""
+        engine = self._engine()
+        store: SnapshotStore | None = getattr(self, "_snapshot_store", None)
+        if store is None:
+            store = SnapshotStore()
+            self._snapshot_store = store
+        return self._sampler_for(engine), store
+
+    def _adapter_store(self) -> AdapterSnapshotStore:
+        store: AdapterSnapshotStore | None = getattr(self, "_adapter_snapshots", None)
+        if store is None:
+            store = AdapterSnapshotStore()
+            self._adapter_snapshots = store
+        return store
+
+    def _active_run(self) -> str:
+        runs = getattr(self, "_runs", None)
+        return str(runs.active) if runs is not None else "default"
+
+    @staticmethod
+    def _params(engine: TrainEngine, prompts: Any, **kwargs: Any) -> tuple[list[list[int]], Any]:
+        model = engine.spec.model
+        params = SamplingParams.build(vocab_size=model.vocab_size, **kwargs)
+        rows = check_prompts(
+            prompts,
+            vocab_size=model.vocab_size,
+            max_sequence_length=model.max_sequence_length,
+            max_tokens=params.max_tokens,
+        )
+        return rows, params
+
+    @contextlib.contextmanager
+    def _hooks_swapped(
+        self, engine: TrainEngine, other: LoraAdapters | MultiLora | None
+    ) -> Iterator[None]:
+        """The active run's hooks off and ``other``'s on (None: the bare base) inside the
+        block; exactly the active run's afterwards."""
+        active = engine.adapters
+        assert active is not None
+        was_attached = active.attached
+        active.detach()
+        try:
+            if other is not None:
+                other.attach()
+            try:
+                yield
+            finally:
+                if other is not None:
+                    other.detach()
+        finally:
+            if was_attached:
+                active.attach()
+
+    def _snapshot_adapters(self, engine: TrainEngine, weights: str) -> LoraAdapters:
+        assert engine.adapters is not None
+        store = self._adapter_store()
+        snap = store.resolve(
+            weights, mesh=engine.mesh_info, base=engine.base_fingerprint(), device=engine.device
+        )
+        return store.adapters_for(snap, unwrap_gpt(engine.state.module), engine.adapters.shape)
+
+    # -- group methods ---------------------------------------------------------------------
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_sampler_weights(self, name: str, path: str | None = None) -> dict[str, Any]:
-        """Keep a copy of the current weights under ``name`` (and write it to ``path``)."""
+        """Keep a copy of the current weights under ``name`` (and write it to ``path``).
+
+        On a LoRA group: the active run's adapters only (the result adds ``run`` and
+        ``lora``, the settings)."""
         engine = self._engine()
+        if engine.adapters is not None:
+            self._multi_cache = None  # a stack may hold the snapshot this name replaces
+            return self._adapter_store().save(
+                name,
+                engine.adapters,
+                run=self._active_run(),
+                base=engine.base_fingerprint(),
+                mesh=engine.mesh_info,
+                path=path,
+            )
         _, store = self._sampling()
         return store.save(name, engine.state.module, engine.mesh_info, path)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def drop_sampler_weights(self, name: str) -> bool:
+        """Forget the in-memory snapshot ``name`` (its files stay); False when unknown."""
+        engine = self._engine()
+        if engine.adapters is not None:
+            self._multi_cache = None
+            return self._adapter_store().drop(name)
+        _, store = self._sampling()
+        return store.drop(name)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def sample(
@@ -62,10 +158,12 @@ class SamplingMixin:
         prompt_logprobs: bool = False,
         weights: str | None = None,
     ) -> list[dict[str, Any]]:
-        """Generate from the training weights (``weights=None``) or a saved snapshot."""
+        """Generate from the training weights (``weights=None``; on a LoRA group: the base
+        with the active run's adapters) or a saved snapshot (a name or its directory)."""
         engine = self._engine()
-        model = engine.spec.model
-        params = SamplingParams.build(
+        rows, params = self._params(
+            engine,
+            prompts,
             max_tokens=max_tokens,
             temperature=temperature,
             top_k=top_k,
@@ -74,17 +172,99 @@ class SamplingMixin:
             stop=stop,
             num_samples=num_samples,
             prompt_logprobs=prompt_logprobs,
-            vocab_size=model.vocab_size,
         )
-        rows = check_prompts(
-            prompts,
-            vocab_size=model.vocab_size,
-            max_sequence_length=model.max_sequence_length,
-            max_tokens=params.max_tokens,
-        )
+        if engine.adapters is not None:
+            sampler = self._sampler_for(engine)
+            if weights is None:
+                return sampler.generate(rows, params)  # the active run's hooks are on
+            adapters = self._snapshot_adapters(engine, weights)
+            with self._hooks_swapped(engine, adapters):
+                return sampler.generate(rows, params)
         sampler, store = self._sampling()
         if weights is None:
             return sampler.generate(rows, params)
         snapshot = store.resolve(weights, engine.mesh_info, engine.device)
         with store.swapped_in(engine.state.module, snapshot):
             return sampler.generate(rows, params)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def sample_batch(
+        self,
+        prompts: list[list[int]],
+        weights: list[str | None],
+        *,
+        max_tokens: int,
+        temperature: float = 1.0,
+        top_k: int = -1,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop: list[list[int]] | None = None,
+        num_samples: int = 1,
+        prompt_logprobs: bool = False,
+    ) -> list[dict[str, Any]]:
+        """One batch, one adapter per prompt (a LoRA group): ``weights[i]`` is the adapter
+        snapshot (a name or a directory, as ``sample``'s ``weights``) prompt ``i`` is sampled
+        with, or None for the base model without adapters. The same sampling parameters for
+        every prompt; the result is ``sample``'s, one dict per prompt in order."""
+        engine = self._engine()
+        if engine.adapters is None:
+            raise ValueError(
+                "sample_batch: this group trains full weights; per-prompt adapters need a LoRA "
+                "group (set spec.lora); use sample(weights=...) for a full-weight snapshot"
+            )
+        rows, params = self._params(
+            engine,
+            prompts,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            seed=seed,
+            stop=stop,
+            num_samples=num_samples,
+            prompt_logprobs=prompt_logprobs,
+        )
+        if isinstance(weights, str) or not isinstance(weights, list | tuple):
+            raise ValueError(
+                "sample_batch: weights must be a list with one entry per prompt (a snapshot "
+                f"name or directory, or None for the base model), not {weights!r}"
+            )
+        if len(weights) != len(rows):
+            raise ValueError(
+                f"sample_batch: weights has {len(weights)} entries for {len(rows)} prompts; "
+                "give one per prompt (None for the base model)"
+            )
+        for i, w in enumerate(weights):
+            if w is not None and (not isinstance(w, str) or not w):
+                raise ValueError(
+                    f"sample_batch: weights[{i}] must be a snapshot name, a directory or None, "
+                    f"not {w!r}"
+                )
+        names = list(dict.fromkeys(w for w in weights if w is not None))
+        adapter_sets = [self._snapshot_adapters(engine, w) for w in names]  # refusals first
+        sampler = self._sampler_for(engine)
+        distinct = set(weights)
+        if len(distinct) == 1:  # one adapter (or none) for the whole batch: plain hooks
+            only = adapter_sets[0] if adapter_sets else None
+            with self._hooks_swapped(engine, only):
+                return sampler.generate(rows, params)
+        # two or more entries, so at least one adapter: per-row deltas (slot 0: the base)
+        multi = self._multi(unwrap_gpt(engine.state.module), names, adapter_sets)
+        slot = {name: i + 1 for i, name in enumerate(names)}
+        multi.set_rows(
+            [slot[w] if w is not None else 0 for w in weights for _ in range(num_samples)]
+        )
+        with self._hooks_swapped(engine, multi):
+            return sampler.generate(rows, params, scope=multi.narrowed)
+
+    def _multi(self, module: Any, names: list[str], adapter_sets: list[LoraAdapters]) -> MultiLora:
+        """The stacked adapters of ``names`` (the last combination is kept until a snapshot
+        changes)."""
+        key = (tuple(names), self._adapter_store().version)
+        cached = self._multi_cache
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        self._multi_cache = None  # free the old stack first
+        multi = MultiLora(module, adapter_sets)
+        self._multi_cache = (key, multi)
+        return multi

@@ -212,3 +212,47 @@ def test_bad_ranks_are_refused_and_leave_nothing(lora_served: dict[str, Any]) ->
         assert [r["id"] for r in client.list_runs().result(timeout=WAIT)] == before
         tc = sc.create_lora_training_client(base_model=base, rank=4).result()
         assert _steps(tc, [0])
+
+
+def test_sampling_from_runs_and_base_in_one_batch(lora_served: dict[str, Any]) -> None:
+    """save_weights_for_sampler snapshots a run's adapter; its samples' logprobs equal
+    compute_logprobs under it; requests for two runs' adapters and the base arriving together
+    go to the workers as one multi-LoRA batch and give what each gives alone."""
+    base = lora_served["base"]
+    queue = lora_served["service"].samples
+    prompt = T.ModelInput.from_ints([5, 6, 7, 8])
+    params = T.SamplingParams(max_tokens=6, temperature=1.0, seed=11, stop=[])
+    with _sc(lora_served) as sc:
+        tc8 = sc.create_lora_training_client(base_model=base, rank=8, seed=8).result()
+        tc32 = sc.create_lora_training_client(base_model=base, rank=32, seed=9).result()
+        for tc in (tc8, tc32):  # a high learning rate: the adapters move the distribution
+            for _ in range(3):
+                tc.forward_backward(_batch(0), "cross_entropy").result(timeout=WAIT)
+                tc.optim_step(T.AdamParams(learning_rate=5e-2)).result(timeout=WAIT)
+        path = tc8.save_weights_for_sampler("s8").result(timeout=WAIT).path
+        s8 = sc.create_sampling_client(model_path=path)
+        s32 = tc32.save_weights_and_get_sampling_client()
+        sbase = sc.create_sampling_client(base_model=base)
+        samplers = {"r8": s8, "r32": s32, "base": sbase}
+        alone = {
+            k: [s.tokens for s in v.sample(prompt, 2, params).result(timeout=WAIT).sequences]
+            for k, v in samplers.items()
+        }
+        for seq in s8.sample(prompt, 2, params).result(timeout=WAIT).sequences:
+            full = T.ModelInput.from_ints([5, 6, 7, 8, *seq.tokens])
+            plp = s8.compute_logprobs(full).result(timeout=WAIT)
+            np.testing.assert_allclose(plp[4:], seq.logprobs, atol=1e-4)
+        assert alone["r8"] != alone["base"] or alone["r32"] != alone["base"]
+        queue.gather_s = 0.5  # the three requests below join one call
+        try:
+            calls = queue.calls
+            futures = {k: v.sample(prompt, 2, params) for k, v in samplers.items()}
+            together = {
+                k: [s.tokens for s in f.result(timeout=WAIT).sequences]
+                for k, f in futures.items()
+            }
+            batched = queue.calls - calls
+        finally:
+            queue.gather_s = 0.002
+    assert together == alone
+    assert batched == 1, f"{batched} sample calls for 3 requests (one multi-LoRA batch expected)"

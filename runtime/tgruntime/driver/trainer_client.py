@@ -49,6 +49,8 @@ _PRIMITIVES = (
     "get_mesh",
     "save_sampler_weights",
     "sample",
+    "sample_batch",
+    "drop_sampler_weights",
     # many LoRA runs (docs/lora.md)
     "create_run",
     "use_run",
@@ -353,6 +355,36 @@ class TrainerClient:
     def import_hf(self, path: str, **kwargs: Any) -> TrainerFuture[Any]:
         """Load Hugging Face Llama weights from ``path`` (the workers' import_hf)."""
         return self._all_call("import_hf", path, **kwargs)
+
+    def sample_batch(
+        self,
+        prompts: list[list[int]],
+        weights: list[str | None],
+        *,
+        max_tokens: int,
+        temperature: float = 1.0,
+        top_k: int = -1,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop: list[list[int]] | None = None,
+        num_samples: int = 1,
+        prompt_logprobs: bool = False,
+    ) -> TrainerFuture[list[dict[str, Any]]]:
+        """A LoRA group: one batch, one adapter snapshot per prompt (``weights[i]``, None for
+        the base), in one forward pass (docs/lora.md); the value is ``sample``'s."""
+        return self._all_call(
+            "sample_batch",
+            [list(p) for p in prompts],
+            list(weights),
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            seed=seed,
+            stop=None if stop is None else [list(s) for s in stop],
+            num_samples=num_samples,
+            prompt_logprobs=prompt_logprobs,
+        )
 
     # -- many LoRA runs on a LoRA group (docs/lora.md) -------------------------------------
     def create_run(self, run_id: str, lora: Mapping[str, Any]) -> TrainerFuture[dict[str, Any]]:

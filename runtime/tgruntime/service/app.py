@@ -63,7 +63,7 @@ class TinkerService:
         self.futures = FutureStore()
         self.registry = Registry()
         self.paths = Paths(backend.info.checkpoint_dir)
-        self.samples = SampleQueue(backend)
+        self.samples = SampleQueue(backend, multi_lora=backend.info.lora_rank is not None)
         self._tasks: set[asyncio.Task[None]] = set()
         self.base_state: str | None = None
         self.base_sampler: str | None = None
@@ -79,18 +79,17 @@ class TinkerService:
         """Keep the group's base weights once on disk (a model starts from them)."""
         await asyncio.to_thread(self.backend.dp)
         await asyncio.to_thread(self.backend.client.vocab_size)  # cached: no blocking later
-        if self.paths.root is None:
-            return
+        if self.paths.root is None or self.lora is not None:
+            return  # a LoRA group: runs start from fresh adapters; base sampling is None
         base = self.paths.root / BASE
         state, sampler = base / "state", base / "sampler"
-        if self.lora is None and not (state / "meta.json").is_file():
+        if not (state / "meta.json").is_file():
             state.mkdir(parents=True, exist_ok=True)
             await self.backend.call("save_state", str(state))
         if not sampler.is_dir() or not any(sampler.iterdir()):
             sampler.mkdir(parents=True, exist_ok=True)
             await self.backend.call("save_sampler_weights", str(sampler), str(sampler))
-        self.base_state = str(state) if self.lora is None else None
-        self.base_sampler = str(sampler)
+        self.base_state, self.base_sampler = str(state), str(sampler)
 
     # -- plumbing ---------------------------------------------------------------------
     def _spawn(self, coro: Awaitable[None]) -> None:

@@ -1,5 +1,7 @@
 """The sampling queue: concurrent ``asample`` requests with the same weights and parameters
-go to the group as one ``TrainerClient.sample`` call."""
+go to the group as one ``TrainerClient.sample`` call. On a LoRA group (``multi_lora``) the
+requests with the same parameters go as one ``sample_batch`` call whatever their adapters:
+one forward pass serves every adapter (docs/lora.md)."""
 
 from __future__ import annotations
 
@@ -25,8 +27,12 @@ class SampleJob:
 
 
 class SampleQueue:
-    def __init__(self, backend: Backend) -> None:
+    def __init__(
+        self, backend: Backend, *, multi_lora: bool = False, gather_s: float = 0.002
+    ) -> None:
         self.backend = backend
+        self.multi_lora = multi_lora
+        self.gather_s = gather_s  # how long the first request waits for others to join it
         self._queue: asyncio.Queue[SampleJob] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self.calls = 0
@@ -48,31 +54,37 @@ class SampleQueue:
     async def _run(self) -> None:
         while True:
             jobs = [await self._queue.get()]
-            await asyncio.sleep(0.002)  # let requests sent together arrive together
+            await asyncio.sleep(self.gather_s)  # let requests sent together arrive together
             while not self._queue.empty():
                 jobs.append(self._queue.get_nowait())
             groups: dict[Key, list[SampleJob]] = {}
             for job in jobs:
-                groups.setdefault(job.key, []).append(job)
+                # a LoRA group batches every adapter together: the weights are per prompt
+                key = (None, *job.key[1:]) if self.multi_lora else job.key
+                groups.setdefault(key, []).append(job)
             await asyncio.gather(*(self._one_call(k, g) for k, g in groups.items()))
 
     async def _one_call(self, key: Key, jobs: list[SampleJob]) -> None:
         weights, max_tokens, temperature, top_k, top_p, seed, stop, n, plp = key
         self.calls += 1
         self.prompts += len(jobs)
+        params: dict[str, Any] = {
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "top_k": top_k,
+            "top_p": top_p,
+            "seed": seed,
+            "stop": None if stop is None else [list(s) for s in stop],
+            "num_samples": n,
+            "prompt_logprobs": plp,
+        }
+        prompts = [j.prompt for j in jobs]
+        client = self.backend.client
         try:
-            future = self.backend.client.sample(
-                [j.prompt for j in jobs],
-                max_tokens=max_tokens,
-                temperature=temperature,
-                top_k=top_k,
-                top_p=top_p,
-                seed=seed,
-                stop=None if stop is None else [list(s) for s in stop],
-                num_samples=n,
-                prompt_logprobs=plp,
-                weights=weights,
-            )
+            if self.multi_lora:
+                future = client.sample_batch(prompts, [j.key[0] for j in jobs], **params)
+            else:
+                future = client.sample(prompts, weights=weights, **params)
             results = await self.backend.wait(future)
         except Exception as exc:
             for j in jobs:

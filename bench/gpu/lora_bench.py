@@ -90,6 +90,57 @@ def _case(*, spec_wire: dict[str, Any], rank: int, runs: int, steps: int, warmup
         engine.shutdown()
 
 
+def _sampling_case(
+    *, spec_wire: dict[str, Any], rank: int, adapters: int, batch: int, prompt: int, tokens: int
+) -> Any:
+    """Sampling tokens/s of one batch: every row with one adapter, with ``adapters`` different
+    ones (one multi-LoRA forward), and with the base alone (the worker's sample_batch)."""
+    warnings.filterwarnings("ignore")
+    import json as _json
+
+    import torch
+
+    from tgruntime.controller import DataProto
+    from tgruntime.trainer.steptime import bench_batch
+    from tgruntime.trainer.worker import MegatronTrainer
+
+    wire = {**spec_wire, "lora": {"rank": rank, "alpha": rank}}
+    worker = MegatronTrainer(_json.dumps(wire))
+    try:
+        worker.init_model()
+        spec = worker.spec
+        names = []
+        for i in range(adapters):
+            if i:
+                worker.create_run(f"run{i}", _json.dumps({"rank": rank, "alpha": rank, "seed": i}))
+            worker.train_model(DataProto.from_dict(tensors={"input_ids": bench_batch(spec, i)}))
+            worker.save_sampler_weights(f"s{i}")
+            names.append(f"s{i}")
+        g = torch.Generator().manual_seed(0)
+        prompts = torch.randint(2, spec.model.vocab_size, (batch, prompt), generator=g).tolist()
+        cases = {
+            "one adapter": [names[0]] * batch,
+            f"{adapters} adapters": [names[i % adapters] for i in range(batch)],
+            "base": [None] * batch,
+        }
+        out: dict[str, Any] = {"batch": batch, "prompt": prompt, "max_tokens": tokens}
+        for label, weights in cases.items():
+            times = []
+            for rep in range(3):
+                worker.engine._sync()  # type: ignore[union-attr]
+                start = time.perf_counter()
+                res = worker.sample_batch(
+                    prompts, weights, max_tokens=tokens, temperature=1.0, seed=rep, stop=[]
+                )
+                worker.engine._sync()  # type: ignore[union-attr]
+                times.append(time.perf_counter() - start)
+            made = sum(len(s["tokens"]) for r in res for s in r["sequences"])
+            out[label] = {"s": times, "tokens": made, "tokens_per_s": made / min(times[1:])}
+        return out
+    finally:
+        worker.shutdown()
+
+
 def main() -> int:
     import tgapi
     from bench_step import preset_spec
@@ -102,6 +153,8 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--json", default="")
+    p.add_argument("--sample-batch", type=int, default=16)
+    p.add_argument("--sample-tokens", type=int, default=128)
     a = p.parse_args()
     import torch
 
@@ -156,6 +209,30 @@ def main() -> int:
             f"{lora['runs']} runs round robin: {round_ms:.1f} ms/round, {agg:.0f} tokens/s "
             f"aggregate = {agg / single:.3f} x one run; peak {lora['runs_peak_memory_gib']:.2f} GiB"
         )
+    (sampling,) = launch(
+        _sampling_case,
+        world_size=1,
+        kwargs={
+            "spec_wire": wire,
+            "rank": a.rank,
+            "adapters": a.runs,
+            "batch": a.sample_batch,
+            "prompt": min(64, spec.model.max_sequence_length - a.sample_tokens),
+            "tokens": a.sample_tokens,
+        },
+        timeout_s=900,
+    )
+    labels = [k for k, v in sampling.items() if isinstance(v, dict)]
+    print(
+        f"sampling, batch {a.sample_batch} x {a.sample_tokens} new tokens "
+        f"({sampling['prompt']}-token prompts):"
+    )
+    for k in labels:
+        print(f"  {k:<12} {sampling[k]['tokens_per_s']:>10.0f} tokens/s")
+    one = sampling["one adapter"]["tokens_per_s"]
+    summary["sampling_multi_over_one"] = sampling[f"{a.runs} adapters"]["tokens_per_s"] / one
+    summary["sampling_base_over_one"] = sampling["base"]["tokens_per_s"] / one
+    rows.append({"case": "sampling", **sampling})
     print(json.dumps(summary, indent=1))
     if a.json:
         Path(a.json).write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))

@@ -14,7 +14,8 @@ SITE=/tmp/tgsite
 if [ ! -d "$SITE/ray" ]; then
   mkdir -p "$SITE" && tar -C "$SITE" -xJf .whl/carry/site-py312.tar.xz || { echo "unpack failed"; exit 2; }
 fi
-export PYTHONPATH="$SITE:$PWD/api:$PWD/runtime"
+SRC="${TG_SRC:-$PWD}"  # a `git archive` export, carried, when the tree holds others' edits
+export PYTHONPATH="$SITE:$SRC/api:$SRC/runtime"
 export PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0 XDG_CACHE_HOME=/tmp/tgcache
 unset RAY_ADDRESS TG_RAY_ADDRESS
 PYDIR="$(dirname "$(python3 -c 'import sys; print(sys.executable)')")"

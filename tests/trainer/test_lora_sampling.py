@@ -324,12 +324,14 @@ def test_bad_weights_are_refused(ranks: list[dict[str, Any]]) -> None:
         assert "another base model" in e["other_base"]
 
 
-# -- GPU: why a LoRA group's sampler captures no CUDA graph -----------------------------------
+# -- GPU: CUDA graphs keyed by the LoRA hook set ----------------------------------------------
 def gpu_lora_sampling() -> dict[str, Any]:
     """One H200, bf16, TP=1 (pieces driven directly: no Ray on the device). Two runs trained
-    at a high lr; then: a CUDA graph captured with run b's hooks, replayed after switching to
-    a's snapshot, against the eager step; the eager paths (active run, snapshot, multi-LoRA
-    batch) against each other and ``compute_log_prob``; decode timings."""
+    at a high lr; then, for each hook set (active run b, a's snapshot, none, a multi-LoRA
+    batch), switching back and forth: the graphed step keyed by the hook set against the
+    eager step; a replay under the wrong set's key (stale); a graph after b's adapters
+    change in place; the eager paths against each other and ``compute_log_prob``; decode
+    timings with and without graphs."""
     _quiet()
     import tgapi
     from tgruntime.trainer import TrainEngine
@@ -417,20 +419,34 @@ def gpu_lora_sampling() -> dict[str, Any]:
             return [r["sequences"][0]["logprobs"] for r in res]
 
         multi = MultiLora(gpt, [sets["a"], sets["b"]])
-        # b active (its hooks on): eager, then a graph captured with b's hooks
-        out["eager_b"] = eager.generate(prompts, params)
-        out["graph_b"] = graphed.generate(prompts, params)
-        # switch to a's snapshot: eager sees a; the graph replays b's captured deltas
-        swap(sets["a"])
-        out["eager_a"] = eager.generate(prompts, params)
-        out["graph_a_stale"] = graphed.generate(prompts, params)
-        swap(None)
-        out["eager_base"] = eager.generate(prompts, params)
-        # the multi-LoRA batch: rows [a, b, base, a, b, base, a, b]
-        slots = [1, 2, 0, 1, 2, 0, 1, 2]
+        slots = [1, 2, 0, 1, 2, 0, 1, 2]  # the multi-LoRA batch: rows [a, b, base, a, ...]
         multi.set_rows(slots)
-        swap(multi)
-        out["multi"] = eager.generate(prompts, params, scope=multi.narrowed)
+        hook_sets = {"b": active, "a": sets["a"], "base": None, "multi": multi}
+
+        def both(name: str) -> None:
+            """Eager, then graphed with the hook set named (captured or replayed)."""
+            hooks = hook_sets[name]
+            swap(hooks)
+            kw: dict[str, Any] = {"scope": multi.narrowed} if name == "multi" else {}
+            out[f"eager_{name}"] = eager.generate(prompts, params, **kw)
+            out.setdefault(f"graph_{name}", []).append(
+                toks(graphed.generate(prompts, params, hooks=hooks, **kw))
+            )
+
+        graphed.max_graphs = 4  # every hook set keeps its graph: the later calls replay
+        for name in ("b", "a", "base", "multi", "b", "multi", "a"):
+            both(name)
+        out["graphs_cached"] = len(graphed._graphs)
+        # the stale replay the key prevents: b's graph, with a's hooks on (hooks= b's set)
+        swap(sets["a"])
+        out["stale_rows_differ"] = sum(
+            x != y
+            for x, y in zip(
+                toks(graphed.generate(prompts, params, hooks=active)),
+                toks(out["eager_a"]),
+                strict=True,
+            )
+        )
         swap(active)
         # compute_log_prob of b's sampled sequences (b active)
         seqs = [p + t for p, t in zip(prompts, toks(out["eager_b"]), strict=True)]
@@ -453,16 +469,24 @@ def gpu_lora_sampling() -> dict[str, Any]:
         )
         alone = {1: out["eager_a"], 2: out["eager_b"], 0: out["eager_base"]}
         out["multi_rows_equal_alone"] = [
-            toks(out["multi"])[i] == toks(alone[s])[i] for i, s in enumerate(slots)
+            toks(out["eager_multi"])[i] == toks(alone[s])[i] for i, s in enumerate(slots)
         ]
         out["multi_first_lp_diff"] = max(
-            abs(lps(out["multi"])[i][0] - lps(alone[s])[i][0]) for i, s in enumerate(slots)
+            abs(lps(out["eager_multi"])[i][0] - lps(alone[s])[i][0]) for i, s in enumerate(slots)
         )
-        out["graph_b_equal_eager_b"] = toks(out["graph_b"]) == toks(out["eager_b"])
-        out["stale_rows_differ"] = sum(
-            x != y for x, y in zip(toks(out["graph_a_stale"]), toks(out["eager_a"]), strict=True)
+        out["graph_equals_eager"] = {
+            name: all(g == toks(out[f"eager_{name}"]) for g in out[f"graph_{name}"])
+            for name in hook_sets
+        }
+        # a training step of b changes its adapters in place: the replay sees the new values
+        swap(active)
+        engine.train_step(data[0])
+        out["eager_b_after_step"] = toks(eager.generate(prompts, params))
+        out["graph_b_after_step"] = toks(graphed.generate(prompts, params, hooks=active))
+        out["graph_after_step_equals_eager"] = (
+            out["graph_b_after_step"] == out["eager_b_after_step"]
         )
-        out["stale_equals_b"] = toks(out["graph_a_stale"]) == toks(out["graph_b"])
+        out["b_step_changed_tokens"] = out["eager_b_after_step"] != toks(out["eager_b"])
 
         # decode timings, 32 rows x 128 new tokens (after a warm-up call of each)
         timing_prompts = [prompts[i % 8] for i in range(32)]
@@ -476,15 +500,15 @@ def gpu_lora_sampling() -> dict[str, Any]:
             torch.cuda.synchronize()
             return 32 * 128 / (time.perf_counter() - start)
 
-        swap(None)
-        out["tok_s_base_graph"] = timed(graphed)
         graphed.clear()
-        out["tok_s_base_eager"] = timed(eager)
-        swap(active)
-        out["tok_s_lora_eager"] = timed(eager)
+        graphed.max_graphs = 2
         multi.set_rows([s for s in slots for _ in range(4)][:32])
-        swap(multi)
-        out["tok_s_multi_eager"] = timed(eager, scope=multi.narrowed)
+        for name in ("base", "b", "multi"):
+            hooks = hook_sets[name]
+            swap(hooks)
+            kw = {"scope": multi.narrowed} if name == "multi" else {}
+            out[f"tok_s_{name}_graph"] = timed(graphed, hooks=hooks, **kw)
+            out[f"tok_s_{name}_eager"] = timed(eager, **kw)
         swap(active)
         out["multi_stack_bytes"] = multi.nbytes()
         out["gpu"] = torch.cuda.get_device_name()
@@ -502,15 +526,18 @@ def resolve_settings_for(spec: Any) -> Any:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (CUDA)")
-def test_gpu_graphs_would_replay_stale_adapters_and_eager_paths_agree() -> None:
+def test_gpu_graphs_keyed_by_hook_set_and_eager_paths_agree() -> None:
     from tgruntime.trainer.launch import launch
 
     (r,) = launch(gpu_lora_sampling, world_size=1, timeout_s=600)
     summary = {k: v for k, v in r.items() if not isinstance(v, list) or k.endswith("equal_alone")}
     print("\n", json.dumps(summary, indent=1, default=str))
-    # a graph replays what it captured: with unchanged hooks it is the eager step ...
-    assert r["graph_b_equal_eager_b"]
-    # ... after a hook switch it still computes b's deltas (why LoRA groups capture none)
+    # a graph keyed by its hook set gives the eager tokens for every set, switching back
+    # and forth, and after the active run's adapters changed in place
+    assert all(r["graph_equals_eager"].values()), r["graph_equals_eager"]
+    assert r["graphs_cached"] == 4
+    assert r["b_step_changed_tokens"] and r["graph_after_step_equals_eager"]
+    # replayed under another set's hooks it computes the captured set's deltas (the key's job)
     assert r["stale_rows_differ"] > 0
     assert r["b_vs_compute_log_prob"] < 0.1  # bf16 on both sides, different kernels
     assert sum(r["multi_rows_equal_alone"]) >= 6, r["multi_rows_equal_alone"]

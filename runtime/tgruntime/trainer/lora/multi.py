@@ -17,11 +17,14 @@ zeros: their rows get a zero delta. The forward is then, for ``x`` ``[s, b, in]`
    :meth:`LinearLora.forward` (``copy_to`` for column-parallel, ``reduce_from``, an
    all-reduce of the partial sums, for row-parallel);
 3. ``bmm(h, B_rows^T)``, the parts combined into the fused layout (q/k/v per key/value
-   group, gate then up) by the adapters' own ``_combine``, times the row's scaling.
+   group, gate then up) by the adapters' own ``_combine``, times the row's scaling; in the
+   input's dtype, as ``LinearLora.forward``.
 
 This is for sampling (no autograd through the stacked copies). The hooks read the row ->
 slot map :attr:`MultiLora.index`; :meth:`MultiLora.narrowed` points it at a slice of the
-rows for a forward over those rows only (the sampler's per-prompt prompt log-probs).
+rows for a forward over those rows only (the sampler's per-prompt prompt log-probs). The
+decode step has no host synchronisation here, so it can be captured in a CUDA graph: the
+stacks and the row maps keep their addresses.
 """
 
 from __future__ import annotations
@@ -86,19 +89,22 @@ class StackedLinear:
 
     def delta(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         """Row ``r``'s delta from slot ``index[r]``; ``x`` ``[s, b, in]`` -> ``[s, b, out]``
-        (this rank's fused output layout, float32)."""
-        xb = x.float().transpose(0, 1)  # [b, s, in]
+        (this rank's fused output layout). Computed in ``x``'s dtype, as
+        :meth:`LinearLora.forward` does: the float32 stacks are cast after the gather."""
+        dtype = x.dtype
+        xb = x.transpose(0, 1)  # [b, s, in]
         pieces = []
         for key in self.keys:
-            a = self.a[key].index_select(0, index)  # [b, r, in]
+            a = self.a[key].index_select(0, index).to(dtype)  # [b, r, in]
             h = torch.bmm(xb, a.transpose(1, 2))  # [b, s, r]
             if self.kind == COLUMN:
                 h = copy_to_tensor_model_parallel_region(h)
             else:
                 h = reduce_from_tensor_model_parallel_region(h)
-            b = self.b[key].index_select(0, index)  # [b, out, r]
+            b = self.b[key].index_select(0, index).to(dtype)  # [b, out, r]
             pieces.append(torch.bmm(h, b.transpose(1, 2)))  # [b, s, out]
-        out = self.template._combine(pieces) * self.scaling.index_select(0, index).view(-1, 1, 1)
+        scale = self.scaling.index_select(0, index).to(dtype).view(-1, 1, 1)
+        out = self.template._combine(pieces) * scale
         return out.transpose(0, 1)
 
     def nbytes(self) -> int:
@@ -126,16 +132,27 @@ class MultiLora:
         self.slots = len(sets) + 1
         device = next(iter(self.linears.values())).scaling.device
         self._bases = {name: module.get_submodule(name) for name in self.linears}
+        self._device = device
+        self._maps: dict[int, torch.Tensor] = {}  # row count -> its row map (fixed address)
         self._full = torch.zeros(1, dtype=torch.int64, device=device)
         self.index = self._full
         self._handles: list[Any] = []
 
     def set_rows(self, slots: Sequence[int]) -> None:
-        """The slot of every batch row (0: base weights; ``i + 1``: ``sets[i]``)."""
+        """The slot of every batch row (0: base weights; ``i + 1``: ``sets[i]``).
+
+        The map of a given row count keeps its address (written in place), so a CUDA graph
+        captured over these hooks reads the current map when it is replayed."""
         bad = [s for s in slots if not 0 <= s < self.slots]
         if bad:
             raise ValueError(f"slot {bad[0]} is outside [0, {self.slots})")
-        self._full = torch.tensor(list(slots), dtype=torch.int64, device=self._full.device)
+        values = torch.tensor(list(slots), dtype=torch.int64)
+        buffer = self._maps.get(len(values))
+        if buffer is None:
+            buffer = torch.empty(len(values), dtype=torch.int64, device=self._device)
+            self._maps[len(values)] = buffer
+        buffer.copy_(values)
+        self._full = buffer
         self.index = self._full
 
     @contextlib.contextmanager

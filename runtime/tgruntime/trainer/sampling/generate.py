@@ -5,9 +5,11 @@ right-padded and prefilled together, then decoded one token per step for all row
 A step is ``decode -> next_token -> write`` on device tensors only (:func:`advance`); on a
 GPU with tensor parallel size 1 it is captured once in a CUDA graph per batch shape and
 replayed (``TG_SAMPLER_CUDA_GRAPHS=0`` turns that off). A graph replays the kernels it
-captured, so forward hooks that change between calls (LoRA adapters: the active run's, a
-snapshot's, a multi-adapter batch's) would be replayed stale: a LoRA group's sampler is built
-with ``cuda_graphs=False`` and runs the eager step. Stop sequences are checked on the
+captured, forward hooks included, so one captured with one LoRA hook set (the active run's, a
+snapshot's, a multi-adapter batch's) must never serve another: the caller names the hook set
+attached for the call (``hooks``), graphs are keyed by it and keep it alive (its tensors are
+then never freed under a graph that reads them; updates in place, such as the active run's
+optimizer steps, are seen by the replay). Stop sequences are checked on the
 host every ``check_every`` steps; rows that have stopped keep computing until every row has
 (their extra tokens are dropped), so the device never waits on the host inside a stretch.
 
@@ -104,10 +106,17 @@ def advance(decoder: CachedDecoder, state: DecodeState, params: SamplingParams) 
 class _GraphedStep:
     """``advance`` captured in a CUDA graph over one persistent :class:`DecodeState`."""
 
-    def __init__(self, decoder: CachedDecoder, state: DecodeState, params: SamplingParams):
+    def __init__(
+        self,
+        decoder: CachedDecoder,
+        state: DecodeState,
+        params: SamplingParams,
+        hooks: object | None = None,
+    ):
         self.decoder = decoder
         self.state = state
         self.params = params
+        self.hooks = hooks  # the hook set the graph was captured with: kept alive with it
         self.graph: torch.cuda.CUDAGraph | None = None
 
     def _capture(self) -> None:
@@ -162,28 +171,43 @@ class Sampler:
         self._graphs.clear()
 
     def _state(
-        self, rows: int, length: int, params: SamplingParams
+        self, rows: int, length: int, params: SamplingParams, hooks: object | None
     ) -> tuple[DecodeState, _GraphedStep | None]:
         if not self.cuda_graphs:
             return DecodeState.allocate(self.decoder, rows, length, params.max_tokens), None
-        key = (rows, length, params.max_tokens, params.temperature, params.top_k, params.top_p)
+        key = (
+            rows,
+            length,
+            params.max_tokens,
+            params.temperature,
+            params.top_k,
+            params.top_p,
+            None if hooks is None else id(hooks),  # unique: the entry keeps ``hooks`` alive
+        )
         step = self._graphs.pop(key, None)
         if step is None:
             while len(self._graphs) >= self.max_graphs:
                 self._graphs.popitem(last=False)
             state = DecodeState.allocate(self.decoder, rows, length, params.max_tokens)
-            step = _GraphedStep(self.decoder, state, params)
+            step = _GraphedStep(self.decoder, state, params, hooks)
         self._graphs[key] = step
         return step.state, step
 
     @torch.no_grad()
     def generate(
-        self, prompts: list[list[int]], params: SamplingParams, *, scope: RowScope | None = None
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        *,
+        scope: RowScope | None = None,
+        hooks: object | None = None,
     ) -> list[dict[str, Any]]:
         """One dict per prompt (docs/sampling.md): sequences, and prompt log-probs on request.
 
         Rows are prompt-major (prompt ``i``'s samples are rows ``i * n .. i * n + n - 1``);
         ``scope`` is entered around a forward over a slice of the rows (see :data:`RowScope`).
+        ``hooks``: the forward-hook set attached to the model for this call (None: none);
+        a CUDA graph is only replayed under the hook set it was captured with.
         """
         d = self.decoder
         n = params.num_samples
@@ -192,7 +216,7 @@ class Sampler:
         lens = [len(p) for p in rows]
         width = max(lens)
         t_max = params.max_tokens
-        state, graphed = self._state(r_count, width + t_max - 1, params)
+        state, graphed = self._state(r_count, width + t_max - 1, params, hooks)
 
         padded = torch.zeros(r_count, width, dtype=torch.int64)
         for i, p in enumerate(rows):

@@ -43,10 +43,9 @@ class SamplingMixin:
     def _sampler_for(self, engine: TrainEngine) -> Sampler:
         sampler: Sampler | None = getattr(self, "_sampler", None)
         if sampler is None:
-            # CUDA graphs replay the kernels of capture time: with LoRA hooks switched per
-            # call (active run, snapshots, per-row batches) a graph would go stale
-            lora = engine.adapters is not None
-            sampler = Sampler(engine.state.module, cuda_graphs=False if lora else None)
+            # CUDA graphs replay the hooks of capture time: LoRA calls pass the hook set they
+            # attach (``hooks=``), and a graph only serves the set it was captured with
+            sampler = Sampler(engine.state.module)
             self._sampler = sampler
         return sampler
 
@@ -175,11 +174,11 @@ class SamplingMixin:
         )
         if engine.adapters is not None:
             sampler = self._sampler_for(engine)
-            if weights is None:
-                return sampler.generate(rows, params)  # the active run's hooks are on
+            if weights is None:  # the active run's hooks are on
+                return sampler.generate(rows, params, hooks=engine.adapters)
             adapters = self._snapshot_adapters(engine, weights)
             with self._hooks_swapped(engine, adapters):
-                return sampler.generate(rows, params)
+                return sampler.generate(rows, params, hooks=adapters)
         sampler, store = self._sampling()
         if weights is None:
             return sampler.generate(rows, params)
@@ -247,7 +246,7 @@ class SamplingMixin:
         if len(distinct) == 1:  # one adapter (or none) for the whole batch: plain hooks
             only = adapter_sets[0] if adapter_sets else None
             with self._hooks_swapped(engine, only):
-                return sampler.generate(rows, params)
+                return sampler.generate(rows, params, hooks=only)
         # two or more entries, so at least one adapter: per-row deltas (slot 0: the base)
         multi = self._multi(unwrap_gpt(engine.state.module), names, adapter_sets)
         slot = {name: i + 1 for i, name in enumerate(names)}
@@ -255,7 +254,7 @@ class SamplingMixin:
             [slot[w] if w is not None else 0 for w in weights for _ in range(num_samples)]
         )
         with self._hooks_swapped(engine, multi):
-            return sampler.generate(rows, params, scope=multi.narrowed)
+            return sampler.generate(rows, params, scope=multi.narrowed, hooks=multi)
 
     def _multi(self, module: Any, names: list[str], adapter_sets: list[LoraAdapters]) -> MultiLora:
         """The stacked adapters of ``names`` (the last combination is kept until a snapshot

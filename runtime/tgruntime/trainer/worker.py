@@ -18,8 +18,9 @@ argument ``lora_json``, which wins when given (a JSON object of
 ``LoraSettings`` fields: ``rank``, ``alpha``, ``seed``, ``train_attn``, ``train_mlp``,
 ``train_unembed``; unknown fields refused) makes the group train LoRA adapters on the frozen
 base (``TrainEngine.create(lora=...)``); absent, null or rank 0: full-weight training.
-Checkpoints then hold the adapters, ``export_lora`` writes them in PEFT's format, and
-sampling is refused (not wired for adapters yet).
+Checkpoints then hold the adapters, ``export_lora`` writes them in PEFT's format, sampling
+uses the active run's adapters or a snapshot (``sampling.mixin``), and ``create_run`` and its
+siblings hold many runs on the one frozen base (``lora.runs``; docs/lora.md).
 
 Progress: after every optimizer step (``train_model``, or ``optim_step`` after
 ``forward_backward`` calls) rank 0 writes the step, loss, gradient norm, tokens/s and the

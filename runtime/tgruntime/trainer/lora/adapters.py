@@ -18,9 +18,10 @@ of groups must be a multiple of the tensor-parallel size), so ``B_q``/``B_k``/``
 sharded by group and their deltas interleaved per group. ``linear_fc1`` holds
 ``[gate rows of this rank; up rows of this rank]``.
 
-Adapter parameters are float32 whatever the model's dtype (the input is cast up, the delta
-cast back), and carry megatron's tensor-parallel attributes, so the trainer's global grad
-norm counts each replicated one once.
+Adapter parameters are float32 whatever the model's dtype; the forward casts them to the
+input's dtype (bf16 on a GPU: the base's own matmul precision; float32 on the CPU), so the
+gradients reach float32 tensors. They carry megatron's tensor-parallel attributes, so the
+trainer's global grad norm counts each replicated one once.
 """
 
 from __future__ import annotations
@@ -166,17 +167,21 @@ class LinearLora(torch.nn.Module):
         return grouped.reshape(*lead, -1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``scaling * B @ A @ x`` in the megatron linear's local output layout (float32)."""
-        x = x.float()
-        pieces = []
-        for part in self.parts:
-            key = _key(part.hf_module)
-            a, b = self.lora_A[key], self.lora_B[key]
-            if self.kind == COLUMN:
-                h = copy_to_tensor_model_parallel_region(torch.matmul(x, a.t()))
-            else:
-                h = reduce_from_tensor_model_parallel_region(torch.matmul(x, a.t()))
-            pieces.append(torch.matmul(h, b.t()))
+        """``scaling * B @ A @ x`` in the megatron linear's local output layout, in ``x``'s
+        dtype: the float32 adapters are cast to it (bf16 on a GPU: tensor-core matmuls, as
+        the base's own; their gradients are float32 again through the cast)."""
+        dtype = x.dtype
+        keys = [_key(part.hf_module) for part in self.parts]
+        a = torch.cat([self.lora_A[k] for k in keys]).to(dtype)  # parts share the input
+        h = torch.matmul(x, a.t())  # [..., parts x rank]: one matmul for q/k/v or gate/up
+        if self.kind == COLUMN:
+            h = copy_to_tensor_model_parallel_region(h)
+        else:
+            h = reduce_from_tensor_model_parallel_region(h)
+        pieces = [
+            torch.matmul(hp, self.lora_B[k].to(dtype).t())
+            for hp, k in zip(torch.split(h, self.rank, dim=-1), keys, strict=True)
+        ]
         return self._combine(pieces) * self.scaling
 
     @torch.no_grad()

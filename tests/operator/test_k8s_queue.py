@@ -126,8 +126,9 @@ def test_a_queued_group_waits_suspended_then_starts_once_admitted(
     )
     st = ks.wait_phase(k8s_plane, ns, name, {"Ready", "Failed"}, timeout=READY_TIMEOUT, op=operator)
     assert st["phase"] == "Ready", ks.dump(st)
-    metrics = operator.metrics()
-    assert f'trainergroup_phase{{name="{name}",namespace="{ns}",phase="Ready"}} 1.0' in metrics
+    # the gauge follows the status write (same pass, after it): wait for it, bounded
+    gauge = f'trainergroup_phase{{name="{name}",namespace="{ns}",phase="Ready"}} 1.0'
+    ks.wait_for(lambda: gauge in operator.metrics(), timeout=30, what=gauge)
     delete_and_wait(k8s_plane, ns, name, operator)
 
 

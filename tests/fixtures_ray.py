@@ -26,9 +26,10 @@ import subprocess
 import sys
 import textwrap
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -112,6 +113,7 @@ class RayCluster:
 
 
 STARTUP_TRIES = 3
+T = TypeVar("T")
 
 
 def init_private_ray(*, namespace: str, num_cpus: int = 4) -> None:
@@ -123,25 +125,34 @@ def init_private_ray(*, namespace: str, num_cpus: int = 4) -> None:
     ``ray.init`` raises "The current node timed out during startup". The processes of the
     failed try are this process's children: they are killed before the next try.
     """
-    import psutil
     import ray
+
+    def start() -> None:
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, namespace=namespace)
+
+    with_startup_tries(start, ray.shutdown, what="init_private_ray")
+
+
+def with_startup_tries(start: Callable[[], T], undo: Callable[[], object], *, what: str) -> T:
+    """``start()`` tried up to STARTUP_TRIES times while it fails on Ray's fixed raylet
+    registration wait ("timed out during startup"); between tries ``undo()`` runs and the
+    processes the failed try started (this process's new children) are killed."""
+    import psutil
 
     me = psutil.Process()
     for attempt in range(1, STARTUP_TRIES + 1):
         before = {c.pid for c in me.children(recursive=True)}
         try:
-            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
-                     namespace=namespace)
-            return
+            return start()
         except Exception as exc:
             if "timed out during startup" not in str(exc) or attempt == STARTUP_TRIES:
                 raise
-            ray.shutdown()
+            undo()
             for child in me.children(recursive=True):
                 if child.pid not in before:
                     child.kill()
-            print(f"init_private_ray: try {attempt} timed out during Ray's startup; again",
-                  file=sys.stderr)
+            print(f"{what}: try {attempt} timed out during Ray's startup; again", file=sys.stderr)
+    raise AssertionError("unreachable")
 
 
 @pytest.fixture(scope="session")

@@ -16,6 +16,7 @@ the tiny Megatron model with falling loss.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -54,7 +55,7 @@ def _free_port() -> int:
 def two_nodes() -> Iterator[TwoNodes]:
     from ray.cluster_utils import Cluster
 
-    from tests.fixtures_ray import _refresh_ray_config
+    from tests.fixtures_ray import _refresh_ray_config, with_startup_tries
 
     if ray.is_initialized():
         ray.shutdown()
@@ -63,17 +64,35 @@ def two_nodes() -> Iterator[TwoNodes]:
         os.environ["RAY_AUTH_MODE"] = "disabled"
         _refresh_ray_config()
     store = 200 << 20
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={
-            "num_cpus": 2, "resources": {NODE_KEYS[0]: 100}, "object_store_memory": store,
-            "gcs_server_port": _free_port(), "include_dashboard": False,
-        },
-    )
-    try:
+    made: list[Any] = []
+
+    def start() -> Any:  # Ray's raylets get a fixed 30 s to register: tried again under load
+        cluster = Cluster(
+            initialize_head=True,
+            head_node_args={
+                "num_cpus": 2, "resources": {NODE_KEYS[0]: 100}, "object_store_memory": store,
+                "gcs_server_port": _free_port(), "include_dashboard": False,
+            },
+        )
+        made.append(cluster)
         cluster.add_node(num_cpus=2, resources={NODE_KEYS[1]: 100}, object_store_memory=store)
         cluster.wait_for_nodes(timeout=180)
         ray.init(address=cluster.address, namespace="tgtests-multinode", log_to_driver=False)
+        return cluster
+
+    def undo() -> None:
+        if ray.is_initialized():
+            ray.shutdown()
+        while made:
+            with contextlib.suppress(Exception):
+                made.pop().shutdown()
+
+    try:
+        cluster = with_startup_tries(start, undo, what="two_nodes")
+    except BaseException:
+        undo()
+        raise
+    try:
         ids = {}
         for node in ray.nodes():
             if node.get("Alive"):

@@ -43,6 +43,14 @@ _ABSOLUTE_DIR = r"^(/[^/]+)+$"
 """An absolute directory, no trailing slash and no empty step: ``/checkpoints``."""
 
 USE_GPU_AUTO = "auto"
+
+ARCHITECTURE_LLAMA = "llama"
+ARCHITECTURE_QWEN2 = "qwen2"
+ARCHITECTURE_QWEN3 = "qwen3"
+ARCHITECTURES = (ARCHITECTURE_LLAMA, ARCHITECTURE_QWEN2, ARCHITECTURE_QWEN3)
+"""``model.architecture``: the decoder families the trainer builds (docs/models.md)."""
+ROPE_THETA = 10000.0
+NORM_EPSILON = 1e-5
 """``workers.useGpu: auto``: GPU workers when the Ray cluster has GPUs, else CPU workers."""
 
 
@@ -396,16 +404,56 @@ class ModelSpec:
     activation: str = spec_field(
         name="activation", description="MLP activation.", default="swiglu", enum=("swiglu", "gelu")
     )
+    architecture: str = spec_field(
+        name="architecture",
+        description="The decoder family: llama (no biases), qwen2 (Llama plus a bias on the "
+        "query, key and value projections) or qwen3 (Llama plus an RMSNorm over each query "
+        "and key head). qwen2 and qwen3 need positionEmbedding rope, normalization RMSNorm and "
+        "activation swiglu. With model.pretrained, config.json's model_type sets it.",
+        default=ARCHITECTURE_LLAMA,
+        enum=ARCHITECTURES,
+    )
+    head_dim: int = spec_field(
+        name="headDim",
+        description="Size of one attention head; 0 means hiddenSize / numAttentionHeads "
+        "(Qwen3 checkpoints may set another).",
+        default=0,
+        minimum=0,
+        maximum=2**16,
+    )
+    rope_theta: float = spec_field(
+        name="ropeTheta",
+        description="Base of the rotary position frequencies (positionEmbedding rope).",
+        default=ROPE_THETA,
+        minimum=0,
+        exclusive_minimum=True,
+        maximum=1e12,
+    )
+    norm_epsilon: float = spec_field(
+        name="normEpsilon",
+        description="Epsilon of every RMSNorm / LayerNorm (config.json's rms_norm_eps).",
+        default=NORM_EPSILON,
+        minimum=0,
+        exclusive_minimum=True,
+        maximum=1.0,
+    )
+    tie_embeddings: bool = spec_field(
+        name="tieEmbeddings",
+        description="The output layer uses the input embedding's weight (config.json's "
+        "tie_word_embeddings).",
+        default=False,
+    )
     pretrained: str | None = spec_field(
         name="pretrained",
-        description="Directory holding a Hugging Face LlamaForCausalLM checkpoint (config.json, "
-        "safetensors) and its tokenizer, on the workers' filesystem (a volume such as "
-        "rayCluster.storage). Where the spec is parsed with the files at hand (the runtime, "
-        "tgctl) the shape (vocabSize, hiddenSize, numLayers, numAttentionHeads, numQueryGroups, "
-        "ffnHiddenSize, maxSequenceLength) comes from its config.json and a shape field set "
-        "in the spec must agree with it; the operator cannot read the volume, so it checks "
-        "only the path and the Llama-only fields (rope, RMSNorm, swiglu), and sizes the model "
-        "by the shape fields as written. Absent: random initialisation.",
+        description="Directory holding a Hugging Face LlamaForCausalLM, Qwen2ForCausalLM or "
+        "Qwen3ForCausalLM checkpoint (config.json, safetensors) and its tokenizer, on the "
+        "workers' filesystem (a volume such as rayCluster.storage). Where the spec is parsed "
+        "with the files at hand (the runtime, tgctl) the architecture and shape (architecture, "
+        "vocabSize, hiddenSize, numLayers, numAttentionHeads, numQueryGroups, ffnHiddenSize, "
+        "maxSequenceLength, headDim, ropeTheta, normEpsilon, tieEmbeddings) come from its "
+        "config.json and such a field set in the spec must agree with it; the operator cannot "
+        "read the volume, so it checks only the path and the Llama-only fields (rope, RMSNorm, "
+        "swiglu), and sizes the model by the fields as written. Absent: random initialisation.",
         default=None,
         pattern=_ABSOLUTE_DIR,
         max_length=1024,
@@ -418,6 +466,21 @@ class ModelSpec:
         minimum=0,
         maximum=2**31 - 1,
     )
+
+    @property
+    def kv_channels(self) -> int:
+        """The size of one attention head (``headDim``, else hidden size / heads)."""
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def qkv_bias(self) -> bool:
+        """Whether the query, key and value projections have a bias (Qwen2)."""
+        return self.architecture == ARCHITECTURE_QWEN2
+
+    @property
+    def qk_norm(self) -> bool:
+        """Whether each query and key head is RMSNorm'd before RoPE (Qwen3)."""
+        return self.architecture == ARCHITECTURE_QWEN3
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -1,11 +1,13 @@
-"""``spec.model.pretrained``: the model's shape read from a Hugging Face Llama checkpoint.
+"""``spec.model.pretrained``: the model's architecture and shape read from a Hugging Face
+checkpoint (``LlamaForCausalLM``, ``Qwen2ForCausalLM`` or ``Qwen3ForCausalLM``).
 
 Where the spec is parsed with the checkpoint's files at hand (``parse_spec(local=True)``:
 the runtime's server on the head, ``tgctl``), :func:`apply_pretrained` reads
-``<dir>/config.json`` and returns the spec with the shape fields taken from it. A shape field
-the user wrote in the spec must agree with the file; one that disagrees is an error naming the
-field, the two values and the fix. The tokenizer must be there too (the Tinker API's
-``get_info`` hands it to the SDK).
+``<dir>/config.json`` and returns the spec with the architecture (from ``model_type``) and the
+shape fields taken from it. A field the user wrote in the spec must agree with the file; one
+that disagrees is an error naming the field, the two values and the fix. Another
+``model_type`` (mistral, gemma2, ...) is refused, naming the supported ones. The tokenizer
+must be there too (the Tinker API's ``get_info`` hands it to the SDK).
 
 The operator parses without the files (it cannot mount the group's volume): it checks the
 path's form and the Llama-only fields (``rules.py``: rope, RMSNorm, swiglu) and sizes the
@@ -25,12 +27,20 @@ from pathlib import Path
 from typing import Any
 
 from tgapi.errors import SpecError
-from tgapi.model import ModelSpec, TrainerGroupSpec
+from tgapi.model import ROPE_THETA, ModelSpec, TrainerGroupSpec
 
 CONFIG = "config.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
 """One of these must be in the directory (a fast tokenizer, or a SentencePiece model)."""
-ARCHITECTURE = "LlamaForCausalLM"
+HF_CLASSES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+"""config.json's ``model_type`` -> its transformers class, for every ``model.architecture``."""
+HF_NORM_EPSILON = 1e-6
+"""transformers' default ``rms_norm_eps`` (Llama, Qwen2, Qwen3) when config.json has none."""
+SUPPORTED = ", ".join(f"{t} ({c})" for t, c in HF_CLASSES.items())
 
 SHAPE_FIELDS: tuple[tuple[str, str, str], ...] = (
     # (dataclass attribute, spec wire name, config.json key)
@@ -60,6 +70,56 @@ def shape_from_config(config: Mapping[str, Any]) -> dict[str, int]:
     if missing:
         raise ValueError(f"lacks a positive integer {', '.join(missing)}")
     return out
+
+
+def architecture_from_config(config: Mapping[str, Any]) -> str:
+    """``model.architecture`` of a config.json (its ``model_type``); ValueError naming the
+    supported ones for any other, or when ``architectures`` names another class."""
+    model_type = config.get("model_type")
+    architectures = config.get("architectures") or []
+    hf_class = HF_CLASSES.get(model_type) if isinstance(model_type, str) else None
+    if hf_class is None or (architectures and hf_class not in architectures):
+        raise ValueError(
+            f"describes model_type {model_type!r} "
+            f"({', '.join(map(str, architectures)) or 'no architectures'}), which the trainer "
+            f"does not build; supported: {SUPPORTED}"
+        )
+    return str(model_type)
+
+
+def extras_from_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields besides the shape that a config.json decides: architecture, headDim (0 when
+    it is hidden_size / num_attention_heads), ropeTheta, normEpsilon, tieEmbeddings."""
+    out: dict[str, Any] = {"architecture": architecture_from_config(config)}
+    hidden, heads = config.get("hidden_size"), config.get("num_attention_heads")
+    head_dim = config.get("head_dim")
+    if type(head_dim) is int and head_dim > 0 and (
+        type(hidden) is not int or type(heads) is not int or heads < 1 or hidden != heads * head_dim
+    ):
+        out["head_dim"] = head_dim
+    else:
+        out["head_dim"] = 0
+    rope = config.get("rope_parameters")
+    theta = rope.get("rope_theta") if isinstance(rope, Mapping) else None
+    theta = theta if theta is not None else config.get("rope_theta", ROPE_THETA)
+    eps = config.get("rms_norm_eps", HF_NORM_EPSILON)
+    for key, value in (("rope_theta", theta), ("rms_norm_eps", eps)):
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise ValueError(f"has {key} {value!r}, not a positive number")
+    out["rope_theta"] = float(theta)
+    out["norm_epsilon"] = float(eps)
+    out["tie_embeddings"] = bool(config.get("tie_word_embeddings", False))
+    return out
+
+
+EXTRA_FIELDS: tuple[tuple[str, str, str], ...] = (
+    ("architecture", "architecture", "model_type"),
+    ("head_dim", "headDim", "head_dim"),
+    ("rope_theta", "ropeTheta", "rope_theta"),
+    ("norm_epsilon", "normEpsilon", "rms_norm_eps"),
+    ("tie_embeddings", "tieEmbeddings", "tie_word_embeddings"),
+)
+"""The fields of ``spec.model`` besides the shape that config.json decides."""
 
 
 def _error(path: str, problem: str, fix: str) -> SpecError:
@@ -112,17 +172,16 @@ def apply_pretrained(
     errors: list[SpecError] = []
     if not isinstance(config, Mapping):
         return spec, [_error(field, f"{config_path} is not a JSON object", "re-save it")]
-    architectures = config.get("architectures") or []
-    if config.get("model_type") != "llama" or (
-        architectures and ARCHITECTURE not in architectures
-    ):
+    extras: dict[str, Any] = {}
+    try:
+        extras = extras_from_config(config)
+    except ValueError as exc:
         errors.append(
             _error(
                 field,
-                f"{config_path} describes model_type {config.get('model_type')!r} "
-                f"({', '.join(map(str, architectures)) or 'no architectures'}), not a "
-                f"{ARCHITECTURE}",
-                f"use a {ARCHITECTURE} checkpoint (the trainer builds a Llama)",
+                f"{config_path} {exc}",
+                "use a checkpoint of a supported architecture with a complete config.json "
+                "(docs/models.md)",
             )
         )
     if not any((root / name).is_file() for name in TOKENIZER_FILES):
@@ -138,7 +197,7 @@ def apply_pretrained(
         shape = shape_from_config(config)
     except ValueError as exc:
         errors.append(
-            _error(field, f"{config_path} {exc}", "write a complete Llama config.json")
+            _error(field, f"{config_path} {exc}", "write a complete config.json")
         )
         return spec, errors
     model_written = written if isinstance(written, Mapping) else {}
@@ -158,8 +217,43 @@ def apply_pretrained(
                     f"{shape[attr]}",
                 )
             )
+    if extras:
+        errors.extend(
+            _contradictions(spec.model, extras, shape, model_written, path, config_path)
+        )
     if errors:
         return spec, errors
-    changes: dict[str, Any] = dict(shape)
+    changes: dict[str, Any] = {**shape, **extras}
     model: ModelSpec = dataclasses.replace(spec.model, **changes)
     return dataclasses.replace(spec, model=model), []
+
+
+def _contradictions(
+    model: ModelSpec,
+    extras: Mapping[str, Any],
+    shape: Mapping[str, int],
+    written: Mapping[str, Any],
+    path: str,
+    config_path: Path,
+) -> list[SpecError]:
+    """Errors for the fields besides the shape that the spec sets against config.json."""
+    errors: list[SpecError] = []
+    for attr, wire, key in EXTRA_FIELDS:
+        if wire not in written or written[wire] is None:
+            continue
+        mine, theirs = getattr(model, attr), extras[attr]
+        if attr == "head_dim":  # compare head sizes (0 = hidden_size / num_attention_heads)
+            default = shape["hidden_size"] // shape["num_attention_heads"]
+            mine, theirs = mine or default, theirs or default
+        if mine == theirs:
+            continue
+        shown = theirs if isinstance(theirs, str) else json.dumps(theirs)
+        errors.append(
+            _error(
+                f"{path}.model.{wire}",
+                f"{mine if isinstance(mine, str) else json.dumps(mine)} contradicts "
+                f"{key} = {shown} in {config_path}",
+                f"remove model.{wire} (the checkpoint gives it) or set it to {shown}",
+            )
+        )
+    return errors

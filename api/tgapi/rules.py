@@ -164,6 +164,9 @@ CHECKPOINT_DIR = Field("training.checkpointDir")
 HAS_STORAGE = HAS_CLUSTER & Has("rayCluster.storage")
 MOUNT_PATH = Field("rayCluster.storage.mountPath")
 PRETRAINED = Has("model.pretrained")
+HEAD_DIM = Field("model.headDim")
+ARCHITECTURE = Field("model.architecture")
+LLAMA = ARCHITECTURE.eq("llama")
 
 
 RULES: tuple[Rule, ...] = (
@@ -208,9 +211,11 @@ RULES: tuple[Rule, ...] = (
     Rule(
         name="hidden-by-heads",
         field="model.hiddenSize",
-        holds=(HIDDEN % HEADS).eq(0),
+        holds=(HEAD_DIM > 0) | (HIDDEN % HEADS).eq(0),
         problem=Text("{} is not divisible by numAttentionHeads {}", HIDDEN, HEADS),
-        fix=Text("use a hidden size that is a multiple of the head count"),
+        fix=Text(
+            "use a hidden size that is a multiple of the head count, or set model.headDim"
+        ),
     ),
     Rule(
         name="ffn-by-tensor",
@@ -374,7 +379,46 @@ PRETRAINED_RULES: tuple[Rule, ...] = (
         fix=Text("set model.activation: swiglu, or remove model.pretrained"),
     ),
 )
-RULES = RULES + PRETRAINED_RULES
+
+# qwen2 and qwen3 are Llama with QKV biases or q/k norms: the rest of the Llama shape holds
+# (with model.pretrained the rules above say so already).
+ARCHITECTURE_RULES: tuple[Rule, ...] = (
+    Rule(
+        name="architecture-rope",
+        field="model.positionEmbedding",
+        holds=LLAMA | PRETRAINED | Field("model.positionEmbedding").eq("rope"),
+        problem=Text(
+            "is {} but model.architecture {} uses rotary positions "
+            "(auto picks learned positions on a CPU)",
+            Str(Field("model.positionEmbedding")),
+            Str(ARCHITECTURE),
+        ),
+        fix=Text("set model.positionEmbedding: rope, or model.architecture: llama"),
+    ),
+    Rule(
+        name="architecture-rmsnorm",
+        field="model.normalization",
+        holds=LLAMA | PRETRAINED | Field("model.normalization").eq("RMSNorm"),
+        problem=Text(
+            "is {} but model.architecture {} uses RMSNorm",
+            Str(Field("model.normalization")),
+            Str(ARCHITECTURE),
+        ),
+        fix=Text("set model.normalization: RMSNorm, or model.architecture: llama"),
+    ),
+    Rule(
+        name="architecture-swiglu",
+        field="model.activation",
+        holds=LLAMA | PRETRAINED | Field("model.activation").eq("swiglu"),
+        problem=Text(
+            "is {} but model.architecture {} has a SwiGLU MLP",
+            Str(Field("model.activation")),
+            Str(ARCHITECTURE),
+        ),
+        fix=Text("set model.activation: swiglu, or model.architecture: llama"),
+    ),
+)
+RULES = RULES + PRETRAINED_RULES + ARCHITECTURE_RULES
 
 
 def crd_rules() -> list[Rule]:

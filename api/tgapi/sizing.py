@@ -156,7 +156,8 @@ class Formula:
 
 
 def formula(on_gpu: Expr, *, prefix: str = "") -> Formula:
-    """Parameters of the trainer's GPT model (untied embeddings, no biases) and per worker.
+    """Parameters of the trainer's GPT model (no biases but Qwen2's QKV bias, Qwen3's q/k
+    norms, embeddings tied or not) and per worker.
 
     Per-layer sizes are integers (each inside int64 under the model's bounds, so the
     ceiling divisions are exact); products with the layer count are doubles. With a
@@ -167,8 +168,11 @@ def formula(on_gpu: Expr, *, prefix: str = "") -> Formula:
         return Var(prefix + name, expr) if prefix else expr
 
     h, heads, t, p = rules.HIDDEN, rules.HEADS, rules.TENSOR, rules.PIPELINE
-    head_dim = Cond(h // heads >= 1, h // heads, Lit(1))
-    qkv = h * (heads * head_dim + 2 * rules.QUERY_GROUPS * head_dim)
+    head_dim = Cond(rules.HEAD_DIM > 0, rules.HEAD_DIM, Cond(h // heads >= 1, h // heads, Lit(1)))
+    qkv_rows = heads * head_dim + 2 * rules.QUERY_GROUPS * head_dim
+    qkv_bias = Cond(rules.ARCHITECTURE.eq("qwen2"), qkv_rows, Lit(0))
+    qkv = h * qkv_rows + qkv_bias
+    qk_norm = Cond(rules.ARCHITECTURE.eq("qwen3"), 2 * head_dim, Lit(0))  # replicated
     proj = heads * head_dim * h
     swiglu = Field("model.activation").eq("swiglu")
     mlp = h * rules.FFN * Cond(swiglu, Lit(2), Lit(1)) + rules.FFN * h
@@ -179,11 +183,13 @@ def formula(on_gpu: Expr, *, prefix: str = "") -> Formula:
     positions = var("Positions", Cond(learned, rules.MAX_SEQ * h, Lit(0)))
     vocab = rules.VOCAB * h
     matrices = var("LayerMatrices", qkv + proj + mlp)
-    layer_total = matrices + 2 * norm
-    layer_shard = _ceil_div(matrices, t) + 2 * norm
+    layer_total = matrices + 2 * norm + qk_norm
+    layer_shard = _ceil_div(matrices, t) + 2 * norm + qk_norm
+    # tied embeddings: one vocabulary matrix (a copy on the last of several stages)
+    vocabs = Cond(Field("model.tieEmbeddings").eq(True), Lit(1), Lit(2))
     total = (
         rules.LAYERS.to_double() * layer_total.to_double()
-        + (2 * vocab + positions + norm).to_double()
+        + (vocabs * vocab + positions + norm).to_double()
     )
     stage = var("Stage", _ceil_div(rules.LAYERS, p).to_double() * layer_shard.to_double())
     vocab_shard = _ceil_div(vocab, t)
@@ -191,7 +197,7 @@ def formula(on_gpu: Expr, *, prefix: str = "") -> Formula:
     # positions) or the last (output layer and final norm)
     ends = Cond(
         p.eq(1),
-        2 * vocab_shard + positions + norm,
+        vocabs * vocab_shard + positions + norm,
         vocab_shard + Cond(positions >= norm, positions, norm),
     )
     worker = var("WorkerParameters", stage + ends.to_double())

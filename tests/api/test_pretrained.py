@@ -78,10 +78,103 @@ def test_a_missing_tokenizer_directory_or_config_is_a_clear_error(tmp_path: Path
     assert "holds no config.json" in err
 
 
-def test_another_architecture_is_refused(tmp_path: Path) -> None:
-    config = {**CONFIG, "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}
+@pytest.mark.parametrize(
+    ("model_type", "architecture"),
+    [
+        ("gpt2", "GPT2LMHeadModel"),
+        ("mistral", "MistralForCausalLM"),
+        ("gemma2", "Gemma2ForCausalLM"),
+    ],
+)
+def test_another_architecture_is_refused(
+    tmp_path: Path, model_type: str, architecture: str
+) -> None:
+    config = {**CONFIG, "model_type": model_type, "architectures": [architecture]}
     (err,) = _errors(_spec(_checkpoint(tmp_path, config)), local=True)
-    assert "not a LlamaForCausalLM" in err
+    assert err.startswith("spec.model.pretrained: ")
+    assert f"describes model_type '{model_type}' ({architecture}), which the trainer" in err
+    assert (
+        "supported: llama (LlamaForCausalLM), qwen2 (Qwen2ForCausalLM), qwen3 (Qwen3ForCausalLM)"
+        in err
+    )
+    # a known model_type with another class in architectures is refused too
+    config = {**CONFIG, "model_type": "qwen2", "architectures": ["LlamaForCausalLM"]}
+    (tmp_path / "other").mkdir()
+    (err,) = _errors(_spec(_checkpoint(tmp_path / "other", config)), local=True)
+    assert "model_type 'qwen2' (LlamaForCausalLM)" in err
+
+
+QWEN3 = {
+    **CONFIG,
+    "model_type": "qwen3",
+    "architectures": ["Qwen3ForCausalLM"],
+    "head_dim": 32,
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": True,
+    "attention_bias": False,
+}
+
+
+def test_config_json_sets_the_architecture_and_its_fields(tmp_path: Path) -> None:
+    m = tgapi.parse_spec(_spec(_checkpoint(tmp_path, QWEN3)), local=True).model
+    assert (m.architecture, m.head_dim, m.kv_channels) == ("qwen3", 32, 32)
+    assert (m.rope_theta, m.norm_epsilon, m.tie_embeddings) == (1e6, 1e-6, True)
+    assert m.qk_norm and not m.qkv_bias
+    # transformers 5.x writes rope_theta inside rope_parameters; a head_dim of hidden/heads
+    # is the default (0)
+    qwen2 = {**QWEN3, "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}
+    qwen2.update(head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 5e5})
+    del qwen2["rope_theta"], qwen2["tie_word_embeddings"]
+    for sub in ("q2", "l"):
+        (tmp_path / sub).mkdir()
+    m = tgapi.parse_spec(_spec(_checkpoint(tmp_path / "q2", qwen2)), local=True).model
+    assert (m.architecture, m.head_dim, m.kv_channels, m.rope_theta) == ("qwen2", 0, 16, 5e5)
+    assert m.qkv_bias and not m.qk_norm and not m.tie_embeddings
+    # a Llama keeps its config's rope_theta and rms_norm_eps (transformers' 1e-6 if absent)
+    m = tgapi.parse_spec(_spec(_checkpoint(tmp_path / "l", CONFIG)), local=True).model
+    assert (m.architecture, m.rope_theta, m.norm_epsilon) == ("llama", 10000.0, 1e-6)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "key", "want"),
+    [
+        ("architecture", "llama", "model_type", "qwen3"),
+        ("headDim", 16, "head_dim", "32"),
+        ("ropeTheta", 10000, "rope_theta", "1000000.0"),
+        ("normEpsilon", 1e-5, "rms_norm_eps", "1e-06"),
+        ("tieEmbeddings", False, "tie_word_embeddings", "true"),
+    ],
+)
+def test_a_written_field_that_contradicts_config_json_is_named(
+    tmp_path: Path, field: str, value: Any, key: str, want: str
+) -> None:
+    path = _checkpoint(tmp_path, QWEN3)
+    (err,) = _errors(_spec(path, **{field: value}), local=True)
+    assert err.startswith(f"spec.model.{field}: ") and f"contradicts {key} = {want} in " in err
+    assert f"Fix: remove model.{field} (the checkpoint gives it) or set it to {want}" in err
+    agree = {"architecture": "qwen3", "headDim": 32, "ropeTheta": 1e6, "tieEmbeddings": True}
+    assert tgapi.parse_spec(_spec(path, **agree), local=True).model.head_dim == 32
+
+
+def test_a_qwen_architecture_without_files_needs_the_llama_fields() -> None:
+    spec = {"model": {"architecture": "qwen3", "activation": "gelu"}}
+    errs = _errors(spec, local=True)
+    assert errs == [
+        "spec.model.positionEmbedding: is auto but model.architecture qwen3 uses rotary "
+        "positions (auto picks learned positions on a CPU). Fix: set "
+        "model.positionEmbedding: rope, or model.architecture: llama",
+        "spec.model.activation: is gelu but model.architecture qwen3 has a SwiGLU MLP. Fix: "
+        "set model.activation: swiglu, or model.architecture: llama",
+    ]
+    ok = {"architecture": "qwen2", "positionEmbedding": "rope", "headDim": 48}
+    spec = {"model": {**ok, "hiddenSize": 100, "numAttentionHeads": 8}}
+    model = tgapi.parse_spec(spec, local=True).model
+    assert model.kv_channels == 48  # hiddenSize need not divide by the heads with headDim
+    (err,) = _errors({"model": {**ok, "architecture": "mistral"}}, local=True)
+    assert err == (
+        "spec.model.architecture: 'mistral' is not allowed. Fix: use one of llama, qwen2, qwen3"
+    )
 
 
 def test_the_operator_checks_the_path_and_the_llama_fields_only(tmp_path: Path) -> None:

@@ -68,6 +68,14 @@ def _random_spec(rnd: random.Random) -> dict[str, Any]:
         spec["model"]["activation"] = rnd.choice(["swiglu", "gelu"])
     if rnd.random() < 0.3:  # drawn last too: a Kueue queue, with rayCluster or rayClusterRef
         spec["queue"] = {"name": "team-a"}
+    if rnd.random() < 0.4:  # drawn last too: Qwen (with Llama's other fields or not), headDim
+        model = spec["model"]
+        model["architecture"] = rnd.choice(["llama", "qwen2", "qwen3"])
+        model["headDim"] = rnd.choice([0, 0, 32])
+        if "pretrained" not in model:
+            model["positionEmbedding"] = rnd.choice(["auto", "rope", "rope", "learned_absolute"])
+            model["normalization"] = rnd.choice(["RMSNorm", "RMSNorm", "LayerNorm"])
+            model["activation"] = rnd.choice(["swiglu", "swiglu", "gelu"])
     return spec
 
 

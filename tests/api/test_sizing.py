@@ -36,6 +36,13 @@ SHAPES: list[dict[str, Any]] = [
      "normalization": "LayerNorm"},
     {"hiddenSize": 48, "numAttentionHeads": 4, "numLayers": 1, "vocabSize": 64,
      "ffnHiddenSize": 64, "maxSequenceLength": 8, "positionEmbedding": "rope"},
+    # Qwen2 (QKV bias) with tied embeddings; Qwen3 (q/k norms) with a head_dim of its own
+    {"hiddenSize": 64, "numAttentionHeads": 4, "numQueryGroups": 2, "numLayers": 2,
+     "vocabSize": 128, "ffnHiddenSize": 96, "maxSequenceLength": 16, "positionEmbedding": "rope",
+     "architecture": "qwen2", "tieEmbeddings": True},
+    {"hiddenSize": 64, "numAttentionHeads": 4, "numQueryGroups": 2, "numLayers": 2,
+     "vocabSize": 128, "ffnHiddenSize": 96, "maxSequenceLength": 16, "positionEmbedding": "rope",
+     "architecture": "qwen3", "headDim": 32},
 ]
 
 _COUNT = textwrap.dedent(

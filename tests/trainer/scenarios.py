@@ -6,6 +6,7 @@ Each returns plain data (losses, meshes, checksums) that the tests assert on in 
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -41,6 +42,18 @@ def tiny_spec(
         },
         local=True,
     )
+
+
+def write_tokenizer(path: str | Path, vocab_size: int) -> None:
+    """A word-level tokenizer of ``vocab_size`` tokens ("t0", "t1", ...) saved to ``path``, as
+    spec.model.pretrained requires beside the weights (built here, nothing downloaded)."""
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {f"t{i}": i for i in range(vocab_size)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(path)
 
 
 def fixed_batch(seed: int = 0, batch: int = BATCH) -> torch.Tensor:

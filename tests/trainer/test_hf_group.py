@@ -33,7 +33,7 @@ transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
 from tests.fixtures_ray import init_private_ray  # noqa: E402
-from tests.trainer.scenarios import fixed_batch, tiny_spec  # noqa: E402
+from tests.trainer.scenarios import fixed_batch, tiny_spec, write_tokenizer  # noqa: E402
 from tgruntime.controller import (  # noqa: E402
     ClassWithInitArgs,
     DataProto,
@@ -117,13 +117,7 @@ def _transformers_llama(path: Path) -> dict[str, torch.Tensor]:
     torch.manual_seed(11)
     model = transformers.LlamaForCausalLM(config)
     model.save_pretrained(path)
-    # a tokenizer beside the weights, as spec.model.pretrained requires (built, not downloaded)
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    vocab = {f"t{i}": i for i in range(shape.vocab_size)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    transformers.PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(path)
+    write_tokenizer(path, shape.vocab_size)  # as spec.model.pretrained requires
     return {n: t.detach().clone() for n, t in model.state_dict().items()}
 
 

@@ -146,7 +146,8 @@ def test_config_round_trips_through_transformers() -> None:
     ("change", "message"),
     [
         ({"model_type": "mistral"}, "model_type"),
-        ({"tie_word_embeddings": True}, "tie_word_embeddings"),
+        ({"model_type": "gemma2"}, r"model_type is 'gemma2'.*supported: llama"),
+        ({"mlp_bias": True}, "mlp_bias"),
         ({"attention_bias": True}, "attention_bias"),
         ({"hidden_act": "gelu"}, "hidden_act"),
         ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "rope scaling"),

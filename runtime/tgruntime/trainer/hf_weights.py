@@ -1,9 +1,12 @@
-"""Megatron GPTModel parameters <-> Hugging Face ``LlamaForCausalLM`` parameters (pure functions).
+"""Megatron GPTModel parameters <-> Hugging Face ``LlamaForCausalLM``, ``Qwen2ForCausalLM`` and
+``Qwen3ForCausalLM`` parameters (pure functions).
 
-The trainer's model (``model.py``) is a Llama: RMSNorm, SwiGLU, RoPE (base 10000), no biases,
-untied embeddings, grouped-query attention through ``num_query_groups``. Its megatron-core
-0.16 parameters map onto ``LlamaForCausalLM``'s as follows (``i`` a global layer index;
-megatron names with tensor-parallel size 1, ``L = decoder.layers.i``, ``M = model.layers.i``)::
+The trainer's model (``model.py``) is a Llama: RMSNorm, SwiGLU, RoPE (base ``ropeTheta``), no
+biases, grouped-query attention through ``num_query_groups``, embeddings tied or not. Qwen2
+adds a bias to the query/key/value projections, Qwen3 an RMSNorm over each query and key
+head (``model.architecture``; docs/models.md). Its megatron-core 0.16 parameters map onto
+transformers' as follows (``i`` a global layer index; megatron names with tensor-parallel
+size 1, ``L = decoder.layers.i``, ``M = model.layers.i``)::
 
     embedding.word_embeddings.weight       model.embed_tokens.weight
     L.input_layernorm.weight               M.input_layernorm.weight
@@ -13,7 +16,14 @@ megatron names with tensor-parallel size 1, ``L = decoder.layers.i``, ``M = mode
     L.mlp.linear_fc1.weight                M.mlp.gate_proj.weight, then M.mlp.up_proj.weight
     L.mlp.linear_fc2.weight                M.mlp.down_proj.weight
     decoder.final_layernorm.weight         model.norm.weight
-    output_layer.weight                    lm_head.weight
+    output_layer.weight                    lm_head.weight (absent when tied)
+    L.self_attention.linear_qkv.bias       M.self_attn.{q,k,v}_proj.bias (Qwen2, fused)
+    L.self_attention.q_layernorm.weight    M.self_attn.q_norm.weight (Qwen3)
+    L.self_attention.k_layernorm.weight    M.self_attn.k_norm.weight (Qwen3)
+
+Tied embeddings: a one-stage model has no ``output_layer.weight`` (megatron reads the
+embedding's); under pipeline parallelism the last stage holds a copy, which is imported from
+``model.embed_tokens.weight`` and not exported.
 
 Fused QKV: rows are grouped by key/value group ``g``: the ``heads/groups`` query heads of the
 group, then its key head, then its value head (``head_dim`` rows each). Hugging Face keeps
@@ -43,12 +53,15 @@ from typing import Any
 import torch
 
 from tgapi import ModelSpec
+from tgapi.model import ARCHITECTURES
+from tgapi.pretrained import HF_CLASSES, HF_NORM_EPSILON, SUPPORTED
 
 __all__ = [
     "RMS_NORM_EPS",
     "ROPE_THETA",
     "LlamaShape",
     "hf_names",
+    "hf_order",
     "hf_to_megatron",
     "layer_of",
     "megatron_names",
@@ -58,8 +71,8 @@ __all__ = [
     "tp_split",
 ]
 
-ROPE_THETA = 10000.0  # model.py builds GPTModel with rotary_base=10000
-RMS_NORM_EPS = 1e-5  # model.py's layernorm_epsilon
+ROPE_THETA = 10000.0  # model.ropeTheta's default
+RMS_NORM_EPS = 1e-5  # model.normEpsilon's default
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 _HF_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
@@ -73,7 +86,13 @@ _LAYER_SPLIT = {
     "pre_mlp_layernorm.weight": _REPLICATED,
     "mlp.linear_fc1.weight": _GATED_ROWS,
     "mlp.linear_fc2.weight": _COLS,
+    "self_attention.linear_qkv.bias": _ROWS,  # Qwen2
+    "self_attention.q_layernorm.weight": _REPLICATED,  # Qwen3
+    "self_attention.k_layernorm.weight": _REPLICATED,
 }
+_LLAMA_LAYER = tuple(list(_LAYER_SPLIT)[:6])
+_QKV_BIAS = ("self_attention.linear_qkv.bias",)
+_QK_NORM = ("self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight")
 _TOP_SPLIT = {
     "embedding.word_embeddings.weight": _ROWS,
     "decoder.final_layernorm.weight": _REPLICATED,
@@ -90,11 +109,13 @@ _HF_LAYER_NAMES = (
     "mlp.up_proj.weight",
     "mlp.down_proj.weight",
 )
+_HF_QKV_BIAS = ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias")
+_HF_QK_NORM = ("self_attn.q_norm.weight", "self_attn.k_norm.weight")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LlamaShape:
-    """The shape of a Llama model: what both sides must agree on."""
+    """The shape of a Llama-style model (Llama, Qwen2, Qwen3): what both sides must agree on."""
 
     vocab_size: int
     hidden_size: int
@@ -105,9 +126,18 @@ class LlamaShape:
     max_position_embeddings: int
     rms_norm_eps: float = RMS_NORM_EPS
     rope_theta: float = ROPE_THETA
+    architecture: str = "llama"
+    """``llama``, ``qwen2`` (QKV bias) or ``qwen3`` (q/k RMSNorm per head)."""
+    attention_head_dim: int = 0
+    """The size of one head when it is not ``hidden_size / num_attention_heads`` (else 0)."""
+    tie_embeddings: bool = False
 
     def __post_init__(self) -> None:
-        if self.hidden_size % self.num_attention_heads:
+        if self.architecture not in ARCHITECTURES:
+            raise ValueError(
+                f"architecture {self.architecture!r} is not one of {', '.join(ARCHITECTURES)}"
+            )
+        if self.attention_head_dim == 0 and self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"hidden_size {self.hidden_size} is not a multiple of "
                 f"num_attention_heads {self.num_attention_heads}"
@@ -120,32 +150,54 @@ class LlamaShape:
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+        return self.attention_head_dim or self.hidden_size // self.num_attention_heads
 
     @property
     def heads_per_group(self) -> int:
         return self.num_attention_heads // self.num_key_value_heads
 
+    @property
+    def qkv_bias(self) -> bool:
+        return self.architecture == "qwen2"
+
+    @property
+    def qk_norm(self) -> bool:
+        return self.architecture == "qwen3"
+
     @classmethod
-    def from_model_spec(cls, model: ModelSpec, *, position_embedding: str) -> LlamaShape:
-        """The Llama shape of the trainer's model; refuses models Llama cannot express.
+    def from_model_spec(
+        cls, model: ModelSpec, *, position_embedding: str, llama_only: bool = True
+    ) -> LlamaShape:
+        """The shape of the trainer's model; refuses models Hugging Face cannot express.
 
         ``position_embedding`` is the resolved one (``RuntimeSettings.position_embedding``:
-        ``auto`` becomes learned positions on a CPU).
+        ``auto`` becomes learned positions on a CPU). With ``llama_only`` (what LoRA's
+        adapters handle) a Qwen architecture or tied embeddings are refused too.
         """
+        if llama_only and model.architecture != "llama":
+            raise ValueError(
+                f"model.architecture is {model.architecture}; only llama is supported here "
+                "(Qwen2 and Qwen3 train with full weights: remove spec.lora)"
+            )
+        if llama_only and model.tie_embeddings:
+            raise ValueError(
+                "model.tieEmbeddings is true; only untied embeddings are supported here "
+                "(train full weights: remove spec.lora)"
+            )
+        name = HF_CLASSES[model.architecture]
         if position_embedding != "rope":
             raise ValueError(
-                f"a Hugging Face Llama uses RoPE; this model has {position_embedding} positions "
-                "(set model.positionEmbedding: rope)"
+                f"a Hugging Face {name} uses RoPE; this model has {position_embedding} "
+                "positions (set model.positionEmbedding: rope)"
             )
         if model.normalization != "RMSNorm":
             raise ValueError(
-                f"a Hugging Face Llama uses RMSNorm, not {model.normalization} "
+                f"a Hugging Face {name} uses RMSNorm, not {model.normalization} "
                 "(set model.normalization: RMSNorm)"
             )
         if model.activation != "swiglu":
             raise ValueError(
-                f"a Hugging Face Llama uses SwiGLU, not {model.activation} "
+                f"a Hugging Face {name} uses SwiGLU, not {model.activation} "
                 "(set model.activation: swiglu)"
             )
         return cls(
@@ -156,13 +208,20 @@ class LlamaShape:
             num_attention_heads=model.num_attention_heads,
             num_key_value_heads=model.num_query_groups or model.num_attention_heads,
             max_position_embeddings=model.max_sequence_length,
+            rms_norm_eps=model.norm_epsilon,
+            rope_theta=model.rope_theta,
+            architecture=model.architecture,
+            attention_head_dim=_explicit_head_dim(
+                model.head_dim, model.hidden_size, model.num_attention_heads
+            ),
+            tie_embeddings=model.tie_embeddings,
         )
 
     def hf_config(self, *, dtype: torch.dtype) -> dict[str, Any]:
-        """``config.json`` for ``LlamaForCausalLM`` (transformers 4.x and 5.x read it)."""
-        return {
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
+        """``config.json`` for transformers' class of this architecture (4.x and 5.x read it)."""
+        config: dict[str, Any] = {
+            "architectures": [HF_CLASSES[self.architecture]],
+            "model_type": self.architecture,
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
@@ -175,19 +234,30 @@ class LlamaShape:
             "rope_theta": self.rope_theta,  # transformers 4.x
             "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta},  # 5.x
             "hidden_act": "silu",
-            "attention_bias": False,
-            "mlp_bias": False,
-            "tie_word_embeddings": False,
+            "tie_word_embeddings": self.tie_embeddings,
             "initializer_range": 0.02,
             "torch_dtype": str(dtype).removeprefix("torch."),
         }
+        if self.architecture == "llama":
+            config.update(attention_bias=False, mlp_bias=False)
+        else:  # Qwen2 / Qwen3: full attention in every layer
+            config.update(use_sliding_window=False, sliding_window=None)
+            config["max_window_layers"] = self.num_layers
+            config["layer_types"] = ["full_attention"] * self.num_layers
+        if self.architecture == "qwen3":
+            config["attention_bias"] = False
+        return config
 
     @classmethod
     def from_hf_config(cls, config: Mapping[str, Any]) -> LlamaShape:
-        """Read a Llama ``config.json``; refuses what the trainer's model cannot express."""
+        """Read a Llama, Qwen2 or Qwen3 ``config.json``; refuses what the trainer's model
+        cannot express (naming the key)."""
         model_type = config.get("model_type")
-        if model_type != "llama":
-            raise ValueError(f"config.json: model_type is {model_type!r}; expected 'llama'")
+        if not isinstance(model_type, str) or model_type not in HF_CLASSES:
+            raise ValueError(
+                f"config.json: model_type is {model_type!r}, which the trainer does not build; "
+                f"supported: {SUPPORTED}"
+            )
         required = (
             "vocab_size",
             "hidden_size",
@@ -198,21 +268,21 @@ class LlamaShape:
         missing = [k for k in required if k not in config]
         if missing:
             raise ValueError(f"config.json lacks {', '.join(missing)}")
-        heads = int(config["num_attention_heads"])
-        checks = {
+        heads, hidden = int(config["num_attention_heads"]), int(config["hidden_size"])
+        checks: dict[str, tuple[Any, Any]] = {
             "hidden_act": (config.get("hidden_act", "silu"), "silu"),
-            "attention_bias": (bool(config.get("attention_bias", False)), False),
             "mlp_bias": (bool(config.get("mlp_bias", False)), False),
-            "tie_word_embeddings": (bool(config.get("tie_word_embeddings", False)), False),
-            "head_dim": (
-                config.get("head_dim") or int(config["hidden_size"]) // heads,
-                int(config["hidden_size"]) // heads,
-            ),
         }
+        if model_type != "qwen2":  # Qwen2's q/k/v biases are not optional
+            checks["attention_bias"] = (bool(config.get("attention_bias", False)), False)
+        if model_type != "llama":
+            checks["use_sliding_window"] = (bool(config.get("use_sliding_window", False)), False)
+            kinds = sorted(set(config.get("layer_types") or ["full_attention"]))
+            checks["layer_types"] = (kinds, ["full_attention"])
         for field, (got, want) in checks.items():
             if got != want:
                 raise ValueError(
-                    f"config.json: {field} is {got!r}; the trainer's Llama needs {want!r}"
+                    f"config.json: {field} is {got!r}; the trainer's {model_type} needs {want!r}"
                 )
         rope = config.get("rope_parameters") or {}
         scaling = config.get("rope_scaling")
@@ -225,14 +295,19 @@ class LlamaShape:
         theta = float(rope.get("rope_theta", config.get("rope_theta", ROPE_THETA)))
         return cls(
             vocab_size=int(config["vocab_size"]),
-            hidden_size=int(config["hidden_size"]),
+            hidden_size=hidden,
             intermediate_size=int(config["intermediate_size"]),
             num_layers=int(config["num_hidden_layers"]),
             num_attention_heads=heads,
             num_key_value_heads=int(config.get("num_key_value_heads") or heads),
             max_position_embeddings=int(config.get("max_position_embeddings", 0)),
-            rms_norm_eps=float(config.get("rms_norm_eps", RMS_NORM_EPS)),
+            rms_norm_eps=float(config.get("rms_norm_eps", HF_NORM_EPSILON)),
             rope_theta=theta,
+            architecture=model_type,
+            attention_head_dim=_explicit_head_dim(
+                int(config.get("head_dim") or 0), hidden, heads
+            ),
+            tie_embeddings=bool(config.get("tie_word_embeddings", False)),
         )
 
     def check_compatible(self, other: LlamaShape, *, source: str) -> None:
@@ -253,24 +328,34 @@ class LlamaShape:
     def hf_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every Hugging Face parameter name with its shape, in checkpoint order."""
         h, v, f, d = self.hidden_size, self.vocab_size, self.intermediate_size, self.head_dim
-        kv = self.num_key_value_heads * d
-        per_layer = {
+        q, kv = self.num_attention_heads * d, self.num_key_value_heads * d
+        per_layer: dict[str, tuple[int, ...]] = {
             "input_layernorm.weight": (h,),
-            "self_attn.q_proj.weight": (self.num_attention_heads * d, h),
+            "self_attn.q_proj.weight": (q, h),
             "self_attn.k_proj.weight": (kv, h),
             "self_attn.v_proj.weight": (kv, h),
-            "self_attn.o_proj.weight": (h, self.num_attention_heads * d),
+            "self_attn.o_proj.weight": (h, q),
             "post_attention_layernorm.weight": (h,),
             "mlp.gate_proj.weight": (f, h),
             "mlp.up_proj.weight": (f, h),
             "mlp.down_proj.weight": (h, f),
         }
+        if self.qkv_bias:
+            per_layer.update(dict(zip(_HF_QKV_BIAS, ((q,), (kv,), (kv,)), strict=True)))
+        if self.qk_norm:
+            per_layer.update(dict.fromkeys(_HF_QK_NORM, (d,)))
         out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (v, h)}
         for i in range(self.num_layers):
             out.update({f"model.layers.{i}.{k}": s for k, s in per_layer.items()})
         out["model.norm.weight"] = (h,)
-        out["lm_head.weight"] = (v, h)
+        if not self.tie_embeddings:
+            out["lm_head.weight"] = (v, h)
         return out
+
+
+def _explicit_head_dim(head_dim: int, hidden: int, heads: int) -> int:
+    """``head_dim`` when it is not ``hidden / heads`` (else 0: the default)."""
+    return 0 if head_dim == 0 or head_dim * heads == hidden else head_dim
 
 
 # -- names and layers ---------------------------------------------------------------
@@ -292,23 +377,55 @@ def renumber_layers(state: Mapping[str, torch.Tensor], *, offset: int) -> dict[s
     return out
 
 
-def megatron_names(*, layers: Iterable[int], first_stage: bool, last_stage: bool) -> list[str]:
-    """The megatron parameter names of a pipeline stage (layers numbered as given)."""
+def megatron_names(
+    *,
+    layers: Iterable[int],
+    first_stage: bool,
+    last_stage: bool,
+    shape: LlamaShape | None = None,
+) -> list[str]:
+    """The megatron parameter names of a pipeline stage (layers numbered as given) of a model
+    of ``shape`` (default: a Llama with untied embeddings)."""
+    suffixes = list(_LLAMA_LAYER)
+    if shape is not None and shape.qkv_bias:
+        suffixes += _QKV_BIAS
+    if shape is not None and shape.qk_norm:
+        suffixes += _QK_NORM
     names = ["embedding.word_embeddings.weight"] if first_stage else []
     for i in layers:
-        names += [f"decoder.layers.{i}.{suffix}" for suffix in _LAYER_SPLIT]
+        names += [f"decoder.layers.{i}.{suffix}" for suffix in suffixes]
     if last_stage:
-        names += ["decoder.final_layernorm.weight", "output_layer.weight"]
+        names.append("decoder.final_layernorm.weight")
+        # tied: one stage reads the embedding's weight; the last of several holds a copy
+        if shape is None or not shape.tie_embeddings or not first_stage:
+            names.append("output_layer.weight")
     return names
 
 
-def hf_names(*, layers: Iterable[int], first_stage: bool, last_stage: bool) -> list[str]:
-    """The Hugging Face parameter names of the same stage, in checkpoint order."""
+def hf_names(
+    *,
+    layers: Iterable[int],
+    first_stage: bool,
+    last_stage: bool,
+    shape: LlamaShape | None = None,
+) -> list[str]:
+    """The Hugging Face parameter names of the same stage, in checkpoint order. With tied
+    embeddings the last stage reads ``model.embed_tokens.weight`` (for its output layer)."""
+    per_layer = list(_HF_LAYER_NAMES)
+    if shape is not None and shape.qkv_bias:
+        per_layer += _HF_QKV_BIAS
+    if shape is not None and shape.qk_norm:
+        per_layer += _HF_QK_NORM
+    tied = shape is not None and shape.tie_embeddings
     names = ["model.embed_tokens.weight"] if first_stage else []
     for i in layers:
-        names += [f"model.layers.{i}.{suffix}" for suffix in _HF_LAYER_NAMES]
+        names += [f"model.layers.{i}.{suffix}" for suffix in per_layer]
     if last_stage:
-        names += ["model.norm.weight", "lm_head.weight"]
+        names.append("model.norm.weight")
+        if not tied:
+            names.append("lm_head.weight")
+        elif not first_stage:
+            names.append("model.embed_tokens.weight")
     return names
 
 
@@ -401,6 +518,15 @@ def megatron_to_hf(state: Mapping[str, torch.Tensor], shape: LlamaShape) -> dict
         qkv = get("self_attention.linear_qkv.weight")
         grouped = qkv.view(g, (per + 2) * d, shape.hidden_size)
         q, k, v = torch.split(grouped, [per * d, d, d], dim=1)
+        if shape.qkv_bias:
+            bias = get("self_attention.linear_qkv.bias").view(g, (per + 2) * d)
+            for hf_name, piece in zip(
+                _HF_QKV_BIAS, torch.split(bias, [per * d, d, d], dim=1), strict=True
+            ):
+                out[dst + hf_name] = _own(piece.reshape(-1))
+        if shape.qk_norm:
+            for hf_name, suffix in zip(_HF_QK_NORM, _QK_NORM, strict=True):
+                out[dst + hf_name] = get(suffix)
         fc1 = get("mlp.linear_fc1.weight")
         gate, up = torch.chunk(fc1, 2, dim=0)
         out.update(
@@ -418,9 +544,15 @@ def megatron_to_hf(state: Mapping[str, torch.Tensor], shape: LlamaShape) -> dict
         )
     if "decoder.final_layernorm.weight" in state:
         out["model.norm.weight"] = state["decoder.final_layernorm.weight"]
-    if "output_layer.weight" in state:
+    if "output_layer.weight" in state and not shape.tie_embeddings:
         out["lm_head.weight"] = state["output_layer.weight"]
-    return out
+    return hf_order(out, shape)
+
+
+def hf_order(state: Mapping[str, torch.Tensor], shape: LlamaShape) -> dict[str, torch.Tensor]:
+    """``state`` in checkpoint order (:meth:`LlamaShape.hf_shapes`)."""
+    order = {name: i for i, name in enumerate(shape.hf_shapes())}
+    return {n: state[n] for n in sorted(state, key=lambda n: order.get(n, len(order)))}
 
 
 def hf_to_megatron(state: Mapping[str, torch.Tensor], shape: LlamaShape) -> dict[str, torch.Tensor]:
@@ -433,7 +565,7 @@ def hf_to_megatron(state: Mapping[str, torch.Tensor], shape: LlamaShape) -> dict
     for name, tensor in state.items():
         want = expected.get(name)
         if want is None:
-            raise ValueError(f"{name!r} is not a parameter of a Llama of this shape")
+            raise ValueError(f"{name!r} is not a parameter of a {shape.architecture} of this shape")
         if tuple(tensor.shape) != want:
             raise ValueError(f"{name}: shape {tuple(tensor.shape)}, expected {want}")
     g, per, d, h = (
@@ -445,6 +577,8 @@ def hf_to_megatron(state: Mapping[str, torch.Tensor], shape: LlamaShape) -> dict
     out: dict[str, torch.Tensor] = {}
     if "model.embed_tokens.weight" in state:
         out["embedding.word_embeddings.weight"] = state["model.embed_tokens.weight"]
+        if shape.tie_embeddings:  # the last stage's copy, where there are several stages
+            out["output_layer.weight"] = state["model.embed_tokens.weight"]
     for i in _layers(state, _HF_LAYER):
         src = f"model.layers.{i}."
         dst = f"decoder.layers.{i}."
@@ -469,6 +603,14 @@ def hf_to_megatron(state: Mapping[str, torch.Tensor], shape: LlamaShape) -> dict
                 dst + "mlp.linear_fc2.weight": get("mlp.down_proj.weight"),
             }
         )
+        if shape.qkv_bias:
+            qb = get("self_attn.q_proj.bias").view(g, per * d)
+            kb = get("self_attn.k_proj.bias").view(g, d)
+            vb = get("self_attn.v_proj.bias").view(g, d)
+            out[dst + "self_attention.linear_qkv.bias"] = torch.cat([qb, kb, vb], dim=1).reshape(-1)
+        if shape.qk_norm:
+            for hf_name, suffix in zip(_HF_QK_NORM, _QK_NORM, strict=True):
+                out[dst + suffix] = get(hf_name)
     if "model.norm.weight" in state:
         out["decoder.final_layernorm.weight"] = state["model.norm.weight"]
     if "lm_head.weight" in state:

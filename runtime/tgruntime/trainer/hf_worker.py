@@ -1,4 +1,5 @@
-"""Hugging Face Llama weights out of and into a running trainer group.
+"""Hugging Face weights (Llama, Qwen2, Qwen3: ``model.architecture``) out of and into a
+running trainer group.
 
 :class:`HFWeightsMixin` gives ``MegatronTrainer`` two group methods (``ONE_TO_ALL``: every
 rank takes part):
@@ -7,8 +8,9 @@ rank takes part):
   stage's first tensor rank and merged, converted to Hugging Face names (``hf_weights``) and
   sent to global rank 0, the one writer, which writes ``model.safetensors`` (or shards of at
   most ``max_shard_bytes`` plus an index) and then ``config.json``, loadable with
-  ``LlamaForCausalLM.from_pretrained(path)``. Only data-parallel replica 0 sends weights. The
-  path needs to exist only on rank 0's machine.
+  ``LlamaForCausalLM.from_pretrained(path)`` (``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``).
+  Only data-parallel replica 0 sends weights. The path needs to exist only on rank 0's
+  machine.
 * ``import_hf(path)``: every rank reads, from the same directory (shared storage when ranks
   are on several machines), just the tensors of its pipeline stage and copies its tensor
   slice into its parameters. The optimizer's moments are cleared and accumulated gradients
@@ -68,7 +70,7 @@ class HFWeightsMixin:
         dtype: str | None = None,
         max_shard_bytes: int = hf_files.DEFAULT_MAX_SHARD_BYTES,
     ) -> dict[str, Any]:
-        """Write the model as a Hugging Face Llama checkpoint into directory ``path``.
+        """Write the model as a Hugging Face checkpoint (its architecture's class) into ``path``.
 
         ``dtype`` ("float32", "bfloat16", "float16"; default the model's own) is the dtype of
         the files. Returns path, files, bytes, dtype, seconds (this rank's wall time) and
@@ -80,7 +82,7 @@ class HFWeightsMixin:
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def import_hf(self, path: str, *, reset_optimizer: bool = True) -> dict[str, Any]:
-        """Load Llama weights from a Hugging Face checkpoint directory into this group.
+        """Load weights from a Hugging Face checkpoint directory into this group.
 
         ``config.json`` must describe this group's model shape. With ``reset_optimizer``
         (default) Adam's moments are cleared. Returns path, parameters, seconds.
@@ -91,7 +93,7 @@ class HFWeightsMixin:
 # -- shared by both directions -------------------------------------------------------
 def _llama_shape(engine: TrainEngine) -> LlamaShape:
     return LlamaShape.from_model_spec(
-        engine.spec.model, position_embedding=engine.settings.position_embedding
+        engine.spec.model, position_embedding=engine.settings.position_embedding, llama_only=False
     )
 
 
@@ -104,19 +106,23 @@ def _stage_layers(module: torch.nn.Module) -> range:
     return range(first, first + len(layers))
 
 
-def _stage_params(module: torch.nn.Module, layers: range) -> dict[str, torch.nn.Parameter]:
-    """This rank's parameters by name, checked against the Llama layout of its stage."""
+def _stage_params(
+    module: torch.nn.Module, layers: range, shape: LlamaShape
+) -> dict[str, torch.nn.Parameter]:
+    """This rank's parameters by name, checked against the layout of its stage."""
     params = dict(module.named_parameters())
     expected = megatron_names(
         layers=range(len(layers)),
         first_stage=parallel_state.is_pipeline_first_stage(),
         last_stage=parallel_state.is_pipeline_last_stage(),
+        shape=shape,
     )
     if set(params) != set(expected):
         extra = sorted(set(params) - set(expected))
         lacking = sorted(set(expected) - set(params))
         raise ValueError(
-            f"the model's parameters do not follow the Llama layout (extra {extra[:3]}, "
+            f"the model's parameters do not follow the {shape.architecture} layout (extra "
+            f"{extra[:3]}, "
             f"missing {lacking[:3]})"
         )
     return {name: params[name] for name in expected}
@@ -217,7 +223,7 @@ def export_hf_checkpoint(
     dtype: str | None = None,
     max_shard_bytes: int = hf_files.DEFAULT_MAX_SHARD_BYTES,
 ) -> dict[str, Any]:
-    """Collective: write ``engine``'s model as a Hugging Face Llama checkpoint (see module doc)."""
+    """Collective: write ``engine``'s model as a Hugging Face checkpoint (see module doc)."""
     if dtype is not None and dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, not {dtype!r}")
     if max_shard_bytes <= 0:
@@ -237,7 +243,7 @@ def export_hf_checkpoint(
         writer = _Writer(root, shape, dtype=out_dtype, max_bytes=max_shard_bytes)
     if mesh.dp_rank == 0 and mesh.cp_rank == 0:
         layers = _stage_layers(module)
-        params = _stage_params(module, layers)
+        params = _stage_params(module, layers, shape)
         full = _gather_stage(params, dtype=out_dtype, offset=layers.start)
         if full is not None:  # first tensor rank of this stage
             hf = megatron_to_hf(full, shape)
@@ -281,7 +287,7 @@ def _reset_optimizer(engine: TrainEngine) -> None:
 def import_hf_checkpoint(
     engine: TrainEngine, *, path: str, reset_optimizer: bool = True
 ) -> dict[str, Any]:
-    """Collective: load a Hugging Face Llama checkpoint into ``engine``'s model shards."""
+    """Collective: load a Hugging Face checkpoint into ``engine``'s model shards."""
     start = time.perf_counter()
     shape = _llama_shape(engine)
     config_shape = LlamaShape.from_hf_config(hf_files.read_config(path))
@@ -289,11 +295,12 @@ def import_hf_checkpoint(
     mesh = engine.mesh_info
     module = engine.state.module
     layers = _stage_layers(module)
-    params = _stage_params(module, layers)
+    params = _stage_params(module, layers, shape)
     names = hf_names(
         layers=layers,
         first_stage=parallel_state.is_pipeline_first_stage(),
         last_stage=parallel_state.is_pipeline_last_stage(),
+        shape=shape,
     )
     full = renumber_layers(
         hf_to_megatron(hf_files.read_tensors(path, names), shape), offset=-layers.start

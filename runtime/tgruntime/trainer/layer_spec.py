@@ -28,12 +28,14 @@ from tgruntime.trainer.sdpa_attention import SDPAttention
 __all__ = ["gpt_layer_spec"]
 
 
-def gpt_layer_spec() -> ModuleSpec:
+def gpt_layer_spec(*, qk_norm: bool = False) -> ModuleSpec:
     """A pre-norm decoder layer: norm -> causal self-attention (SDPA) -> norm -> MLP.
 
     The norm type (RMSNorm/LayerNorm), the MLP activation (SwiGLU/GELU), biases and
-    dropout all come from the ``TransformerConfig`` the model is built with.
+    dropout all come from the ``TransformerConfig`` the model is built with. ``qk_norm``
+    (Qwen3) norms each query and key head (the config's norm type) before RoPE.
     """
+    qk = WrappedTorchNorm if qk_norm else IdentityOp
     return ModuleSpec(
         module=TransformerLayer,
         submodules=TransformerLayerSubmodules(
@@ -45,8 +47,8 @@ def gpt_layer_spec() -> ModuleSpec:
                     linear_qkv=ColumnParallelLinear,
                     core_attention=SDPAttention,
                     linear_proj=RowParallelLinear,
-                    q_layernorm=IdentityOp,
-                    k_layernorm=IdentityOp,
+                    q_layernorm=qk,
+                    k_layernorm=qk,
                 ),
             ),
             self_attn_bda=get_bias_dropout_add,

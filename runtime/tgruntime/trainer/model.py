@@ -1,13 +1,15 @@
 """Build megatron-core's ``GPTModel`` (a Llama/GPT-style decoder) from the spec's ``ModelSpec``.
 
 ``transformer_config`` maps the spec onto megatron's ``TransformerConfig`` (bf16/fp16 on a
-GPU, fp32 and CPU initialisation on a CPU, SwiGLU/RMSNorm per spec, no biases, no dropout,
-untied embeddings); ``build_gpt_model`` builds this pipeline stage's part of the model with
-the SDPA layer spec, on the right device and dtype. On a GPU two elementwise chains run as
-torch.compile'd kernels (``compiled_fusions``; ``TG_TORCH_COMPILE=0`` turns them off): SwiGLU
-through megatron's own ``bias_activation_fusion`` and megatron's unfused RoPE function
-(``compile_rope``); on the seed shape on one H200 they took the step from 299.6 to 253.5 ms
-(docs/gpu.md, "The group's own overhead"), at ~25 s of compilation in the first step.
+GPU, fp32 and CPU initialisation on a CPU, SwiGLU/RMSNorm per spec, no biases but Qwen2's
+QKV bias, Qwen3's q/k norms, no dropout; docs/models.md); ``build_gpt_model`` builds this
+pipeline stage's part of the model with the SDPA layer spec (embeddings tied per
+``model.tieEmbeddings``, RoPE base ``model.ropeTheta``), on the right device and dtype. On
+a GPU two elementwise chains run as torch.compile'd kernels (``compiled_fusions``;
+``TG_TORCH_COMPILE=0`` turns them off): SwiGLU through megatron's own
+``bias_activation_fusion`` and megatron's unfused RoPE function (``compile_rope``); on the
+seed shape on one H200 they took the step from 299.6 to 253.5 ms (docs/gpu.md, "The group's
+own overhead"), at ~25 s of compilation in the first step.
 ``seed_everything`` seeds the RNGs the way megatron's training loop does (distinct per
 pipeline stage, megatron's tensor-parallel CUDA RNG tracker on a GPU). Model-parallel state
 must already be initialised.
@@ -88,6 +90,7 @@ def transformer_config(
         hidden_size=model.hidden_size,
         num_attention_heads=model.num_attention_heads,
         num_query_groups=model.num_query_groups or model.num_attention_heads,
+        kv_channels=model.kv_channels,
         ffn_hidden_size=model.ffn_hidden_size,
         tensor_model_parallel_size=parallelism.tensor,
         pipeline_model_parallel_size=parallelism.pipeline,
@@ -102,10 +105,12 @@ def transformer_config(
         perform_initialization=True,
         # architecture (Llama-style)
         normalization=model.normalization,
-        layernorm_epsilon=1e-5,
+        layernorm_epsilon=model.norm_epsilon,
         gated_linear_unit=swiglu,
         activation_func=F.silu if swiglu else F.gelu,
         add_bias_linear=False,
+        add_qkv_bias=model.qkv_bias,  # Qwen2
+        qk_layernorm=model.qk_norm,  # Qwen3 (the layer spec builds the norms)
         hidden_dropout=0.0,
         attention_dropout=0.0,
         init_method_std=0.02,
@@ -136,18 +141,25 @@ def build_gpt_model(
     model: ModelSpec, config: TransformerConfig, settings: RuntimeSettings
 ) -> GPTModel:
     """This rank's stage of the GPT model, on ``settings.device`` in ``settings.dtype``."""
+    # megatron copies the embedding to the last stage with a CUDA all-reduce: on a CPU with
+    # several stages the model is built untied and tied here (_tie_across_stages)
+    tie_here = model.tie_embeddings and (
+        settings.on_gpu or parallel_state.get_pipeline_model_parallel_world_size() == 1
+    )
     gpt = GPTModel(
         config=config,
-        transformer_layer_spec=gpt_layer_spec(),
+        transformer_layer_spec=gpt_layer_spec(qk_norm=model.qk_norm),
         vocab_size=model.vocab_size,
         max_sequence_length=model.max_sequence_length,
         pre_process=parallel_state.is_pipeline_first_stage(),
         post_process=parallel_state.is_pipeline_last_stage(),
         parallel_output=True,
-        share_embeddings_and_output_weights=False,
+        share_embeddings_and_output_weights=tie_here,
         position_embedding_type=settings.position_embedding,
-        rotary_base=10000,
+        rotary_base=model.rope_theta,  # a float (megatron annotates int; RoPE takes any)
     )
+    if model.tie_embeddings and not tie_here:
+        _tie_across_stages(gpt)
     if settings.on_gpu:
         # Norms and position embeddings are plain torch modules created on the CPU in fp32.
         gpt.cuda(torch.cuda.current_device())
@@ -157,6 +169,24 @@ def build_gpt_model(
         make_rotary_cpu_safe(gpt)
     gpt.to(dtype=settings.dtype)
     return gpt
+
+
+def _tie_across_stages(gpt: GPTModel) -> None:
+    """megatron's ``setup_embeddings_and_output_layer`` for several pipeline stages, on a CPU:
+    the last stage's output weight starts as the first stage's embedding (an all-reduce over
+    megatron's embedding group of a zeroed copy), both flagged ``shared_embedding`` (their
+    gradients are summed over that group after each backward: ``finalize_grads_local``) and
+    the copy ``shared`` (counted once in the gradient norm)."""
+    gpt.share_embeddings_and_output_weights = True
+    weight = gpt.shared_embedding_or_output_weight()
+    if gpt.pre_process and not gpt.post_process:
+        weight.shared_embedding = True
+    if gpt.post_process and not gpt.pre_process:
+        weight.data.fill_(0)
+        weight.shared = True
+        weight.shared_embedding = True
+    if parallel_state.is_rank_in_embedding_group():
+        torch.distributed.all_reduce(weight.data, group=parallel_state.get_embedding_group())
 
 
 def count_parameters(module: torch.nn.Module) -> int:

@@ -119,10 +119,59 @@ def local_forward_backward(
 
 
 def finalize_grads_local(model: list[torch.nn.Module], *_: Any, **__: Any) -> None:
-    """CPU stand-in for megatron's ``finalize_model_grads``: average grads over data parallel.
+    """CPU stand-in for megatron's ``finalize_model_grads``: average grads over data parallel;
+    sum Qwen3's q/k norm grads over tensor parallel (each rank saw only its heads; megatron's
+    ``_allreduce_non_tensor_model_parallel_grads``); with tied embeddings over several pipeline
+    stages sum the embedding's gradient with its copy's on the last stage (megatron's
+    ``_allreduce_word_embedding_grads``).
 
-    (Untied embeddings and no sequence parallelism: nothing else needs reducing.)
+    (No sequence parallelism: nothing else needs reducing.)
     """
+    _average_over_data_parallel(model)
+    _sum_qk_norm_grads(model)
+    _sum_tied_embedding_grads(model)
+
+
+def _sum_qk_norm_grads(model: list[torch.nn.Module]) -> None:
+    if parallel_state.get_tensor_model_parallel_world_size() == 1:
+        return
+    grads = [
+        p.grad
+        for chunk in model
+        for name, p in chunk.named_parameters()
+        if p.grad is not None and ("q_layernorm" in name or "k_layernorm" in name)
+    ]
+    if not grads:
+        return
+    flat = torch._utils._flatten_dense_tensors(grads)  # type: ignore[no-untyped-call]
+    dist.all_reduce(flat, group=parallel_state.get_tensor_model_parallel_group())
+    for grad, synced in zip(
+        grads,
+        torch._utils._unflatten_dense_tensors(flat, grads),  # type: ignore[no-untyped-call]
+        strict=True,
+    ):
+        grad.copy_(synced)
+
+
+def _sum_tied_embedding_grads(model: list[torch.nn.Module]) -> None:
+    if parallel_state.get_pipeline_model_parallel_world_size() == 1:
+        return
+    if not parallel_state.is_rank_in_embedding_group():
+        return
+    for chunk in model:
+        inner: Any = chunk
+        while not hasattr(inner, "share_embeddings_and_output_weights") and hasattr(
+            inner, "module"
+        ):
+            inner = inner.module
+        if not getattr(inner, "share_embeddings_and_output_weights", False):
+            continue
+        weight = inner.shared_embedding_or_output_weight()
+        if weight is not None and weight.grad is not None:
+            dist.all_reduce(weight.grad, group=parallel_state.get_embedding_group())
+
+
+def _average_over_data_parallel(model: list[torch.nn.Module]) -> None:
     if parallel_state.get_data_parallel_world_size() == 1:
         return
     group = parallel_state.get_data_parallel_group()

@@ -1,11 +1,12 @@
 """``CachedDecoder``: the trainer's own ``GPTModel`` run token by token with a KV cache.
 
 The forward pass is rebuilt from the model's own submodules (embedding, per-layer norms,
-fused QKV column-parallel linear, megatron's rotary arithmetic, row-parallel output
-projection, MLP, final norm, vocab-parallel output layer), so it reads the very parameters
-the trainer trains, in any tensor-parallel split, and computes the same function as
-``GPTModel.forward`` (tested to fp32 rounding). Only core attention differs: it reads keys
-and values from a :class:`KVCache` instead of recomputing them.
+fused QKV column-parallel linear (with Qwen2's bias and Qwen3's q/k norms, which
+``get_query_key_value_tensors`` applies), megatron's rotary arithmetic, row-parallel output
+projection, MLP, final norm, vocab-parallel output layer or the tied embedding), so it
+reads the very parameters the trainer trains, in any tensor-parallel split, and computes the
+same function as ``GPTModel.forward`` (tested to fp32 rounding). Only core attention differs:
+it reads keys and values from a :class:`KVCache` instead of recomputing them.
 
 Why not megatron's inference path: its ``StaticInferenceContext`` keeps one sequence offset
 for the whole batch (prompts of different lengths need teacher-forced steps from the
@@ -190,7 +191,13 @@ class CachedDecoder:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm + output layer: hidden ``[s, b, h]`` -> full-vocabulary fp32 ``[s, b, V]``."""
         x = self.model.decoder.final_layernorm(hidden)
-        shard, _ = self.model.output_layer(x)
+        # tied embeddings: the output layer holds no weight of its own (GPTModel.forward's way)
+        weight = (
+            self.model.shared_embedding_or_output_weight()
+            if self.model.share_embeddings_and_output_weights
+            else None
+        )
+        shard, _ = self.model.output_layer(x, weight=weight)
         if self.tp_size > 1:
             # megatron's gather_from_tensor_model_parallel_region allocates on CUDA
             parts = [torch.empty_like(shard) for _ in range(self.tp_size)]

@@ -105,6 +105,13 @@ MISTAKES: list[tuple[str, dict[str, Any]]] = [
                                             "normalization": "LayerNorm"})),
     ("pretrained-swiglu", spec_with(model={"pretrained": "/ckpt/llama",
                                            "positionEmbedding": "rope", "activation": "gelu"})),
+    # Qwen2 / Qwen3 (model.architecture) are Llama with QKV biases or q/k norms
+    ("architecture-rope", spec_with(model={"architecture": "qwen2"})),
+    ("architecture-rmsnorm", spec_with(model={"architecture": "qwen3",
+                                              "positionEmbedding": "rope",
+                                              "normalization": "LayerNorm"})),
+    ("architecture-swiglu", spec_with(model={"architecture": "qwen3",
+                                             "positionEmbedding": "rope", "activation": "gelu"})),
 ]
 
 # Accepted: useGpu in each of its three forms (the schema leaves it untyped), and the

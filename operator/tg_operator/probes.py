@@ -12,8 +12,12 @@ So each container here gets:
 - a **startup probe that waits** instead of polling: one exec that loops until the checks
   pass, bounded by its own ``timeoutSeconds`` (``failureThreshold: 1``): it succeeds once, or
   fails once when the process never came up in that time, and the container is restarted;
-- then **liveness and readiness** with the same checks, timeouts sized for a busy node, and a
-  liveness failure threshold of about two minutes of consecutive failures.
+- then **liveness and readiness** with the same checks, each probe trying them up to
+  ``CHECK_TRIES`` times before it reports a failure (kubelet posts an event for every failed
+  probe, whatever its threshold: at load 37 on the cold run of 2026-12-03 one slow answer of
+  the head's dashboard made a "Readiness probe failed" Warning in a fault-free run), timeouts
+  sized for a busy node, and a liveness failure threshold of about two minutes of consecutive
+  failures.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ STARTUP_PERIOD_S = 5
 """How soon after the container starts kubelet runs the (waiting) startup probe."""
 RAY_START_LIMIT_S = 900
 """How long a Ray node may take to come up (image already on the node) before a restart."""
+CHECK_TRIES = 3
+"""Tries of the checks within one liveness or readiness probe (2 s apart)."""
 
 
 def ray_checks(*, head: bool) -> str:
@@ -64,14 +70,23 @@ def startup_wait(check: str, *, limit_s: int, every_s: int = 3) -> dict[str, Any
     }
 
 
+def patient(check: str, *, tries: int = CHECK_TRIES) -> str:
+    """``check`` tried up to ``tries`` times, 2 s apart: true at the first success."""
+    return f"for _ in $(seq {tries}); do {check} && exit 0; sleep 2; done; exit 1"
+
+
+PATIENT_TIMEOUT_S = CHECK_TRIES * (2 * CHECK_TIMEOUT_S + 2)
+"""A patient probe's bound: every try's two checks (head) at their timeout, plus the pauses."""
+
+
 def liveness(check: str, *, failures: int = 12) -> dict[str, Any]:
-    """Restart after ``failures`` consecutive failed checks, 10 s apart (2 min by default)."""
-    return {**_exec(check), "periodSeconds": 10, "timeoutSeconds": 3 * CHECK_TIMEOUT_S,
+    """Restart after ``failures`` consecutive failed probes, 10 s apart (2 min by default)."""
+    return {**_exec(patient(check)), "periodSeconds": 10, "timeoutSeconds": PATIENT_TIMEOUT_S,
             "failureThreshold": failures}
 
 
 def readiness(check: str) -> dict[str, Any]:
-    return {**_exec(check), "periodSeconds": 10, "timeoutSeconds": 3 * CHECK_TIMEOUT_S,
+    return {**_exec(patient(check)), "periodSeconds": 10, "timeoutSeconds": PATIENT_TIMEOUT_S,
             "failureThreshold": 3}
 
 

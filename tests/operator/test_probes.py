@@ -80,11 +80,23 @@ def test_every_ray_container_gets_the_three_probes() -> None:
         check = probes.ray_checks(head=head_node)
         assert startup["exec"]["command"] == ["bash", "-c", f"until {check}; do sleep 3; done"]
         assert startup["timeoutSeconds"] == probes.RAY_START_LIMIT_S
-        assert container["livenessProbe"]["exec"]["command"][-1] == check
-        assert container["readinessProbe"]["exec"]["command"][-1] == check
+        assert container["livenessProbe"]["exec"]["command"][-1] == probes.patient(check)
+        assert container["readinessProbe"]["exec"]["command"][-1] == probes.patient(check)
         # two minutes of consecutive failures before a restart, each check given 10 s
         live = container["livenessProbe"]
         assert live["periodSeconds"] * live["failureThreshold"] == 120
         assert live["timeoutSeconds"] >= 2 * probes.CHECK_TIMEOUT_S
     assert "gcs_healthz" in probes.ray_checks(head=True)
     assert "gcs_healthz" not in probes.ray_checks(head=False)
+
+
+def test_a_patient_check_survives_one_slow_answer(tmp_path: Path) -> None:
+    """A probe tries its check CHECK_TRIES times before it fails (kubelet posts a Warning for
+    every failed probe): one failed try then a good one is a success; never good, a failure."""
+    count = tmp_path / "n"
+    flaky = f"echo x >> {count}; [ $(wc -l < {count}) -ge 2 ]"  # fails once, then passes
+    assert subprocess.run(["bash", "-c", probes.patient(flaky)], timeout=30).returncode == 0
+    assert count.read_text().count("x") == 2
+    never = subprocess.run(["bash", "-c", probes.patient("false", tries=2)], timeout=30)
+    assert never.returncode == 1
+    assert probes.PATIENT_TIMEOUT_S >= probes.CHECK_TRIES * 2 * probes.CHECK_TIMEOUT_S

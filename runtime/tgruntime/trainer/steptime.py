@@ -44,11 +44,12 @@ def flops_per_step(spec: TrainerGroupSpec) -> float:
     """Training FLOPs of one global step (megatron's formula)."""
     m, t = spec.model, spec.training
     h, s = m.hidden_size, t.sequence_length
-    head_dim = h // m.num_attention_heads
+    head_dim = m.head_dim or h // m.num_attention_heads  # Qwen3 may set its own
+    q = m.num_attention_heads * head_dim
     kv = (m.num_query_groups or m.num_attention_heads) * head_dim
     mlp_mats = 3 if m.activation == "swiglu" else 2
     per_token_layer = (
-        2 * h * (h + 2 * kv) + 2 * 2 * s * h + 2 * h * h + 2 * h * m.ffn_hidden_size * mlp_mats
+        2 * h * (q + 2 * kv) + 2 * 2 * s * q + 2 * q * h + 2 * h * m.ffn_hidden_size * mlp_mats
     )
     per_token = m.num_layers * per_token_layer + 2 * h * m.vocab_size
     return float(3.0 * per_token * t.batch_size * s)

@@ -18,6 +18,7 @@ copies on the two pipeline stages agree and all layouts hold nearly the same wei
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import time
 from pathlib import Path
@@ -259,8 +260,10 @@ def _gather_tied_copies(engine: Any) -> float:
     return float((theirs[0] - theirs[1]).abs().max())
 
 
-def run_layouts(root: str) -> dict[str, Any]:
-    """Per-rank body: every architecture x layout (see the module doc)."""
+def run_layouts(root: str) -> bytes:
+    """Per-rank body: every architecture x layout (see the module doc). The result travels as
+    bytes: tensors sent through the queue as shared memory need the sending process alive
+    until they are read (a FileNotFoundError otherwise, as in the CI run of 2026-12-03)."""
     _quiet()
     from tgruntime.trainer.distributed import init_process_group
     from tgruntime.trainer.settings import resolve_settings
@@ -268,7 +271,9 @@ def run_layouts(root: str) -> dict[str, Any]:
     # one default group for every engine (as lora_scenarios.py): no re-rendezvous between them
     init_process_group(resolve_settings(tiny_spec()))
     try:
-        return _layouts(root)
+        buffer = io.BytesIO()
+        torch.save(_layouts(root), buffer)
+        return buffer.getvalue()
     finally:
         dist.destroy_process_group()
 
@@ -326,7 +331,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     for arch in ARCHS:
         _save_checkpoint(arch, root / arch / "hf")
     start = time.perf_counter()
-    ranks = launch(run_layouts, world_size=2, kwargs={"root": str(root)}, timeout_s=900)
+    blobs = launch(run_layouts, world_size=2, kwargs={"root": str(root)}, timeout_s=900)
+    ranks = [torch.load(io.BytesIO(b), weights_only=False) for b in blobs]
     return {"root": root, "ranks": ranks, "seconds": time.perf_counter() - start}
 
 

@@ -181,9 +181,11 @@ def test_an_idle_run_is_parked_and_comes_back(lora_served: dict[str, Any]) -> No
     lora = lora_served["service"].lora
     with _sc(lora_served) as sc:
         tc = sc.create_lora_training_client(base_model=base, rank=8, seed=7).result()
-        twin = sc.create_lora_training_client(base_model=base, rank=8, seed=7).result()
+        fresh = sc.create_lora_training_client(base_model=base, rank=8, seed=7).result()
         _steps(tc, [0])
-        _steps(twin, [0])
+        want = tc.forward(_batch(1), "cross_entropy").result(timeout=WAIT).metrics["loss:sum"]
+        untrained = fresh.forward(_batch(1), "cross_entropy").result(timeout=WAIT)
+        assert untrained.metrics["loss:sum"] != pytest.approx(want, rel=1e-6)
         lora.idle_run_s = 1.0
         try:
             deadline = time.monotonic() + 60
@@ -194,7 +196,8 @@ def test_an_idle_run_is_parked_and_comes_back(lora_served: dict[str, Any]) -> No
             lora.idle_run_s = 0.0
         parked = Path(lora_served["root"]) / "ckpt" / "tinker" / tc.model_id / "parked"
         assert any(parked.glob("run_tp*_pp*.pt"))
-        assert _steps(tc, [1]) == _steps(twin, [1])  # back from disk, the same next loss
+        # back from disk with its trained adapter (a lost state would give the fresh run's loss)
+        assert _steps(tc, [1])[0] == pytest.approx(want, rel=1e-6)
         assert not lora.runs[tc.model_id].parked
 
 

@@ -122,6 +122,30 @@ def _as_proto(data: DataProto | Mapping[str, Any], meta: Mapping[str, Any]) -> D
     raise TypeError(f"data must be a DataProto or a dict of tensors, got {type(data).__name__}")
 
 
+def _sampling_params(
+    *,
+    max_tokens: int,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    seed: int | None,
+    stop: list[list[int]] | None,
+    num_samples: int,
+    prompt_logprobs: bool,
+) -> dict[str, Any]:
+    """The keyword arguments of the workers' ``sample`` and ``sample_batch`` (plain lists)."""
+    return {
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "top_k": top_k,
+        "top_p": top_p,
+        "seed": seed,
+        "stop": None if stop is None else [list(s) for s in stop],
+        "num_samples": num_samples,
+        "prompt_logprobs": prompt_logprobs,
+    }
+
+
 class TrainerClient:
     """A client of one trainer group (``MegatronTrainer`` workers, or compatible)."""
 
@@ -372,19 +396,11 @@ class TrainerClient:
     ) -> TrainerFuture[list[dict[str, Any]]]:
         """A LoRA group: one batch, one adapter snapshot per prompt (``weights[i]``, None for
         the base), in one forward pass (docs/lora.md); the value is ``sample``'s."""
-        return self._all_call(
-            "sample_batch",
-            [list(p) for p in prompts],
-            list(weights),
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            seed=seed,
-            stop=None if stop is None else [list(s) for s in stop],
-            num_samples=num_samples,
-            prompt_logprobs=prompt_logprobs,
+        params = _sampling_params(
+            max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+            seed=seed, stop=stop, num_samples=num_samples, prompt_logprobs=prompt_logprobs,
         )
+        return self._all_call("sample_batch", [list(p) for p in prompts], list(weights), **params)
 
     # -- many LoRA runs on a LoRA group (docs/lora.md) -------------------------------------
     def create_run(self, run_id: str, lora: Mapping[str, Any]) -> TrainerFuture[dict[str, Any]]:
@@ -443,16 +459,8 @@ class TrainerClient:
     ) -> TrainerFuture[list[dict[str, Any]]]:
         """Generate from the group's model: one dict per prompt, ``{"sequences": [{"tokens",
         "logprobs", "stop_reason"}] * num_samples, "prompt_logprobs"}`` (docs/sampling.md)."""
-        return self._all_call(
-            "sample",
-            [list(p) for p in prompts],
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            seed=seed,
-            stop=None if stop is None else [list(s) for s in stop],
-            num_samples=num_samples,
-            prompt_logprobs=prompt_logprobs,
-            weights=weights,
+        params = _sampling_params(
+            max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+            seed=seed, stop=stop, num_samples=num_samples, prompt_logprobs=prompt_logprobs,
         )
+        return self._all_call("sample", [list(p) for p in prompts], weights=weights, **params)

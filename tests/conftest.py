@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,3 +24,31 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     path = os.environ.get("TG_PYTEST_STATUS_FILE")
     if path:
         Path(path).write_text(f"{int(exitstatus)}\n")
+
+
+_CPU_USAGE = os.environ.get("TG_CPU_USAGE_FILE", "")
+_TEST_CPU = os.environ.get("TG_TEST_CPU_FILE", "")
+
+
+def _cpu_ns() -> int | None:
+    try:
+        return int(Path(_CPU_USAGE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    """Record each test's wall and CPU seconds (setup, call and teardown, every process it
+    started: the phase's cgroup, tools/cpu_cgroup.sh) to ``$TG_TEST_CPU_FILE``; the phase
+    table lists the costliest (docs/testing.md, "Where the time goes")."""
+    if not (_CPU_USAGE and _TEST_CPU):
+        yield
+        return
+    cpu0, t0 = _cpu_ns(), time.monotonic()
+    yield
+    cpu1, wall = _cpu_ns(), time.monotonic() - t0
+    if cpu0 is None or cpu1 is None:
+        return
+    with open(_TEST_CPU, "a", encoding="utf-8") as f:
+        f.write(f"{item.nodeid}\t{wall:.1f}\t{(cpu1 - cpu0) / 1e9:.1f}\n")

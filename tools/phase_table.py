@@ -1,13 +1,16 @@
 """Print the phase table at the end of tools/test.sh and save it as JSON.
 
     python3 tools/phase_table.py PHASES_TSV [--stamps E2E_STAMPS] [--load-samples FILE]
-                                 [--total S] [--json OUT]
+                                 [--total S] [--json OUT] [--cpu-machine S] [--cpu-docker S]
+                                 [--test-cpu WORK_DIR]
 
-PHASES_TSV: ``name<TAB>seconds<TAB>cache<TAB>status`` lines written by tools/test.sh (cache:
-hit, miss or - where it does not apply). E2E_STAMPS: tests/e2e/run.sh's ``stamps.env``
-(``name=epoch``, in order); each stamp becomes a ``kind: <name>`` row with the seconds since
-the previous one, so the kind phase's time is split by what it did. Standard library only
-(it runs before and after the venv exists).
+PHASES_TSV: ``name<TAB>seconds<TAB>cache<TAB>status<TAB>cpu`` lines written by tools/test.sh
+(cache: hit, miss or - where it does not apply; cpu: CPU seconds of the phase's process tree,
+or -). WORK_DIR's ``<phase>.test-cpu.tsv`` files (``nodeid<TAB>wall<TAB>cpu``, from
+tests/conftest.py) give the costliest test files by CPU. E2E_STAMPS: tests/e2e/run.sh's
+``stamps.env`` (``name=epoch``, in order); each stamp becomes a ``kind: <name>`` row with the
+seconds since the previous one, so the kind phase's time is split by what it did. Standard
+library only (it runs before and after the venv exists).
 """
 
 from __future__ import annotations
@@ -24,9 +27,40 @@ def read_phases(path: Path) -> list[dict[str, Any]]:
     for line in path.read_text().splitlines():
         if not line.strip():
             continue
-        name, seconds, cache, status = ([*line.split("\t"), "", "", "", ""])[:4]
-        rows.append({"phase": name, "seconds": int(seconds or 0), "cache": cache, "status": status})
+        name, seconds, cache, status, cpu = ([*line.split("\t"), "", "", "", "", ""])[:5]
+        rows.append(
+            {
+                "phase": name,
+                "seconds": int(seconds or 0),
+                "cache": cache,
+                "status": status,
+                "cpu_s": int(cpu) if cpu.isdigit() else None,
+            }
+        )
     return rows
+
+
+def costliest_files(work: Path, top: int = 15) -> list[dict[str, Any]]:
+    """Test files by the CPU seconds their tests used (every process they started), with the
+    wall seconds and the phase, costliest first."""
+    files: dict[tuple[str, str], list[float]] = {}
+    for tsv in sorted(work.glob("*.test-cpu.tsv")):
+        phase = tsv.name.removesuffix(".test-cpu.tsv")
+        for line in tsv.read_text().splitlines():
+            nodeid, wall, cpu = ([*line.split("\t"), "", ""])[:3]
+            try:
+                w, c = float(wall), float(cpu)
+            except ValueError:
+                continue
+            acc = files.setdefault((phase, nodeid.split("::")[0]), [0.0, 0.0, 0.0])
+            acc[0] += w
+            acc[1] += c
+            acc[2] += 1
+    rows = [
+        {"phase": ph, "file": f, "tests": int(n), "wall_s": round(w), "cpu_s": round(c)}
+        for (ph, f), (w, c, n) in files.items()
+    ]
+    return sorted(rows, key=lambda r: -r["cpu_s"])[:top]
 
 
 def read_stamps(path: Path) -> list[dict[str, Any]]:
@@ -62,6 +96,9 @@ def main() -> int:
     ap.add_argument("--load-samples", type=Path)
     ap.add_argument("--total", type=int, default=0)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--cpu-machine", type=int)
+    ap.add_argument("--cpu-docker", type=int)
+    ap.add_argument("--test-cpu", type=Path)
     args = ap.parse_args()
     rows = read_phases(args.phases)
     kind_rows = read_stamps(args.stamps) if args.stamps and args.stamps.exists() else []
@@ -72,10 +109,31 @@ def main() -> int:
             out.extend(kind_rows)
     load = load_summary(args.load_samples)
     width = max([len(r["phase"]) for r in out] + [12])
-    print(f"\n{'phase':<{width}}  {'seconds':>7}  {'cache':<5}  status")
+    print(f"\n{'phase':<{width}}  {'seconds':>7}  {'cpu s':>6}  {'cache':<5}  status")
     for r in out:
-        print(f"{r['phase']:<{width}}  {r['seconds']:>7}  {r['cache']:<5}  {r['status']}")
+        cpu = "-" if r.get("cpu_s") is None else str(r["cpu_s"])
+        print(f"{r['phase']:<{width}}  {r['seconds']:>7}  {cpu:>6}  {r['cache']:<5}  {r['status']}")
     print(f"{'total (wall)':<{width}}  {args.total:>7}")
+    cpu: dict[str, Any] = {}
+    if args.cpu_machine is not None:
+        cpu = {"machine_s": args.cpu_machine, "docker_s": args.cpu_docker}
+        if args.total:
+            cpu["cores_busy"] = round(args.cpu_machine / args.total, 2)
+        print(
+            f"CPU seconds: the machine {args.cpu_machine} ({cpu.get('cores_busy', '-')} cores busy "
+            f"on average), of which Docker's containers (kind nodes, image builds) "
+            f"{args.cpu_docker}"
+        )
+    files = costliest_files(args.test_cpu) if args.test_cpu else []
+    if files:
+        fw = max(len(f["file"]) for f in files)
+        print("\ncostliest test files by CPU (every process they started)")
+        print(f"{'file':<{fw}}  {'phase':<12}  {'tests':>5}  {'wall s':>6}  {'cpu s':>6}")
+        for f in files:
+            print(
+                f"{f['file']:<{fw}}  {f['phase']:<12}  {f['tests']:>5}  {f['wall_s']:>6}  "
+                f"{f['cpu_s']:>6}"
+            )
     if load:
         print(
             f"load average (1 min) during the run: mean {load['mean']}, max {load['max']} "
@@ -84,7 +142,10 @@ def main() -> int:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(
-            json.dumps({"phases": out, "total_s": args.total, "load": load}, indent=2) + "\n"
+            json.dumps(
+                {"phases": out, "total_s": args.total, "load": load, "cpu": cpu, "files": files},
+                indent=2,
+            ) + "\n"
         )
     return 0
 

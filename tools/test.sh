@@ -22,15 +22,19 @@ QUICK=0
 if [[ "${1:-}" == --quick ]]; then QUICK=1; shift; fi
 mkdir -p "$ROOT/.cache"
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/tg-test.XXXXXX")"
-PHASES="$WORK/phases.tsv"   # name <TAB> seconds <TAB> cache <TAB> rc
+PHASES="$WORK/phases.tsv"   # name <TAB> seconds <TAB> cache <TAB> rc <TAB> CPU seconds
 : > "$PHASES"
-record() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >> "$PHASES"; }
+# shellcheck source=tools/cpu_cgroup.sh
+source "$ROOT/tools/cpu_cgroup.sh"
+cg_init "$(basename "$WORK")"
+CPU0_MACHINE=$(machine_cpu_seconds); CPU0_DOCKER=$(docker_cpu_seconds)
+record() { printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "$(cg_seconds "$1")" >> "$PHASES"; }
 # phase NAME CACHE CMD...: run CMD in the foreground, record its wall time and exit status.
 phase() {
   local name="$1" cache="$2" t0 rc; shift 2
   log "$name"
   t0=$(date +%s)
-  "$@"; rc=$?
+  cg_run "$name" "$@"; rc=$?
   record "$name" "$(( $(date +%s) - t0 ))" "$cache" "$rc"
   return $rc
 }
@@ -40,7 +44,7 @@ declare -A BG_PID BG_T0
 bg() {
   local name="$1"; shift
   BG_T0[$name]=$(date +%s)
-  ( "$@"; echo $? > "$WORK/$name.rc"; date +%s > "$WORK/$name.end" ) > "$WORK/$name.log" 2>&1 &
+  ( cg_run "$name" "$@"; echo $? > "$WORK/$name.rc"; date +%s > "$WORK/$name.end" ) > "$WORK/$name.log" 2>&1 &
   BG_PID[$name]=$!
   log "$name: started in the background (log: $WORK/$name.log)"
 }
@@ -58,7 +62,7 @@ kill_tree() {  # PID: the process and everything under it (a lane's pytest, Ray,
   kill "$1" 2>/dev/null || true
 }
 # shellcheck disable=SC2329  # called by the EXIT trap
-stop_bg() { local p; for p in "${BG_PID[@]}"; do kill_tree "$p"; done; }
+stop_bg() { local p; for p in "${BG_PID[@]}"; do kill_tree "$p"; done; cg_cleanup; }
 trap stop_bg EXIT
 trap 'exit 143' TERM INT
 # The load average, sampled every 20 s, for the table (these machines are shared).
@@ -66,7 +70,9 @@ trap 'exit 143' TERM INT
 LOAD_PID=$!
 table() {
   kill "$LOAD_PID" 2>/dev/null || true
-  local args=("$PHASES" --total "$(( $(date +%s) - T0 ))" --load-samples "$WORK/load.txt")
+  local args=("$PHASES" --total "$(( $(date +%s) - T0 ))" --load-samples "$WORK/load.txt"
+    --cpu-machine "$(( $(machine_cpu_seconds) - CPU0_MACHINE ))"
+    --cpu-docker "$(( $(docker_cpu_seconds) - CPU0_DOCKER ))" --test-cpu "$WORK")
   [[ -n "${E2E_ARTIFACTS:-}" && -f "$E2E_ARTIFACTS/stamps.env" ]] && args+=(--stamps "$E2E_ARTIFACTS/stamps.env")
   python3 tools/phase_table.py "${args[@]}" --json "${TG_TEST_TIMES:-$ROOT/.cache/test-times.json}" || true
 }
@@ -86,7 +92,8 @@ pytest_phase() {  # NAME MARKEXPR [pytest args]
   local done_file="$WORK/$name.pytest-status"
   log "$name"
   t0=$(date +%s)
-  env PYTHONFAULTHANDLER=1 TG_PYTEST_STATUS_FILE="$done_file" \
+  cg_run "$name" env PYTHONFAULTHANDLER=1 TG_PYTEST_STATUS_FILE="$done_file" \
+    TG_CPU_USAGE_FILE="$(cg_usage_file "$name")" TG_TEST_CPU_FILE="$WORK/$name.test-cpu.tsv" \
     "$PY" -m pytest -q -m "$expr" -p no:cacheprovider --durations=8 "$@"; rc=$?
   shown=$rc
   # 5: nothing selected (e.g. -k matched nothing in this phase): not a failure of the phase
@@ -176,7 +183,7 @@ k8s_phases() {  # the control plane and kind phases, once the builds are done
     tail -n 20 "$WORK/images.log"
   fi
   if (( KIND_PREP )); then
-    ( kind_prep ) > "$WORK/kind-prep.log" 2>&1 &
+    ( cg_enter kind-prep; kind_prep ) > "$WORK/kind-prep.log" 2>&1 &
     kind_prep_pid=$!
     log "kind-prep: started (log: $WORK/kind-prep.log)"
   fi

@@ -330,8 +330,11 @@ def fault_worker(x: Ctx) -> tuple[Outcome, bool]:
     failed = c.json("-n", c.namespace, "get", "job", job).get("status", {}).get("failed")
     c.ns("delete", "job", job, "--wait=false", check=False)
     detail = f"after step {k}; the client {'failed' if failed else 'did not fail (yet)'}"
+    # The status must say so while it recovers (tests/e2e/run.sh's step 7 leaves this to us).
+    problems = () if any(p == "Degraded" for p, _ in w.seen) else (
+        f"the status never showed Degraded (seen: {[p for p, _ in w.seen]})",)
     return Outcome(fault="worker-killed-mid-step", detail=detail, recovered_s=took,
-                   phase=phase, cause=w.cause()), True
+                   phase=phase, cause=w.cause(), problems=problems), True
 
 
 def fault_head(x: Ctx) -> tuple[Outcome, bool]:
@@ -493,6 +496,19 @@ def one_fault(x: Ctx, fault: str) -> Outcome:
                        problems=(str(exc)[:300],))
 
 
+def loss_continues(seed: list[Any], after: list[Any], newest: int) -> dict[str, Any]:
+    """Resumed from the seed client's checkpoint, the first loss after the faults sits by the
+    seed's last one (the same batch, one more step), not near a fresh model's first: the
+    weights came back, not only the step counter (the check of tests/e2e/phases/resume.sh)."""
+    if newest != SEED_STEPS or len(seed) != SEED_STEPS or not after:
+        return {}
+    la, first = [s["loss"] for s in seed], after[0]["loss"]
+    drop = la[0] - la[-1]
+    near = drop > 0 and math.isfinite(first) and abs(first - la[-1]) < 0.5 * drop
+    return {"loss_seed": [round(la[0], 4), round(la[-1], 4)], "loss_after": round(first, 4),
+            "loss_continues": near} | ({} if near else {"ok": False})
+
+
 def print_table(rows: list[Outcome]) -> None:
     print(f"{'fault':27} {'recovered':>9} {'ends':6} {'ckpts':6} {'resumed':7} checks / detail")
     for r in rows:
@@ -533,8 +549,8 @@ def main(argv: list[str] | None = None) -> int:
           file=sys.stderr)
     setup_storage(c, run_id=run_id, timeout_s=args.timeout)
     path = f"{c.ckpt_dir}/step_{SEED_STEPS:08d}"
-    run_client(c, name=f"{c.name}-chaos-seed", steps=SEED_STEPS,
-               extra=f"--save-checkpoint {path}", timeout_s=args.timeout)
+    seed = run_client(c, name=f"{c.name}-chaos-seed", steps=SEED_STEPS,
+                      extra=f"--save-checkpoint {path}", timeout_s=args.timeout)
     print(f"chaos: setup done in {time.monotonic() - t_start:.0f}s, checkpoints "
           f"{checkpoints(c)}", file=sys.stderr)
     x = Ctx(c=c, rng=rng, timeout_s=args.timeout)
@@ -552,7 +568,7 @@ def main(argv: list[str] | None = None) -> int:
                          timeout_s=args.timeout)
         first = got[0]["optimizerStep"] if got else None
         final = {"newest_checkpoint": newest, "first_step_after": first,
-                 "ok": first == newest + 1}
+                 "ok": first == newest + 1} | loss_continues(seed, got, newest)
     except (TimeoutError, RuntimeError, subprocess.SubprocessError, KeyError) as exc:
         final = {"ok": False, "error": str(exc)[:300]}
     print_table(rows)

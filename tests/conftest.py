@@ -12,7 +12,7 @@ import pytest
 
 # Each fixture module is owned by one part of the tree; a module that does not exist
 # yet (or whose dependencies are missing) is simply not loaded.
-_PLUGINS = ["tests.fixtures_ray", "tests.fixtures_k8s"]
+_PLUGINS = ["tests.fixtures_ray", "tests.fixtures_k8s", "tests.shard"]
 pytest_plugins = [p for p in _PLUGINS if importlib.util.find_spec(p) is not None]
 
 

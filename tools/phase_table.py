@@ -40,7 +40,7 @@ def read_phases(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def costliest_files(work: Path, top: int = 15) -> list[dict[str, Any]]:
+def file_costs(work: Path) -> list[dict[str, Any]]:
     """Test files by the CPU seconds their tests used (every process they started), with the
     wall seconds and the phase, costliest first."""
     files: dict[tuple[str, str], list[float]] = {}
@@ -60,7 +60,22 @@ def costliest_files(work: Path, top: int = 15) -> list[dict[str, Any]]:
         {"phase": ph, "file": f, "tests": int(n), "wall_s": round(w), "cpu_s": round(c)}
         for (ph, f), (w, c, n) in files.items()
     ]
-    return sorted(rows, key=lambda r: -r["cpu_s"])[:top]
+    return sorted(rows, key=lambda r: -r["cpu_s"])
+
+
+def costliest_files(work: Path, top: int = 15) -> list[dict[str, Any]]:
+    return file_costs(work)[:top]
+
+
+def write_weights(work: Path, phases: list[dict[str, Any]], path: Path) -> None:
+    """Every test file's and phase's CPU seconds, for tests/shard.py's split of a phase
+    between the lanes."""
+    costs: dict[str, int] = {}
+    for f in file_costs(work):  # a file with tests in two phases: their sum
+        costs[f["file"]] = costs.get(f["file"], 0) + f["cpu_s"]
+    by_phase = {p["phase"]: p["cpu_s"] for p in phases if p.get("cpu_s") is not None}
+    doc = {"cpu_s": dict(sorted(costs.items())), "phase_cpu_s": by_phase}
+    path.write_text(json.dumps(doc, indent=1) + "\n")
 
 
 def read_stamps(path: Path) -> list[dict[str, Any]]:
@@ -99,8 +114,11 @@ def main() -> int:
     ap.add_argument("--cpu-machine", type=int)
     ap.add_argument("--cpu-docker", type=int)
     ap.add_argument("--test-cpu", type=Path)
+    ap.add_argument("--write-weights", type=Path, help="tests/shard-weights.json, from --test-cpu")
     args = ap.parse_args()
     rows = read_phases(args.phases)
+    if args.write_weights and args.test_cpu:
+        write_weights(args.test_cpu, rows, args.write_weights)
     kind_rows = read_stamps(args.stamps) if args.stamps and args.stamps.exists() else []
     out: list[dict[str, Any]] = []
     for row in rows:
@@ -111,8 +129,8 @@ def main() -> int:
     width = max([len(r["phase"]) for r in out] + [12])
     print(f"\n{'phase':<{width}}  {'seconds':>7}  {'cpu s':>6}  {'cache':<5}  status")
     for r in out:
-        cpu = "-" if r.get("cpu_s") is None else str(r["cpu_s"])
-        print(f"{r['phase']:<{width}}  {r['seconds']:>7}  {cpu:>6}  {r['cache']:<5}  {r['status']}")
+        c = "-" if r.get("cpu_s") is None else str(r["cpu_s"])
+        print(f"{r['phase']:<{width}}  {r['seconds']:>7}  {c:>6}  {r['cache']:<5}  {r['status']}")
     print(f"{'total (wall)':<{width}}  {args.total:>7}")
     cpu: dict[str, Any] = {}
     if args.cpu_machine is not None:

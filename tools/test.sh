@@ -149,16 +149,26 @@ kind_prep() {
   builds_done || return 1
   [[ "$(cat "$WORK/images.rc")" == 0 && "$(cat "$WORK/go-tools.rc")" == 0 ]] \
     || { echo "kind-prep: a build failed; the kind phase builds and reports"; return 1; }
+  # The kind phase's own go builds, coredns for the node image then kube-router (cold: 215 s
+  # and 190 s on 2026-12-03 14:40, one after the other on the lane's path, after the plane),
+  # start now, beside the plane; cached by version (no-ops when warm). A failure here is
+  # not final: the node image build and netpol.sh build what is missing and report.
+  ( bash hack/kind/build-node-image.sh --go-deps; touch "$WORK/go-deps.done"
+    bash hack/kind/netpol.sh binary ) > "$WORK/kind-go.log" 2>&1 &
+  local router_pid=$!
   # The kind cluster and a changed runtime image (6 GB into each of two nodes) load both cores
   # for minutes: start once the plane's session Ray head is up (at load 20 its start missed
   # Ray's fixed 30 s raylet wait three times, 2026-12-03 08:14-08:21), or after 600 s.
   local t0=$SECONDS
   until [[ -f "$WORK/plane-ray-up" ]] || (( SECONDS - t0 >= 600 )); do sleep 5; done
+  # One coredns build, not two: the node image build waits for this one (at most 900 s).
+  until [[ -f "$WORK/go-deps.done" ]] || (( SECONDS - t0 >= 900 )); do sleep 5; done
   echo "kind-prep: starting after $(( SECONDS - t0 )) s (plane's Ray head up: $([[ -f "$WORK/plane-ray-up" ]] && echo yes || echo no))"
   E2E_STOP_AFTER=loaded E2E_KEEP_CLUSTER=1 E2E_SKIP_BUILD=1 E2E_GPU=fake \
-    E2E_ARTIFACTS="$WORK/kind-prep" bash tests/e2e/run.sh || return 1
+    E2E_ARTIFACTS="$WORK/kind-prep" bash tests/e2e/run.sh || { wait "$router_pid"; return 1; }
   # The kind phase's other go builds, here in the background rather than on its path (cached
   # by version: seconds when warm): kube-router's policy controller, and Kueue's manager.
+  wait "$router_pid" || echo "kind-prep: the early go builds failed (log: $WORK/kind-go.log)"
   TG_KIND_CLUSTER=tg-e2e bash hack/kind/netpol.sh image
   if [[ "${E2E_KUEUE:-0}" == 1 ]]; then bash hack/images/build.sh kueue; fi
 }
@@ -168,8 +178,12 @@ kind_prep() {
 # control-plane tests and the kind phase. Its own status is its exit code; its log is printed
 # whole when the foreground has collected it.
 k8s_lane() {
-  pytest_phase unit "$UNIT" "$@"
-  (( QUICK )) || k8s_phases "$@"
+  (( UNIT_IN_LANE )) && pytest_phase unit "$UNIT" "$@"
+  if (( QUICK )); then
+    TG_SHARD=1/2 TG_SHARD_START="$SHARD_START" pytest_phase megatron-cpu-b "$MEGATRON" "$@"
+  else
+    k8s_phases "$@"
+  fi
   return $status
 }
 k8s_phases() {  # the control plane and kind phases, once the builds are done
@@ -215,6 +229,15 @@ fi
 export E2E_ARTIFACTS="${E2E_ARTIFACTS:-$ROOT/tests/e2e/.artifacts/test-sh}"
 rm -rf "$E2E_ARTIFACTS"
 
+# Where the unit tests run (docs/testing.md, "Two lanes"): in the Kubernetes lane while it waits
+# for a Go build (cold), in the foreground when the Go tools are cached (warm: the lane goes
+# straight to the plane and kind phases, its long path). --quick splits the Megatron tests
+# between the lanes by file, weighted by their measured CPU (tests/shard.py): the foreground
+# starts with types and the Ray tests, the lane with the unit tests.
+UNIT_IN_LANE=1
+if (( ! QUICK && HAVE_GO )) && [[ "$GO_CACHE" == hit ]]; then UNIT_IN_LANE=0; fi
+SHARD_START="types+ray,unit"
+
 # ---- Python, lint, types; then the two lanes --------------------------------------------------
 cache=miss; [[ -f .venv/.tg-installed ]] && cache=hit
 phase install "$cache" ./tools/install.sh || { log "install failed: see the messages above"; table; exit 2; }
@@ -232,14 +255,20 @@ fi
 phase lint - "$PY" -m ruff check . || status=1
 phase types - "$PY" -m mypy || status=1
 phase crd - "$PY" -m tgapi.crd --check . || status=1
+[[ "$LANES" == 2 ]] && (( ! UNIT_IN_LANE )) && pytest_phase unit "$UNIT" "$@"
 pytest_phase ray "$RAY" "$@"
-pytest_phase megatron-cpu "$MEGATRON" "$@"
+if [[ "$LANES" == 2 ]] && (( QUICK )); then
+  TG_SHARD=0/2 TG_SHARD_START="$SHARD_START" pytest_phase megatron-cpu-a "$MEGATRON" "$@"
+else
+  pytest_phase megatron-cpu "$MEGATRON" "$@"
+fi
 if [[ "$LANES" == 2 ]]; then
   log "the foreground lane is done; waiting for the Kubernetes lane (log: $WORK/k8s-lane.log)"
   wait "${BG_PID[k8s-lane]}"; unset "BG_PID[k8s-lane]"
   [[ "$(cat "$WORK/k8s-lane.rc" 2>/dev/null)" == 0 ]] || status=1
 else  # TG_LANES=1: one lane, all in the foreground, unit after megatron (for comparison)
-  k8s_lane "$@"
+  pytest_phase unit "$UNIT" "$@"
+  (( QUICK )) || k8s_phases "$@"
 fi
 if (( ! QUICK )); then
   if (( HAVE_GO )); then bg_wait go-tools "$GO_CACHE" || status=1; fi

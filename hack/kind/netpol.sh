@@ -3,6 +3,7 @@
 #
 #   bash hack/kind/netpol.sh up      # build (cached) + load + deploy; waits for the DaemonSet
 #   bash hack/kind/netpol.sh image   # only build the image; prints its tag
+#   bash hack/kind/netpol.sh binary  # only the kube-router binary (no node image needed); its path
 #
 # The enforcer is kube-router's network-policy controller alone (iptables + ipset, the
 # NFQUEUE-free path): kubernetes-sigs/kube-network-policies (v0.8.0) needs nftables' `queue`
@@ -110,6 +111,7 @@ YAML
 
 case "$MODE" in
   image) image ;;
+  binary) binary ;;
   up)
     BIN="$(tools_bin)"
     tag="$(image)"
@@ -118,5 +120,5 @@ case "$MODE" in
     "$BIN/kubectl" --context "kind-$CLUSTER" -n kube-system rollout status ds/tg-netpol --timeout=180s >&2 \
       || die "tg-netpol DaemonSet not ready (kubectl -n kube-system logs ds/tg-netpol)"
     log "NetworkPolicy enforcer up: kube-router $KUBE_ROUTER_VERSION ($tag)" ;;
-  *) die "usage: $0 up|image" ;;
+  *) die "usage: $0 up|image|binary" ;;
 esac

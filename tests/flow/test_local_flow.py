@@ -1,7 +1,7 @@
 """The seed's flow on a real local Ray with real megatron-core on CPU (gloo).
 
-server process creates the detached TP=2 group and exits -> a different client process
-attaches by group name and trains -> teardown leaves nothing in the Ray namespace. Plus
+`tgctl up` (a server process creates the detached TP=2 group and exits) -> a different client
+process attaches by group name and trains -> teardown leaves nothing in the Ray namespace. Plus
 checkpoint resume across group generations, and clear errors for bad inputs.
 """
 
@@ -97,19 +97,30 @@ def last_steps(cluster: RayCluster, group: str, namespace: str) -> list[dict[str
     return tagged("LAST", out)[-1]
 
 
-def test_server_exits_then_client_attaches_by_name_and_trains(
+def test_up_then_another_process_attaches_by_name_trains_and_tears_down(
     ray_cluster: RayCluster, tmp_path: Path
 ) -> None:
+    """`tgctl up` (its server process creates the detached TP=2 group and exits) -> status ->
+    a different OS process, knowing only the group's name and namespace, attaches and trains
+    -> `tgctl train` -> teardown's report -> nothing left; a second teardown finds nothing.
+    (One group for what were two tests: the server-exits flow and tgctl's up/status/train/down.)
+    """
     path, doc = write_spec(tmp_path)
     name, ns = doc["metadata"]["name"], doc["spec"]["workers"]["rayNamespace"]
+    addr = ["--address", ray_cluster.gcs_address]
+    names = [f"{name}MegatronTrainer_0:0", f"{name}MegatronTrainer_0:1"]
 
-    server = run(ray_cluster, "-m", "tgruntime.entrypoints.server", "-f", str(path))
-    (ready,) = tagged("TG_GROUP_READY", server.stdout)
-    assert ready["workerNames"] == [f"{name}MegatronTrainer_0:0", f"{name}MegatronTrainer_0:1"]
-    assert ready["mesh"] == {"tp": 2, "pp": 1, "cp": 1, "dp": 1}
-    assert ready["rayNamespace"] == ns
+    up = run(ray_cluster, "-m", "tgruntime.entrypoints.cli", "up", "-f", str(path), *addr)
+    assert "rank 1:" in up.stdout
+    assert "device: cpu (gloo, float32); workers.useGpu resolved to false" in up.stdout
+    cli = ["-m", "tgruntime.entrypoints.cli"]
+    status = run(ray_cluster, *cli, "status", "-f", str(path), *addr)
+    assert "phase: Ready" in status.stdout and "2/2 workers alive" in status.stdout
+    assert "device: cpu (gloo, float32)" in status.stdout
+    st = json.loads(run(ray_cluster, *cli, "status", "-f", str(path), "--json", *addr).stdout)
+    assert [w["name"] for w in st["workers"]] == names
+    assert st["mesh"] == {"tp": 2, "pp": 1, "cp": 1, "dp": 1} and st["rayNamespace"] == ns
 
-    # A different OS process, knowing only the group's name and namespace.
     client = run(
         ray_cluster,
         "-m",
@@ -137,12 +148,16 @@ def test_server_exits_then_client_attaches_by_name_and_trains(
     assert ranks[0]["loss"] == pytest.approx(ranks[1]["loss"], rel=1e-6), ranks
     assert ranks[0]["loss"] == pytest.approx(losses[-1], rel=1e-5)
 
+    train = run(ray_cluster, *cli, "train", "-f", str(path), "--steps", "2", "--json", *addr)
+    assert len(tagged("TG_STEP", train.stdout)) == 2
+
     down = run(ray_cluster, "-m", TEARDOWN, "--group", name, "--ray-namespace", ns)
     (report,) = tagged("TG_TEARDOWN", down.stdout)
-    assert sorted(report["actorsKilled"]) == sorted(ready["workerNames"])
+    assert sorted(report["actorsKilled"]) == sorted(names)
     assert leftovers(ray_cluster, ns) == {"actors": [], "pgs": []}
-    # Idempotent: a second teardown finds nothing and still succeeds.
-    run(ray_cluster, "-m", "tgruntime.entrypoints.teardown", "--group", name, "--ray-namespace", ns)
+    # Idempotent: a second teardown (tgctl's) finds nothing and still succeeds.
+    again = json.loads(run(ray_cluster, *cli, "down", "-f", str(path), "--json", *addr).stdout)
+    assert again["teardown"]["actorsKilled"] == [], again
 
 
 def test_checkpoint_resumes_in_a_recreated_generation(
@@ -293,30 +308,3 @@ def test_missing_group_is_a_clear_error(ray_cluster: RayCluster, tmp_path: Path)
     )
     assert status.returncode == 1
     assert "NotFound" in status.stdout and "tgctl up" in status.stdout
-
-
-def test_tgctl_up_status_train_down(ray_cluster: RayCluster, tmp_path: Path) -> None:
-    path, doc = write_spec(tmp_path)
-    ns = doc["spec"]["workers"]["rayNamespace"]
-    addr = ["--address", ray_cluster.gcs_address]
-    up = run(ray_cluster, "-m", "tgruntime.entrypoints.cli", "up", "-f", str(path), *addr)
-    assert "rank 1:" in up.stdout
-    assert "device: cpu (gloo, float32); workers.useGpu resolved to false" in up.stdout
-    status = run(ray_cluster, "-m", "tgruntime.entrypoints.cli", "status", "-f", str(path), *addr)
-    assert "phase: Ready" in status.stdout and "2/2 workers alive" in status.stdout
-    assert "device: cpu (gloo, float32)" in status.stdout
-    train = run(
-        ray_cluster,
-        "-m",
-        "tgruntime.entrypoints.cli",
-        "train",
-        "-f",
-        str(path),
-        "--steps",
-        "2",
-        "--json",
-        *addr,
-    )
-    assert len(tagged("TG_STEP", train.stdout)) == 2
-    run(ray_cluster, "-m", "tgruntime.entrypoints.cli", "down", "-f", str(path), *addr)
-    assert leftovers(ray_cluster, ns) == {"actors": [], "pgs": []}

@@ -1,11 +1,11 @@
-"""Split one pytest phase between tools/test.sh's two lanes, by test file, weighted by CPU.
+"""Split one pytest phase between tools/test.sh's two lanes, by test file, weighted by time.
 
 ``TG_SHARD=k/n`` keeps the test files of shard ``k`` (0-based) of ``n`` and deselects the rest.
-The files go to shards by greedy longest-first assignment on their CPU seconds from
-``tests/shard-weights.json`` (a measured run's, refreshed by hand; a file it does not name
-weighs its median). ``TG_SHARD_START=a,b,...`` gives each shard the CPU seconds its lane
+The files go to shards by greedy longest-first assignment on their seconds in a measured
+two-lane run, from ``tests/shard-weights.json`` (refreshed by hand; a file it does not name
+weighs their median). ``TG_SHARD_START=a,b,...`` gives each shard the seconds its lane
 spends before this phase, so the lanes end together: a number, or phases joined by ``+``
-whose CPU seconds the weights file holds (``types+ray``). Every process that runs the same phase
+whose seconds the weights file holds (``types+ray``). Every process that runs the same phase
 with the same files, weights and start loads computes the same split: each file is in
 exactly one shard (tests/tools/test_shard.py). The weights decide balance only, never which
 tests run in all: a wrong or missing weight costs time, not coverage.
@@ -77,13 +77,13 @@ def _seconds(part: str, phases: Mapping[str, float]) -> float:
 
 
 def load_weights(path: Path = WEIGHTS) -> tuple[dict[str, float], dict[str, float]]:
-    """(CPU seconds by test file, CPU seconds by phase) of the measured run; empty if none."""
+    """(seconds by test file, seconds by phase) of the measured run; empty if none."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}, {}
-    files = {str(f): float(s) for f, s in data.get("cpu_s", {}).items()}
-    return files, {str(p): float(s) for p, s in data.get("phase_cpu_s", {}).items()}
+    files = {str(f): float(s) for f, s in data.get("wall_s", {}).items()}
+    return files, {str(p): float(s) for p, s in data.get("phase_s", {}).items()}
 
 
 @pytest.hookimpl(trylast=True)  # after -m and -k have deselected

@@ -68,13 +68,14 @@ def costliest_files(work: Path, top: int = 15) -> list[dict[str, Any]]:
 
 
 def write_weights(work: Path, phases: list[dict[str, Any]], path: Path) -> None:
-    """Every test file's and phase's CPU seconds, for tests/shard.py's split of a phase
-    between the lanes."""
-    costs: dict[str, int] = {}
+    """Every test file's and phase's wall seconds in this run, for tests/shard.py's split of a
+    phase between the lanes (wall, not CPU: the lanes end by the clock, and the kind phase's
+    work is in Docker's containers, not in its own CPU)."""
+    walls: dict[str, int] = {}
     for f in file_costs(work):  # a file with tests in two phases: their sum
-        costs[f["file"]] = costs.get(f["file"], 0) + f["cpu_s"]
-    by_phase = {p["phase"]: p["cpu_s"] for p in phases if p.get("cpu_s") is not None}
-    doc = {"cpu_s": dict(sorted(costs.items())), "phase_cpu_s": by_phase}
+        walls[f["file"]] = walls.get(f["file"], 0) + f["wall_s"]
+    by_phase = {p["phase"]: p["seconds"] for p in phases}
+    doc = {"wall_s": dict(sorted(walls.items())), "phase_s": by_phase}
     path.write_text(json.dumps(doc, indent=1) + "\n")
 
 

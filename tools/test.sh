@@ -179,10 +179,9 @@ kind_prep() {
 # whole when the foreground has collected it.
 k8s_lane() {
   (( UNIT_IN_LANE )) && pytest_phase unit "$UNIT" "$@"
-  if (( QUICK )); then
+  (( QUICK )) || k8s_phases "$@"
+  if (( SPLIT_MEGATRON )); then
     TG_SHARD=1/2 TG_SHARD_START="$SHARD_START" pytest_phase megatron-cpu-b "$MEGATRON" "$@"
-  else
-    k8s_phases "$@"
   fi
   return $status
 }
@@ -234,9 +233,14 @@ rm -rf "$E2E_ARTIFACTS"
 # straight to the plane and kind phases, its long path). --quick splits the Megatron tests
 # between the lanes by file, weighted by their measured CPU (tests/shard.py): the foreground
 # starts with types and the Ray tests, the lane with the unit tests.
-UNIT_IN_LANE=1
+# Warm (Go tools cached), the Megatron tests are split too: the lane takes its share after
+# kind, the foreground after types, unit and ray. Cold, the lane is the long path (it waits
+# for the Go build), and the foreground runs them all.
+UNIT_IN_LANE=1 SPLIT_MEGATRON=0
 if (( ! QUICK && HAVE_GO )) && [[ "$GO_CACHE" == hit ]]; then UNIT_IN_LANE=0; fi
 SHARD_START="types+ray,unit"
+if (( QUICK )); then SPLIT_MEGATRON=1
+elif (( ! UNIT_IN_LANE )) && [[ "${TG_SPLIT:-1}" != 0 ]]; then SPLIT_MEGATRON=1; SHARD_START="types+unit+ray,plane+kind"; fi
 
 # ---- Python, lint, types; then the two lanes --------------------------------------------------
 cache=miss; [[ -f .venv/.tg-installed ]] && cache=hit
@@ -250,14 +254,17 @@ if [[ "$LANES" == 2 ]]; then
   { ( k8s_lane "$@"; echo $? > "$WORK/k8s-lane.rc"; date +%s > "$WORK/k8s-lane.end" ) 2>&1 \
       | tee "$WORK/k8s-lane.log" | sed -u 's/^/k8s| /' >&2; } &
   BG_PID[k8s-lane]=$!
-  log "k8s-lane: the unit tests, then the plane and kind phases, in the background"
+  if (( QUICK )); then lane_does="the unit tests, then megatron-cpu-b"
+  elif (( UNIT_IN_LANE )); then lane_does="the unit tests, then the plane and kind phases"
+  else lane_does="the plane and kind phases, then megatron-cpu-b (the unit tests run in the foreground)"; fi
+  log "k8s-lane: $lane_does, in the background"
 fi
 phase lint - "$PY" -m ruff check . || status=1
 phase types - "$PY" -m mypy || status=1
 phase crd - "$PY" -m tgapi.crd --check . || status=1
 [[ "$LANES" == 2 ]] && (( ! UNIT_IN_LANE )) && pytest_phase unit "$UNIT" "$@"
 pytest_phase ray "$RAY" "$@"
-if [[ "$LANES" == 2 ]] && (( QUICK )); then
+if [[ "$LANES" == 2 ]] && (( SPLIT_MEGATRON )); then
   TG_SHARD=0/2 TG_SHARD_START="$SHARD_START" pytest_phase megatron-cpu-a "$MEGATRON" "$@"
 else
   pytest_phase megatron-cpu "$MEGATRON" "$@"

@@ -9,10 +9,12 @@ nothing left behind."""
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import itertools
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -151,16 +153,38 @@ def test_the_run_limit_is_refused_clearly_and_frees_with_the_session(
         assert _steps(tc, [0])
 
 
+def _until(ok: Callable[[], bool], what: str, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not ok():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s:g} s"
+        time.sleep(0.02)
+
+
 def test_a_flooding_run_does_not_starve_another(lora_served: dict[str, Any]) -> None:
     base = lora_served["base"]
     turns = lora_served["service"].lora.turns
     with _sc(lora_served) as sc:
         busy = sc.create_lora_training_client(base_model=base, rank=4, seed=5).result()
         calm = sc.create_lora_training_client(base_model=base, rank=4, seed=6).result()
+        # The order is made, not raced: the test holds the one turn while the flood and then
+        # calm's calls queue (a 0.5 s sleep was too little at load 12), then lets go. A run's
+        # calls take turns in seq_id order, so each run has one call waiting at a time.
+        let_go = threading.Event()
+
+        async def hold() -> None:
+            async with turns.turn("gate"):
+                while not let_go.is_set():
+                    await asyncio.sleep(0.02)
+
+        held = lora_served["running"].submit(hold())
+        _until(lambda: turns.granted[-1:] == ["gate"], "the test's turn")
         flood = [busy.forward_backward(_batch(i), "cross_entropy") for i in range(12)]
-        time.sleep(0.5)  # the flood is queued first
-        start = len(turns.granted)
+        _until(lambda: turns.waiting(busy.model_id) == 1, "the flood's first call queued")
         mine = [calm.forward_backward(_batch(100 + i), "cross_entropy") for i in range(3)]
+        _until(lambda: turns.waiting(calm.model_id) == 1, "calm's first call queued")
+        start = len(turns.granted)
+        let_go.set()
+        held.result(timeout=WAIT)
         for f in mine:
             f.result(timeout=WAIT)
         for f in flood:

@@ -27,7 +27,7 @@ def test_every_file_lands_in_exactly_one_shard_and_the_split_is_stable() -> None
         assert again == got  # the order files were collected in does not matter
 
 
-def test_the_split_balances_cpu_with_the_lanes_start_loads() -> None:
+def test_the_split_balances_time_with_the_lanes_start_loads() -> None:
     weights = {"a": 500.0, "b": 300.0, "c": 200.0, "d": 100.0, "e": 100.0}
     got = shard.assign(weights, weights=weights, count=2, start=[600.0, 0.0])
     loads = [600.0 + sum(w for f, w in weights.items() if got[f] == 0),
@@ -46,16 +46,17 @@ def test_bad_shard_settings_name_the_variable(value: str, start: str, says: str)
         shard.parse(value, start, {"types": 80.0, "ray": 440.0})
 
 
-def test_start_loads_add_phases_cpu_from_the_weights() -> None:
+def test_start_loads_add_phases_seconds_from_the_weights() -> None:
     got = shard.parse("1/2", "types+ray,120", {"types": 80.0, "ray": 440.0})
     assert got == (1, 2, [520.0, 120.0])
 
 
 def test_the_committed_weights_name_real_test_files() -> None:
     data = json.loads(shard.WEIGHTS.read_text())
-    assert data["cpu_s"], "tests/shard-weights.json has no weights"
-    assert {"types", "unit", "ray"} <= set(data["phase_cpu_s"]), "tools/test.sh's TG_SHARD_START"
-    missing = [f for f in data["cpu_s"] if not (REPO / f).is_file()]
+    assert data["wall_s"], "tests/shard-weights.json has no weights"
+    starts = {"types", "unit", "ray", "plane", "kind"}  # tools/test.sh's TG_SHARD_START
+    assert starts <= set(data["phase_s"]), sorted(starts - set(data["phase_s"]))
+    missing = [f for f in data["wall_s"] if not (REPO / f).is_file()]
     assert not missing, f"weights for files that do not exist (refresh the file): {missing}"
 
 

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import json
 import logging
 import sys
 import threading
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 import tgapi
 from tgruntime.driver.trainer_client import TrainerClient
 from tgruntime.service.auth import KeyStore, env_keys
 from tgruntime.service.backend import Backend, GroupInfo
+
+T = TypeVar("T")
 
 log = logging.getLogger("tgruntime.service")
 
@@ -97,6 +100,10 @@ class Running:
             await self._stop.wait()
         finally:
             await runner.cleanup()
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Run ``coro`` on the server's event loop (from another thread); its future."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
     def start(self, timeout_s: float = 300.0) -> Running:
         self._thread.start()

@@ -78,6 +78,10 @@ class FairTurns:
         finally:
             self._release()
 
+    def waiting(self, run: str) -> int:
+        """How many of the run's calls wait for a turn (tests wait on it, not on the clock)."""
+        return len(self._waiting.get(run, ()))
+
     def forget(self, run: str) -> None:
         """Drop a run's (empty) place in the cycle."""
         q = self._waiting.get(run)

@@ -228,14 +228,12 @@ fi
 export E2E_ARTIFACTS="${E2E_ARTIFACTS:-$ROOT/tests/e2e/.artifacts/test-sh}"
 rm -rf "$E2E_ARTIFACTS"
 
-# Where the unit tests run (docs/testing.md, "Two lanes"): in the Kubernetes lane while it waits
-# for a Go build (cold), in the foreground when the Go tools are cached (warm: the lane goes
-# straight to the plane and kind phases, its long path). --quick splits the Megatron tests
-# between the lanes by file, weighted by their measured CPU (tests/shard.py): the foreground
-# starts with types and the Ray tests, the lane with the unit tests.
-# Warm (Go tools cached), the Megatron tests are split too: the lane takes its share after
-# kind, the foreground after types, unit and ray. Cold, the lane is the long path (it waits
-# for the Go build), and the foreground runs them all.
+# The lanes' work (docs/testing.md, "Phases, in two lanes"). Cold (the Go tools built in this
+# run): the unit tests in the Kubernetes lane, which would only wait for the Go build, and all
+# the Megatron tests in the foreground (the lane is the long path). Warm (the Go tools cached):
+# the unit tests in the foreground, and the Megatron tests split between the lanes by file,
+# weighted by measured seconds (tests/shard.py), the lane's share after kind. --quick: split
+# too, the foreground starting with types and ray, the lane with unit.
 UNIT_IN_LANE=1 SPLIT_MEGATRON=0
 if (( ! QUICK && HAVE_GO )) && [[ "$GO_CACHE" == hit ]]; then UNIT_IN_LANE=0; fi
 SHARD_START="types+ray,unit"

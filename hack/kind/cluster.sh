@@ -18,6 +18,8 @@
 #   TG_KIND_NODE_IMAGE  use this node image instead of building/reusing ours
 #   TG_KIND_TIMEOUT     seconds for each wait (default 300)
 #   TG_KIND_RECREATE=1  recreate a cluster that runs an older node image (default: reuse it)
+#   TG_KIND_KUBELET_SYNC kubelet syncFrequency on every node (default 10s; kubeadm's is 1m): how
+#                       soon a changed Secret or ConfigMap reaches the pods that mount it
 #   TG_KIND_GPU=1       real NVIDIA hosts: NOT IMPLEMENTED (TODO hook, see docs/kind-cluster.md)
 #   TG_KIND_KEEP_STORES=1 (default) the two workers' containerd stores live on the host, under
 #                       ~/.cache/trainergroup/kind/stores/<name>/<node>, so an image loaded
@@ -129,6 +131,20 @@ drop_stores() {  # a cluster that failed to come up does not leave its stores fo
   rm -rf "$STORES"
 }
 
+# The kubelet refreshes a pod's mounted Secrets and ConfigMaps on its sync period: kubeadm's 1m
+# made the e2e's key-added/key-removed checks (tests/e2e/phases/tinker.sh) wait 50-80 s each.
+# Set on new and reused nodes alike (a restart only where the value differs); pods keep running.
+KUBELET_SYNC="${TG_KIND_KUBELET_SYNC:-10s}"
+tune_kubelets() {
+  local n cfg=/var/lib/kubelet/config.yaml
+  for n in "$CP_NODE" "$GPU_NODE" "$CPU_NODE"; do
+    "$DOCKER" exec "$n" grep -qx "syncFrequency: $KUBELET_SYNC" "$cfg" && continue
+    "$DOCKER" exec "$n" sh -c "sed -i '/^syncFrequency:/d' $cfg && echo 'syncFrequency: $KUBELET_SYNC' >> $cfg && systemctl restart kubelet" \
+      || fail "could not set syncFrequency in $n:$cfg"
+    log "kubelet on $n: syncFrequency $KUBELET_SYNC (restarted)"
+  done
+}
+
 advertise_gpus() {
   log "advertising nvidia.com/gpu: $GPUS on $GPU_NODE (PATCH nodes/$GPU_NODE/status)"
   k patch node "$GPU_NODE" --subresource=status --type=json -p "[
@@ -195,7 +211,7 @@ cmd_up() {
       "$KIND" get kubeconfig --name "$CLUSTER" >"$KUBECONFIG_OUT" 2>/dev/null || true
       if healthy; then
         log "reusing healthy cluster $CLUSTER ($image)"
-        advertise_gpus; wait_ready
+        tune_kubelets; advertise_gpus; wait_ready
         echo "$KUBECONFIG_OUT"; return 0
       fi
       log "cluster $CLUSTER exists but is not healthy: recreating"
@@ -212,6 +228,7 @@ cmd_up() {
     || { rm -f "$cfg"; drop_stores; fail "kind create cluster failed (nodes kept for the diagnostics above; remove them with: bash hack/kind/cluster.sh down)"; }
   rm -f "$cfg"
   log "kind create cluster returned after $((SECONDS - t0))s"
+  tune_kubelets
   ( wait_ready ) || { drop_stores; exit 1; }
   advertise_gpus
   echo "$(date -u +%FT%TZ) cluster up (create+ready) $((SECONDS - t0))s" >>"$TG_KIND_CACHE/timings.log"

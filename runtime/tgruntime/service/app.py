@@ -276,7 +276,10 @@ class TinkerService:
         self._check_optimizer(body.get("optimizer_config"))
         model_id = f"{sid}:train:{int(body.get('model_seq_id', 0))}"
         model = Model(model_id, sid, self.info.base_model, rank)
-        self.registry.add_model(model)
+        try:
+            self.registry.add_model(model)
+        except ServiceError as exc:
+            return self._refused(model_id, exc)
         _json_log("create_model", model_id=model_id, lora_rank=rank)
 
         def prepare() -> Callable[[], Awaitable[Outcome]]:
@@ -289,6 +292,16 @@ class TinkerService:
             return wait
 
         rid = self._ordered(model, None, prepare)
+        return web.json_response({"request_id": rid, "model_id": model_id})
+
+    def _refused(self, model_id: str, exc: ServiceError) -> web.Response:
+        """A new model refused for the group's capacity (another session's full-weight model,
+        spec.api.maxRuns) is answered through its future, so the SDK raises the message at once:
+        sent as HTTP 409 or 429, the SDK retries it (its rule for those codes) for about a minute
+        before the user sees it."""
+        _json_log("refused", model_id=model_id, status=exc.status, error=str(exc))
+        rid = self.futures.new()
+        self.futures.fail(rid, str(exc), exc.category)
         return web.json_response({"request_id": rid, "model_id": model_id})
 
     # -- runs of a LoRA group (service.runs) -------------------------------------------
@@ -351,17 +364,17 @@ class TinkerService:
         assert lora is not None
         settings = self._run_settings(body.get("lora_config"))
         self._check_optimizer(body.get("optimizer_config"))
+        model_id = f"{sid}:train:{int(body.get('model_seq_id', 0))}"
         if lora.full():
             await self._free_lapsed_runs()
         if lora.full():
             held = ", ".join(sorted(lora.runs))
-            raise ServiceError(
+            return self._refused(model_id, ServiceError(
                 f"this group holds {len(lora.runs)} training runs, its limit (spec.api.maxRuns "
                 f"{lora.max_runs}): {held}. Finish a session (ServiceClient's close, or let its "
                 "heartbeat lapse) or raise spec.api.maxRuns",
                 status=429,
-            )
-        model_id = f"{sid}:train:{int(body.get('model_seq_id', 0))}"
+            ))
         if model_id in self.registry.models:
             raise ServiceError(f"model {model_id} exists already (model_seq_id is reused)")
         model = Model(model_id, sid, self.info.base_model, settings["rank"])
@@ -635,7 +648,10 @@ class TinkerService:
             model = Model(
                 f"{sid}:train:{int(body.get('model_seq_id', 0))}", sid, self.info.base_model, None
             )
-            self.registry.add_model(model)
+            try:
+                self.registry.add_model(model)
+            except ServiceError as exc:
+                return self._refused(model.model_id, exc)
             seq = None
 
         def prepare() -> Callable[[], Awaitable[Outcome]]:

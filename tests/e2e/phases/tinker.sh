@@ -151,16 +151,17 @@ tinker_probe_result() {  # <name>: wait for the pod to finish, save its log, pri
   grep '^PROBE ' "$ARTIFACTS/$p.log" | tail -1 | cut -c7-
 }
 k -n "$TG_NS" delete pod -l app.kubernetes.io/name=tg-e2e-tinker-probe --ignore-not-found --wait=true >/dev/null
-tinker_probe tinker-wrongkey 1 key "tml-not-a-key-of-this-group" 401 60
-tinker_probe tinker-unlabelled 0 tcp - 0 30
-TINKER_WRONG="$(tinker_probe_result tinker-wrongkey)"
-TINKER_UNLABELLED="$(tinker_probe_result tinker-unlabelled)"
-
-# a key a user adds works once the kubelet syncs the volume; removed, it stops working
+# a key a user adds works once the kubelet syncs the volume (hack/kind/cluster.sh sets its
+# syncFrequency to 10s); removed, it stops working. The added key's probe runs beside the
+# wrong-key and no-label probes (the no-label one takes its whole 30 s when the policy holds).
 TINKER_USER_KEY="tml-e2e-$(python3 -c 'import secrets; print(secrets.token_hex(16))')"
 k -n "$TG_NS" patch secret "$TINKER_SECRET" --type merge \
   -p "{\"stringData\":{\"e2e-user\":\"$TINKER_USER_KEY\"}}" >/dev/null
+tinker_probe tinker-wrongkey 1 key "tml-not-a-key-of-this-group" 401 60
+tinker_probe tinker-unlabelled 0 tcp - 0 30
 tinker_probe tinker-added 1 key "$TINKER_USER_KEY" 200 240
+TINKER_WRONG="$(tinker_probe_result tinker-wrongkey)"
+TINKER_UNLABELLED="$(tinker_probe_result tinker-unlabelled)"
 TINKER_ADDED="$(tinker_probe_result tinker-added)"
 k -n "$TG_NS" patch secret "$TINKER_SECRET" --type json \
   -p '[{"op":"remove","path":"/data/e2e-user"}]' >/dev/null

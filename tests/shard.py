@@ -2,8 +2,11 @@
 
 ``TG_SHARD=k/n`` keeps the test files of shard ``k`` (0-based) of ``n`` and deselects the rest.
 The files go to shards by greedy longest-first assignment on their seconds in a measured
-two-lane run, from ``tests/shard-weights.json`` (refreshed by hand; a file it does not name
-weighs their median). ``TG_SHARD_START=a,b,...`` gives each shard the seconds its lane
+two-lane run, from ``tests/shard-weights.json`` (refreshed by hand): a file weighs the sum of
+its selected tests' seconds (``test_s``; a test it does not name weighs their median), so a
+phase that leaves some tests out (``--quick``: not flow) is split by what it runs; without
+``test_s``, the file's whole seconds (``wall_s``; a file it does not name weighs their
+median). ``TG_SHARD_START=a,b,...`` gives each shard the seconds its lane
 spends before this phase, so the lanes end together: a number, or phases joined by ``+``
 whose seconds the weights file holds (``types+ray``). Every process that runs the same phase
 with the same files, weights and start loads computes the same split: each file is in
@@ -76,14 +79,30 @@ def _seconds(part: str, phases: Mapping[str, float]) -> float:
     return phases[part] if part in phases else float(part)
 
 
-def load_weights(path: Path = WEIGHTS) -> tuple[dict[str, float], dict[str, float]]:
-    """(seconds by test file, seconds by phase) of the measured run; empty if none."""
+def load_weights(
+    path: Path = WEIGHTS,
+) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+    """(seconds by test file, by phase, by test) of the measured run; empty if none."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
-        return {}, {}
-    files = {str(f): float(s) for f, s in data.get("wall_s", {}).items()}
-    return files, {str(p): float(s) for p, s in data.get("phase_s", {}).items()}
+        return {}, {}, {}
+
+    def floats(key: str) -> dict[str, float]:
+        return {str(k): float(v) for k, v in data.get(key, {}).items()}
+
+    return floats("wall_s"), floats("phase_s"), floats("test_s")
+
+
+def file_weights(nodeids: Iterable[str], tests: Mapping[str, float]) -> dict[str, float]:
+    """Each file's seconds: the sum of its given tests' (a test not in ``tests``: their
+    median)."""
+    default = statistics.median(tests.values()) if tests else 1.0
+    out: dict[str, float] = {}
+    for nodeid in nodeids:
+        f = nodeid.split("::")[0]
+        out[f] = out.get(f, 0.0) + tests.get(nodeid, default)
+    return out
 
 
 @pytest.hookimpl(trylast=True)  # after -m and -k have deselected
@@ -91,7 +110,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     value = os.environ.get("TG_SHARD", "")
     if not value:
         return
-    weights, phases = load_weights()
+    weights, phases, tests = load_weights()
+    if tests:
+        weights = file_weights((i.nodeid for i in items), tests)
     try:
         k, n, start = parse(value, os.environ.get("TG_SHARD_START", ""), phases)
     except ValueError as exc:

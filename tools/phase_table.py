@@ -68,14 +68,23 @@ def costliest_files(work: Path, top: int = 15) -> list[dict[str, Any]]:
 
 
 def write_weights(work: Path, phases: list[dict[str, Any]], path: Path) -> None:
-    """Every test file's and phase's wall seconds in this run, for tests/shard.py's split of a
-    phase between the lanes (wall, not CPU: the lanes end by the clock, and the kind phase's
-    work is in Docker's containers, not in its own CPU)."""
+    """Every test file's, test's and phase's wall seconds in this run, for tests/shard.py's
+    split of a phase between the lanes (wall, not CPU: the lanes end by the clock, and the kind
+    phase's work is in Docker's containers, not in its own CPU)."""
     walls: dict[str, int] = {}
     for f in file_costs(work):  # a file with tests in two phases: their sum
         walls[f["file"]] = walls.get(f["file"], 0) + f["wall_s"]
+    tests: dict[str, float] = {}  # each test's own, so a phase that deselects some (--quick)
+    for tsv in sorted(work.glob("*.test-cpu.tsv")):  # weighs a file by the tests it keeps
+        for line in tsv.read_text().splitlines():
+            nodeid, wall = ([*line.split("\t"), ""])[:2]
+            try:
+                tests[nodeid] = round(tests.get(nodeid, 0.0) + float(wall), 1)
+            except ValueError:
+                continue
     by_phase = {p["phase"]: p["seconds"] for p in phases}
-    doc = {"wall_s": dict(sorted(walls.items())), "phase_s": by_phase}
+    doc = {"wall_s": dict(sorted(walls.items())), "phase_s": by_phase,
+           "test_s": dict(sorted(tests.items()))}
     path.write_text(json.dumps(doc, indent=1) + "\n")
 
 

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The test command: installs what is needed, then runs every check and test that can run here.
 #   ./tools/test.sh              everything (CI: .ci/run calls this)
-#   ./tools/test.sh --quick      the inner loop: lint, types, unit, Ray, Megatron-on-CPU tests;
-#                                no Go, no Docker, no kind (<= 10 min warm; docs/testing.md)
+#   ./tools/test.sh --quick      the inner loop: lint, types, unit, Ray, Megatron-on-CPU tests
+#                                but the end-to-end flows (marker flow: tgctl up..down, the
+#                                cookbook, an example); no Go, no Docker, no kind (<= 10 min
+#                                warm; docs/testing.md)
 #   ./tools/test.sh -k api       extra arguments go to every pytest phase
 # Tiers that cannot run on this machine (GPU) are skipped by pytest with their reason. The kind
 # tier (real pods, tests/e2e) runs here: this script starts the Docker engine it needs.
@@ -83,6 +85,9 @@ RAY="ray and not megatron and not k8s and not docker and not kind and not e2e"
 MEGATRON="megatron and not k8s and not docker and not kind and not e2e"
 PLANE="(k8s or docker) and not kind and not e2e"
 KIND="kind or e2e"
+if (( QUICK )); then  # the inner loop leaves out the end-to-end flows (marker flow); CI runs them
+  UNIT="$UNIT and not flow"; RAY="$RAY and not flow"; MEGATRON="$MEGATRON and not flow"
+fi
 status=0
 PY="$ROOT/.venv/bin/python"
 pytest_phase() {  # NAME MARKEXPR [pytest args]
@@ -285,7 +290,7 @@ if (( ! QUICK )); then
 fi
 if (( QUICK )); then
   table
-  log "quick tier finished in $(( $(date +%s) - T0 ))s with status $status (CI runs everything: ./tools/test.sh)"
+  log "quick tier finished in $(( $(date +%s) - T0 ))s with status $status (it left out the flow tests, Go, Docker and kind; CI runs everything: ./tools/test.sh)"
   exit $status
 fi
 table

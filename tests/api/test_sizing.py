@@ -1,7 +1,7 @@
 """Sizes that cannot work are refused before anything starts, with the estimate.
 
 - the parameter estimate (tgapi.sizing) equals what megatron-core builds (real GPTModel on
-  CPU, gloo, in a subprocess) for several shapes, tensor-parallel 1 and 2;
+  CPU, gloo, in launched ranks) for several shapes, tensor-parallel 1 and 2;
 - a model too big for the worker pods' memory (CPU workers) or their GPU (gpuMemory, or
   the nvidia.com/gpu.product node selector) is a SpecError naming the field, with the
   estimate, the limit and what to change; one that fits is accepted;
@@ -11,12 +11,9 @@
 
 from __future__ import annotations
 
-import json
 import os
-import socket
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -45,15 +42,16 @@ SHAPES: list[dict[str, Any]] = [
      "architecture": "qwen3", "headDim": 32},
 ]
 
-_COUNT = textwrap.dedent(
-    """
-    import json, os, sys
+def _count(specs: list[dict[str, Any]]) -> list[int]:
+    """One rank: the parameters of real megatron GPTModels on this rank (CPU, gloo)."""
     import torch.distributed as dist
+
     from tgapi import parse_spec
     from tgruntime.trainer import distributed, model
     from tgruntime.trainer.settings import resolve_settings
 
-    for raw in json.loads(sys.argv[1]):
+    counts = []
+    for raw in specs:
         spec = parse_spec(raw, local=True)
         settings = resolve_settings(spec, device="cpu")
         distributed.init_process_group(settings)
@@ -61,33 +59,20 @@ _COUNT = textwrap.dedent(
         distributed.init_model_parallel(tp=p.tensor, pp=p.pipeline, cp=p.context)
         config = model.transformer_config(spec.model, spec.parallelism, settings)
         gpt = model.build_gpt_model(spec.model, config, settings)
-        if dist.get_rank() == 0:
-            print("COUNT", model.count_parameters(gpt), flush=True)
+        counts.append(model.count_parameters(gpt))
+        dist.barrier()
     distributed.destroy_parallel(destroy_process_group=True)
-    """
-)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return counts
 
 
 def _megatron_counts(specs: list[dict[str, Any]], world: int) -> list[int]:
     """Parameters on rank 0 of real megatron GPTModels (CPU, gloo, ``world`` processes)."""
-    port = str(_free_port())
-    procs = []
-    for rank in range(world):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "CUDA_VISIBLE_DEVICES": ""}
-        procs.append(subprocess.Popen(
-            [sys.executable, "-c", _COUNT, json.dumps(specs)], env=env, text=True,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE))
-    outs = [p.communicate(timeout=600) for p in procs]
-    for p, (_, err) in zip(procs, outs, strict=True):
-        assert p.returncode == 0, err[-3000:]
-    return [int(x.split()[1]) for x in outs[0][0].splitlines() if x.startswith("COUNT ")]
+    from tgruntime.trainer.launch import launch
+
+    ranks = launch(_count, world_size=world, kwargs={"specs": specs},
+                   env={"CUDA_VISIBLE_DEVICES": ""}, timeout_s=600)
+    counts: list[int] = ranks[0]
+    return counts
 
 
 @pytest.mark.parametrize("tensor", [1, 2])

@@ -97,6 +97,7 @@ def last_steps(cluster: RayCluster, group: str, namespace: str) -> list[dict[str
     return tagged("LAST", out)[-1]
 
 
+@pytest.mark.flow
 def test_up_then_another_process_attaches_by_name_trains_and_tears_down(
     ray_cluster: RayCluster, tmp_path: Path
 ) -> None:
@@ -160,6 +161,7 @@ def test_up_then_another_process_attaches_by_name_trains_and_tears_down(
     assert again["teardown"]["actorsKilled"] == [], again
 
 
+@pytest.mark.flow
 def test_checkpoint_resumes_in_a_recreated_generation(
     ray_cluster: RayCluster, tmp_path: Path
 ) -> None:

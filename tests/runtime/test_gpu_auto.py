@@ -220,6 +220,7 @@ def test_server_with_gpu_workers_on_a_cpu_cluster_fails_at_once(
 
 
 @pytest.mark.ray
+@pytest.mark.flow
 def test_tgctl_up_detects_gpus_for_a_new_head_and_auto_uses_them(tmp_path: Path) -> None:
     """No flags: `tgctl up` starts its own head with the GPUs it detects (here: two logical
     GPUs named by CUDA_VISIBLE_DEVICES), "auto" then puts the workers on GPUs."""

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-pytestmark = [pytest.mark.ray, pytest.mark.megatron]
+pytestmark = [pytest.mark.ray, pytest.mark.megatron, pytest.mark.flow]
 
 # tools/install.sh builds it in .venv/cookbook (next to the venv it is layered over)
 COOKBOOK_PY = Path(

@@ -57,6 +57,7 @@ def test_the_committed_weights_name_real_test_files() -> None:
     starts = {"types", "unit", "ray", "plane", "kind"}  # tools/test.sh's TG_SHARD_START
     assert starts <= set(data["phase_s"]), sorted(starts - set(data["phase_s"]))
     missing = [f for f in data["wall_s"] if not (REPO / f).is_file()]
+    missing += [t for t in data.get("test_s", {}) if not (REPO / t.split("::")[0]).is_file()]
     assert not missing, f"weights for files that do not exist (refresh the file): {missing}"
 
 
@@ -75,3 +76,12 @@ def test_two_shards_of_a_real_collection_partition_it(tmp_path: Path) -> None:
 
     every, a, b = collected(""), collected("0/2"), collected("1/2")
     assert a and b and not (a & b) and a | b == every
+
+
+def test_a_file_weighs_the_tests_it_keeps() -> None:
+    """--quick deselects the flow tests: a file is split by the seconds of what it still runs."""
+    tests = {"a.py::x": 100.0, "a.py::y": 2.0, "b.py::z": 10.0, "c.py::w": 4.0}
+    assert shard.file_weights(["a.py::y", "b.py::z"], tests) == {"a.py": 2.0, "b.py": 10.0}
+    # a test the weights do not name weighs their median
+    assert shard.file_weights(["d.py::new"], tests) == {"d.py": 7.0}
+    assert shard.file_weights(["d.py::new"], {}) == {"d.py": 1.0}

@@ -19,7 +19,7 @@ pytest.importorskip("megatron.core")
 pytest.importorskip("transformers")
 pytest.importorskip("matplotlib")
 
-pytestmark = [pytest.mark.ray, pytest.mark.megatron]
+pytestmark = [pytest.mark.ray, pytest.mark.megatron, pytest.mark.flow]
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "rl" / "toy_rl.py"
 

@@ -6,10 +6,10 @@ two-lane run, from ``tests/shard-weights.json`` (refreshed by hand): a file weig
 its selected tests' seconds (``test_s``; a test it does not name weighs their median), so a
 phase that leaves some tests out (``--quick``: not flow) is split by what it runs; without
 ``test_s``, the file's whole seconds (``wall_s``; a file it does not name weighs their
-median). ``TG_SHARD_START=a,b,...`` gives each shard the seconds its lane
-spends before this phase, so the lanes end together: a number, or phases joined by ``+``
-whose seconds the weights file holds (``types+ray``). Every process that runs the same phase
-with the same files, weights and start loads computes the same split: each file is in
+median). ``TG_SHARD_START=a,b,...`` gives each shard the seconds its lane spends before this
+phase, so the lanes end together: a number, or phases joined by ``+`` whose seconds the weights
+file holds (``types+ray``; ``quick.ray``: of a ``--quick`` run). Every process that runs the same
+phase with the same files, weights and start loads computes the same split: each file is in
 exactly one shard (tests/tools/test_shard.py). The weights decide balance only, never which
 tests run in all: a wrong or missing weight costs time, not coverage.
 """
@@ -91,7 +91,9 @@ def load_weights(
     def floats(key: str) -> dict[str, float]:
         return {str(k): float(v) for k, v in data.get(key, {}).items()}
 
-    return floats("wall_s"), floats("phase_s"), floats("test_s")
+    # a --quick run's phases as quick.<phase> (TG_SHARD_START=quick.types+quick.ray,quick.unit)
+    phases = {**floats("phase_s"), **{f"quick.{k}": v for k, v in floats("quick_phase_s").items()}}
+    return floats("wall_s"), phases, floats("test_s")
 
 
 def file_weights(nodeids: Iterable[str], tests: Mapping[str, float]) -> dict[str, float]:

@@ -68,9 +68,10 @@ def costliest_files(work: Path, top: int = 15) -> list[dict[str, Any]]:
 
 
 def write_weights(work: Path, phases: list[dict[str, Any]], path: Path) -> None:
-    """Every test file's, test's and phase's wall seconds in this run, for tests/shard.py's
-    split of a phase between the lanes (wall, not CPU: the lanes end by the clock, and the kind
-    phase's work is in Docker's containers, not in its own CPU)."""
+    """Every test file's, test's and phase's wall seconds in this run (of a --quick run: its
+    phases' seconds, as ``quick_phase_s``), for tests/shard.py's split of a phase between the
+    lanes (wall, not CPU: the lanes end by the clock, and the kind phase's work is in Docker's
+    containers, not in its own CPU)."""
     walls: dict[str, int] = {}
     for f in file_costs(work):  # a file with tests in two phases: their sum
         walls[f["file"]] = walls.get(f["file"], 0) + f["wall_s"]
@@ -83,8 +84,15 @@ def write_weights(work: Path, phases: list[dict[str, Any]], path: Path) -> None:
             except ValueError:
                 continue
     by_phase = {p["phase"]: p["seconds"] for p in phases}
-    doc = {"wall_s": dict(sorted(walls.items())), "phase_s": by_phase,
-           "test_s": dict(sorted(tests.items()))}
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError):
+        old = {}
+    if not {"plane", "kind"} & set(by_phase):  # a --quick run: its phases' seconds only (the
+        doc = {**old, "quick_phase_s": by_phase}  # files' and tests' come from full runs)
+    else:
+        doc = {"wall_s": dict(sorted(walls.items())), "phase_s": by_phase,
+               "test_s": dict(sorted(tests.items())), "quick_phase_s": old.get("quick_phase_s", {})}
     path.write_text(json.dumps(doc, indent=1) + "\n")
 
 

@@ -242,7 +242,7 @@ rm -rf "$E2E_ARTIFACTS"
 UNIT_IN_LANE=1 SPLIT_MEGATRON=0
 if (( ! QUICK && HAVE_GO )) && [[ "$GO_CACHE" == hit ]]; then UNIT_IN_LANE=0; fi
 SHARD_START="types+ray,unit"
-if (( QUICK )); then SPLIT_MEGATRON=1
+if (( QUICK )); then SPLIT_MEGATRON=1; SHARD_START="quick.types+quick.ray,quick.unit"
 elif (( ! UNIT_IN_LANE )) && [[ "${TG_SPLIT:-1}" != 0 ]]; then SPLIT_MEGATRON=1; SHARD_START="types+unit+ray,plane+kind"; fi
 
 # ---- Python, lint, types; then the two lanes --------------------------------------------------

@@ -56,6 +56,9 @@ def test_the_committed_weights_name_real_test_files() -> None:
     assert data["wall_s"], "tests/shard-weights.json has no weights"
     starts = {"types", "unit", "ray", "plane", "kind"}  # tools/test.sh's TG_SHARD_START
     assert starts <= set(data["phase_s"]), sorted(starts - set(data["phase_s"]))
+    _, phases, _ = shard.load_weights()
+    quick = {"quick.types", "quick.ray", "quick.unit"}  # and its --quick one
+    assert quick <= set(phases), sorted(quick - set(phases))
     missing = [f for f in data["wall_s"] if not (REPO / f).is_file()]
     missing += [t for t in data.get("test_s", {}) if not (REPO / t.split("::")[0]).is_file()]
     assert not missing, f"weights for files that do not exist (refresh the file): {missing}"

@@ -225,4 +225,12 @@ k -n "$TG_NS" delete job "$TG-kq-a" "$TG-kq-b" --wait=false --ignore-not-found >
 k -n "$TG_NS" delete tg "$TG" --timeout=600s >/dev/null
 wait_for 300 "$TG gone with its pods" kq_gone "$TG"
 stamp kueue_done
-log "phase kueue passed in $(( $(date +%s) - KQ_T0 ))s"
+# Kueue leaves with its queues: the kept cluster's next run must not meet its webhooks (which
+# refuse RayClusters while no Kueue pod answers) or spend CPU on its manager.
+k delete localqueue -n "$TG_NS" "$KQ_LQ" --ignore-not-found >/dev/null
+k delete clusterqueue "$KQ_CQ" --ignore-not-found >/dev/null
+k delete resourceflavor tg-e2e-flavor --ignore-not-found >/dev/null
+k delete workloadpriorityclass low high --ignore-not-found >/dev/null
+h uninstall kueue --namespace "$KQ_NS" --wait --timeout 5m >/dev/null
+k delete namespace "$KQ_NS" --ignore-not-found --wait=false >/dev/null
+log "phase kueue passed in $(( $(date +%s) - KQ_T0 ))s (Kueue uninstalled)"

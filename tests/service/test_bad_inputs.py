@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import urllib.error
 import urllib.request
 from typing import Any
@@ -29,6 +30,35 @@ def _post(served: dict[str, Any], route: str, body: bytes, *, key: str | None = 
             return resp.status, json.loads(resp.read() or b"{}")
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read() or b"{}")
+
+
+def _wire(request: Any) -> bytes:
+    """A tinker SDK request type as the SDK sends it (JSON)."""
+    return json.dumps(request.model_dump(mode="json")).encode()
+
+
+def create_model_refused(served: dict[str, Any], *want: str) -> None:
+    """A raw ``create_model`` (a new session) on a group at capacity: HTTP 200 with a request
+    id, not 409/429 (the SDK retries those for about a minute before the user sees the
+    message), and the first ``retrieve_future`` already gives the failure: category ``user``,
+    its message matching each of ``want`` (regular expressions: the cause and the fix)."""
+    key = served["key"]
+    code, session = _post(served, "create_session", _wire(
+        T.CreateSessionRequest(tags=[], user_metadata=None, sdk_version="0.38.0")), key=key)
+    assert code == 200, (code, session)
+    sid = session["session_id"]
+    try:
+        model = T.CreateModelRequest(session_id=sid, model_seq_id=0, base_model=served["base"],
+                                     lora_config=T.LoraConfig(rank=8))
+        code, created = _post(served, "create_model", _wire(model), key=key)
+        assert code == 200 and created.get("request_id"), (code, created)
+        code, got = _post(served, "retrieve_future", _wire(
+            T.FutureRetrieveRequest(request_id=created["request_id"])), key=key)
+        assert code == 200 and got.get("category") == "user", (code, got)
+        for pattern in want:
+            assert re.search(pattern, got["error"]), (pattern, got)
+    finally:
+        _post(served, f"sessions/{sid}/finish", b"{}", key=key)
 
 
 def _works(tc: Any) -> None:
@@ -104,3 +134,14 @@ def test_bad_inputs_are_refused_clearly(served: dict[str, Any]) -> None:
                            sampling_params=T.SamplingParams(max_tokens=3, stop=[])).result(
             timeout=WAIT)
         assert len(r.sequences[0].tokens) == 3
+
+
+def test_a_model_refused_for_another_sessions_run_fails_its_future_not_http_409(
+    served: dict[str, Any],
+) -> None:
+    with _sc(served) as sc:
+        tc = sc.create_lora_training_client(base_model=served["base"], rank=8).result()
+        create_model_refused(
+            served, f"already trains model {re.escape(tc.model_id)}", "Finish that session"
+        )
+        _works(tc)

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from tests.service.conftest import MODEL, serving
+from tests.service.test_bad_inputs import create_model_refused
 
 pytestmark = [pytest.mark.ray, pytest.mark.megatron]
 
@@ -151,6 +152,19 @@ def test_the_run_limit_is_refused_clearly_and_frees_with_the_session(
     with _sc(lora_served) as sc:
         tc = sc.create_lora_training_client(base_model=base, rank=4).result()
         assert _steps(tc, [0])
+
+
+def test_the_run_limit_fails_the_create_model_future_not_http_429(
+    lora_served: dict[str, Any],
+) -> None:
+    base = lora_served["base"]
+    with _sc(lora_served) as sc:
+        held = [sc.create_lora_training_client(base_model=base, rank=4).result() for _ in range(3)]
+        create_model_refused(
+            lora_served, r"its limit \(spec\.api\.maxRuns 3\)", r"raise spec\.api\.maxRuns"
+        )
+        assert set(_runs(lora_served)) == {tc.model_id for tc in held}
+    _until_no_runs(lora_served)
 
 
 def _until(ok: Callable[[], bool], what: str, timeout_s: float = 120.0) -> None:

@@ -281,6 +281,26 @@ class KubeApi:
 
         return await asyncio.to_thread(call)
 
+    async def workload_priority_class_exists(self, *, name: str) -> bool | None:
+        def call() -> bool | None:
+            try:
+                self._custom.get_cluster_custom_object(
+                    queue.WORKLOAD_GROUP,
+                    queue.WORKLOAD_VERSION,
+                    queue.PRIORITY_CLASS_PLURAL,
+                    name,
+                    _request_timeout=self._timeout,
+                )
+            except ApiException as exc:
+                if exc.status == 404:
+                    return False if _is_object_not_found(exc, name=name) else None  # no CRD: None
+                if exc.status == 403:  # no RBAC (a namespaced install): unknown
+                    return None
+                raise
+            return True
+
+        return await asyncio.to_thread(call)
+
     def _get_custom(
         self, group: str, version: str, plural: str, namespace: str, name: str
     ) -> dict[str, Any] | None:
@@ -293,3 +313,15 @@ class KubeApi:
                 return None
             raise
         return cast(dict[str, Any], obj)
+
+
+def _is_object_not_found(exc: ApiException, *, name: str) -> bool:
+    """A 404 for the named object (its Status names it), not for its resource type (an API
+    server without the CRD answers "the server could not find the requested resource", with no
+    name in its details)."""
+    try:
+        body = json.loads(exc.body or "{}")
+    except (TypeError, ValueError):
+        return False
+    details = body.get("details") if isinstance(body, dict) else None
+    return isinstance(details, dict) and details.get("name") == name

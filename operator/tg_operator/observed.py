@@ -67,8 +67,13 @@ def kube_readiness(snap: Snapshot) -> status_mod.ClusterReadiness:
     if rc is not None and queue.suspended(rc) and not rc.get("metadata", {}).get(
         "deletionTimestamp"
     ):
-        name = tg.spec.queue.name if tg.spec.queue is not None else "(none: spec.suspend is set)"
-        msg = queue.admission_message(snap.workload, queue=name)
+        q = tg.spec.queue
+        msg = queue.admission_message(
+            snap.workload,
+            queue=q.name if q is not None else "(none: spec.suspend is set)",
+            priority_class=q.priority_class if q is not None else None,
+            priority_class_exists=snap.priority_class_exists,
+        )
         return status_mod.ClusterReadiness(ready=False, reason=status_mod.QUEUED, message=msg)
     ready = status_mod.kube_readiness(
         raycluster_obj=snap.raycluster, pods=snap.pods, cluster=cluster

@@ -43,6 +43,11 @@ class KubeApi(Protocol):
         are not installed or the operator may not read them)."""
         ...
 
+    async def workload_priority_class_exists(self, *, name: str) -> bool | None:
+        """Whether Kueue's cluster-scoped WorkloadPriorityClass ``name`` exists (None: unknown,
+        when Kueue's CRDs are not installed or the operator may not read them)."""
+        ...
+
     async def create_secret(self, body: dict[str, Any]) -> bool:
         """Create a Secret; False when it exists already (it is left as it is)."""
         ...

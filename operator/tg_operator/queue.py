@@ -14,6 +14,11 @@ together: all or nothing). The operator's part:
 * :func:`workload_of` / :func:`admission_message`: the Workload Kueue made for the cluster (it
   carries the label ``kueue.x-k8s.io/job-uid`` = the RayCluster's uid) and why it is not
   admitted yet, for ``status.message``.
+* ``priority_class_exists`` (read by reconcile.observe only while a suspended cluster has no
+  Workload and the group names a priority class): Kueue makes no Workload, and posts no event,
+  for a RayCluster whose ``kueue.x-k8s.io/priority-class`` names a WorkloadPriorityClass that
+  does not exist; :func:`admission_message` then says so, with the fix. The phase stays Queued
+  (the class may be created later, and Kueue then admits the cluster).
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 WORKLOAD_GROUP = "kueue.x-k8s.io"
 WORKLOAD_VERSION = "v1beta2"
 WORKLOAD_PLURAL = "workloads"
+PRIORITY_CLASS_PLURAL = "workloadpriorityclasses"
+"""Kueue's WorkloadPriorityClass: cluster-scoped, same group and version as the Workload."""
 
 
 def labels(tg: TrainerGroup) -> dict[str, str]:
@@ -67,9 +74,26 @@ def workload_of(
     return None
 
 
-def admission_message(workload: Mapping[str, Any] | None, *, queue: str) -> str:
-    """Why the cluster waits, in Kueue's words where the Workload gives them."""
+def admission_message(
+    workload: Mapping[str, Any] | None,
+    *,
+    queue: str,
+    priority_class: str | None = None,
+    priority_class_exists: bool | None = None,
+) -> str:
+    """Why the cluster waits, in Kueue's words where the Workload gives them.
+
+    With no Workload, ``priority_class_exists`` False (the group's ``priority_class`` is known
+    to be missing) names that as the reason: Kueue makes no Workload for such a cluster and says
+    so only in its own log. None (not read, no Kueue, no RBAC) or True: no Workload yet.
+    """
     if workload is None:
+        if priority_class and priority_class_exists is False:
+            return (
+                f"waiting for Kueue: WorkloadPriorityClass {priority_class} does not exist, so "
+                f"Kueue makes no Workload for this RayCluster (LocalQueue {queue}); create the "
+                "WorkloadPriorityClass or change spec.queue.priorityClass"
+            )
         return f"waiting for Kueue to admit the RayCluster (LocalQueue {queue}; no Workload yet)"
     name = str(workload.get("metadata", {}).get("name") or "")
     conds = {

@@ -5,8 +5,10 @@ integration tests run the operator with exactly these rules through a service
 account token. ``python -m tg_operator.rbac`` prints them as YAML.
 
 Cluster-wide operator (``TG_NAMESPACES`` empty): one ClusterRole with
-:data:`OPERATOR_RULES`. Namespaced operator: a Role with the same rules in each
-watched namespace. The client (``tg-client --trainergroup``, ``tg-client wait``)
+:data:`OPERATOR_RULES` and :data:`OPERATOR_CLUSTER_RULES`. Namespaced operator: a Role with
+:data:`OPERATOR_RULES` in each watched namespace, and no cluster-scoped rule (what
+:data:`OPERATOR_CLUSTER_RULES` would read is then unknown, and its status message is left
+out). The client (``tg-client --trainergroup``, ``tg-client wait``)
 needs :data:`CLIENT_RULES` in the TrainerGroup's namespace: ``get`` and ``watch`` (the waiter in
 ``tgapi.kube_view`` reads the object, then watches it by name) and :data:`CLIENT_TOKEN_RULES` (get
 the group's Ray token Secret, ``<name>-ray-token``). The chart's client Role is these
@@ -77,6 +79,17 @@ OPERATOR_RULES: list[dict[str, Any]] = [
     },
 ]
 
+# Cluster-scoped reads: in the all-namespaces ClusterRole only (a Role cannot grant them).
+OPERATOR_CLUSTER_RULES: list[dict[str, Any]] = [
+    # spec.queue.priorityClass of a suspended RayCluster with no Workload: does Kueue's
+    # WorkloadPriorityClass exist (Kueue makes no Workload and no event when it does not)?
+    {
+        "apiGroups": [queue.WORKLOAD_GROUP],
+        "resources": [queue.PRIORITY_CLASS_PLURAL],
+        "verbs": ["get"],
+    },
+]
+
 CLIENT_RULES: list[dict[str, Any]] = [
     {"apiGroups": [names.GROUP], "resources": [names.TG_PLURAL], "verbs": ["get", "watch"]},
 ]
@@ -98,7 +111,7 @@ def cluster_role(name: str, rules: list[dict[str, Any]]) -> dict[str, Any]:
 
 def main() -> int:
     docs = [
-        cluster_role("trainergroup-operator", OPERATOR_RULES),
+        cluster_role("trainergroup-operator", OPERATOR_RULES + OPERATOR_CLUSTER_RULES),
         cluster_role("trainergroup-client", CLIENT_RULES),
     ]
     sys.stdout.write(yaml.safe_dump_all(docs, sort_keys=False))

@@ -123,7 +123,13 @@ async def observe(ctx: Context, bare: Snapshot) -> Snapshot:
     if rc is not None and queue.suspended(rc):
         uid = str(rc.get("metadata", {}).get("uid") or "")
         workloads = await kube.list_workloads(namespace=tg.namespace, cluster_uid=uid)
-        snap = dataclasses.replace(snap, workload=queue.workload_of(workloads, cluster_uid=uid))
+        workload = queue.workload_of(workloads, cluster_uid=uid)
+        snap = dataclasses.replace(snap, workload=workload)
+        q = tg.spec.queue
+        if workload is None and q is not None and q.priority_class:
+            # Kueue makes no Workload (and posts no event) for a missing priority class
+            exists = await kube.workload_priority_class_exists(name=q.priority_class)
+            snap = dataclasses.replace(snap, priority_class_exists=exists)
     if tinker.wanted(tg):
         deployment = await kube.get_tinker_deployment(namespace=tg.namespace, group=tg.name)
         created = ctx.tinker_created.get(tg.uid)

@@ -54,6 +54,9 @@ class Snapshot:
     pods: tuple[Mapping[str, Any], ...] = ()
     workload: Mapping[str, Any] | None = None
     """Kueue's Workload for a suspended RayCluster (None: not suspended, none, or no Kueue)."""
+    priority_class_exists: bool | None = None
+    """Whether the group's ``spec.queue.priorityClass`` exists as a Kueue WorkloadPriorityClass;
+    read only for a suspended RayCluster with no Workload (None: not read, or unknown)."""
     dashboard_error: str | None = None
     """The dashboard's ``/api/version`` failed (None: it answered, or it was not asked)."""
     alive_worker_nodes: int | None = None

@@ -86,6 +86,9 @@ class WatchedKube:
     async def list_workloads(self, *, namespace: str, cluster_uid: str) -> list[dict[str, Any]]:
         return await self._api.list_workloads(namespace=namespace, cluster_uid=cluster_uid)
 
+    async def workload_priority_class_exists(self, *, name: str) -> bool | None:
+        return await self._api.workload_priority_class_exists(name=name)
+
     async def create_secret(self, body: dict[str, Any]) -> bool:
         return await self._api.create_secret(body)
 

@@ -196,6 +196,13 @@ def operator_rules() -> list[dict[str, Any]]:
     return rbac.OPERATOR_RULES
 
 
+def operator_cluster_rules() -> list[dict[str, Any]]:
+    """Its cluster-scoped reads (tg_operator.rbac.OPERATOR_CLUSTER_RULES): all-namespaces only."""
+    from tg_operator import rbac
+
+    return rbac.OPERATOR_CLUSTER_RULES
+
+
 # (verb, resource[.group][/subresource]) the operator needs in each namespace it watches.
 OPERATOR_NEEDS: list[tuple[str, str]] = sorted(as_check(*t) for t in rule_triples(operator_rules()))
 # Optional cluster-scoped read (rbac.crdDiscovery).

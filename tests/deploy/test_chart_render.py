@@ -33,6 +33,7 @@ from tests.deploy.chart import (
     crd,
     find_helm,
     one,
+    operator_cluster_rules,
     operator_rules,
     rule_triples,
     run_helm,
@@ -229,6 +230,7 @@ def _rules(role: dict[str, Any]) -> set[tuple[str, str, str]]:
 
 
 NAMESPACED_RULES = rule_triples(operator_rules())
+CLUSTER_RULES = rule_triples(operator_cluster_rules())
 CRD_RULES = {
     ("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("get", "list", "watch")
 }
@@ -241,8 +243,10 @@ def test_operator_rules_are_the_operators_own_list(helm: str) -> None:
     # Secrets: create only (each group's Ray token Secret); the operator reads none.
     assert {v for _, r, v in NAMESPACED_RULES if r == "secrets"} == {"create"}
     # The chart's RBAC template must not drift from the operator's declaration (both ways).
+    # Cluster-scoped: get on Kueue's WorkloadPriorityClasses, nothing else.
+    assert {("kueue.x-k8s.io", "workloadpriorityclasses", "get")} == CLUSTER_RULES
     docs = template_docs({})
-    assert _rules(one(docs, "ClusterRole")) == NAMESPACED_RULES
+    assert _rules(one(docs, "ClusterRole")) == NAMESPACED_RULES | CLUSTER_RULES
 
 
 def test_operator_rules_for_the_tinker_server_are_create_and_a_watch(helm: str) -> None:
@@ -272,9 +276,9 @@ def test_rbac_all_namespaces_is_one_clusterrole(helm: str) -> None:
     assert isinstance(docs, list)
     assert not by_kind(docs, "Role") and not by_kind(docs, "RoleBinding")
     role = one(docs, "ClusterRole")
-    assert _rules(role) == NAMESPACED_RULES
+    assert _rules(role) == NAMESPACED_RULES | CLUSTER_RULES
     docs = template_docs({"rbac": {"create": True, "crdDiscovery": True}})
-    assert _rules(one(docs, "ClusterRole")) == NAMESPACED_RULES | CRD_RULES
+    assert _rules(one(docs, "ClusterRole")) == NAMESPACED_RULES | CLUSTER_RULES | CRD_RULES
     docs = template_docs({})
     binding = one(docs, "ClusterRoleBinding")
     assert binding["roleRef"] == {

@@ -63,6 +63,8 @@ class FakeKube:
         self.released: list[tuple[str, str]] = []
         self.workloads: list[dict[str, Any]] = []
         """Kueue's Workloads (a test plays Kueue's part)."""
+        self.priority_classes: set[str] | None = set()
+        """Kueue's WorkloadPriorityClasses by name (None: unknown, no Kueue or no RBAC)."""
         self.watch_lags: set[tuple[str, str]] = set()
         """(namespace, group) whose Tinker Deployment the watch does not show yet."""
 
@@ -88,6 +90,10 @@ class FakeKube:
             if w["metadata"].get("namespace") == namespace
             and w["metadata"].get("labels", {}).get("kueue.x-k8s.io/job-uid") == cluster_uid
         ]
+
+    async def workload_priority_class_exists(self, *, name: str) -> bool | None:
+        self.calls["workload_priority_class_exists"] += 1
+        return None if self.priority_classes is None else name in self.priority_classes
 
     async def get_raycluster(self, *, namespace: str, name: str) -> dict[str, Any] | None:
         self.calls["get_raycluster"] += 1

@@ -133,6 +133,67 @@ def test_a_queued_group_waits_without_timing_out_then_starts_once_admitted() -> 
     assert tinker_key in w.kube.objects  # admitted: the Tinker server is created
 
 
+def test_a_missing_priority_class_is_named_with_the_fix_and_the_group_stays_queued() -> None:
+    """Kueue makes no Workload (and posts no event) for a RayCluster whose priority class does
+    not exist: the status says so, names the field and the fix, and stays Queued; nothing
+    beyond the suspended cluster is created. Once the class exists and Kueue admits the
+    cluster, the group starts."""
+    w = world()
+    w.obj["spec"]["queue"] = {"name": "team-a", "priorityClass": "no-such-class"}
+    w.obj["spec"].setdefault("timeouts", {})["clusterReadySeconds"] = 60
+    for _ in range(10):  # far past clusterReadySeconds
+        _drive_queued(w, passes=1)
+        w.clock.advance(30)
+    st = w.status
+    assert st["phase"] == "Queued", st
+    assert st["message"] == (
+        "waiting for Kueue: WorkloadPriorityClass no-such-class does not exist, so Kueue makes "
+        "no Workload for this RayCluster (LocalQueue team-a); create the WorkloadPriorityClass "
+        "or change spec.queue.priorityClass"
+    ), st["message"]
+    key = cluster_key(w)
+    assert w.kube.clusters[key]["spec"]["suspend"] is True
+    assert w.kube.calls["create_raycluster"] == 1 and w.kube.calls["delete_raycluster"] == 0
+    tinker_key = ("Deployment", key[0], f"{w.obj['metadata']['name']}-tinker")
+    assert tinker_key not in w.kube.objects
+    assert w.ray.calls["submit_job"] == 0 and w.warnings() == []
+
+    # the admin creates the class: no Workload yet, today's message; then Kueue admits it
+    assert w.kube.priority_classes is not None
+    w.kube.priority_classes.add("no-such-class")
+    _drive_queued(w, passes=1)
+    assert w.status["phase"] == "Queued" and "no Workload yet" in w.status["message"]
+    _kueue(w, admit=True)
+    run(drive(w, until=phase_is("Ready")))
+    assert w.status["phase"] == "Ready"
+
+
+def test_an_existing_or_unknown_priority_class_keeps_the_no_workload_message() -> None:
+    for classes in ({"high"}, None):  # None: no Kueue CRD, or no RBAC (a namespaced install)
+        w = world()
+        w.obj["spec"]["queue"] = {"name": "team-a", "priorityClass": "high"}
+        w.kube.priority_classes = classes
+        _drive_queued(w, passes=3)
+        assert w.status["phase"] == "Queued", w.status
+        assert w.status["message"] == (
+            "waiting for Kueue to admit the RayCluster (LocalQueue team-a; no Workload yet)"
+        )
+        assert w.kube.calls["workload_priority_class_exists"] >= 1
+    # no priority class named: nothing to read
+    w = world()
+    w.obj["spec"]["queue"] = {"name": "team-a"}
+    _drive_queued(w, passes=3)
+    assert "no Workload yet" in w.status["message"]
+    assert w.kube.calls["workload_priority_class_exists"] == 0
+    # a Workload exists: its words win over a missing class
+    assert "Workload raycluster-x" in queue.admission_message(
+        {"metadata": {"name": "raycluster-x"}},
+        queue="team-a",
+        priority_class="gone",
+        priority_class_exists=False,
+    )
+
+
 def test_a_preempted_group_goes_back_to_queued_then_resumes_once_admitted_again() -> None:
     w = world()
     w.obj["spec"]["queue"] = {"name": "team-a"}
@@ -158,3 +219,37 @@ def test_a_preempted_group_goes_back_to_queued_then_resumes_once_admitted_again(
         )
     )
     assert w.status["phase"] == "Ready" and w.status["groupGeneration"] == first + 1
+
+
+def test_the_real_port_tells_a_missing_class_from_a_missing_kueue() -> None:
+    """kube.KubeApi: a 404 naming the object is "does not exist"; a 404 for the resource type
+    (no Kueue CRD) or a 403 (no RBAC, e.g. a watched-namespaces install) is unknown (None)."""
+    import json
+
+    from kubernetes.client.exceptions import ApiException
+
+    from tg_operator import kube
+
+    def raising(status: int, details: dict[str, Any] | None) -> Any:
+        class Custom:
+            def get_cluster_custom_object(self, *args: Any, **kwargs: Any) -> Any:
+                assert args[:3] == ("kueue.x-k8s.io", "v1beta2", "workloadpriorityclasses")
+                if status == 200:
+                    return {"metadata": {"name": args[3]}}
+                exc = ApiException(status=status)
+                exc.body = json.dumps({"kind": "Status", "code": status, "details": details})
+                raise exc
+
+        api = object.__new__(kube.KubeApi)
+        api._custom = Custom()
+        api._timeout = 1.0
+        return api
+
+    def exists(api: Any) -> bool | None:
+        return run(api.workload_priority_class_exists(name="no-such-class"))  # type: ignore[no-any-return]
+
+    gone = {"name": "no-such-class", "group": "kueue.x-k8s.io", "kind": "workloadpriorityclasses"}
+    assert exists(raising(404, gone)) is False
+    assert exists(raising(404, None)) is None  # "the server could not find the requested resource"
+    assert exists(raising(403, gone)) is None
+    assert exists(raising(200, None)) is True

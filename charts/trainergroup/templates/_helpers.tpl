@@ -136,6 +136,19 @@ ConfigMaps, no create/delete of TrainerGroups, read-only Pods. Proven on a real 
   verbs: ["create"]
 {{- end }}
 
+{{/*
+Cluster-scoped reads, in the all-namespaces ClusterRole only (a watched-namespaces install
+grants none: the operator then leaves their message out). Exactly
+tg_operator.rbac.OPERATOR_CLUSTER_RULES (tests/deploy checks they agree).
+*/}}
+{{- define "trainergroup.operatorClusterRules" -}}
+# spec.queue.priorityClass: does Kueue's WorkloadPriorityClass exist? (Kueue makes no Workload
+# and posts no event for a RayCluster whose priority class is missing.)
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloadpriorityclasses"]
+  verbs: ["get"]
+{{- end }}
+
 {{/* Optional (rbac.crdDiscovery): kopf noticing CRD changes while it runs. Read-only. */}}
 {{- define "trainergroup.crdDiscoveryRules" -}}
 - apiGroups: ["apiextensions.k8s.io"]

@@ -19,11 +19,28 @@ ServiceAccount against the local control plane; the groups run in a local Ray):
    creates them, in the steady state (each group's loop checks health every
    TG_HEALTH_INTERVAL_SECONDS) and while deleting them, and the API requests per group
    per minute in the steady state (``apiserver_request_total`` from the API server's
-   /metrics, all clients, and the operator's resources alone).
+   /metrics, all clients, and the operator's resources alone). ``--queued Q``: Q of them
+   get ``spec.queue`` (``--queue-name``, default team-a) and their own RayCluster, which the
+   operator creates suspended; no Kueue controller runs, so they stay Queued (Kueue's
+   Workload CRD is installed, from hack/kueue/source.sh, so the operator's Workload lookup
+   is the real one). The others must be Ready, the queued ones Queued.
+4. ``--status-writes``: one TrainerGroup of the tiny Megatron model (hack/operator_plane's
+   TINY_SPEC, 2 CPU workers, TP 2) trained by bench/throttled_client.py at ``--train-rate``
+   optimizer steps per second for ``--train-s`` seconds. Reported: the steps/s achieved,
+   ``tg_operator_status_writes_total`` per minute and the MODIFIED events of a watch on the
+   TrainerGroup per minute (with what each event changed), over the training window and the
+   ``--idle-s`` after it, against the health ticks (``--health-interval``) in the window.
 
 The groups use ``hack.noop_worker:NoopWorker`` (no torch, no Megatron), so
 the figures are the operator's and Ray's job machinery, not model start-up. Prints a
 table and writes JSON (default docs/results/bench_operator.json).
+
+The issue-23 figures (docs/kueue.md, "Figures"):
+
+    .venv/bin/python bench/bench_operator.py --latency-runs 0 --groups 0 --status-writes \
+        --out docs/results/bench_operator_status_writes.json
+    .venv/bin/python bench/bench_operator.py --latency-runs 0 --groups 20 --queued 10 \
+        --owned 5 --out docs/results/bench_operator_queued.json
 """
 
 from __future__ import annotations
@@ -35,6 +52,7 @@ import json
 import os
 import platform
 import re
+import subprocess
 import sys
 import tempfile
 import threading
@@ -50,6 +68,7 @@ sys.path.insert(0, str(REPO))
 
 from hack import operator_plane as ks  # noqa: E402
 from tg_operator import raycluster as rc_builder  # noqa: E402
+from tg_operator import rbac  # noqa: E402
 from tgapi import parse_resource  # noqa: E402
 
 ACTOR_MB = 110  # RSS of one idle no-op worker process (measured ~95 MiB)
@@ -69,8 +88,6 @@ class Plane:
     def kubectl(
         self, *args: str, check: bool = True, input: str | None = None, timeout: float = 120
     ) -> Any:
-        import subprocess
-
         cmd = [str(self.bin_dir / "kubectl"), "--kubeconfig", str(self.kubeconfig), *args]
         proc = subprocess.run(
             cmd, input=input, capture_output=True, text=True, timeout=timeout, check=False
@@ -379,6 +396,112 @@ class AddedTimes:
         return sorted(rcs[n] - tgs[n] for n in names if n in tgs and n in rcs)
 
 
+class ObjectEvents:
+    """Every watch event of one TrainerGroup (wall time, type, object), resumed by
+    resourceVersion across the watch's timeouts so that none is missed."""
+
+    def __init__(self, kubeconfig: Path, ns: str, name: str) -> None:
+        from kubernetes import client, config
+
+        self.api = client.CustomObjectsApi(
+            config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
+        )
+        self.ns, self.name = ns, name
+        self.events: list[tuple[float, str, dict[str, Any]]] = []
+        self._rv: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _watch(self) -> None:
+        from kubernetes import watch
+
+        while not self._stop.is_set():
+            w = watch.Watch()  # type: ignore[no-untyped-call]
+            extra = {"resource_version": self._rv} if self._rv else {}
+            try:
+                for ev in w.stream(  # type: ignore[no-untyped-call]
+                    self.api.list_namespaced_custom_object,
+                    "trainergroup.io",
+                    "v1alpha1",
+                    self.ns,
+                    "trainergroups",
+                    field_selector=f"metadata.name={self.name}",
+                    timeout_seconds=30,
+                    **extra,
+                ):
+                    obj = ev["object"]
+                    self._rv = obj["metadata"]["resourceVersion"]
+                    self.events.append((time.time(), str(ev["type"]), obj))
+                    if self._stop.is_set():
+                        break
+            except Exception:  # a 410 Gone: start over from a fresh list
+                self._rv = None
+                time.sleep(0.5)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=40)
+
+    def modified(self, t0: float, t1: float) -> dict[str, Any]:
+        """The MODIFIED events in [t0, t1] and, for each, what it changed (the status's and
+        the spec's top-level fields, the metadata's annotations/labels/finalizers)."""
+        changes: dict[str, int] = {}
+        steps: list[int | None] = []
+        count = 0
+        prev: dict[str, Any] | None = None
+        for t, kind, obj in self.events:
+            if kind == "MODIFIED" and t0 <= t <= t1:
+                count += 1
+                steps.append(((obj.get("status") or {}).get("training") or {}).get("step"))
+                for path in changed_paths(prev, obj) if prev is not None else ["(first)"]:
+                    changes[path] = changes.get(path, 0) + 1
+            prev = obj
+        return {
+            "count": count,
+            "per_min": round(count * 60 / (t1 - t0), 2),
+            "changed": dict(sorted(changes.items())),
+            "training_step_at_each": steps,
+        }
+
+
+def changed_paths(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    for part in ("spec", "status"):
+        o, n = old.get(part) or {}, new.get(part) or {}
+        out += [f"{part}.{k}" for k in sorted(set(o) | set(n)) if o.get(k) != n.get(k)]
+    om, nm = old.get("metadata") or {}, new.get("metadata") or {}
+    out += [
+        f"metadata.{k}" for k in ("annotations", "labels", "finalizers") if om.get(k) != nm.get(k)
+    ]
+    return out or ["(resourceVersion only)"]
+
+
+def install_kueue_workload_crd(plane: Plane) -> None:
+    """Kueue's Workload CRD from Kueue's Go module, as tests/operator/test_k8s_queue.py does."""
+    proc = subprocess.run(
+        ["bash", str(REPO / "hack" / "kueue" / "source.sh")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
+    src = Path(proc.stdout.strip().splitlines()[-1])
+    crd = src / "config" / "components" / "crd" / "bases" / "kueue.x-k8s.io_workloads.yaml"
+    plane.kubectl("apply", "--server-side", "-f", str(crd))  # too big for client-side apply
+
+    def established() -> bool:  # not `kubectl wait`: it fails while the CRD has no conditions
+        conds = plane.kubectl_json("get", "crd", "workloads.kueue.x-k8s.io").get("status", {})
+        return any(
+            c["type"] == "Established" and c["status"] == "True"
+            for c in conds.get("conditions") or []
+        )
+
+    ks.wait_for(established, timeout=60, what="Kueue's Workload CRD to be established")
+
+
 def percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -443,6 +566,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "health_interval_s": args.health_interval,
             "max_concurrent_jobs": args.max_jobs,
             "worker_class": ks.NOOP_WORKER,
+            "queued": args.queued,
         },
     }
     with (
@@ -459,6 +583,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             timeout=60,
             what="the namespace's ServiceAccount",
         )
+        if args.queued > 0:
+            install_kueue_workload_crd(plane)
         log = work / "operator.log"
         with ks.running_operator(
             plane,
@@ -480,7 +606,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 if args.latency_runs > 0:
                     result["latency_own_cluster"] = latency_own(plane, ns, dashboard, args)
                     save(args, result)
-                shared_cluster_up(plane, ns)
+                if args.status_writes:
+                    result["status_writes"] = status_writes(plane, ns, args, op, work)
+                    save(args, result)
+                if args.latency_runs > 0 or args.groups > 0:
+                    shared_cluster_up(plane, ns)
                 if args.latency_runs > 0:
                     result["latency_cluster_ref"] = latency_ref(plane, ns, dashboard, args)
                     save(args, result)
@@ -491,6 +621,80 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 result["operator_log"] = str(log)
         plane.kubectl("delete", "namespace", ns, "--wait=false", check=False)
     return result
+
+
+def status_writes(
+    plane: Plane, ns: str, args: argparse.Namespace, op: ks.OperatorProcess, work: Path
+) -> dict[str, Any]:
+    """One tiny Megatron group trained at ``--train-rate`` steps/s: the operator's status
+    writes and the object's MODIFIED events per minute, in training and after it."""
+    name = "sw"
+    t0 = time.monotonic()
+    plane.apply(ks.trainergroup(name, ns))
+    st = ks.wait_phase(plane, ns, name, {"Ready", "Failed"}, timeout=900, op=op)
+    if st["phase"] != "Ready":
+        raise RuntimeError(f"{name} {st['phase']}: {st.get('message')}")
+    ready_s = time.monotonic() - t0
+    print(f"  {name} Ready after {ready_s:.0f}s; training", flush=True)
+    kubeconfig = ks.grant(
+        plane, namespace=ns, account="tg-client", rules=rbac.CLIENT_RULES, cluster_wide=False
+    )
+    events = ObjectEvents(plane.kubeconfig, ns, name)
+    events.start()
+    time.sleep(3)  # the watch is open
+    env = {**os.environ}
+    env.pop("RAY_ADDRESS", None)
+    cmd = [
+        sys.executable,
+        str(REPO / "bench" / "throttled_client.py"),
+        "--trainergroup", name, "--k8s-namespace", ns, "--kubeconfig", str(kubeconfig),
+        "--rate", str(args.train_rate), "--duration", str(args.train_s), "--no-progress",
+    ]  # fmt: skip
+    client_log = work / "client.log"
+    m0: dict[str, float] = {}
+    t_start = t_end = 0.0
+    done: dict[str, Any] = {}
+    with client_log.open("w") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith("TG_BENCH_START "):
+                m0, t_start = metric_sums(op.metrics()), time.time()
+            elif line.startswith("TG_BENCH_DONE "):
+                m1, t_end = metric_sums(op.metrics()), time.time()
+                done = json.loads(line.split(" ", 1)[1])
+        if proc.wait(timeout=120) != 0 or not done:
+            raise RuntimeError(f"the client failed; see {client_log}:\n{client_log.read_text()}")
+    time.sleep(args.idle_s)
+    m2, t_idle = metric_sums(op.metrics()), time.time()
+    events.stop()
+    final = ks.status_of(plane, ns, name)
+
+    def writes(a: dict[str, float], b: dict[str, float], seconds: float) -> dict[str, float]:
+        n = b.get("tg_operator_status_writes_total", 0.0) - a.get(
+            "tg_operator_status_writes_total", 0.0
+        )
+        return {"count": n, "per_min": round(n * 60 / seconds, 2)}
+
+    train_window, idle_window = t_end - t_start, t_idle - t_end
+    out = {
+        "group": name,
+        "apply_to_ready_s": round(ready_s, 1),
+        "client": done,
+        "health_interval_s": args.health_interval,
+        "training_window_s": round(train_window, 1),
+        "health_ticks_in_training_window": round(train_window / args.health_interval, 1),
+        "status_writes_training": writes(m0, m1, train_window),
+        "modified_events_training": events.modified(t_start, t_end),
+        "idle_window_s": round(idle_window, 1),
+        "status_writes_idle": writes(m1, m2, idle_window),
+        "modified_events_idle": events.modified(t_end + 1e-3, t_idle),
+        "reconcile_passes_training": reconcile_stats(m0, m1),
+        "final_status_training": final.get("training"),
+    }
+    print(f"  status writes: {json.dumps(out)}", flush=True)
+    delete_and_time(plane, ns, name)
+    return out
 
 
 def latency_own(plane: Plane, ns: str, dashboard: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -577,37 +781,47 @@ def scale(
             flush=True,
         )
     names = [f"g{i:03d}" for i in range(n)]
-    owned = set(names[: min(args.owned, n)])
+    queued = set(names[n - min(args.queued, n) :])  # the last ones: own (suspended) RayCluster
+    owned = set(names[: min(args.owned, n - len(queued))])
+
+    def body(nm: str) -> dict[str, Any]:
+        tg = noop_group(nm, ns, ref=None if nm in owned | queued else "shared", small=True)
+        if nm in queued:
+            tg["spec"]["queue"] = {"name": args.queue_name}
+        return tg
+
+    want = {nm: "Queued" if nm in queued else "Ready" for nm in names}
     m0 = metric_sums(op.metrics())
     added = AddedTimes(plane.kubeconfig, ns)
     added.start()
     time.sleep(2)  # the watches are open before the first object arrives
     t0 = time.monotonic()
-    plane.apply(
-        [
-            noop_group(nm, ns, ref=None if nm in owned else "shared", small=True)
-            for nm in names
-        ]
-    )
+    plane.apply([body(nm) for nm in names])
     t_applied = time.monotonic()
 
     def all_ready() -> bool:
-        items = plane.kubectl_json("get", "trainergroups", "-n", ns)["items"]
-        phases = [i.get("status", {}).get("phase") for i in items if i["metadata"]["name"] in names]
-        failed = phases.count("Failed")
+        phases = phases_now()
+        failed = list(phases.values()).count("Failed")
         if failed:
             raise RuntimeError(f"{failed} groups Failed; see {op.log_path}")
-        return len(phases) == n and all(p == "Ready" for p in phases)
+        return phases == want
 
-    ks.wait_for(
-        all_ready, timeout=args.ready_timeout, interval=2, what=f"{n} groups Ready", detail=op.tail
-    )
+    def phases_now() -> dict[str, str | None]:
+        items = plane.kubectl_json("get", "trainergroups", "-n", ns)["items"]
+        return {
+            i["metadata"]["name"]: i.get("status", {}).get("phase")
+            for i in items
+            if i["metadata"]["name"] in want
+        }
+
+    what = f"{n - len(queued)} groups Ready" + (f", {len(queued)} Queued" if queued else "")
+    ks.wait_for(all_ready, timeout=args.ready_timeout, interval=2, what=what, detail=op.tail)
     t_ready = time.monotonic()
     added.stop()
-    to_cluster = added.latencies(sorted(owned))
+    to_cluster = added.latencies(sorted(owned | queued))
     m1 = metric_sums(op.metrics())
     print(
-        f"  {n} groups Ready after {t_ready - t0:.0f}s; steady state for {args.steady_s}s",
+        f"  {what} after {t_ready - t0:.0f}s; steady state for {args.steady_s}s",
         flush=True,
     )
     time.sleep(5)  # the last status writes of the creation settle
@@ -616,10 +830,21 @@ def scale(
     a2, t_a2 = apiserver_requests(plane), time.monotonic()
     t_steady = time.monotonic()
     m2 = metric_sums(op.metrics())
+    phases_after = list(phases_now().values())
+    suspended = sum(
+        1
+        for rc in plane.kubectl_json("get", "rayclusters", "-n", ns)["items"]
+        if rc["spec"].get("suspend") is True
+    )
     partial = {
         "groups_requested": requested,
         "groups": n,
         "groups_with_own_cluster": len(owned),
+        "groups_queued": len(queued),
+        "phases_after_steady": {
+            p or "": phases_after.count(p) for p in sorted(set(phases_after), key=str)
+        },
+        "suspended_rayclusters_after_steady": suspended,
         "apply_s": round(t_applied - t0, 2),
         "all_ready_s": round(t_ready - t0, 2),
         "create_to_raycluster_s": {
@@ -691,12 +916,44 @@ def table_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
             f"{r['idle']['rss_mib_avg']:.0f} MiB / {r['idle']['cpu_pct_avg']:.1f} %",
         )
     )
-    if sc:
-        n = sc["groups"]
+    sw = r.get("status_writes")
+    if sw:
+        c, wt, et = sw["client"], sw["status_writes_training"], sw["modified_events_training"]
+        wi, ei = sw["status_writes_idle"], sw["modified_events_idle"]
         rows += [
-            (f"{n} groups: apply -> all Ready", f"{sc['all_ready_s']:.0f} s"),
             (
-                f"create -> RayCluster created, p50 / p95 ({sc['groups_with_own_cluster']} groups)",
+                "status writes: training rate achieved",
+                f"{c['steps_per_s']:.2f} steps/s ({c['steps']} steps in {c['seconds']:.0f} s)",
+            ),
+            (
+                "  health interval / ticks in the training window",
+                f"{sw['health_interval_s']:g} s / {sw['health_ticks_in_training_window']:g}",
+            ),
+            (
+                "  tg_operator_status_writes_total per minute, training",
+                f"{wt['per_min']:.2f} ({wt['count']:g} in {sw['training_window_s']:.0f} s)",
+            ),
+            (
+                "  MODIFIED watch events per minute, training",
+                f"{et['per_min']:.2f} ({et['count']} in {sw['training_window_s']:.0f} s)",
+            ),
+            (
+                f"  writes / MODIFIED events in the {sw['idle_window_s']:.0f} s after training",
+                f"{wi['count']:g} / {ei['count']}",
+            ),
+        ]
+    if sc:
+        n, q = sc["groups"], sc.get("groups_queued", 0)
+        phases = ", ".join(f"{v} {k}" for k, v in sc.get("phases_after_steady", {}).items())
+        rows += [
+            (
+                f"{n} groups: apply -> all Ready" + (f" / Queued ({q} queued)" if q else ""),
+                f"{sc['all_ready_s']:.0f} s",
+            ),
+            ("  phases after the steady state", phases),
+            (
+                f"create -> RayCluster created, p50 / p95 ({sc['create_to_raycluster_s']['n']} "
+                "groups)",
                 f"{sc['create_to_raycluster_s']['p50']:.2f} s / "
                 f"{sc['create_to_raycluster_s']['p95']:.2f} s",
             ),
@@ -707,12 +964,14 @@ def table_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
             ),
             (f"{n} groups: delete -> all gone", f"{sc['all_deleted_s']:.0f} s"),
             (
-                "operator RSS / CPU creating (peak RSS, avg CPU)",
-                f"{sc['creating']['rss_mib_peak']:.0f} MiB / {sc['creating']['cpu_pct_avg']:.1f} %",
+                "operator RSS creating (avg / peak) / CPU avg",
+                f"{sc['creating']['rss_mib_avg']:.0f} / {sc['creating']['rss_mib_peak']:.0f} MiB"
+                f" / {sc['creating']['cpu_pct_avg']:.1f} %",
             ),
             (
-                f"operator RSS / CPU steady, {n} Ready groups",
-                f"{sc['steady']['rss_mib_avg']:.0f} MiB / {sc['steady']['cpu_pct_avg']:.1f} %",
+                f"operator RSS steady (avg / peak) / CPU avg, {n} groups",
+                f"{sc['steady']['rss_mib_avg']:.0f} / {sc['steady']['rss_mib_peak']:.0f} MiB"
+                f" / {sc['steady']['cpu_pct_avg']:.1f} %",
             ),
             (
                 "operator RSS / CPU deleting (peak RSS, avg CPU)",
@@ -741,6 +1000,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--owned", type=int, default=50, help="of --groups, how many get their own RayCluster"
     )
+    p.add_argument(
+        "--queued",
+        type=int,
+        default=0,
+        help="of --groups, how many get spec.queue (own RayCluster, suspended: they stay Queued)",
+    )
+    p.add_argument("--queue-name", default="team-a", help="spec.queue.name of the --queued groups")
+    p.add_argument(
+        "--status-writes",
+        action="store_true",
+        help="train one tiny group at --train-rate steps/s; count status writes and watch events",
+    )
+    p.add_argument("--train-rate", type=float, default=3.0, help="optimizer steps per second")
+    p.add_argument("--train-s", type=float, default=120.0, help="seconds of training")
+    p.add_argument("--idle-s", type=float, default=30.0, help="seconds watched after training")
     p.add_argument("--latency-runs", type=int, default=3)
     p.add_argument("--max-jobs", type=int, default=4, help="TG_MAX_CONCURRENT_JOBS")
     p.add_argument("--health-interval", type=float, default=10.0)

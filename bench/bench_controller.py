@@ -29,7 +29,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -89,7 +89,7 @@ def stats(samples: list[float]) -> dict[str, float]:
 
 
 def call_overhead(wg: WorkerGroup, repeat: int) -> dict[str, Any]:
-    handles = wg.workers
+    handles = cast("list[Any]", wg.workers)  # a fresh group: every rank has a handle
 
     def group() -> None:
         wg.noop()
@@ -110,7 +110,7 @@ def call_overhead(wg: WorkerGroup, repeat: int) -> dict[str, Any]:
             t = time.perf_counter()
             fn()
             samples[name].append(time.perf_counter() - t)
-    res = {k: stats(v) for k, v in samples.items()}
+    res: dict[str, Any] = {k: stats(v) for k, v in samples.items()}
     res["ratio_group_vs_direct_all"] = res["group"]["median_s"] / res["direct_all"]["median_s"]
     return res
 
@@ -126,7 +126,8 @@ def make_batch(nbytes: int) -> DataProto:
 def transfer(wg: WorkerGroup, nbytes: int, repeat: int, with_torch: bool) -> dict[str, Any]:
     data = make_batch(nbytes)
     real = data.nbytes
-    handles = wg.workers[:2]
+    handles = cast("list[Any]", wg.workers[:2])  # a fresh group: every rank has a handle
+    assert data.batch is not None
     src = data.batch["x"]
     arr = src.numpy()
     halves = np.array_split(arr, 2)

@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_step
 import tgapi
 from tgapi import markers
+from tgruntime.trainer.steptime import flops_per_step, summarize
 
 PY = sys.executable
 
@@ -181,9 +182,9 @@ def run_group(
         teardown(tg, gcs_address=head.gcs_address)
     finally:
         stop_local_head(head)
-    stats = bench_step.summarize(measured["wall_step_s"])
+    stats = summarize(measured["wall_step_s"])
     tokens = spec.training.batch_size * spec.training.sequence_length
-    flops = bench_step.flops_per_step(spec)
+    flops = flops_per_step(spec)
     mesh = measured["mesh"]
     row: dict[str, Any] = {
         "path": "group",
@@ -198,7 +199,7 @@ def run_group(
         "steps": steps,
         "warmup": warmup,
         "step_s": stats,
-        "worker_step_s": bench_step.summarize(
+        "worker_step_s": summarize(
             [x for x in measured["worker_step_s"] if x == x] or [float("nan")]
         ),
         "tokens_per_step": tokens,

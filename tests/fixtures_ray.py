@@ -101,8 +101,8 @@ class RayCluster:
             )
         except subprocess.TimeoutExpired as exc:
             raise AssertionError(
-                f"snippet timed out after {timeout_s:g}s\n--- stdout ---\n{exc.stdout}\n--- stderr "
-                f"---\n{exc.stderr}"
+                f"snippet timed out after {timeout_s:g}s\n--- stdout ---\n{exc.stdout!s}\n"
+                f"--- stderr ---\n{exc.stderr!s}"
             ) from None
         if check and proc.returncode != 0:
             raise AssertionError(
@@ -197,7 +197,7 @@ def ray_cluster() -> Iterator[RayCluster]:
 def _refresh_ray_config() -> None:
     """Make this process's cached Ray config see RAY_AUTH_MODE (as Ray's own switch does)."""
     try:
-        from ray._raylet import Config
+        from ray._raylet import Config  # type: ignore[attr-defined]  # Cython, not in the stub
 
         Config.initialize("")
     except Exception:

@@ -47,7 +47,7 @@ sys.path.insert(0, str(HERE.parent))  # bench/
 # ----------------------------------------------------------------------------- profiling
 def kernel_summary(prof: Any, steps: int) -> dict[str, Any]:
     """GPU kernel time per step by category, top kernels, and GPU-idle time in the window."""
-    from torch.autograd import DeviceType
+    from torch._C._autograd import DeviceType  # what torch.autograd re-exports
 
     cats = {
         "gemm": 0.0,
@@ -390,7 +390,7 @@ def _micro_worker(self: Any, n: int) -> dict[str, Any]:
         "dp_rank": 0,
         "shard_loss": 5.0,
     }
-    ctx = _ray._private.worker.global_worker.get_serialization_context()
+    ctx = _ray._private.worker.global_worker.get_serialization_context()  # type: ignore[no-untyped-call]  # untyped in ray
 
     def result() -> Any:
         return DataProto.from_dict(
@@ -412,6 +412,7 @@ def _micro_worker(self: Any, n: int) -> dict[str, Any]:
 
 
 def _take_probes(self: Any) -> list[dict[str, float]]:
+    out: list[dict[str, float]]
     out, self._probe = self._probe, []
     g = gc_take(self._probe_gc)
     for row in out:
@@ -583,6 +584,7 @@ def main(argv: list[str] | None = None) -> int:
         wg = WorkerGroup.attach(group_name=tg.group_name, ray_namespace=tg.ray_namespace)
         wg.get_mesh()
         handle = wg.workers[0]
+        assert handle is not None  # a live group: every rank has a handle
         assert ray.get(handle.__ray_call__.remote(_install_probes)) == "ok"
 
         def group_steps(first: int, n: int, int32: bool = False) -> list[dict[str, float]]:
@@ -596,8 +598,8 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(
                     {"start": a, "end": b, "wall": b - a, "loss": float(out.meta_info["loss"])}
                 )
-            probes = ray.get(handle.__ray_call__.remote(_take_probes))
-            for row, pr in zip(rows, probes, strict=True):
+            taken: list[dict[str, float]] = ray.get(handle.__ray_call__.remote(_take_probes))
+            for row, pr in zip(rows, taken, strict=True):
                 row.update(
                     to_worker=pr["enter"] - row["start"],
                     pre=pr["step_in"] - pr["enter"],
@@ -680,7 +682,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         for _ in range(args.probe_calls):
             a = time.time()
-            w = ray.get(handle.__ray_call__.remote(_stamp))
+            w: float = ray.get(handle.__ray_call__.remote(_stamp))
             b = time.time()
             probes["empty_rtt"].append(b - a)
             probes["empty_oneway"].append(w - a)

@@ -118,7 +118,7 @@ def _sampling_case(
             names.append(f"s{i}")
         g = torch.Generator().manual_seed(0)
         prompts = torch.randint(2, spec.model.vocab_size, (batch, prompt), generator=g).tolist()
-        cases = {
+        cases: dict[str, list[str | None]] = {
             "one adapter": [names[0]] * batch,
             f"{adapters} adapters": [names[i % adapters] for i in range(batch)],
             "base": [None] * batch,

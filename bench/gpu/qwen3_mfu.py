@@ -49,10 +49,13 @@ def write_model(path: Path, layers: int, *, tiny: bool) -> float:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     start = time.perf_counter()
-    shape = {**QWEN3_1_7B, **(TINY if tiny else {}), "num_hidden_layers": layers}
-    config = Qwen3Config(**shape, torch_dtype="bfloat16")
+    # Any: config fields of several types (torch_dtype reaches PretrainedConfig's **kwargs)
+    shape: dict[str, Any] = {**QWEN3_1_7B, **(TINY if tiny else {}), "num_hidden_layers": layers}
+    shape["torch_dtype"] = "bfloat16"
+    config = Qwen3Config(**shape)
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
-        model = Qwen3ForCausalLM(config).to(torch.bfloat16)
+        # transformers' decorator on .to() hides its signature from mypy
+        model = Qwen3ForCausalLM(config).to(torch.bfloat16)  # type: ignore[arg-type]
     model.save_pretrained(str(path))
     sys.path.insert(0, str(HERE.parents[1]))  # the repository: tests' tokenizer writer
     from tests.trainer.scenarios import write_tokenizer

@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     tokens = spec.training.batch_size * spec.training.sequence_length
     flops = flops_per_step(spec)
-    rows = {}
+    rows: dict[str, dict[str, Any]] = {}
     for name, values in times.items():
         stats = summarize(values)
         rows[name] = {

@@ -158,7 +158,7 @@ def test_a_written_field_that_contradicts_config_json_is_named(
 
 
 def test_a_qwen_architecture_without_files_needs_the_llama_fields() -> None:
-    spec = {"model": {"architecture": "qwen3", "activation": "gelu"}}
+    spec: dict[str, Any] = {"model": {"architecture": "qwen3", "activation": "gelu"}}
     errs = _errors(spec, local=True)
     assert errs == [
         "spec.model.positionEmbedding: is auto but model.architecture qwen3 uses rotary "
@@ -167,7 +167,7 @@ def test_a_qwen_architecture_without_files_needs_the_llama_fields() -> None:
         "spec.model.activation: is gelu but model.architecture qwen3 has a SwiGLU MLP. Fix: "
         "set model.activation: swiglu, or model.architecture: llama",
     ]
-    ok = {"architecture": "qwen2", "positionEmbedding": "rope", "headDim": 48}
+    ok: dict[str, Any] = {"architecture": "qwen2", "positionEmbedding": "rope", "headDim": 48}
     spec = {"model": {**ok, "hiddenSize": 100, "numAttentionHeads": 8}}
     model = tgapi.parse_spec(spec, local=True).model
     assert model.kv_channels == 48  # hiddenSize need not divide by the heads with headDim

@@ -155,6 +155,8 @@ def test_local_mode_skips_the_cluster_rules() -> None:
 # -- CEL, evaluated ------------------------------------------------------------------------
 import celpy  # noqa: E402
 from celpy import celtypes  # noqa: E402
+from celpy.adapter import json_to_cel  # noqa: E402
+from celpy.evaluation import CELFunction  # noqa: E402
 
 
 def _k8s_sum(items: Any) -> Any:  # the Kubernetes CEL list library's l.sum()
@@ -214,7 +216,7 @@ def _k8s_lower_ascii(text: Any) -> Any:
 
 
 _ENV = celpy.Environment()
-_FUNCTIONS = {
+_FUNCTIONS: dict[str, CELFunction] = {
     "sum": _k8s_sum,
     "max": _k8s_max,
     "format": _k8s_format,
@@ -231,7 +233,7 @@ def _program(expr: str) -> Any:
 
 
 def _run(expr: str, activation: dict[str, Any]) -> Any:
-    return _program(expr).evaluate({k: celpy.json_to_cel(v) for k, v in activation.items()})
+    return _program(expr).evaluate({k: json_to_cel(v) for k, v in activation.items()})
 
 
 _POLICY = next(yaml.safe_load_all(crd.render_policy()))
@@ -241,7 +243,7 @@ def policy_activation(spec: dict[str, Any]) -> dict[str, Any]:
     """``object`` and ``variables`` as the admission policy sees them: each of the generated
     policy's variables evaluated in order (one that fails is left out, so reading it is an
     error, as the API server's lazy variables are)."""
-    obj = celpy.json_to_cel({"spec": spec})
+    obj = json_to_cel({"spec": spec})
     values: dict[str, Any] = {}
     for var in _POLICY["spec"].get("variables", []):
         activation = {"object": obj, "variables": celtypes.MapType(values)}

@@ -144,7 +144,7 @@ def test_cpu_workers_that_cannot_fit_their_pod_are_refused() -> None:
 
 
 def test_gpu_workers_that_cannot_fit_the_gpu_are_refused() -> None:
-    spec = {"model": BIG, "rayCluster": {"workers": {"nodeSelector": {
+    spec: dict[str, Any] = {"model": BIG, "rayCluster": {"workers": {"nodeSelector": {
         sizing.GPU_PRODUCT_LABEL: "NVIDIA-H100-80GB-HBM3"}}}}
     (err,) = _errors(spec)
     assert err.field == f"spec.rayCluster.workers.nodeSelector.{sizing.GPU_PRODUCT_LABEL}"

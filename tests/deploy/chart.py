@@ -73,7 +73,8 @@ def client_job_wait_command() -> str:
 
 def find_helm() -> str:
     """The helm binary ($HELM, PATH, or the control plane's tool set); FileNotFoundError if none."""
-    return render_manifests.find_helm()
+    helm: str = render_manifests.find_helm()
+    return helm
 
 
 # ---------------------------------------------------------------------------------------------
@@ -163,7 +164,8 @@ def contract_env_vars() -> dict[str, str]:
 
 
 def crd() -> dict[str, Any]:
-    return yaml.safe_load(CRD_FILE.read_text())
+    doc: dict[str, Any] = yaml.safe_load(CRD_FILE.read_text())
+    return doc
 
 
 # ---------------------------------------------------------------------------------------------
@@ -386,7 +388,7 @@ def access(
     namespace None asks cluster-wide (all namespaces)."""
     from kubernetes import client, config
 
-    api = config.new_client_from_config(config_file=str(kubeconfig))
+    api = config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]  # untyped in kubernetes
     try:
         authz = client.AuthorizationV1Api(api)
         out = {}
@@ -405,6 +407,7 @@ def access(
                     spec=client.V1SelfSubjectAccessReviewSpec(resource_attributes=attrs)
                 )
             )
+            assert review.status is not None  # the API server always answers one
             out[(verb, resource)] = bool(review.status.allowed)
         return out
     finally:
@@ -415,11 +418,12 @@ def whoami(kubeconfig: Path) -> str:
     """The user name the API server authenticates the kubeconfig as (SelfSubjectReview)."""
     from kubernetes import client, config
 
-    api = config.new_client_from_config(config_file=str(kubeconfig))
+    api = config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]  # untyped in kubernetes
     try:
         review = client.AuthenticationV1Api(api).create_self_subject_review(
             client.V1SelfSubjectReview()
         )
+        assert review.status is not None and review.status.user_info is not None
         return str(review.status.user_info.username)
     finally:
         api.close()

@@ -65,7 +65,7 @@ def crd(k8s_plane: KubePlane) -> str:
         "-f",
         str(CRD_FILE),
     )
-    name = yaml.safe_load(CRD_FILE.read_text())["metadata"]["name"]
+    name: str = yaml.safe_load(CRD_FILE.read_text())["metadata"]["name"]
     k8s_plane.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
     return name
 
@@ -111,7 +111,7 @@ def release(
 
 def trainergroup(name: str, namespace: str, **labels: str) -> dict[str, Any]:
     """The example TrainerGroup under another name/namespace."""
-    doc = yaml.safe_load(EXAMPLE_TG.read_text())
+    doc: dict[str, Any] = yaml.safe_load(EXAMPLE_TG.read_text())
     doc["metadata"] = {"name": name, "namespace": namespace, "labels": labels}
     return doc
 
@@ -138,7 +138,7 @@ def test_rendered_chart_passes_server_side_validation(
     """`kubectl apply --dry-run=server --validate=strict` (the API server's own schemas,
     unknown fields rejected, admission run) accepts everything the chart renders."""
     ops, team = new_namespace("dry-ops"), new_namespace("dry-team")
-    variants = {
+    variants: dict[str, dict[str, Any]] = {
         "all namespaces": {},
         "namespaced": {"watchNamespaces": [team], "rbac": {"create": True, "crdDiscovery": True}},
         "clients and options": {

@@ -83,7 +83,11 @@ EVERYTHING = {
         "annotations": {"example.com/role": "operator"},
     },
 }
-VARIANTS = {"defaults": {}, "namespaced": NAMESPACED, "everything": EVERYTHING}
+VARIANTS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "namespaced": NAMESPACED,
+    "everything": EVERYTHING,
+}
 
 
 # ---- helm lint and the values schema ---------------------------------------------------------
@@ -601,7 +605,8 @@ def test_every_manifest_is_valid(path: str) -> None:
 
 def _crd_schema() -> dict[str, Any]:
     (version,) = crd()["spec"]["versions"]
-    return version["schema"]["openAPIV3Schema"]
+    schema: dict[str, Any] = version["schema"]["openAPIV3Schema"]
+    return schema
 
 
 def _validate_against_crd(doc: dict[str, Any]) -> None:
@@ -677,11 +682,11 @@ def test_client_job_runs_the_client_against_the_example() -> None:
     # The client runs in the runtime image the workers run (same Ray, same Python).
     assert container["image"] == tg.spec.image
     # Its ServiceAccount is the one manifests/client/rbac.yaml lets read this TrainerGroup.
-    client = [d for d in yaml.safe_load_all((MANIFESTS / "client" / "rbac.yaml").read_text()) if d]
-    sa = one(client, "ServiceAccount")
+    rbac = [d for d in yaml.safe_load_all((MANIFESTS / "client" / "rbac.yaml").read_text()) if d]
+    sa = one(rbac, "ServiceAccount")
     assert pod["serviceAccountName"] == sa["metadata"]["name"]
     assert sa["metadata"]["namespace"] == tg.namespace
-    role = one(client, "Role")
+    role = one(rbac, "Role")
     assert role["rules"][0]["resourceNames"] == [tg.name]
     assert pod["restartPolicy"] == "Never" and job["spec"]["backoffLimit"] == 0
     assert pod["securityContext"]["runAsNonRoot"] is True

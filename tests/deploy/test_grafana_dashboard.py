@@ -22,7 +22,8 @@ LEGEND = "{{namespace}}/{{name}}"
 
 
 def dashboard() -> dict[str, Any]:
-    return json.loads(DASHBOARD_FILE.read_text())
+    doc: dict[str, Any] = json.loads(DASHBOARD_FILE.read_text())
+    return doc
 
 
 def panels(node: dict[str, Any]) -> Iterator[dict[str, Any]]:

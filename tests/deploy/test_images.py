@@ -26,6 +26,7 @@ import sys
 import time
 import tomllib
 from pathlib import Path
+from typing import cast
 
 import pytest
 import yaml
@@ -246,7 +247,8 @@ def test_extras_that_locked_packages_need_are_pinned_with_them() -> None:
                 continue  # not installed here (e.g. a Linux-only wheel): nothing to read
             for spec in requires:
                 req = Requirement(spec)
-                env = {**default_environment(), "extra": ""}
+                # every field of packaging's Environment is a str
+                env = {**cast("dict[str, str]", default_environment()), "extra": ""}
                 if not req.extras or (req.marker is not None and not req.marker.evaluate(env)):
                     continue
                 if [sp.operator for sp in req.specifier] == ["=="]:
@@ -396,7 +398,9 @@ def _docker_reason() -> str | None:
     return None
 
 
-def _docker(*args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
+def _docker(
+    *args: str, timeout: float = 300, check: bool = True
+) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(
         [DOCKER, *args], capture_output=True, text=True, timeout=timeout, check=False
     )
@@ -429,8 +433,9 @@ def _build(target: str) -> str:
     assert proc.returncode == 0, f"build.sh {target} failed:\n{proc.stderr[-6000:]}"
     tag = re.findall(rf"^\S+ build: {target}: built (\S+) in", proc.stderr, re.M)
     assert tag, proc.stderr[-2000:]
-    _BUILT[target] = tag[-1]
-    return tag[-1]
+    built: str = tag[-1]
+    _BUILT[target] = built
+    return built
 
 
 def _no_ca_bundle_left(image: str) -> None:
@@ -479,10 +484,10 @@ def test_bases_are_cached_by_recipe_hash() -> None:
     assert out[:3] == ["1000", "100", "/home/ray"], out
     assert out[3].startswith("/home/ray/") and out[4].startswith("/home/ray/"), out
     assert out[5].endswith("/wget") and out[-1] == "writable", out
-    out = _docker(
+    found = _docker(
         "run", "--rm", tags["operator"], "sh", "-c", "command -v python; command -v pip"
     ).stdout
-    assert len(out.split()) == 2, out
+    assert len(found.split()) == 2, found
 
 
 @pytest.mark.docker

@@ -63,7 +63,8 @@ def run(
     return proc
 
 
-def tagged(tag: str, text: str) -> list[dict[str, Any]]:
+def tagged(tag: str, text: str) -> list[Any]:
+    """The JSON after each "TAG " line (an object for most tags; LAST's is a list per rank)."""
     return [
         json.loads(line[len(tag) + 1 :]) for line in text.splitlines() if line.startswith(tag + " ")
     ]
@@ -82,7 +83,8 @@ def leftovers(cluster: RayCluster, namespace: str) -> dict[str, Any]:
                if p.state != "REMOVED" and {namespace!r} in (p.name or "")]
         print("LEFT " + json.dumps({{"actors": actors, "pgs": pgs}}))
     """)
-    return tagged("LEFT", out)[-1]
+    left: dict[str, Any] = tagged("LEFT", out)[-1]
+    return left
 
 
 def last_steps(cluster: RayCluster, group: str, namespace: str) -> list[dict[str, Any]]:
@@ -94,7 +96,8 @@ def last_steps(cluster: RayCluster, group: str, namespace: str) -> list[dict[str
         wg = WorkerGroup.attach(group_name={group!r}, ray_namespace={namespace!r})
         print("LAST " + json.dumps(wg.last_step()))
     """)
-    return tagged("LAST", out)[-1]
+    ranks: list[dict[str, Any]] = tagged("LAST", out)[-1]
+    return ranks
 
 
 @pytest.mark.flow
@@ -259,7 +262,7 @@ def test_unsatisfiable_placement_fails_at_once_and_cleans_up(
 ) -> None:
     # GPU workers on a cluster without GPUs: refused before any wait (the spec's 600 s).
     path, doc = write_spec(
-        tmp_path, **{"workers.useGpu": True, "timeouts.workersReadySeconds": 600}
+        tmp_path, **dict[str, Any]({"workers.useGpu": True, "timeouts.workersReadySeconds": 600})
     )
     proc = run(ray_cluster, "-m", SERVER, "-f", str(path), check=False, timeout=180)
     assert proc.returncode == 1

@@ -13,7 +13,7 @@ import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import yaml
@@ -42,7 +42,7 @@ GOOD: dict[str, Any] = {
 
 def spec_with(**changes: dict[str, Any] | None) -> dict[str, Any]:
     """GOOD with some sections merged (a None section is removed)."""
-    spec = json.loads(json.dumps(GOOD))
+    spec: dict[str, Any] = json.loads(json.dumps(GOOD))
     for key, value in changes.items():
         if value is None:
             spec.pop(key, None)
@@ -233,7 +233,9 @@ def _denied_by_policy(plane: KubePlane, spec: dict[str, Any]) -> bool:
 def custom_objects(crd_plane: KubePlane) -> Iterator[Any]:
     import kubernetes
 
-    api = kubernetes.config.new_client_from_config(config_file=str(crd_plane.kubeconfig))
+    api = kubernetes.config.new_client_from_config(  # type: ignore[no-untyped-call]  # untyped
+        config_file=str(crd_plane.kubeconfig)
+    )
     try:
         yield kubernetes.client.CustomObjectsApi(api)
     finally:
@@ -292,7 +294,7 @@ def test_server_causes_match_tgapi_errors(custom_objects: Any, k8s_namespace: st
             tgapi.API_GROUP, tgapi.API_VERSION, k8s_namespace, tgapi.PLURAL,
             manifest(f"bad-{uuid.uuid4().hex[:8]}", k8s_namespace, spec))
     assert info.value.status == 422, info.value.body
-    status = json.loads(info.value.body)
+    status = json.loads(cast(str, info.value.body))  # the 422 carries a Status body
     if by_crd:
         expected = sorted((e.field, f"{e.problem}. Fix: {e.fix}") for e in errors)
         causes = sorted((c["field"], _detail(c["message"])) for c in status["details"]["causes"])
@@ -369,7 +371,7 @@ def test_models_that_cannot_fit_are_refused_at_apply(
             tgapi.API_GROUP, tgapi.API_VERSION, k8s_namespace, tgapi.PLURAL,
             manifest(name, k8s_namespace, spec))
     assert info.value.status == 422, info.value.body
-    assert json.loads(info.value.body)["message"].endswith(str(err)), info.value.body
+    assert json.loads(cast(str, info.value.body))["message"].endswith(str(err)), info.value.body
 
 
 def test_the_api_server_type_checks_the_policy_clean(crd_plane: KubePlane) -> None:

@@ -6,6 +6,7 @@ Time is simulated as in test_reconcile_flow.py: each step's delay moves the fake
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from tests.operator.fakes import World, cluster_key, world
 from tests.operator.test_reconcile_flow import drive, phase_is
@@ -31,7 +32,7 @@ async def steps(w: World, *, limit: int = 20) -> list[Step]:
     return done
 
 
-def ready_then_deleted(**spec: object) -> World:
+def ready_then_deleted(**spec: Any) -> World:
     w = world(**spec)
     asyncio.run(drive(w, until=phase_is("Ready")))
     delete(w)

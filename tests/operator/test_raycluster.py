@@ -11,7 +11,7 @@ from tg_operator.raycluster import GPU_RESOURCE, build_raycluster
 
 def _spec_with(**workers: object) -> dict[str, object]:
     spec = {**BASE_SPEC, "rayCluster": {**BASE_SPEC["rayCluster"]}}
-    spec["rayCluster"]["workers"] = {**BASE_SPEC["rayCluster"]["workers"], **workers}  # type: ignore[index]
+    spec["rayCluster"]["workers"] = {**BASE_SPEC["rayCluster"]["workers"], **workers}
     return spec
 
 

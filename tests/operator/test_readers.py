@@ -58,7 +58,9 @@ def test_status_reader_is_total(raw: Any) -> None:
     # what the operator then does with it must not raise either
     spec = tgapi.parse_spec({"rayClusterRef": {"name": "x"}})
     spec_change.classify(st_, spec)
-    status_mod.seconds_in_phase(st_, now=status_mod.parse_rfc3339("2026-01-01T00:00:00Z"))
+    now = status_mod.parse_rfc3339("2026-01-01T00:00:00Z")
+    assert now is not None
+    status_mod.seconds_in_phase(st_, now=now)
     status_mod.set_condition(st_.conditions, type="WorkersReady", status="True", reason="r",
                              message="m", now=_now(), generation=1)
     status_mod.failed(st_, reason="InvalidSpec", message="m", now=_now(), generation=1)

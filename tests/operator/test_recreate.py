@@ -13,6 +13,7 @@ import pytest
 from tests.operator.snapshots import SETTINGS, running
 from tests.operator.test_decide import ROWS
 from tg_operator import decide, recreate
+from tg_operator.backoff import RAY_RETRY_S
 from tg_operator.group_teardown import STEP_DELAY_S, TeardownResult
 from tg_operator.snapshot import Decision, Snapshot
 
@@ -31,9 +32,9 @@ DONE = TeardownResult(done=True, message="teardown x: 2 actor(s) killed")
     ("row", "result", "error", "generation", "restarts", "delay", "event"),
     [
         ("first-death-restarts-at-once", INCOMPLETE, "", 0, 0, STEP_DELAY_S, "Restarting"),
-        ("first-death-restarts-at-once", GAVE_UP, "", 0, 0, recreate.RAY_RETRY_S, "Restarting"),
+        ("first-death-restarts-at-once", GAVE_UP, "", 0, 0, RAY_RETRY_S, "Restarting"),
         ("first-death-restarts-at-once", DONE, "", 1, 1, 0.0, "GroupTornDown"),
-        ("group-spec-change-tears-down", None, "refused", 0, 0, recreate.RAY_RETRY_S, ""),
+        ("group-spec-change-tears-down", None, "refused", 0, 0, RAY_RETRY_S, ""),
         ("cluster-spec-change-tears-down", None, "refused", 1, 0, 0.0, "TeardownSkipped"),
         ("spec-change-revives-a-failed-group", DONE, "", 1, 0, 0.0, "GroupTornDown"),
     ],

@@ -8,11 +8,12 @@ back what Ray would answer, so every outcome is checked in milliseconds.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, cast
 
 from tests.operator.helpers import trainergroup
 from tg_operator import group_teardown, names
 from tg_operator.dashboard import JobInfo
+from tg_operator.ports import Dashboard
 from tgapi import markers
 
 
@@ -54,7 +55,7 @@ def run(
     async def steps() -> group_teardown.TeardownResult:
         for _ in range(3 * group_teardown.MAX_ATTEMPTS):
             result = await group_teardown.teardown_group(
-                dash,
+                cast(Dashboard, dash),  # FakeJobs has the calls teardown makes
                 tg,
                 python="python",
                 ray_namespace=tg.ray_namespace,

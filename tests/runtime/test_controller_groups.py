@@ -15,7 +15,7 @@ import pytest
 import ray
 import torch
 
-from tests.runtime.workers import Echo
+from tests.runtime.workers import Echo, batch_of
 from tgruntime.controller import (
     CallTimeoutError,
     ClassWithInitArgs,
@@ -111,8 +111,8 @@ def test_dataproto_round_trip_keeps_dtypes(groups: Groups) -> None:
     )
     back = groups.a.echo(data)
     for key in ("x", "h", "mask"):
-        assert back.batch[key].dtype == data.batch[key].dtype
-        assert torch.equal(back.batch[key], data.batch[key])
+        assert batch_of(back)[key].dtype == batch_of(data)[key].dtype
+        assert torch.equal(batch_of(back)[key], batch_of(data)[key])
     assert [o["i"] for o in back.non_tensor_batch["obj"]] == list(range(8))
 
 
@@ -151,7 +151,7 @@ def test_non_blocking_chaining_between_groups(groups: Groups) -> None:
     # a future whose parts do not match the world size is fetched and re-split
     single = DataProtoFuture.concat([ray.put(batch(3, tags=False))])
     assert groups.b.consume(single).batch["z"].tolist() == [1, 2, 3]
-    assert future.get().batch["x"].tolist() == [2 * i for i in range(5)]
+    assert batch_of(future.get())["x"].tolist() == [2 * i for i in range(5)]
 
 
 def test_worker_exception_names_rank_method_and_traceback(groups: Groups) -> None:
@@ -180,11 +180,11 @@ def test_attach_paths_share_the_workers(groups: Groups) -> None:
     # ``namespace=``, the old name of ``ray_namespace``, is gone (issue 21): a TypeError, and
     # the group has no ``namespace`` attribute any more.
     with pytest.raises(TypeError, match="unexpected keyword argument 'namespace'"):
-        WorkerGroup.attach(group_name="a", namespace=groups.ray_namespace)
+        WorkerGroup.attach(group_name="a", namespace=groups.ray_namespace)  # type: ignore[call-arg]
     with pytest.raises(AttributeError):
         by_name.namespace  # noqa: B018
     with pytest.raises(TypeError, match="'ray_namespace'"):
-        WorkerGroup.attach(group_name="a")
+        WorkerGroup.attach(group_name="a")  # type: ignore[call-arg]  # on purpose
     assert by_name.record.world_size == 2 and by_name.record.worker_class.endswith(":Echo")
     assert set(by_name.record.methods) >= {"double", "nd_step", "custom"}
     by_names = WorkerGroup.from_worker_names(

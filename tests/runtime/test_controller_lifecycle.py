@@ -8,10 +8,11 @@ import os
 import signal
 import threading
 import time
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import ray
+from ray.actor import ActorHandle
 
 from tests.fixtures_ray import RayCluster
 from tests.runtime.light_workers import Broken, Counter
@@ -185,7 +186,7 @@ def test_placement_timeout_is_clear_and_leaves_nothing(
     # (A group the totals can never hold fails at once instead: tests/runtime/test_gpu_auto.py.)
     from ray.util.placement_group import placement_group, remove_placement_group
 
-    free = float(ray.available_resources().get("CPU", 0.0))
+    free = float(ray.available_resources().get("CPU", 0.0))  # type: ignore[no-untyped-call]  # ray leaves it unannotated
     blocker = placement_group([{"CPU": free}], strategy="STRICT_PACK") if free > 0 else None
     try:
         assert blocker is None or blocker.wait(timeout_seconds=60)
@@ -200,7 +201,8 @@ def test_placement_timeout_is_clear_and_leaves_nothing(
             )
         text = str(info.value)
         assert "'huge'" in text and "3s" in text and "CPU=1" in text and "STRICT_PACK" in text
-        assert f"CPU={ray.cluster_resources()['CPU']:g}" in text  # what the cluster has
+        # what the cluster has
+        assert f"CPU={ray.cluster_resources()['CPU']:g}" in text  # type: ignore[no-untyped-call]  # ray leaves it unannotated
         assert live_placement_groups(unique_namespace, "huge") == []
         assert registry.load_members(group_name="huge", ray_namespace=unique_namespace) is None
     finally:
@@ -255,7 +257,9 @@ def test_lookup_errors_name_what_exists(ray_driver: RayCluster, unique_namespace
         registry.delete_group_keys(group_name="elsewhere", ray_namespace=other)
 
     # A named actor in another namespace: attaching by its name says where it is.
-    actor = ray.remote(num_cpus=0.01)(_Plain).options(name="lonely_0:0", namespace=other).remote()
+    plain = ray.remote(num_cpus=0.01)(_Plain).options(name="lonely_0:0", namespace=other)
+    # ray types .remote() as handle-or-class; an options() call on an actor class gives a handle
+    actor = cast("ActorHandle[_Plain]", plain.remote())
     ray.get(actor.ping.remote())
     try:
         with pytest.raises(NamespaceMismatchError, match=other):

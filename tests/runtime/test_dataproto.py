@@ -9,6 +9,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
+from tests.runtime.workers import batch_of
 from tgruntime.controller import DataProto, tensor_codec
 from tgruntime.controller.dataproto import chunk_lengths
 
@@ -37,8 +38,8 @@ def test_basics_len_getitem_iter() -> None:
         and sl.batch["x"].tolist() == [1, 2, 3]
         and list(sl.non_tensor_batch["tag"]) == ["s1", "s2", "s3"]
     )
-    assert sl.batch["x"].data_ptr() == d.batch["x"][1:].data_ptr()  # a view, not a copy
-    assert [int(i.batch["x"]) for i in d] == list(range(6))
+    assert batch_of(sl)["x"].data_ptr() == batch_of(d)["x"][1:].data_ptr()  # a view, not a copy
+    assert [int(batch_of(i)["x"]) for i in d] == list(range(6))
     picked = d[[5, 0]]
     assert picked.batch["x"].tolist() == [5, 0] and list(picked.non_tensor_batch["tag"]) == [
         "s5",
@@ -76,7 +77,7 @@ def test_chunk_split_concat() -> None:
     d = make(6)
     parts = d.chunk(3)
     assert [len(p) for p in parts] == [2, 2, 2]
-    assert DataProto.concat(parts).batch["x"].tolist() == list(range(6))
+    assert batch_of(DataProto.concat(parts))["x"].tolist() == list(range(6))
     assert list(DataProto.concat(parts).non_tensor_batch["tag"]) == [f"s{i}" for i in range(6)]
     with pytest.raises(ValueError, match="pad_to_divisor"):
         d.chunk(4)
@@ -87,8 +88,8 @@ def test_padding_round_trip() -> None:
     d = make(5)
     padded, pad = d.pad_to_divisor(4)
     assert pad == 3 and len(padded) == 8
-    assert padded.batch["x"].tolist() == [0, 1, 2, 3, 4, 0, 1, 2]
-    assert padded.unpad(pad).batch["x"].tolist() == [0, 1, 2, 3, 4]
+    assert batch_of(padded)["x"].tolist() == [0, 1, 2, 3, 4, 0, 1, 2]
+    assert batch_of(padded.unpad(pad))["x"].tolist() == [0, 1, 2, 3, 4]
     same, zero = d.pad_to_divisor(5)
     assert zero == 0 and same is d
 
@@ -102,18 +103,18 @@ def test_chunk_lengths_put_padding_in_the_tail() -> None:
 
 def test_repeat_reorder_to_clone() -> None:
     d = make(3)
-    assert d.repeat(2).batch["x"].tolist() == [0, 0, 1, 1, 2, 2]
-    assert d.repeat(2, interleave=False).batch["x"].tolist() == [0, 1, 2, 0, 1, 2]
+    assert batch_of(d.repeat(2))["x"].tolist() == [0, 0, 1, 1, 2, 2]
+    assert batch_of(d.repeat(2, interleave=False))["x"].tolist() == [0, 1, 2, 0, 1, 2]
     d.reorder(torch.tensor([2, 0, 1]))
-    assert d.batch["x"].tolist() == [2, 0, 1] and list(d.non_tensor_batch["tag"]) == [
+    assert batch_of(d)["x"].tolist() == [2, 0, 1] and list(d.non_tensor_batch["tag"]) == [
         "s2",
         "s0",
         "s1",
     ]
     assert d.to("cpu") is d
     c = d.clone()
-    c.batch["x"][0] = 99
-    assert d.batch["x"][0] == 2
+    batch_of(c)["x"][0] = 99
+    assert batch_of(d)["x"][0] == 2
 
 
 def test_nested_keys_and_multi_dim_batch() -> None:

@@ -94,12 +94,12 @@ def two_nodes() -> Iterator[TwoNodes]:
         raise
     try:
         ids = {}
-        for node in ray.nodes():
+        for node in ray.nodes():  # type: ignore[no-untyped-call]  # ray leaves it unannotated
             if node.get("Alive"):
                 for key in NODE_KEYS:
                     if key in (node.get("Resources") or {}):
                         ids[key] = node["NodeID"]
-        assert set(ids) == set(NODE_KEYS), ray.nodes()
+        assert set(ids) == set(NODE_KEYS), ray.nodes()  # type: ignore[no-untyped-call]  # ray leaves it unannotated
         yield TwoNodes(address=cluster.address, node_ids=ids)
     finally:
         if ray.is_initialized():
@@ -201,7 +201,7 @@ def test_ip_sort_bug_counts_follow_spec(
 
     def nodes_with_swapped_ips() -> list[dict[str, Any]]:
         out = []
-        for n in real_nodes():
+        for n in real_nodes():  # type: ignore[no-untyped-call]  # ray leaves it unannotated
             ip = "10.0.0.1" if NODE_KEYS[1] in (n.get("Resources") or {}) else "10.0.0.2"
             out.append({**n, "NodeManagerAddress": ip})
         return out

@@ -102,7 +102,7 @@ def test_watch_reprints_when_not_a_tty_and_ctrl_c_exits_0(
 
     monkeypatch.setattr(gcs_view, "GcsView", lambda address: None)
     monkeypatch.setattr(cli, "group_status", lambda *a, **k: st)
-    monkeypatch.setattr(cli.time, "sleep", sleep)
+    monkeypatch.setattr("tgruntime.entrypoints.cli.time.sleep", sleep)
     args = cli.build_parser().parse_args(["status", "-f", str(path), "--watch", "0.01"])
     assert cli._watch_status(args, None, "h:1", args.watch) == 0  # type: ignore[arg-type]
     out = capsys.readouterr().out

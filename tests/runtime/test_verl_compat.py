@@ -92,7 +92,7 @@ def test_verl_detached_server_and_client_round_trip(
 
 
 def test_bundle_size_fits_the_cluster(ray_driver: RayCluster) -> None:
-    cpus = ray.cluster_resources()["CPU"]
+    cpus = ray.cluster_resources()["CPU"]  # type: ignore[no-untyped-call]  # ray leaves it unannotated
     assert _bundle_cpus(10, 2) == pytest.approx(cpus / 2)
     assert _bundle_cpus(1, 1) == 1.0  # fits: verl's size is kept
     pool = RayResourcePool(process_on_nodes=[2], use_gpu=False).to_resource_pool()

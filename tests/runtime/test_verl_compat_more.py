@@ -210,7 +210,7 @@ def test_auto_padding_env_and_type(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VERL_AUTO_PADDING", "0")
     assert not DataProtoConfig.auto_padding
     with pytest.raises(TypeError):
-        DataProtoConfig.auto_padding = 1  # type: ignore[assignment]
+        DataProtoConfig.auto_padding = 1
     assert DataProtoConfig.auto_padding_key == "_verl_auto_padding"
 
 

@@ -37,7 +37,7 @@ from tgruntime.compat.verl import (
     register,
 )
 from tgruntime.controller import dispatch as d
-from tgruntime.controller import futures, teardown_group
+from tgruntime.controller import teardown_group
 from tgruntime.controller.dataproto import AUTO_PADDING_KEY
 from tgruntime.controller.decorator import TRIM_KWARG, _trim
 
@@ -152,7 +152,8 @@ def _td(n: int) -> TensorDict:
     return tu.get_tensordict(per_row, non_tensor_dict={"experiment": "run_001"})
 
 
-def _rows(td: TensorDict) -> list[int]:
+def _rows(td: DataProto | TensorDict) -> list[int]:
+    assert isinstance(td, TensorDict)
     return [int(v) for v in td["x"].tolist()]
 
 
@@ -215,7 +216,9 @@ def test_nd_dispatch_gives_each_rank_its_dp_slice_and_collects_tensordicts() -> 
 
 def test_future_over_tensordict_parts(monkeypatch: pytest.MonkeyPatch) -> None:
     """DataProtoFuture.get joins TensorDict parts (the refs stand in for ObjectRefs here)."""
-    monkeypatch.setattr(futures.ray, "get", lambda refs, timeout=None: list(refs))
+    monkeypatch.setattr(
+        "tgruntime.controller.futures.ray.get", lambda refs, timeout=None: list(refs)
+    )
     future = DataProtoFuture([_td(3), _td(2)])
     assert _rows(future.get()) == [0, 1, 2, 0, 1]
     assert [_rows(c.get()) for c in future.chunk(2)] == [[0, 1, 2], [0, 1]]

@@ -17,6 +17,13 @@ from tgruntime.controller import (
     make_nd_compute_dataproto_dispatch_fn,
     register,
 )
+from tgruntime.controller.dataproto import DataProtoItem
+
+
+def batch_of(data: DataProto | DataProtoItem) -> TensorDict:
+    """``data.batch``, which these tests always fill (DataProto types it as optional)."""
+    assert data.batch is not None
+    return data.batch
 
 
 def split_by_rank(group: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
@@ -76,7 +83,7 @@ class Echo(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def double(self, data: DataProto) -> DataProto:
         out = DataProto.from_dict(
-            tensors={"y": data.batch["x"] * 2, "rank": torch.full((len(data),), self.rank)},
+            tensors={"y": batch_of(data)["x"] * 2, "rank": torch.full((len(data),), self.rank)},
             non_tensors={"tag": data.non_tensor_batch["tag"]}
             if "tag" in data.non_tensor_batch
             else None,
@@ -85,7 +92,7 @@ class Echo(Worker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, blocking=False)
     def double_async(self, data: DataProto) -> DataProto:
-        return DataProto.from_dict(tensors={"x": data.batch["x"] * 2})
+        return DataProto.from_dict(tensors={"x": batch_of(data)["x"] * 2})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_METRIC)
     def chunk_len(self, data: DataProto) -> int:
@@ -99,7 +106,7 @@ class Echo(Worker):
     def nd_step(self, data: DataProto) -> DataProto:
         return DataProto.from_dict(
             tensors={
-                "y": data.batch["x"] + 1000 * (self.rank // self.tp),
+                "y": batch_of(data)["x"] + 1000 * (self.rank // self.tp),
                 "rank": torch.full((len(data),), self.rank),
             }
         )
@@ -135,11 +142,11 @@ class Echo(Worker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def consume(self, data: DataProto) -> DataProto:
-        return DataProto(batch=TensorDict({"z": data.batch["x"] + 1}, batch_size=[len(data)]))
+        return DataProto(batch=TensorDict({"z": batch_of(data)["x"] + 1}, batch_size=[len(data)]))
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def total(self, data: DataProto) -> float:
-        return float(data.batch["x"].sum())
+        return float(batch_of(data)["x"].sum())
 
     @register(dispatch_mode=Dispatch.ALL_TO_ALL)
     def take(self, value: int) -> int:

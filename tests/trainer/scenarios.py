@@ -53,7 +53,10 @@ def write_tokenizer(path: str | Path, vocab_size: int) -> None:
     vocab = {f"t{i}": i for i in range(vocab_size)}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    transformers.PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(path)
+    fast = transformers.PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]  # untyped __init__
+        tokenizer_object=tok
+    )
+    fast.save_pretrained(path)
 
 
 def fixed_batch(seed: int = 0, batch: int = BATCH) -> torch.Tensor:

@@ -239,7 +239,8 @@ def test_lora_on_qwen_is_refused_at_create() -> None:
     from tgruntime.trainer import TrainEngine
     from tgruntime.trainer.lora import LoraSettings
 
-    base = {"positionEmbedding": "rope", "numQueryGroups": GROUPS}
+    base: dict[str, Any] = {"positionEmbedding": "rope", "numQueryGroups": GROUPS}
+    model: dict[str, Any]
     for model, field in (
         ({"architecture": "qwen2"}, "model.architecture is qwen2"),
         ({"architecture": "qwen3", "headDim": 32}, "model.architecture is qwen3"),

@@ -128,7 +128,7 @@ def test_pipeline_stages_convert_on_their_own() -> None:
     stage1_names = megatron_names(layers=range(2, 4), first_stage=False, last_stage=True)
     stage1 = {n: full[n] for n in stage1_names}
     local = renumber_layers(stage1, offset=-2)
-    assert sorted({layer_of(n) for n in local} - {None}) == [0, 1]
+    assert sorted({i for n in local if (i := layer_of(n)) is not None}) == [0, 1]
     back = megatron_to_hf(renumber_layers(local, offset=2), shape)
     assert list(back) == hf_names(layers=range(2, 4), first_stage=False, last_stage=True)
     assert all(torch.equal(back[n], hf[n]) for n in back)

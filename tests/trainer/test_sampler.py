@@ -70,6 +70,7 @@ def _group_log_probs(c: TrainerClient, seqs: list[list[int]]) -> list[list[float
         ids[i, : len(s)] = torch.tensor(s)
         mask[i, : len(s)] = 1
     out = c.compute_log_prob({"input_ids": ids, "attention_mask": mask}).result()
+    assert out.batch is not None
     lp = out.batch["log_probs"]
     return [lp[i, : len(s) - 1].tolist() for i, s in enumerate(seqs)]
 

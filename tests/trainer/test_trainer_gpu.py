@@ -118,7 +118,7 @@ def gpu_lora_against_full(*, checkpoint_dir: str) -> dict[str, Any]:
     ]
     settings = LoraSettings(rank=16, alpha=32.0)
     try:
-        out = {
+        out: dict[str, Any] = {
             "full": _gpu_engine_run(spec, None, data),
             "lora": _gpu_engine_run(spec, settings, data),
         }

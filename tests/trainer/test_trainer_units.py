@@ -14,7 +14,8 @@ import torch
 from tests.trainer.scenarios import tiny_spec
 from tgruntime.trainer.batch import lm_batch, split_microbatches
 from tgruntime.trainer.checkpoint import latest_checkpoint, step_dirname
-from tgruntime.trainer.engine import StepResult, TrainEngine, _default_micro_batch_size
+from tgruntime.trainer.engine import StepResult, TrainEngine
+from tgruntime.trainer.primitives import _default_micro_batch_size
 from tgruntime.trainer.settings import resolve_settings
 
 pytestmark = pytest.mark.megatron

@@ -14,7 +14,9 @@ A cleanup step follows reconcile's shape, observe -> decide -> act:
 
 :func:`finalize_step` is one such step; the group's loop calls it until it is settled
 (kopf keeps the finalizer while the loop runs), waiting as long as the step says: a
-teardown in progress, or the cleanup back-off while Ray cannot be reached. The annotation
+teardown in progress, the cleanup back-off while Ray cannot be reached, or an owned RayCluster
+being deleted that still has finalizers (KubeRay's GCS-FT Redis cleanup uses the token Secret
+the group owns; each step reads the RayCluster afresh). The annotation
 ``trainergroup.io/force-delete: "true"`` lets an admin remove the object without the
 cleanup.
 """

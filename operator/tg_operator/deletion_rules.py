@@ -6,9 +6,19 @@ look again. Cleaning a group's Ray side is a chain of actions; :mod:`tg_operator
 performs each and :func:`after` turns its outcome into the next decision::
 
     TearDownGroup (one teardown step) --done--> ListWorkers --none of ours alive-->
-    ForgetJobs --> DeleteOwnedCluster (an owned RayCluster) --> settled
+    ForgetJobs --> DeleteOwnedCluster (an owned RayCluster) --it had no finalizers--> settled
+                       |
+                       +--it had finalizers--> wait 2 s; the next steps read it again:
+                            deleting, finalizers left  --> cluster-finalizing: wait 2 s
+                            ... past the limit (330 s) --> settled, Warning
+                            gone (or no finalizers)    --> cluster-finalized: settled
 
-A teardown not done yet, or workers still alive, waits and looks again. Ray not answering
+A teardown not done yet, or workers still alive, waits and looks again. So does an owned
+RayCluster that is being deleted but still carries finalizers (KubeRay's
+``ray.io/gcs-ft-redis-cleanup-finalizer`` with GCS fault tolerance: its Redis cleanup Job's pod
+copies the head's env, the ``RAY_AUTH_TOKEN`` of the Secret ``<name>-ray-token`` included, and
+that Secret is owned by the TrainerGroup, so the group must outlive the RayCluster), for at most
+:data:`CLUSTER_FINALIZERS_LIMIT_S` from its ``deletionTimestamp``. Ray not answering
 at any link retries after the cleanup back-off (:func:`tg_operator.backoff.cleanup_retry_s`)
 and says why in the status, and in a ``CleanupRetrying`` event when the reason changed.
 Nothing here does I/O or reads a clock: every outcome is a row of
@@ -19,7 +29,8 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from tg_operator import backoff, names, observed
 from tg_operator import status as status_mod
@@ -31,6 +42,19 @@ from tgapi import TrainerGroupStatus
 
 WORKERS_GONE_POLL_S = 2.0
 """The teardown finished but Ray still shows workers of ours alive: look again."""
+CLUSTER_FINALIZERS_POLL_S = 2.0
+"""The owned RayCluster is being deleted but still has finalizers: look again."""
+CLUSTER_FINALIZERS_LIMIT_S = 330.0
+"""How long after the RayCluster's ``deletionTimestamp`` the finalizer waits for its
+finalizers at most: a little above KubeRay's 300 s deadline for its Redis cleanup Job."""
+CLUSTER_FINALIZERS_STEP_S = 10
+"""The status says how long the wait has lasted in steps of this many seconds, so it is
+written every 10 s, not at every poll."""
+GCS_FT_FINALIZER = "ray.io/gcs-ft-redis-cleanup-finalizer"
+"""KubeRay's finalizer on a RayCluster with GCS fault tolerance (removed once its Redis cleanup
+Job finished or hit its deadline)."""
+WAITING_FOR_CLUSTER = "waiting for RayCluster "
+"""How the status message of the wait begins (the next step reads it: the wait is over)."""
 MESSAGE_LIMIT = 1000
 
 
@@ -119,7 +143,8 @@ class JobsForgotten:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ClusterDeleted:
-    pass
+    """The delete was sent; whether the RayCluster waits on finalizers, ``after`` reads from
+    the snapshot's RayCluster (read just before)."""
 
 
 Outcome = Unreachable | TornDown | WorkersListed | JobsForgotten | ClusterDeleted
@@ -184,6 +209,18 @@ def nothing_started(snap: DeletionSnapshot) -> Cleanup | None:
     return _settled(snap, rule="nothing-started", message=msg)
 
 
+def cluster_finalizing(snap: DeletionSnapshot) -> Cleanup | None:
+    """An owned RayCluster being deleted that still has finalizers: the group (and the token
+    Secret it owns) must outlive it, so wait for them, up to the limit."""
+    group = _group(snap)
+    rc = group.raycluster
+    if not names.owns_cluster(group.tg) or rc is None:
+        return None
+    if not rc.get("metadata", {}).get("deletionTimestamp") or not _finalizers(rc):
+        return None
+    return _wait_for_cluster(snap, events=())
+
+
 def cluster_gone(snap: DeletionSnapshot) -> Cleanup | None:
     """An owned RayCluster that is gone (or going) took its Ray processes with it."""
     tg = _group(snap).tg
@@ -192,7 +229,13 @@ def cluster_gone(snap: DeletionSnapshot) -> Cleanup | None:
         return None
     if rc is not None and not rc.get("metadata", {}).get("deletionTimestamp"):
         return None
-    msg = f"RayCluster {names.cluster_name(tg)} is gone; its Ray processes went with it"
+    name = names.cluster_name(tg)
+    prev = snap.status
+    if prev.phase == "Terminating" and prev.message.startswith(WAITING_FOR_CLUSTER):
+        # the end of the wait after a cleanup (CleanedUp was posted then): no second event
+        msg = f"RayCluster {name} finished deleting"
+        return _settled(snap, rule="cluster-finalized", message=msg)
+    msg = f"RayCluster {name} is gone; its Ray processes went with it"
     return _settled(snap, rule="cluster-gone", message=msg, event=("Normal", "NothingToClean"))
 
 
@@ -213,6 +256,7 @@ RULES: tuple[DeletionRule, ...] = (
     force_delete,
     invalid_spec,
     nothing_started,
+    cluster_finalizing,
     cluster_gone,
     clean_ray,
 )
@@ -267,7 +311,11 @@ def after(snap: DeletionSnapshot, done: Cleanup, outcome: Outcome) -> Cleanup:
             action=last,
             events=(*done.events, Event(type="Normal", reason="CleanedUp", message=msg)),
         )
-    return dataclasses.replace(done, action=None)  # ClusterDeleted: the chain's end
+    # ClusterDeleted: the chain's end, unless the RayCluster had finalizers when read
+    rc = group.raycluster
+    if rc is not None and _finalizers(rc):
+        return _wait_for_cluster(snap, events=done.events)
+    return dataclasses.replace(done, action=None)
 
 
 # -- helpers -------------------------------------------------------------------------------
@@ -279,6 +327,67 @@ def terminating(snap: DeletionSnapshot, message: str | None = None) -> TrainerGr
     return status_mod.terminating(prev, message=message[:MESSAGE_LIMIT], now=snap.now)
 
 
+def _finalizers(rc: Mapping[str, Any]) -> tuple[str, ...]:
+    return tuple(str(f) for f in rc.get("metadata", {}).get("finalizers") or ())
+
+
+def _deleting_for_s(snap: DeletionSnapshot, rc: Mapping[str, Any]) -> float:
+    """Seconds since the RayCluster's ``deletionTimestamp`` (0 before it has one: just
+    deleted); since the phase became Terminating if that does not parse, else the limit."""
+    stamp = rc.get("metadata", {}).get("deletionTimestamp")
+    if not stamp:
+        return 0.0
+    since = status_mod.parse_rfc3339(str(stamp)) or status_mod.parse_rfc3339(
+        snap.status.phase_since or ""
+    )
+    if since is None:
+        return CLUSTER_FINALIZERS_LIMIT_S
+    return max(0.0, (snap.now - since).total_seconds())
+
+
+def _waits_for(finalizers: tuple[str, ...]) -> str:
+    if GCS_FT_FINALIZER in finalizers:
+        return "KubeRay's cleanup of the group's GCS state in Redis, a Job with a 300s deadline"
+    return "the controllers that own them"
+
+
+def _wait_for_cluster(snap: DeletionSnapshot, *, events: tuple[Event, ...]) -> Cleanup:
+    """Wait for the owned RayCluster's finalizers, or past the limit settle with a Warning."""
+    group = _group(snap)
+    rc = group.raycluster
+    assert rc is not None
+    name, fins = names.cluster_name(group.tg), _finalizers(rc)
+    elapsed = _deleting_for_s(snap, rc)
+    what = _waits_for(fins)
+    if elapsed >= CLUSTER_FINALIZERS_LIMIT_S:
+        msg = (
+            f"RayCluster {name} still has the finalizers {', '.join(fins)} {elapsed:.0f}s after "
+            f"it was deleted (waiting for {what}); the TrainerGroup goes anyway after "
+            f"{CLUSTER_FINALIZERS_LIMIT_S:.0f}s and the RayCluster stays until they are "
+            f"removed. To remove a TrainerGroup without waiting (and without cleaning Ray), "
+            f'annotate it {names.FORCE_DELETE_ANNOTATION}="true"'
+        )
+        warning = Event(type="Warning", reason="ClusterFinalizersTimeout", message=msg)
+        return Cleanup(
+            rule="cluster-finalizers-timeout",
+            status=terminating(snap),
+            step=Step.settled(msg),
+            events=(*events, warning),
+        )
+    shown = int(elapsed) // CLUSTER_FINALIZERS_STEP_S * CLUSTER_FINALIZERS_STEP_S
+    msg = (
+        f"{WAITING_FOR_CLUSTER}{name} to finish deleting: it still has the finalizers "
+        f"{', '.join(fins)} (waiting for {what}); {shown}s so far, at most "
+        f"{CLUSTER_FINALIZERS_LIMIT_S:.0f}s"
+    )
+    return Cleanup(
+        rule="cluster-finalizing",
+        status=terminating(snap, msg),
+        step=Step.wait(CLUSTER_FINALIZERS_POLL_S, msg),
+        events=events,
+    )
+
+
 def _group(snap: DeletionSnapshot) -> Snapshot:
     assert snap.group is not None, "asked after invalid_spec"
     return snap.group
@@ -288,9 +397,7 @@ def _settled(
     snap: DeletionSnapshot, *, rule: str, message: str, event: tuple[str, str] | None = None
 ) -> Cleanup:
     events = () if event is None else (Event(type=event[0], reason=event[1], message=message),)
-    return Cleanup(
-        rule=rule, status=terminating(snap), step=Step.settled(message), events=events
-    )
+    return Cleanup(rule=rule, status=terminating(snap), step=Step.settled(message), events=events)
 
 
 def _wait(

@@ -22,6 +22,7 @@ from tg_operator import names
 from tg_operator.context import Context
 from tg_operator.dashboard import ActorInfo, DashboardUnreachable, JobInfo
 from tg_operator.settings import OperatorConfig
+from tg_operator.status import rfc3339
 from tgapi import SpecErrors, markers, parse_resource
 
 T0 = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
@@ -51,7 +52,9 @@ class FakeClock:
 class FakeKube:
     """RayClusters and pods in memory; the TrainerGroup's status as last patched."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: FakeClock | None = None) -> None:
+        self.clock = clock or FakeClock()
+        """The API server's clock: the ``deletionTimestamp`` of a RayCluster with finalizers."""
         self.secrets: dict[tuple[str, str], dict[str, Any]] = {}
         self.policies: dict[tuple[str, str], dict[str, Any]] = {}
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
@@ -109,9 +112,21 @@ class FakeKube:
         return copy.deepcopy(body)
 
     async def delete_raycluster(self, *, namespace: str, name: str) -> bool:
+        """Gone at once, or, while it has finalizers, kept with a ``deletionTimestamp``."""
         self.calls["delete_raycluster"] += 1
         self.pods.pop((namespace, name), None)
+        rc = self.clusters.get((namespace, name))
+        if rc is not None and rc["metadata"].get("finalizers"):
+            rc["metadata"].setdefault("deletionTimestamp", rfc3339(self.clock()))
+            return True
         return self.clusters.pop((namespace, name), None) is not None
+
+    def drop_finalizers(self, namespace: str, name: str) -> None:
+        """A controller's part (KubeRay's Redis cleanup done): a deleted RayCluster goes."""
+        rc = self.clusters[(namespace, name)]
+        rc["metadata"]["finalizers"] = []
+        if rc["metadata"].get("deletionTimestamp"):
+            del self.clusters[(namespace, name)]
 
     async def list_cluster_pods(self, *, namespace: str, cluster: str) -> list[dict[str, Any]]:
         self.calls["list_pods"] += 1
@@ -131,9 +146,7 @@ class FakeKube:
         self.policies.setdefault(key, copy.deepcopy(body))
         return fresh
 
-    async def get_tinker_deployment(
-        self, *, namespace: str, group: str
-    ) -> dict[str, Any] | None:
+    async def get_tinker_deployment(self, *, namespace: str, group: str) -> dict[str, Any] | None:
         self.calls["tinker_index"] += 1  # the operator reads it from the Deployment watch
         if (namespace, group) in self.watch_lags:
             return None
@@ -337,7 +350,7 @@ class World:
 
 def world(*, env: Mapping[str, str] | None = None, **spec: Any) -> World:
     clock = FakeClock()
-    kube = FakeKube()
+    kube = FakeKube(clock)
     ray = FakeRay(clock)
     base = {"HOME": "/nonexistent", "TG_RAY_TOKEN_KEY": "fake-key"}
     config = OperatorConfig.from_env({**base, **(env or {})})

@@ -11,6 +11,7 @@ from typing import Any
 from tests.operator.fakes import World, cluster_key, world
 from tests.operator.test_reconcile_flow import drive, phase_is
 from tg_operator import deletion, names
+from tg_operator import deletion_rules as rules
 from tg_operator.context import Step
 from tg_operator.dashboard import JobInfo
 from tgapi import parse_resource
@@ -115,3 +116,63 @@ def test_an_invalid_spec_is_released_at_once() -> None:
     (step,) = asyncio.run(steps(w))
     assert step.done and "the spec was invalid" in step.message
     assert sum(w.ray.calls.values()) == 0
+
+
+def with_kuberay_gcs_ft_finalizer(w: World) -> None:
+    """KubeRay's finalizer on a RayCluster with GCS fault tolerance (its Redis cleanup Job)."""
+    w.kube.clusters[cluster_key(w)]["metadata"]["finalizers"] = [rules.GCS_FT_FINALIZER]
+
+
+def test_the_group_outlives_a_raycluster_that_keeps_a_finalizer_for_a_while() -> None:
+    """KubeRay's Redis cleanup Job uses the token Secret the group owns: wait for it."""
+    w = ready_then_deleted()
+    with_kuberay_gcs_ft_finalizer(w)
+    patches = w.kube.calls["patch_status"]
+    done = asyncio.run(steps(w, limit=2))
+    # 1: the teardown job; 2: the chain up to the delete, but the RayCluster stays
+    assert [s.done for s in done] == [False, False]
+    assert done[-1].delay == rules.CLUSTER_FINALIZERS_POLL_S
+    rc = w.kube.clusters[cluster_key(w)]
+    assert rc["metadata"]["deletionTimestamp"]
+    assert w.status["message"].startswith("waiting for RayCluster demo to finish deleting")
+    assert rules.GCS_FT_FINALIZER in w.status["message"]
+    assert w.reasons().count("CleanedUp") == 1
+    reads = w.kube.calls["get_raycluster"]
+    for _ in range(12):  # KubeRay's cleanup runs for ~25 s (steps moves the clock 2 s each)
+        done = asyncio.run(steps(w, limit=1))
+        assert not done[-1].done
+    assert w.kube.calls["get_raycluster"] - reads == 12  # each step reads it afresh
+    assert "20s so far, at most 330s" in w.status["message"]
+    w.kube.drop_finalizers(*cluster_key(w))
+    (last,) = asyncio.run(steps(w))
+    assert last.done and last.message == "RayCluster demo finished deleting"
+    assert cluster_key(w) not in w.kube.clusters
+    assert w.reasons().count("CleanedUp") == 1 and "NothingToClean" not in w.reasons()
+    assert w.warnings() == []
+    # Terminating (the teardown), the wait at 0s, 10s and 20s: one write per 10 s, not per poll
+    assert w.kube.calls["patch_status"] - patches == 4
+
+
+def test_a_raycluster_finalizer_that_never_goes_is_waited_for_330s_then_warned_about() -> None:
+    w = ready_then_deleted()
+    with_kuberay_gcs_ft_finalizer(w)
+    patches = w.kube.calls["patch_status"]
+    t0 = w.clock()
+    done = asyncio.run(steps(w, limit=400))
+    assert done[-1].done and not any(s.done for s in done[:-1])
+    waited = (w.clock() - t0).total_seconds()
+    assert rules.CLUSTER_FINALIZERS_LIMIT_S <= waited <= rules.CLUSTER_FINALIZERS_LIMIT_S + 5
+    ((_, reason, message),) = w.warnings()
+    assert reason == "ClusterFinalizersTimeout" and rules.GCS_FT_FINALIZER in message
+    assert f'{names.FORCE_DELETE_ANNOTATION}="true"' in message
+    assert cluster_key(w) in w.kube.clusters  # left to KubeRay
+    assert w.kube.calls["patch_status"] - patches <= 36
+
+
+def test_force_delete_does_not_wait_for_the_raycluster_finalizers() -> None:
+    w = ready_then_deleted()
+    with_kuberay_gcs_ft_finalizer(w)
+    asyncio.run(steps(w, limit=3))
+    w.obj["metadata"]["annotations"] = {names.FORCE_DELETE_ANNOTATION: "true"}
+    (forced,) = asyncio.run(steps(w))
+    assert forced.done and w.warnings()[-1][1] == "ForceDeleted"

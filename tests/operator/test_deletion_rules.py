@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import datetime
 from typing import Any
 
 import pytest
@@ -34,6 +35,7 @@ from tg_operator.deletion_rules import (
     WorkersListed,
 )
 from tg_operator.group_teardown import STEP_DELAY_S, TeardownResult
+from tg_operator.status import rfc3339
 from tgapi import TrainerGroup, TrainerGroupStatus
 
 _ref_spec = {k: v for k, v in copy.deepcopy(BASE_SPEC).items() if k != "rayCluster"}
@@ -68,6 +70,22 @@ def dsnap(
 
 
 GOING = {**cluster(), "metadata": {"name": "demo", "deletionTimestamp": "2026-01-01T00:00:00Z"}}
+FT = deletion_rules.GCS_FT_FINALIZER
+
+
+def finalizing(seconds: float | None, *finalizers: str, stamp: str | None = None) -> dict[str, Any]:
+    """The owned RayCluster with ``finalizers`` (KubeRay's GCS-FT one by default), deleted
+    ``seconds`` before T0 (None: not deleted yet)."""
+    meta: dict[str, Any] = {"name": "demo", "finalizers": list(finalizers or (FT,))}
+    if seconds is not None:
+        meta["deletionTimestamp"] = stamp or rfc3339(T0 - datetime.timedelta(seconds=seconds))
+    return {**cluster(), "metadata": meta}
+
+
+WAITING = running(
+    phase="Terminating",
+    message=f"waiting for RayCluster demo to finish deleting: it still has the finalizers {FT}",
+)
 
 ROWS: dict[str, tuple[DeletionSnapshot, str, type | None, bool, str, str]] = {
     "force-delete-skips-the-cleanup": (
@@ -126,6 +144,88 @@ ROWS: dict[str, tuple[DeletionSnapshot, str, type | None, bool, str, str]] = {
         "NothingToClean",
         "its Ray processes went with it",
     ),
+    "owned-cluster-deleted-without-finalizers-costs-no-wait": (
+        dsnap(raycluster={**GOING, "metadata": {**GOING["metadata"], "finalizers": []}}),
+        "cluster-gone",
+        None,
+        True,
+        "NothingToClean",
+        "its Ray processes went with it",
+    ),
+    "owned-cluster-finalizing-waits-for-kuberay-redis-cleanup": (
+        dsnap(raycluster=finalizing(42)),
+        "cluster-finalizing",
+        None,
+        False,
+        "",
+        f"waiting for RayCluster demo to finish deleting: it still has the finalizers {FT} "
+        "(waiting for KubeRay's cleanup of the group's GCS state in Redis, a Job with a 300s "
+        "deadline); 40s so far, at most 330s",
+    ),
+    "owned-cluster-finalizing-any-finalizer-waits": (
+        dsnap(raycluster=finalizing(3, "example.com/keep", FT)),
+        "cluster-finalizing",
+        None,
+        False,
+        "",
+        f"finalizers example.com/keep, {FT} (waiting for KubeRay's cleanup",
+    ),
+    "owned-cluster-finalizing-a-foreign-finalizer": (
+        dsnap(raycluster=finalizing(3, "example.com/keep")),
+        "cluster-finalizing",
+        None,
+        False,
+        "",
+        "finalizers example.com/keep (waiting for the controllers that own them); 0s so far",
+    ),
+    "owned-cluster-finalizing-just-below-the-limit": (
+        dsnap(raycluster=finalizing(329)),
+        "cluster-finalizing",
+        None,
+        False,
+        "",
+        "320s so far, at most 330s",
+    ),
+    "owned-cluster-finalizers-past-the-limit-settle-with-a-warning": (
+        dsnap(raycluster=finalizing(330), status=WAITING),
+        "cluster-finalizers-timeout",
+        None,
+        True,
+        "ClusterFinalizersTimeout",
+        f"RayCluster demo still has the finalizers {FT} 330s after it was deleted",
+    ),
+    "an-unparsable-deletion-time-counts-from-terminating": (
+        dsnap(raycluster=finalizing(0, stamp="yesterday"), status=running(phase="Terminating")),
+        "cluster-finalizers-timeout",
+        None,
+        True,
+        "ClusterFinalizersTimeout",
+        "600s after it was deleted",
+    ),
+    "owned-cluster-gone-after-the-wait-posts-nothing": (
+        dsnap(raycluster=None, status=WAITING),
+        "cluster-finalized",
+        None,
+        True,
+        "",
+        "RayCluster demo finished deleting",
+    ),
+    "owned-cluster-finalizers-dropped-after-the-wait-posts-nothing": (
+        dsnap(raycluster=GOING, status=WAITING),
+        "cluster-finalized",
+        None,
+        True,
+        "",
+        "RayCluster demo finished deleting",
+    ),
+    "force-delete-does-not-wait-for-finalizers": (
+        dsnap(force=True, raycluster=finalizing(10), status=WAITING),
+        "force-delete",
+        None,
+        True,
+        "ForceDeleted",
+        "removed without cleaning Ray",
+    ),
     "owned-cluster-up-is-cleaned": (
         dsnap(),
         "clean-ray",
@@ -173,6 +273,7 @@ def test_the_rules_are_asked_in_order_and_the_last_always_answers() -> None:
         "force_delete",
         "invalid_spec",
         "nothing_started",
+        "cluster_finalizing",
         "cluster_gone",
         "clean_ray",
     ]
@@ -332,6 +433,66 @@ def test_the_whole_chain_from_one_decision() -> None:
         f"teardown t: ok; no live workers left in Ray namespace {NS}; 2 job records removed"
     )
     assert [e.reason for e in d.events] == ["CleanedUp"]
+
+
+def test_the_finalizers_timeout_warning_names_them_and_the_force_annotation() -> None:
+    d = deletion_rules.decide(dsnap(raycluster=finalizing(400, "example.com/keep", FT)))
+    (event,) = d.events
+    assert (event.type, event.reason) == ("Warning", "ClusterFinalizersTimeout")
+    assert f"finalizers example.com/keep, {FT} 400s after it was deleted" in event.message
+    assert "the TrainerGroup goes anyway after 330s" in event.message
+    assert f'{names.FORCE_DELETE_ANNOTATION}="true"' in event.message
+    assert d.step.message == event.message
+
+
+def test_the_wait_is_written_in_steps_of_ten_seconds() -> None:
+    """The poll is 2 s; the status (a watch event each) changes only every 10 s."""
+    msgs = {
+        deletion_rules.decide(dsnap(raycluster=finalizing(t))).status.message for t in range(10, 20)
+    }
+    assert len(msgs) == 1 and "10s so far" in msgs.pop()
+    d = deletion_rules.decide(dsnap(raycluster=finalizing(12)))
+    assert d.step.delay == deletion_rules.CLUSTER_FINALIZERS_POLL_S == 2.0
+
+
+def test_cluster_deleted_with_finalizers_waits_and_keeps_the_cleaned_up_event() -> None:
+    """The RayCluster read before the delete had KubeRay's finalizer: do not settle yet."""
+    seen = dsnap(raycluster=finalizing(None))
+    d = deletion_rules.after(seen, FORGET, JobsForgotten(removed=1))
+    assert d.action == DeleteOwnedCluster(name="demo") and d.step.done
+    d = deletion_rules.after(seen, d, ClusterDeleted())
+    assert d.rule == "cluster-finalizing" and d.action is None
+    assert not d.step.done and d.step.delay == deletion_rules.CLUSTER_FINALIZERS_POLL_S
+    assert d.status.message.startswith(
+        f"waiting for RayCluster demo to finish deleting: it still has the finalizers {FT} "
+    )
+    assert "0s so far, at most 330s" in d.status.message
+    assert [e.reason for e in d.events] == ["CleanedUp"]
+    assert d.events[0].message == "td; gone; 1 job records removed"
+
+
+def test_the_whole_chain_with_a_finalizing_cluster_settles_once_it_is_gone() -> None:
+    """Step 1 cleans and deletes; the next steps read the RayCluster again until it is gone."""
+    played: dict[type, Outcome] = {
+        TearDownGroup: TornDown(result=TeardownResult(done=True, message="teardown t: ok")),
+        ListWorkers: WorkersListed(actors=actors(*WORKERS)),
+        ForgetJobs: JobsForgotten(removed=2),
+        DeleteOwnedCluster: ClusterDeleted(),
+    }
+    seen = dsnap(raycluster=finalizing(None))
+    d = deletion_rules.decide(seen)
+    while d.action is not None:
+        d = deletion_rules.after(seen, d, played[type(d.action)])
+    assert d.rule == "cluster-finalizing" and not d.step.done
+    posted = [e.reason for e in d.events]
+    for t in (2, 150, 298):
+        again = deletion_rules.decide(dsnap(raycluster=finalizing(t), status=d.status))
+        assert again.rule == "cluster-finalizing" and again.events == ()
+        assert f"{t // 10 * 10}s so far" in again.status.message
+        d = again
+    last = deletion_rules.decide(dsnap(raycluster=None, status=d.status))
+    assert last.rule == "cluster-finalized" and last.step.done and last.events == ()
+    assert posted == ["CleanedUp"]
 
 
 def test_backoff_schedules_share_one_doubling() -> None:

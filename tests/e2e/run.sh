@@ -33,8 +33,9 @@
 #                                   With the chaos faults worker-killed-mid-step among those
 #                                   run, the default is "tinker" and step 7 is left out: the
 #                                   fault covers both (docs/testing.md, "Merged")
-#   E2E_KUEUE=0                     1: at the end, Kueue built here admits, queues and preempts
-#                                   groups (tests/e2e/phases/kueue.sh, docs/kueue.md)
+#   E2E_KUEUE=1 (fake) / 0 (nvidia)   Kueue, built here, admits, queues and preempts groups,
+#                                   with the GCS fault-tolerance group as the one holding the
+#                                   quota (tests/e2e/phases/kueue.sh, docs/kueue.md); 0: left out
 #   E2E_CHAOS=0                     1: then the chaos suite (tests/e2e/chaos.py, ~25 min, docs/chaos.md)
 #   E2E_CHAOS_SEED=1 E2E_CHAOS_FAULTS=   its seed; a comma-separated subset of its faults
 #   E2E_WORKER_CPU, E2E_WORKER_MEMORY, E2E_HEAD_CPU, E2E_HEAD_MEMORY   Ray pod sizes
@@ -279,7 +280,7 @@ h install trainergroup charts/trainergroup --namespace "$OP_NS" --wait --timeout
   --set image.repository="${OPERATOR_IMAGE%:*}" --set image.tag="${OPERATOR_IMAGE##*:}" \
   --set image.pullPolicy=Never \
   --set "clients[0].name=trainergroup-client" --set "clients[0].namespace=$TG_NS" \
-  --set "clients[0].trainerGroups[0]=$TG"
+  --set "clients[0].trainerGroups[0]=$TG" --set "clients[0].trainerGroups[1]=kq-trainee"
 k -n "$OP_NS" rollout status deploy/trainergroup-operator --timeout=180s
 stamp installed
 
@@ -482,8 +483,10 @@ stamp deleted
 CLEANED="$(k -n "$TG_NS" get events --field-selector "involvedObject.name=$TG,reason=CleanedUp" -o jsonpath='{.items[-1:].message}')"
 log "operator's CleanedUp event: $CLEANED"
 [[ "$CLEANED" == *"no live workers left"* ]] || die "no CleanedUp event saying the workers are gone (got '$CLEANED')"
+# Kueue admits, queues and preempts; its quota is held by the GCS fault-tolerance group.
+KQ_ON=0; [[ "${E2E_KUEUE:-$([[ "$MODE" == fake ]] && echo 1 || echo 0)}" == 1 ]] && KQ_ON=1
+(( KQ_ON )) && source tests/e2e/phases/kueue.sh
 source tests/e2e/phases/gcs_ft.sh   # GCS fault tolerance: the head pod dies, the workers live on
-[[ "${E2E_KUEUE:-0}" == 1 ]] && source tests/e2e/phases/kueue.sh   # Kueue admits, queues, preempts
 
 # ---- record -------------------------------------------------------------------------------------
 python3 tests/e2e/timeline.py "$ARTIFACTS" | tee "$ARTIFACTS/timeline.txt"

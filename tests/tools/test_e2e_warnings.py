@@ -28,3 +28,17 @@ def test_only_warnings_after_the_start_on_group_objects_count() -> None:
 def test_a_series_counts_from_its_last_observation() -> None:
     e = _event("Pod", "2026-12-02T05:00:00Z", series={"lastObservedTime": "2026-12-02T07:00:00Z"})
     assert when(e) == when({"lastTimestamp": "2026-12-02T07:00:00Z"})
+
+
+def test_the_kubelets_token_volume_sync_timeout_is_not_a_defect_but_other_mounts_are() -> None:
+    since = when({"lastTimestamp": "2026-12-02T06:00:00Z"})
+    token = (
+        'MountVolume.SetUp failed for volume "kube-api-access-ft2hd" : failed to sync configmap '
+        "cache: timed out waiting for the condition"
+    )
+    claim = 'MountVolume.SetUp failed for volume "ckpt" : hostPath type check failed'
+    events = [
+        _event("Pod", "2026-12-02T06:05:00Z", reason="FailedMount", message=token),
+        _event("Pod", "2026-12-02T06:05:00Z", reason="FailedMount", message=claim),
+    ]
+    assert warnings(events, since=since, skip_kinds=set()) == [f"Pod/x FailedMount x1: {claim}"]

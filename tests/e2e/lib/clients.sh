@@ -3,19 +3,30 @@
 # Sourced; uses run.sh's k, log, die, wait_for, TG, TG_NS, GPU_NODE, STEPS, ARTIFACTS,
 # RUNTIME_IMAGE, MODE. Defines only e2e_* names.
 
-e2e_client() {  # <job name> [client args...]: run the example client Job on $TG; its log in $ARTIFACTS
+e2e_client() {  # <job name> [client args...]: run the example client Job on group ${E2E_GROUP:-$TG}; its log in $ARTIFACTS
   local job="$1" t0 done_; shift
   k -n "$TG_NS" delete job "$job" --ignore-not-found --wait=true >/dev/null
-  JOB="$job" STEPS="$STEPS" EXTRA="$*" python3 - manifests/examples/client-job.yaml \
+  JOB="$job" GROUP="${E2E_GROUP:-$TG}" STEPS="$STEPS" EXTRA="$*" python3 - manifests/examples/client-job.yaml \
     > "$ARTIFACTS/$job.yaml" <<'PY'
 import os, sys, yaml
 doc = yaml.safe_load(open(sys.argv[1]))
 doc["metadata"]["name"] = os.environ["JOB"]
-c = doc["spec"]["template"]["spec"]["containers"][0]
+group = os.environ["GROUP"]
+pod = doc["spec"]["template"]
+# the group's name, wherever the example names it: its status, its token, its NetworkPolicy
+for labels in (doc["metadata"]["labels"], pod["metadata"]["labels"]):
+    for key in ("trainergroup.io/name", "trainergroup.io/client"):
+        if key in labels:
+            labels[key] = group
+c = pod["spec"]["containers"][0]
 c["image"], c["imagePullPolicy"] = os.environ["RUNTIME_IMAGE"], "Never"
 for e in c["env"]:
     if e["name"] == "TG_STEPS":
         e["value"] = os.environ["STEPS"]
+    if e["name"] == "TG_NAME":
+        e["value"] = group
+    if e["name"] == "RAY_AUTH_TOKEN":
+        e["valueFrom"]["secretKeyRef"]["name"] = f"{group}-ray-token"
 c["args"] = [a.replace("--no-progress", "--no-progress " + os.environ["EXTRA"]) for a in c["args"]]
 if os.environ["MODE"] == "fake":
     c["resources"] = {"requests": {"cpu": "250m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}}
@@ -79,9 +90,9 @@ EOF
   wait_for 60 "claim $claim Bound" e2e_bound
 }
 
-e2e_ready_line() {  # the JSON of the newest server's TG_GROUP_READY line on $TG's head pod
+e2e_ready_line() {  # [group]: the JSON of the newest server's TG_GROUP_READY line on the group's ($TG's) head pod
   local head line
-  head="$(k -n "$TG_NS" get pod -l "ray.io/cluster=$TG,ray.io/node-type=head" -o name | head -n1)"
+  head="$(k -n "$TG_NS" get pod -l "ray.io/cluster=${1:-$TG},ray.io/node-type=head" -o name | head -n1)"
   # shellcheck disable=SC2016  # expanded in the head pod: the newest server job's ready line
   line="$(k -n "$TG_NS" exec "$head" -- bash -c 'cd /tmp/ray/session_latest/logs && grep -h TG_GROUP_READY $(ls -t job-driver-*.log) 2>/dev/null | head -n1')"
   echo "${line#*TG_GROUP_READY }"

@@ -3,12 +3,20 @@
 # spec.rayCluster.gcsFaultTolerance; the head pod is deleted; the detached workers must live
 # on (same worker pod, same workerNames, same groupGeneration: the group is not re-created)
 # and the next client Job trains. Recovery times go to $ARTIFACTS/gcs-ft.json.
+# With the Kueue phase (KQ_ON=1, tests/e2e/phases/kueue.sh sourced first), this group is queued
+# at low priority and holds the queue's whole GPU quota: the Kueue phase's group waits behind
+# it (kq_trainee_apply, kq_trainee_waited) and is admitted once it is deleted (kq_after_holder).
 log "GCS fault tolerance: Redis, a group with gcsFaultTolerance, the head pod deleted"
 FT_T0=$(date +%s)
 TG_KIND_CLUSTER="$CLUSTER" bash hack/kind/redis.sh up "$TG_NS" || die "Redis did not start"
 k patch --local -f "$ARTIFACTS/trainergroup.yaml" --type merge -o yaml \
   -p "{\"spec\":{\"rayCluster\":{\"gcsFaultTolerance\":{\"redisAddress\":\"redis.$TG_NS.svc:6379\"}}}}" \
   > "$ARTIFACTS/trainergroup-ft.yaml"
+if (( ${KQ_ON:-0} )); then
+  k patch --local -f "$ARTIFACTS/trainergroup-ft.yaml" --type merge -o yaml -p "$(kq_queue_patch low)" \
+    > "$ARTIFACTS/trainergroup-ft-queued.yaml"
+  mv "$ARTIFACTS/trainergroup-ft-queued.yaml" "$ARTIFACTS/trainergroup-ft.yaml"
+fi
 # the first group's token Secret must be garbage-collected first (docs/security.md: a
 # re-created group of the same name would otherwise find its predecessor's Secret)
 old_secret_gone() { ! k -n "$TG_NS" get secret "$TG-ray-token" >/dev/null 2>&1; }
@@ -16,6 +24,7 @@ wait_for 120 "the deleted group's Secret garbage-collected" old_secret_gone
 k apply -f "$ARTIFACTS/trainergroup-ft.yaml" >/dev/null
 wait_phase Ready "$READY_TIMEOUT"
 FT_READY=$(date +%s)
+(( ${KQ_ON:-0} )) && kq_trainee_apply
 k -n "$TG_NS" get raycluster "$TG" -o jsonpath='{.spec.gcsFaultToleranceOptions.redisAddress}' \
   | grep -q "redis.$TG_NS.svc:6379" || die "the RayCluster has no gcsFaultToleranceOptions"
 ft_state() {  # workerNames|groupGeneration|worker pod uid
@@ -53,7 +62,16 @@ FT_CLIENT_S=$(( $(date +%s) - FT_CLIENT_T0 ))
 printf '{"ready_s": %d, "head_back_s": %d, "group_ready_s": %d, "client_s": %d, "same": "%s"}\n' \
   $((FT_READY - FT_T0)) $((HEAD_BACK - KILL_T)) $((GROUP_BACK - KILL_T)) "$FT_CLIENT_S" "${AFTER//\"/}" \
   > "$ARTIFACTS/gcs-ft.json"
+(( ${KQ_ON:-0} )) && kq_trainee_waited
 k -n "$TG_NS" delete job "$TG-client-ft" --wait=false --ignore-not-found >/dev/null
+FT_DELETE_T=$(date +%s)
 k -n "$TG_NS" delete tg "$TG" --timeout=600s >/dev/null
-k -n "$TG_NS" delete deploy/redis svc/redis --wait=false >/dev/null
 log "GCS fault tolerance checks passed in $(( $(date +%s) - FT_T0 ))s"
+if (( ${KQ_ON:-0} )); then
+  # Redis stays until the group's RayCluster is gone: KubeRay's cleanup Job for its GCS
+  # state needs it (without Redis the cleanup holds the RayCluster, and with it the queue's
+  # quota, for its whole 300 s deadline). kq_cleanup removes it from a kept cluster.
+  kq_after_holder "$FT_DELETE_T"
+else
+  k -n "$TG_NS" delete deploy/redis svc/redis --wait=false >/dev/null
+fi

@@ -1,25 +1,33 @@
 # shellcheck shell=bash
-# Phase "kueue" of tests/e2e/run.sh (sourced after the first groups are deleted, E2E_KUEUE=1):
-# Kueue itself, built here, admits TrainerGroups by GPU quota, all or nothing, and preempts.
+# Phase "kueue" of tests/e2e/run.sh (E2E_KUEUE=1, the default in fake mode): Kueue itself, built
+# here, admits TrainerGroups by GPU quota, all or nothing, and preempts. It rides on the GCS
+# fault-tolerance phase (tests/e2e/phases/gcs_ft.sh): that phase's group, queued at low priority,
+# is the one that holds the quota, so no group is started only to hold it.
 #
-#   1. Kueue's manager go-built (hack/kueue/build.sh), packaged (hack/images/build.sh kueue),
-#      loaded into the CPU node, installed with its own Helm chart (from its Go module; the
-#      RayCluster integration is in the chart's default frameworks);
-#   2. a ClusterQueue whose GPU quota (2) fits one group, preemption of lower priorities within
-#      it, a LocalQueue, and WorkloadPriorityClasses low / high;
-#   3. group $KQ_HOLDER (low) is admitted and becomes Ready; group $TG (low, with a checkpoint
-#      claim) is applied and stays Queued, its RayCluster suspended, with no pod at all (no
-#      partial placement) while the first one holds the quota;
-#   4. $KQ_HOLDER is deleted: $TG is admitted, becomes Ready, and a client trains it and saves a
-#      checkpoint;
-#   5. group $KQ_URGENT (high) is applied: Kueue preempts $TG, which goes back to Queued (its
-#      pods gone); $KQ_URGENT becomes Ready;
-#   6. $KQ_URGENT is deleted: $TG is admitted again, its re-created group resumes from the
-#      checkpoint (restartPolicy OnFailure), and the next client's steps continue.
+# Sourced just before gcs_ft.sh, it installs Kueue and the queues and defines the hooks gcs_ft.sh
+# calls:
+#   1. (now) Kueue's manager go-built (hack/kueue/build.sh), packaged (hack/images/build.sh
+#      kueue), loaded into the CPU node and installed with its own Helm chart (from its Go
+#      module; hack/kueue/values.yaml enables only the RayCluster integration); a ClusterQueue
+#      whose GPU quota (2) fits one group, with preemption of lower priorities within it, a
+#      LocalQueue, and WorkloadPriorityClasses low / high;
+#   2. kq_trainee_apply, once gcs_ft's group is Ready: group $KQ_TRAINEE (low, with a checkpoint
+#      claim) is applied and stays Queued, its RayCluster suspended, while a pod watch runs;
+#      beside it, two bad inputs: a group in a LocalQueue that does not exist, and one with a
+#      WorkloadPriorityClass that does not exist;
+#   3. kq_trainee_waited, just before gcs_ft deletes its group: still Queued and suspended, and
+#      the watch saw no pod of it at all (no partial placement); each bad input is Queued with
+#      a message that names what is missing, its RayCluster suspended and no pod; both deleted;
+#   4. kq_after_holder, once gcs_ft has deleted its group: $KQ_TRAINEE is admitted, becomes
+#      Ready (the time split into admission, pods and Ray), and a client trains it and saves a
+#      checkpoint; group $KQ_URGENT (high) preempts it back to Queued (its pods gone) and is
+#      placed; $KQ_URGENT is deleted, $KQ_TRAINEE is admitted again, its re-created group
+#      resumes from the checkpoint (restartPolicy OnFailure), and the next client's steps
+#      continue.
 #
 # Uses run.sh's k, h, log, die, wait_for, stamp, TG, TG_NS, GPU_NODE, CPU_NODE, CLUSTER, MODE,
-# STEPS, ARTIFACTS, READY_TIMEOUT and tests/e2e/lib/clients.sh's e2e_*; defines only kq_* / KQ_* names.
-# Figures go to $ARTIFACTS/kueue.json.
+# STEPS, ARTIFACTS, READY_TIMEOUT and tests/e2e/lib/clients.sh's e2e_*; defines only kq_* / KQ_*
+# names. Figures go to $ARTIFACTS/kueue.json.
 
 KQ_T0=$(date +%s)
 # shellcheck source=../../../hack/kueue/version.env
@@ -28,15 +36,20 @@ KQ_IMAGE="trainergroup.local/kueue:$KUEUE_VERSION"
 KQ_NS=kueue-system
 KQ_CQ=tg-e2e-cq
 KQ_LQ=team-a
-KQ_HOLDER=kq-holder
+KQ_TRAINEE=kq-trainee   # the chart's client RBAC (run.sh) names it beside $TG
 KQ_URGENT=kq-urgent
+KQ_BAD_QUEUE=kq-bad-queue   # spec.queue.name: no-such-queue
+KQ_BAD_PRIO=kq-bad-prio     # spec.queue.priorityClass: no-such-class
 KQ_CLAIM="tg-kq-ckpt-$KQ_T0"
 KQ_MOUNT=/checkpoints
-KQ_CKPT="$KQ_MOUNT/$TG/step_$(printf '%08d' "$STEPS")"
+KQ_CKPT="$KQ_MOUNT/$KQ_TRAINEE/step_$(printf '%08d' "$STEPS")"
+KQ_WATCH_PID=""
 log "phase kueue: Kueue $KUEUE_VERSION built here ($KQ_IMAGE)"
 stamp kueue_start
 
-# ---- 1. Kueue -----------------------------------------------------------------------------------
+# ---- 1. Kueue and the queues --------------------------------------------------------------------
+# The binary is cached by version; tools/test.sh starts its (cold: long) build early, and
+# hack/kueue/build.sh waits on that build's lock rather than starting a second one.
 bash hack/images/build.sh kueue >/dev/null 2> "$ARTIFACTS/kueue-build.log" \
   || { tail -n 30 "$ARTIFACTS/kueue-build.log" >&2; die "building Kueue's image failed"; }
 if [[ "$MODE" == fake ]]; then
@@ -45,7 +58,8 @@ else
   kind load docker-image "$KQ_IMAGE" --name "$CLUSTER"
 fi
 KQ_SRC="$(bash hack/kueue/source.sh | tail -n 1)"
-h install kueue "$KQ_SRC/charts/kueue" --namespace "$KQ_NS" --create-namespace --wait --timeout 5m \
+h upgrade --install kueue "$KQ_SRC/charts/kueue" --namespace "$KQ_NS" --create-namespace \
+  --wait --timeout 5m -f hack/kueue/values.yaml \
   --set controllerManager.manager.image.repository="${KQ_IMAGE%:*}" \
   --set controllerManager.manager.image.tag="${KQ_IMAGE##*:}" \
   --set controllerManager.manager.image.pullPolicy=Never \
@@ -55,7 +69,6 @@ k -n "$KQ_NS" rollout status deploy/kueue-controller-manager --timeout=300s >/de
 stamp kueue_installed
 log "Kueue running in $KQ_NS after $(( $(date +%s) - KQ_T0 ))s"
 
-# ---- 2. quota: one group's GPUs; preemption of lower priorities ---------------------------------
 # The webhook answers only once Kueue's own certificate is in place: retry the first objects.
 kq_queues() {
   k apply -f - <<EOF
@@ -97,12 +110,17 @@ EOF
 wait_for 120 "Kueue's queues created (its webhook serving)" kq_queues
 kq_cq_active() { [[ "$(k get clusterqueue "$KQ_CQ" -o jsonpath='{.status.conditions[?(@.type=="Active")].status}')" == True ]]; }
 wait_for 120 "ClusterQueue $KQ_CQ Active" kq_cq_active
-
-# ---- groups -------------------------------------------------------------------------------------
 e2e_claim "$KQ_CLAIM" "tg-e2e-kq-ckpt-$KQ_T0" "/var/lib/tg-e2e/kq-ckpt-$KQ_T0"
-kq_apply() {  # <name> <priority class> [storage]: the example group, queued, Tinker server off
-  local name="$1" prio="$2" storage="${3:-}"
-  NAME="$name" PRIO="$prio" LQ="$KQ_LQ" STORAGE="$storage" CLAIM="$KQ_CLAIM" MOUNT="$KQ_MOUNT" \
+stamp kueue_queues
+log "Kueue and its queues ready after $(( $(date +%s) - KQ_T0 ))s"
+
+# ---- helpers ------------------------------------------------------------------------------------
+kq_queue_patch() {  # <priority class>: the merge patch that queues a group in $KQ_LQ
+  printf '{"spec":{"queue":{"name":"%s","priorityClass":"%s"}}}' "$KQ_LQ" "$1"
+}
+kq_apply() {  # <name> <priority class> [storage] [queue]: the example group, queued, Tinker server off
+  local name="$1" prio="$2" storage="${3:-}" lq="${4:-$KQ_LQ}"
+  NAME="$name" PRIO="$prio" LQ="$lq" STORAGE="$storage" CLAIM="$KQ_CLAIM" MOUNT="$KQ_MOUNT" \
     python3 - "$ARTIFACTS/trainergroup.yaml" > "$ARTIFACTS/kueue-$name.yaml" <<'PY'
 import os, sys, yaml
 doc = yaml.safe_load(open(sys.argv[1]))
@@ -120,93 +138,142 @@ PY
 }
 kq_phase() { k -n "$TG_NS" get tg "$1" -o jsonpath='{.status.phase}' 2>/dev/null; }
 kq_is() { [[ "$(kq_phase "$1")" == "$2" ]]; }
+kq_message() { k -n "$TG_NS" get tg "$1" -o jsonpath='{.status.message}'; }
 kq_wait() {  # <name> <phase> <timeout s>: fails at once on Failed
   local name="$1" want="$2" timeout="$3" t0 p
   t0=$(date +%s)
   while :; do
     p="$(kq_phase "$name")"
     [[ "$p" == "$want" ]] && return 0
-    [[ "$p" == Failed ]] && die "TrainerGroup $name is Failed: $(k -n "$TG_NS" get tg "$name" -o jsonpath='{.status.message}')"
-    (( $(date +%s) - t0 < timeout )) || die "TrainerGroup $name not $want after ${timeout}s (phase '$p'): $(k -n "$TG_NS" get tg "$name" -o jsonpath='{.status.message}')"
-    sleep 3
+    [[ "$p" == Failed ]] && die "TrainerGroup $name is Failed: $(kq_message "$name")"
+    (( $(date +%s) - t0 < timeout )) || die "TrainerGroup $name not $want after ${timeout}s (phase '$p'): $(kq_message "$name")"
+    sleep 2
   done
 }
 kq_pods() { k -n "$TG_NS" get pods -l "ray.io/cluster=$1" -o name 2>/dev/null; }
 kq_no_pods() { [[ -z "$(kq_pods "$1")" ]]; }
+kq_pods_running() {  # <name> <count>: that many pods of the group, all Running
+  local phases
+  phases="$(k -n "$TG_NS" get pods -l "ray.io/cluster=$1" -o jsonpath='{range .items[*]}{.status.phase}{"\n"}{end}')"
+  [[ "$(grep -c . <<< "$phases")" == "$2" && "$(grep -c '^Running$' <<< "$phases")" == "$2" ]]
+}
 kq_suspended() { [[ "$(k -n "$TG_NS" get raycluster "$1" -o jsonpath='{.spec.suspend}')" == true ]]; }
-kq_gone() { ! k -n "$TG_NS" get tg "$1" >/dev/null 2>&1 && kq_no_pods "$1"; }
-kq_queued_holding_nothing() {  # <name> <seconds>: Queued, suspended, and no pod, the whole time
-  local name="$1" t_end=$(( $(date +%s) + $2 ))
-  while (( $(date +%s) < t_end )); do
-    kq_is "$name" Queued || die "$name left Queued while the quota is held (phase '$(kq_phase "$name")')"
-    kq_suspended "$name" || die "the RayCluster $name is not suspended while queued"
-    kq_no_pods "$name" || die "a queued group has pods (partial placement): $(kq_pods "$name" | tr '\n' ' ')"
-    sleep 3
-  done
+kq_split() {  # <name> <epoch the quota was freed>: JSON of the time to Ready, split by its parts
+  local uid
+  uid="$(k -n "$TG_NS" get raycluster "$1" -o jsonpath='{.metadata.uid}')"
+  { k -n "$TG_NS" get workloads -l "kueue.x-k8s.io/job-uid=$uid" -o json
+    k -n "$TG_NS" get pods -l "ray.io/cluster=$1" -o json
+    k -n "$TG_NS" get tg "$1" -o json
+  } | FREED="$2" python3 -c '
+import datetime, json, os, sys
+dec, text, docs, i = json.JSONDecoder(), sys.stdin.read(), [], 0
+while i < len(text):
+    if text[i].isspace():
+        i += 1
+        continue
+    doc, i = dec.raw_decode(text, i)
+    docs.append(doc)
+workloads, pods, tg = docs
+def t(v): return datetime.datetime.strptime(v, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC).timestamp()
+def cond(obj, ctype):
+    return next(t(c["lastTransitionTime"]) for c in obj["status"]["conditions"] if c["type"] == ctype and c["status"] == "True")
+freed = float(os.environ["FREED"])
+admitted = cond(workloads["items"][0], "Admitted")
+created = min(t(p["metadata"]["creationTimestamp"]) for p in pods["items"])
+pods_ready = max(cond(p, "Ready") for p in pods["items"])
+ready = cond(tg, "WorkersReady")
+print(json.dumps({"admission_s": round(admitted - freed), "pods_created_s": round(created - admitted),
+                  "pods_s": round(pods_ready - admitted), "ray_s": round(ready - pods_ready),
+                  "total_s": round(ready - freed)}))'
 }
 
-# ---- 3. the first group holds the quota; the second waits, holding nothing ----------------------
-# the last group named $TG (gcs_ft) was just deleted: its token Secret must be collected first
-kq_secret_gone() { ! k -n "$TG_NS" get secret "$TG-ray-token" >/dev/null 2>&1; }
-wait_for 120 "the deleted group's Secret garbage-collected" kq_secret_gone
-# and its RayCluster (KubeRay's GCS FT cleanup finalizer holds it a while): a new group of the
-# same name would find it and fail with ClusterConflict (seen on kind at 19:13)
-kq_cluster_gone() { ! k -n "$TG_NS" get raycluster "$TG" >/dev/null 2>&1; }
-wait_for 600 "the deleted group's RayCluster gone" kq_cluster_gone
-kq_apply "$KQ_HOLDER" low
-kq_wait "$KQ_HOLDER" Ready "$READY_TIMEOUT"
-stamp kueue_first_ready
-kq_apply "$TG" low storage
-kq_wait "$TG" Queued 120
-kq_queued_holding_nothing "$TG" 30
-KQ_MSG="$(k -n "$TG_NS" get tg "$TG" -o jsonpath='{.status.message}')"
-[[ "$KQ_MSG" == *"LocalQueue $KQ_LQ"* ]] || die "the queued group's message does not name its queue: $KQ_MSG"
-log "second group Queued, no pod: $KQ_MSG"
-kq_is "$KQ_HOLDER" Ready || die "$KQ_HOLDER left Ready while $TG waited"
+# ---- 2. (gcs_ft.sh, its group Ready) the trainee is applied and waits, holding nothing --------
+kq_trainee_apply() {
+  KQ_HOLDER="$TG"
+  kq_is "$KQ_HOLDER" Ready || die "the quota holder $KQ_HOLDER is not Ready"
+  # every pod event of the queued groups while they wait: none may come
+  k -n "$TG_NS" get pods -l "ray.io/cluster in ($KQ_TRAINEE,$KQ_BAD_QUEUE,$KQ_BAD_PRIO)" --watch -o name \
+    > "$ARTIFACTS/kueue-queued-pods.txt" 2> "$ARTIFACTS/kueue-queued-pods.err" &
+  KQ_WATCH_PID=$!
+  kq_apply "$KQ_TRAINEE" low storage
+  kq_apply "$KQ_BAD_QUEUE" low "" no-such-queue
+  kq_apply "$KQ_BAD_PRIO" no-such-class
+  KQ_QUEUED_T=$(date +%s)
+  kq_wait "$KQ_TRAINEE" Queued 120
+  kq_suspended "$KQ_TRAINEE" || die "the RayCluster $KQ_TRAINEE is not suspended while queued"
+  log "$KQ_TRAINEE Queued behind $KQ_HOLDER: $(kq_message "$KQ_TRAINEE")"
+}
 
-# ---- 4. the quota frees: the second group is admitted, Ready, and trains ------------------------
-k -n "$TG_NS" delete tg "$KQ_HOLDER" --wait=false >/dev/null
-KQ_FREED=$(date +%s)
-kq_wait "$TG" Ready "$READY_TIMEOUT"
-KQ_ADMITTED_READY=$(( $(date +%s) - KQ_FREED ))
-stamp kueue_second_ready
-log "$TG admitted and Ready ${KQ_ADMITTED_READY}s after the quota was freed"
-wait_for 300 "$KQ_HOLDER gone with its pods" kq_gone "$KQ_HOLDER"
-e2e_client "$TG-kq-a" --save-checkpoint "$KQ_CKPT"
-grep -q "checkpoint saved to $KQ_CKPT" "$ARTIFACTS/$TG-kq-a.log" \
-  || die "client $TG-kq-a did not report the checkpoint $KQ_CKPT"
+# ---- 3. (gcs_ft.sh, before it deletes its group) it waited all along, with no pod -------------
+kq_trainee_waited() {
+  local msg
+  kq_is "$KQ_TRAINEE" Queued || die "$KQ_TRAINEE left Queued while the quota is held (phase '$(kq_phase "$KQ_TRAINEE")')"
+  kq_suspended "$KQ_TRAINEE" || die "the RayCluster $KQ_TRAINEE is not suspended while queued"
+  kill "$KQ_WATCH_PID" 2>/dev/null; wait "$KQ_WATCH_PID" 2>/dev/null || true
+  kq_no_pods "$KQ_TRAINEE" && [[ ! -s "$ARTIFACTS/kueue-queued-pods.txt" ]] \
+    || die "a queued group had pods (partial placement): $(sort -u "$ARTIFACTS/kueue-queued-pods.txt" | tr '\n' ' ')"
+  msg="$(kq_message "$KQ_TRAINEE")"
+  [[ "$msg" == *"LocalQueue $KQ_LQ"* && "$msg" == *"Workload "* ]] \
+    || die "the queued group's message names neither its queue nor its Workload: $msg"
+  # bad inputs: Queued (the admin may still create what is missing), the message says what is
+  # missing, and nothing but the suspended cluster exists
+  local bad want
+  for bad in "$KQ_BAD_QUEUE" "$KQ_BAD_PRIO"; do
+    want="LocalQueue no-such-queue doesn't exist"   # Kueue's own words, through its Workload
+    [[ "$bad" == "$KQ_BAD_PRIO" ]] && want="WorkloadPriorityClass no-such-class does not exist"
+    kq_is "$bad" Queued || die "$bad is not Queued (phase '$(kq_phase "$bad")'): $(kq_message "$bad")"
+    kq_suspended "$bad" || die "the RayCluster $bad is not suspended"
+    msg="$(kq_message "$bad")"
+    [[ "$msg" == *"$want"* ]] || die "$bad's message does not say '$want': $msg"
+    log "bad input $bad: Queued, suspended, no pod: $msg"
+  done
+  k -n "$TG_NS" delete tg "$KQ_BAD_QUEUE" "$KQ_BAD_PRIO" --wait=false >/dev/null
+  KQ_HELD_S=$(( $(date +%s) - KQ_QUEUED_T ))
+  log "$KQ_TRAINEE waited ${KQ_HELD_S}s while $KQ_HOLDER trained and lost its head: Queued, suspended, no pod"
+}
 
-# ---- 5. a higher priority preempts it: back to Queued ------------------------------------------
-KQ_NAMES_BEFORE="$(k -n "$TG_NS" get tg "$TG" -o jsonpath='{.status.workerNames}')"
-kq_apply "$KQ_URGENT" high
-KQ_PREEMPT_T=$(date +%s)
-kq_wait "$TG" Queued 300
-wait_for 300 "the preempted group's pods gone" kq_no_pods "$TG"
-stamp kueue_preempted
-KQ_MSG_PREEMPTED="$(k -n "$TG_NS" get tg "$TG" -o jsonpath='{.status.message}')"
-log "$TG preempted: Queued again, no pod: $KQ_MSG_PREEMPTED"
-kq_wait "$KQ_URGENT" Ready "$READY_TIMEOUT"
-KQ_URGENT_READY=$(( $(date +%s) - KQ_PREEMPT_T ))
-kq_is "$TG" Queued || die "$TG left Queued while $KQ_URGENT holds the quota"
+# ---- 4. (gcs_ft.sh, its group deleted at $1) admitted, trains, preempted, resumes --------------
+kq_after_holder() {  # <epoch the holder's delete was issued>
+  local freed="$1" split_admit split_readmit names_before names_after ready_line urgent_t
+  kq_wait "$KQ_TRAINEE" Ready "$READY_TIMEOUT"
+  stamp kueue_admitted_ready
+  split_admit="$(kq_split "$KQ_TRAINEE" "$freed")"
+  log "$KQ_TRAINEE admitted and Ready after $KQ_HOLDER's delete: $split_admit"
+  E2E_GROUP="$KQ_TRAINEE" e2e_client "$KQ_TRAINEE-a" --save-checkpoint "$KQ_CKPT"
+  grep -q "checkpoint saved to $KQ_CKPT" "$ARTIFACTS/$KQ_TRAINEE-a.log" \
+    || die "client $KQ_TRAINEE-a did not report the checkpoint $KQ_CKPT"
 
-# ---- 6. the quota frees again: re-admitted, the group resumes from its checkpoint --------------
-k -n "$TG_NS" delete tg "$KQ_URGENT" --wait=false >/dev/null
-KQ_FREED=$(date +%s)
-kq_wait "$TG" Ready "$READY_TIMEOUT"
-KQ_READMITTED_READY=$(( $(date +%s) - KQ_FREED ))
-stamp kueue_resumed
-KQ_NAMES_AFTER="$(k -n "$TG_NS" get tg "$TG" -o jsonpath='{.status.workerNames}')"
-[[ "$KQ_NAMES_AFTER" != "$KQ_NAMES_BEFORE" ]] || die "re-admitted under the same worker names: the group was not re-created"
-KQ_READY_LINE="$(e2e_ready_line)"
-log "server after re-admission: $KQ_READY_LINE"
-wait_for 300 "$KQ_URGENT gone with its pods" kq_gone "$KQ_URGENT"
-e2e_client "$TG-kq-b"
-A="$(e2e_steps "$TG-kq-a")" B="$(e2e_steps "$TG-kq-b")" READY="$KQ_READY_LINE" CKPT="$KQ_CKPT" \
-  STEPS="$STEPS" T_ADMIT="$KQ_ADMITTED_READY" T_URGENT="$KQ_URGENT_READY" T_READMIT="$KQ_READMITTED_READY" \
-  SECONDS_="$(( $(date +%s) - KQ_T0 ))" python3 - <<'PY' | tee "$ARTIFACTS/kueue.json"
+  # a higher priority preempts it: back to Queued, its pods gone, and the preemptor placed
+  names_before="$(k -n "$TG_NS" get tg "$KQ_TRAINEE" -o jsonpath='{.status.workerNames}')"
+  kq_apply "$KQ_URGENT" high
+  urgent_t=$(date +%s)
+  kq_wait "$KQ_TRAINEE" Queued 300
+  wait_for 300 "the preempted group's pods gone" kq_no_pods "$KQ_TRAINEE"
+  stamp kueue_preempted
+  log "$KQ_TRAINEE preempted: Queued again, no pod: $(kq_message "$KQ_TRAINEE")"
+  wait_for 300 "$KQ_URGENT's head and worker pods Running" kq_pods_running "$KQ_URGENT" 2
+  KQ_URGENT_PLACED=$(( $(date +%s) - urgent_t ))
+  kq_is "$KQ_TRAINEE" Queued || die "$KQ_TRAINEE left Queued while $KQ_URGENT holds the quota"
+  log "$KQ_URGENT placed ${KQ_URGENT_PLACED}s after its apply"
+
+  # the quota frees again: re-admitted, the re-created group resumes from its checkpoint
+  k -n "$TG_NS" delete tg "$KQ_URGENT" --wait=false >/dev/null
+  freed=$(date +%s)
+  kq_wait "$KQ_TRAINEE" Ready "$READY_TIMEOUT"
+  stamp kueue_resumed
+  split_readmit="$(kq_split "$KQ_TRAINEE" "$freed")"
+  names_after="$(k -n "$TG_NS" get tg "$KQ_TRAINEE" -o jsonpath='{.status.workerNames}')"
+  [[ "$names_after" != "$names_before" ]] || die "re-admitted under the same worker names: the group was not re-created"
+  ready_line="$(e2e_ready_line "$KQ_TRAINEE")"
+  log "re-admitted and Ready: $split_readmit; server: $ready_line"
+  E2E_GROUP="$KQ_TRAINEE" e2e_client "$KQ_TRAINEE-b"
+  A="$(e2e_steps "$KQ_TRAINEE-a")" B="$(e2e_steps "$KQ_TRAINEE-b")" READY="$ready_line" CKPT="$KQ_CKPT" \
+    STEPS="$STEPS" ADMIT="$split_admit" READMIT="$split_readmit" HELD="$KQ_HELD_S" \
+    URGENT="$KQ_URGENT_PLACED" SECONDS_="$(( $(date +%s) - KQ_T0 ))" python3 - <<'PY' | tee "$ARTIFACTS/kueue.json"
 import json, os, sys
-a, b, ready = json.loads(os.environ["A"]), json.loads(os.environ["B"]), json.loads(os.environ["READY"])
-n, ckpt = int(os.environ["STEPS"]), os.environ["CKPT"]
+e = os.environ
+a, b, ready = json.loads(e["A"]), json.loads(e["B"]), json.loads(e["READY"])
+n, ckpt = int(e["STEPS"]), e["CKPT"]
 def check(ok, what):
     if not ok:
         sys.exit(f"kueue check failed: {what}\n before: {a}\n after: {b}\n ready: {ready}")
@@ -215,22 +282,34 @@ check(ready.get("resumedFrom") == ckpt and ready.get("resumedStep") == n,
       f"the re-admitted group resumed from {ckpt} at step {n}")
 check([s["optimizerStep"] for s in b] == list(range(n + 1, 2 * n + 1)),
       f"the next client's steps continue: {n + 1}..{2 * n}")
-print(json.dumps({"admitted_to_ready_s": int(os.environ["T_ADMIT"]),
-                  "preemptor_ready_s": int(os.environ["T_URGENT"]),
-                  "readmitted_to_ready_s": int(os.environ["T_READMIT"]),
-                  "resumedFrom": ready["resumedFrom"], "steps_after": [b[0]["optimizerStep"], b[-1]["optimizerStep"]],
-                  "phase_seconds": int(os.environ["SECONDS_"])}))
+print(json.dumps({"queued_while_held_s": int(e["HELD"]),
+                  "admitted": json.loads(e["ADMIT"]), "readmitted": json.loads(e["READMIT"]),
+                  "preemptor_placed_s": int(e["URGENT"]), "resumedFrom": ready["resumedFrom"],
+                  "steps_after": [b[0]["optimizerStep"], b[-1]["optimizerStep"]],
+                  "phase_seconds": int(e["SECONDS_"])}))
 PY
-k -n "$TG_NS" delete job "$TG-kq-a" "$TG-kq-b" --wait=false --ignore-not-found >/dev/null
-k -n "$TG_NS" delete tg "$TG" --timeout=600s >/dev/null
-wait_for 300 "$TG gone with its pods" kq_gone "$TG"
-stamp kueue_done
-# Kueue leaves with its queues: the kept cluster's next run must not meet its webhooks (which
-# refuse RayClusters while no Kueue pod answers) or spend CPU on its manager.
-k delete localqueue -n "$TG_NS" "$KQ_LQ" --ignore-not-found >/dev/null
-k delete clusterqueue "$KQ_CQ" --ignore-not-found >/dev/null
-k delete resourceflavor tg-e2e-flavor --ignore-not-found >/dev/null
-k delete workloadpriorityclass low high --ignore-not-found >/dev/null
-h uninstall kueue --namespace "$KQ_NS" --wait --timeout 5m >/dev/null
-k delete namespace "$KQ_NS" --ignore-not-found --wait=false >/dev/null
-log "phase kueue passed in $(( $(date +%s) - KQ_T0 ))s (Kueue uninstalled)"
+  stamp kueue_done
+  kq_cleanup
+  log "phase kueue passed in $(( $(date +%s) - KQ_T0 ))s"
+}
+
+# A cluster that is deleted next needs no cleanup. A kept one must not keep Kueue: its webhooks
+# refuse RayClusters while no Kueue pod answers, and its manager spends CPU.
+kq_cleanup() {
+  if [[ "${E2E_KEEP_CLUSTER:-0}" != 1 && -z "${E2E_STOP_AFTER:-}" ]]; then
+    log "kueue: the cluster is deleted next: no cleanup"
+    return 0
+  fi
+  k -n "$TG_NS" delete job "$KQ_TRAINEE-a" "$KQ_TRAINEE-b" --wait=false --ignore-not-found >/dev/null
+  k -n "$TG_NS" delete tg "$KQ_TRAINEE" --timeout=600s >/dev/null
+  wait_for 300 "$KQ_TRAINEE's and $KQ_HOLDER's RayClusters gone" \
+    bash -c "! kubectl --context '$CTX' -n '$TG_NS' get raycluster '$KQ_TRAINEE' '$KQ_HOLDER' -o name 2>/dev/null | grep -q ."
+  k -n "$TG_NS" delete deploy/redis svc/redis --wait=false --ignore-not-found >/dev/null
+  k delete localqueue -n "$TG_NS" "$KQ_LQ" --ignore-not-found >/dev/null
+  k delete clusterqueue "$KQ_CQ" --ignore-not-found >/dev/null
+  k delete resourceflavor tg-e2e-flavor --ignore-not-found >/dev/null
+  k delete workloadpriorityclass low high --ignore-not-found >/dev/null
+  h uninstall kueue --namespace "$KQ_NS" --wait --timeout 5m >/dev/null
+  k delete namespace "$KQ_NS" --ignore-not-found --wait=false >/dev/null
+  log "kueue: groups, queues and Kueue removed from the kept cluster"
+}

@@ -7,6 +7,7 @@ performs each and :func:`after` turns its outcome into the next decision::
 
     TearDownGroup (one teardown step) --done--> ListWorkers --none of ours alive-->
     ForgetJobs --> DeleteOwnedCluster (an owned RayCluster) --it had no finalizers--> settled
+                       ^   (also at once when no group was started but the cluster has finalizers)
                        |
                        +--it had finalizers--> wait 2 s; the next steps read it again:
                             deleting, finalizers left  --> cluster-finalizing: wait 2 s
@@ -172,10 +173,10 @@ def wants_job_probe(snap: DeletionSnapshot) -> bool:
 
 
 def wants_cluster(snap: DeletionSnapshot) -> bool:
-    """Read the owned RayCluster: a group was started on it."""
-    started = bool(snap.status.submission_id) or snap.server_job_seen
+    """Read the owned RayCluster: whether or not a group was started on it, its finalizers
+    decide whether the TrainerGroup must outlive it."""
     group = snap.group
-    return not snap.force and group is not None and started and names.owns_cluster(group.tg)
+    return not snap.force and group is not None and names.owns_cluster(group.tg)
 
 
 # -- the rules, in order -------------------------------------------------------------------
@@ -203,9 +204,22 @@ def invalid_spec(snap: DeletionSnapshot) -> Cleanup | None:
 
 
 def nothing_started(snap: DeletionSnapshot) -> Cleanup | None:
+    """No group to clean. The owned RayCluster is left to the garbage collector, unless it
+    has finalizers (KubeRay's GCS-FT one, even on a cluster Kueue never admitted): then it is
+    deleted first and waited for, since its cleanup Job needs the token Secret the group
+    owns, which the garbage collector would delete beside it."""
     if snap.status.submission_id or snap.server_job_seen:
         return None
     msg = "no worker group was started for the current generation"
+    group = _group(snap)
+    rc = group.raycluster
+    if names.owns_cluster(group.tg) and rc is not None and _finalizers(rc):
+        return Cleanup(
+            rule="nothing-started-cluster-first",
+            status=terminating(snap),
+            step=Step.settled(msg),
+            action=DeleteOwnedCluster(name=names.cluster_name(group.tg)),
+        )
     return _settled(snap, rule="nothing-started", message=msg)
 
 
@@ -255,8 +269,8 @@ def clean_ray(snap: DeletionSnapshot) -> Cleanup:
 RULES: tuple[DeletionRule, ...] = (
     force_delete,
     invalid_spec,
-    nothing_started,
     cluster_finalizing,
+    nothing_started,
     cluster_gone,
     clean_ray,
 )

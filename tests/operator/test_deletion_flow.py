@@ -86,15 +86,35 @@ def test_a_gone_cluster_needs_no_ray() -> None:
     assert w.reasons()[-1] == "NothingToClean"
 
 
-def test_nothing_started_reads_nothing_but_the_server_job() -> None:
+def test_nothing_started_reads_the_server_job_and_the_cluster_and_leaves_it_to_the_gc() -> None:
     w = world()
     asyncio.run(drive(w, passes=1))  # the RayCluster is created, no job yet
     delete(w)
     kube_reads = w.kube.calls["get_raycluster"]
     (step,) = asyncio.run(steps(w))
     assert step.done and "no worker group was started" in step.message
-    assert w.ray.calls["get_job"] == 1 and w.kube.calls["get_raycluster"] == kube_reads
+    assert w.ray.calls["get_job"] == 1 and w.kube.calls["get_raycluster"] == kube_reads + 1
     assert cluster_key(w) in w.kube.clusters  # the garbage collector's
+    assert w.kube.calls["delete_raycluster"] == 0
+
+
+def test_nothing_started_but_a_cluster_finalizer_deletes_the_cluster_first_and_waits() -> None:
+    """A queued GCS-FT group deleted before Kueue admitted it: KubeRay's finalizer is on its
+    RayCluster all the same, and the cleanup Job needs the token Secret the group owns."""
+    w = world()
+    asyncio.run(drive(w, passes=1))
+    with_kuberay_gcs_ft_finalizer(w)
+    delete(w)
+    done = asyncio.run(steps(w, limit=3))
+    assert not any(s.done for s in done)
+    assert w.kube.calls["delete_raycluster"] == 1
+    assert w.kube.clusters[cluster_key(w)]["metadata"]["deletionTimestamp"]
+    assert w.status["message"].startswith("waiting for RayCluster demo to finish deleting")
+    assert w.ray.calls["submit_job"] == 0  # no teardown: nothing was started
+    w.kube.drop_finalizers(*cluster_key(w))
+    (last,) = asyncio.run(steps(w))
+    assert last.done and cluster_key(w) not in w.kube.clusters
+    assert w.warnings() == []
 
 
 def test_a_server_job_the_status_never_recorded_is_cleaned_up() -> None:

@@ -120,6 +120,22 @@ ROWS: dict[str, tuple[DeletionSnapshot, str, type | None, bool, str, str]] = {
         "",
         "no worker group was started",
     ),
+    "nothing-started-but-the-cluster-has-finalizers-goes-first": (
+        dsnap(status=TrainerGroupStatus(), raycluster=finalizing(None)),
+        "nothing-started-cluster-first",
+        DeleteOwnedCluster,
+        True,
+        "",
+        "no worker group was started",
+    ),
+    "nothing-started-and-the-cluster-finalizing": (
+        dsnap(status=TrainerGroupStatus(), raycluster=finalizing(12)),
+        "cluster-finalizing",
+        None,
+        False,
+        "",
+        "waiting for RayCluster demo to finish deleting",
+    ),
     "a-server-job-the-status-missed-is-cleaned": (
         dsnap(status=TrainerGroupStatus(), server_job_seen=True),
         "clean-ray",
@@ -272,8 +288,8 @@ def test_the_rules_are_asked_in_order_and_the_last_always_answers() -> None:
     assert [r.__name__ for r in deletion_rules.RULES] == [
         "force_delete",
         "invalid_spec",
-        "nothing_started",
         "cluster_finalizing",
+        "nothing_started",
         "cluster_gone",
         "clean_ray",
     ]
@@ -289,7 +305,7 @@ def test_the_teardown_uses_the_recorded_generation_and_namespace() -> None:
     [
         (dsnap(force=True, status=TrainerGroupStatus()), False, False),
         (dsnap(tg=None, status=TrainerGroupStatus()), False, False),
-        (dsnap(status=TrainerGroupStatus()), True, False),
+        (dsnap(status=TrainerGroupStatus()), True, True),
         (dsnap(status=TrainerGroupStatus(), server_job_seen=True), True, True),
         (dsnap(), False, True),
         (dsnap(tg=REF), False, False),

@@ -164,17 +164,14 @@ kq_split() {  # <name> <epoch the quota was freed>: JSON of the time to Ready, s
   { k -n "$TG_NS" get workloads -l "kueue.x-k8s.io/job-uid=$uid" -o json
     k -n "$TG_NS" get pods -l "ray.io/cluster=$1" -o json
     k -n "$TG_NS" get tg "$1" -o json
-  } | FREED="$2" python3 -c '
-import datetime, json, os, sys
-dec, text, docs, i = json.JSONDecoder(), sys.stdin.read(), [], 0
-while i < len(text):
-    if text[i].isspace():
-        i += 1
-        continue
-    doc, i = dec.raw_decode(text, i)
-    docs.append(doc)
-workloads, pods, tg = docs
-def t(v): return datetime.datetime.strptime(v, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC).timestamp()
+  } > "$ARTIFACTS/kueue-split-$1.json"
+  FREED="$2" python3 - "$ARTIFACTS/kueue-split-$1.json" <<'PY'
+import json, os, sys
+from pathlib import Path
+sys.path.insert(0, "tests/e2e")
+from timeline import _docs, _t  # kubectl's concatenated documents; its time stamps
+workloads, pods, tg = _docs(Path(sys.argv[1]))
+def t(v): return _t(v) or 0.0
 def cond(obj, ctype):
     return next(t(c["lastTransitionTime"]) for c in obj["status"]["conditions"] if c["type"] == ctype and c["status"] == "True")
 freed = float(os.environ["FREED"])
@@ -184,7 +181,8 @@ pods_ready = max(cond(p, "Ready") for p in pods["items"])
 ready = cond(tg, "WorkersReady")
 print(json.dumps({"admission_s": round(admitted - freed), "pods_created_s": round(created - admitted),
                   "pods_s": round(pods_ready - admitted), "ray_s": round(ready - pods_ready),
-                  "total_s": round(ready - freed)}))'
+                  "total_s": round(ready - freed)}))
+PY
 }
 
 # ---- 2. (gcs_ft.sh, its group Ready) the trainee is applied and waits, holding nothing --------

@@ -20,23 +20,60 @@
 # provides the same contract: user ray 1000:100, home /home/ray, a pip-able Python on PATH
 # writable by uid 1000, bash, wget.
 ARG BASE_IMAGE=rayproject/ray:2.60.0-py312-gpu
+# gpu (default): torch with its CUDA libraries, for GPU nodes. cpu: the same lock without the
+# CUDA libraries (nvidia-*, triton: 4 GB), with small stand-ins that let torch's CUDA build
+# import and run on CPU (images/cuda_stubs.py): 2.3 GB instead of 6.3 GB, for CPU-only pods
+# (the kind suite: `hack/images/build.sh runtime-cpu`, tagged <runtime image>-cpu).
+ARG VARIANT=gpu
 
-FROM ${BASE_IMAGE}
+FROM ${BASE_IMAGE} AS deps
+ARG VARIANT
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1
 # The base image runs as `ray` (uid 1000, gid 100) and its Python lives in ray's home.
 USER 1000:100
 COPY --chown=1000:100 images/requirements-runtime.txt /tmp/requirements-runtime.txt
+COPY --chown=1000:100 images/cuda_stubs.py /tmp/cuda_stubs.py
 # The wheels live in a BuildKit cache mount owned by uid 1000 (kept across builds, never in
 # the image): `pip download -d` fetches only the files not there yet (hash-checked), then pip
 # installs offline from that folder, so a rebuild (a changed lock or base, a cleared layer
 # cache) does not download torch + nvidia-* (GBs) again. (pip's own HTTP cache is not enough:
 # a proxy that sends no caching headers, as here, defeats it.)
+# $NODEPS is empty or one flag: unquoted on purpose.
+# hadolint ignore=SC2086
 RUN --mount=type=cache,id=trainergroup-pip-runtime,target=/home/ray/.cache/pip,uid=1000,gid=100 \
     --mount=type=secret,id=pip-ca,required=false,mode=0444 \
     if [ -f /run/secrets/pip-ca ]; then export PIP_CERT=/run/secrets/pip-ca; fi \
- && pip download --require-hashes -r /tmp/requirements-runtime.txt -d /home/ray/.cache/pip/wheels \
- && pip install --no-index --find-links /home/ray/.cache/pip/wheels --require-hashes -r /tmp/requirements-runtime.txt \
+ && NODEPS="" \
+ && if [ "$VARIANT" = cpu ]; then python /tmp/cuda_stubs.py lock /tmp/requirements-runtime.txt && NODEPS=--no-deps; fi \
+ && pip download $NODEPS --require-hashes -r /tmp/requirements-runtime.txt -d /home/ray/.cache/pip/wheels \
+ && pip install $NODEPS --no-index --find-links /home/ray/.cache/pip/wheels --require-hashes -r /tmp/requirements-runtime.txt \
  && rm /tmp/requirements-runtime.txt
+
+FROM deps AS cuda-gpu
+RUN rm /tmp/cuda_stubs.py
+
+# The stand-ins are compiled here with a C compiler and readelf; the packages this RUN added
+# (only those: the base may have its own compiler) are purged in the same layer.
+FROM deps AS cuda-cpu
+USER 0
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# hadolint ignore=DL3008
+RUN dpkg-query -W -f '${Package}\n' | sort > /tmp/packages-before \
+ && apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev binutils \
+ && SITE="$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+ && python /tmp/cuda_stubs.py stubs "$SITE" && chown -R 1000:100 "$SITE/nvidia" \
+ && dpkg-query -W -f '${Package}\n' | sort | comm -13 /tmp/packages-before - \
+  | xargs -r apt-get purge -y \
+ && rm -rf /var/lib/apt/lists/* /tmp/cuda_stubs.py /tmp/packages-before
+USER 1000:100
+# Every symbol resolves now (LD_BIND_NOW), and torch sees no GPU instead of failing.
+RUN LD_BIND_NOW=1 python -c "import torch, torch.distributed; assert not torch.cuda.is_available()"
+
+# hadolint ignore=DL3006
+FROM cuda-${VARIANT} AS runtime
+ARG VARIANT
+USER 1000:100
 # Created by uid 1000 (WORKDIR alone would create it root-owned, and the build writes into it).
 RUN mkdir -p /tmp/trainergroup-src
 WORKDIR /tmp/trainergroup-src
@@ -58,7 +95,8 @@ ENV PYTHONUNBUFFERED=1
 # Last, so a retagged base (same content, new name) reuses every layer above: a build arg
 # in scope becomes part of each later RUN's cache key.
 ARG BASE_IMAGE
-LABEL org.opencontainers.image.title="trainergroup-runtime" \
+LABEL io.trainergroup.runtime-variant="${VARIANT}" \
+      org.opencontainers.image.title="trainergroup-runtime" \
       org.opencontainers.image.description="Ray + torch + megatron-core runtime for TrainerGroup workers and clients" \
       org.opencontainers.image.version="0.1.0" \
       org.opencontainers.image.licenses="Apache-2.0" \

@@ -124,8 +124,10 @@ if (( ! QUICK )); then
   # Real pods on kind need a Docker engine: Debian's docker.io is installed when absent.
   if phase docker "$cache" bash hack/docker/up.sh; then
     HAVE_DOCKER=1
-    IMG_BEFORE="$(docker image inspect -f '{{.Id}}' ghcr.io/trainergroup/operator:0.1.0 ghcr.io/trainergroup/runtime:0.1.0 2>/dev/null | sort | tr '\n' ' ')"
-    bg images bash hack/images/build.sh operator runtime
+    IMG_BEFORE="$(docker image inspect -f '{{.Id}}' ghcr.io/trainergroup/operator:0.1.0 ghcr.io/trainergroup/runtime:0.1.0-cpu 2>/dev/null | sort | tr '\n' ' ')"
+    # The runtime image's CPU variant (no CUDA libraries) is what the kind suite's pods run and
+    # what the image tests check; the GPU variant (`build.sh runtime`) shares its Dockerfile.
+    bg images bash hack/images/build.sh operator runtime-cpu
   else
     log "no Docker engine: the kind tests will be skipped (see the messages above)"
   fi
@@ -288,7 +290,7 @@ fi
 if (( ! QUICK )); then
   if (( HAVE_GO )); then bg_wait go-tools "$GO_CACHE" || status=1; fi
   if (( HAVE_DOCKER )); then
-    IMG_AFTER="$(docker image inspect -f '{{.Id}}' ghcr.io/trainergroup/operator:0.1.0 ghcr.io/trainergroup/runtime:0.1.0 2>/dev/null | sort | tr '\n' ' ')"
+    IMG_AFTER="$(docker image inspect -f '{{.Id}}' ghcr.io/trainergroup/operator:0.1.0 ghcr.io/trainergroup/runtime:0.1.0-cpu 2>/dev/null | sort | tr '\n' ' ')"
     cache=miss; [[ "$IMG_BEFORE" == "$IMG_AFTER" ]] && cache=hit
     bg_wait images "$cache" && log "images built: $(grep -o 'times: .*' "$WORK/images.log" | tail -n 1)"
   fi

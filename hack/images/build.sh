@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Build the project's images here, FROM stand-in bases made from Debian's packages.
 #
-#   hack/images/build.sh [operator|runtime|kuberay|kueue|all]...   (default: all = the first three)
+#   hack/images/build.sh [operator|runtime|runtime-cpu|kuberay|kueue|all]...   (default: all =
+#   operator, runtime, kuberay)
 #
 # operator  images/operator.Dockerfile -> $OPERATOR_IMAGE (ghcr.io/trainergroup/operator:<appVersion>)
 # runtime   images/runtime.Dockerfile  -> $RUNTIME_IMAGE  (ghcr.io/trainergroup/runtime:<appVersion>)
+# runtime-cpu  the same, --build-arg VARIANT=cpu -> $RUNTIME_CPU_IMAGE ($RUNTIME_IMAGE-cpu): no
+#           CUDA libraries (2.3 GB instead of 6.3), for CPU-only pods; the kind suite uses it
 # kuberay   images/go-manager.Dockerfile with hack/build-tools.sh's ray-operator binary
 #           -> $KUBERAY_IMAGE (trainergroup.local/kuberay-operator:<KUBERAY_VERSION>)
 # kueue     images/go-manager.Dockerfile with hack/kueue/build.sh's manager binary
@@ -35,6 +38,7 @@ APP_VERSION="$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' "$REPO/c
 OPERATOR_REPO="$(sed -n '/^image:/,/^[^ ]/s/^  repository: *//p' "$REPO/charts/trainergroup/values.yaml" | head -1)"
 OPERATOR_IMAGE="${OPERATOR_IMAGE:-${OPERATOR_REPO:-ghcr.io/trainergroup/operator}:$APP_VERSION}"
 RUNTIME_IMAGE="${RUNTIME_IMAGE:-${OPERATOR_REPO%/operator}/runtime:$APP_VERSION}"
+RUNTIME_CPU_IMAGE="${RUNTIME_CPU_IMAGE:-$RUNTIME_IMAGE-cpu}"
 KUBERAY_IMAGE="${KUBERAY_IMAGE:-trainergroup.local/kuberay-operator:$KUBERAY_VERSION}"
 # shellcheck disable=SC1091  # hack/kueue/version.env: KUEUE_VERSION (apart, so it keys no k8s build)
 source "$REPO/hack/kueue/version.env"
@@ -66,11 +70,12 @@ secret_args() {
   fi
 }
 
-build_python_image() {  # <name> <dockerfile> <tag> <base>
+build_python_image() {  # <name> <dockerfile> <tag> <base> [docker build flags]
   local name="$1" dockerfile="$2" tag="$3" base="$4" t0=$SECONDS
+  shift 4
   log "$name: $tag FROM $base"
   # shellcheck disable=SC2046
-  "$DOCKER" build -f "$REPO/$dockerfile" -t "$tag" --build-arg "BASE_IMAGE=$base" \
+  "$DOCKER" build -f "$REPO/$dockerfile" -t "$tag" --build-arg "BASE_IMAGE=$base" "$@" \
     $(secret_args) ${EXTRA[@]+"${EXTRA[@]}"} "$CONTEXT" >&2
   TIMES+=("$name $((SECONDS - t0)) s ($tag)")
   log "$name: built $tag in $((SECONDS - t0)) s"
@@ -86,6 +91,12 @@ build_runtime() {
   local base="${RUNTIME_BASE_IMAGE:-}"
   [[ -n "$base" ]] || { bases; base="$RUNTIME_BASE"; }
   build_python_image runtime images/runtime.Dockerfile "$RUNTIME_IMAGE" "$base"
+}
+
+build_runtime_cpu() {
+  local base="${RUNTIME_BASE_IMAGE:-}"
+  [[ -n "$base" ]] || { bases; base="$RUNTIME_BASE"; }
+  build_python_image runtime-cpu images/runtime.Dockerfile "$RUNTIME_CPU_IMAGE" "$base" --build-arg VARIANT=cpu
 }
 
 build_go_manager() {  # <name> <tag> <version> <binary>: images/go-manager.Dockerfile
@@ -130,11 +141,12 @@ for t in "${targets[@]}"; do
   case "$t" in
     operator) build_operator ;;
     runtime) build_runtime ;;
+    runtime-cpu) build_runtime_cpu ;;
     kuberay) build_kuberay ;;
     kueue) build_kueue ;;
     all) build_operator; build_runtime; build_kuberay ;;
-    -h|--help) sed -n '2,21p' "${BASH_SOURCE[0]}"; exit 0 ;;
-    *) die "unknown target '$t' (operator|runtime|kuberay|kueue|all)" ;;
+    -h|--help) sed -n '2,24p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    *) die "unknown target '$t' (operator|runtime|runtime-cpu|kuberay|kueue|all)" ;;
   esac
 done
 log "times: $(IFS=';'; echo "${TIMES[*]}"); total $((SECONDS - T0)) s"
@@ -144,4 +156,4 @@ log "times: $(IFS=';'; echo "${TIMES[*]}"); total $((SECONDS - T0)) s"
 "$DOCKER" image prune -f >/dev/null 2>&1 || true
 "$DOCKER" builder prune -f --keep-storage "${TG_BUILDKIT_KEEP:-14GB}" >/dev/null 2>&1 || true
 "$DOCKER" image ls --format '{{.Repository}}:{{.Tag}} {{.Size}}' \
-  | grep -E "^(${OPERATOR_IMAGE}|${RUNTIME_IMAGE}|${KUBERAY_IMAGE}|${KUEUE_IMAGE}) " >&2 || true
+  | grep -E "^(${OPERATOR_IMAGE}|${RUNTIME_IMAGE}|${RUNTIME_CPU_IMAGE}|${KUBERAY_IMAGE}|${KUEUE_IMAGE}) " >&2 || true

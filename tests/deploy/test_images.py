@@ -42,6 +42,10 @@ PRODUCTION_BASES = {
     "operator": "python:3.12.12-slim-bookworm",
     "runtime": "rayproject/ray:2.60.0-py312-gpu",
 }
+RUNTIME_VARIANTS = ("gpu", "cpu")  # images/runtime.Dockerfile's ARG VARIANT
+# The runtime image the built-image test checks: the CPU variant CI builds for the kind suite
+# (TG_TEST_RUNTIME_TARGET=runtime checks the GPU variant; a cold build downloads 4 GB more).
+RUNTIME_TARGET = os.environ.get("TG_TEST_RUNTIME_TARGET", "runtime-cpu")
 BUILD_SH = REPO / "hack" / "images" / "build.sh"
 BASES_SH = REPO / "hack" / "images" / "build-bases.sh"
 LOCKS = {
@@ -139,8 +143,10 @@ def test_base_images_are_build_args_defaulting_to_pinned_upstream(image: str) ->
     stage_names: set[str] = set()
     for stage in _stages(path):
         words = [w for w in stage[0][1].split() if not w.startswith("--platform")]
-        assert words[0] in ("${BASE_IMAGE}", "$BASE_IMAGE") or words[0] in stage_names, (
-            f"FROM {words[0]}: want FROM ${{BASE_IMAGE}}"
+        # FROM cuda-${VARIANT}: an earlier stage for every variant the image builds
+        named = {words[0].replace("${VARIANT}", v) for v in RUNTIME_VARIANTS}
+        assert words[0] in ("${BASE_IMAGE}", "$BASE_IMAGE") or named <= stage_names, (
+            f"FROM {words[0]}: want FROM ${{BASE_IMAGE}} or an earlier stage"
         )
         if len(words) == 3 and words[1].upper() == "AS":
             stage_names.add(words[2])
@@ -557,7 +563,7 @@ def test_operator_image_runs_non_root_on_a_read_only_root() -> None:
 @pytest.mark.docker
 @pytest.mark.timeout(BUILD_TIMEOUT + 1200)
 def test_runtime_image_starts_ray_and_imports_the_trainer() -> None:
-    image = _build("runtime")
+    image = _build(RUNTIME_TARGET)
     user = _docker("image", "inspect", "--format", "{{.Config.User}}", image).stdout.strip()
     assert user == "1000:100", user
     # KubeRay's head probes (ray-operator v1.5.0 controllers/ray/utils/constant.go:
@@ -601,6 +607,27 @@ def test_runtime_image_starts_ray_and_imports_the_trainer() -> None:
     # what KubeRay's probes call exists
     _docker("run", "--rm", image, "bash", "-c", "command -v wget grep bash ray")
     _no_ca_bundle_left(image)
+    variant = _docker(
+        "image", "inspect", "--format",
+        '{{index .Config.Labels "io.trainergroup.runtime-variant"}}', image,
+    ).stdout.strip()
+    assert variant == ("cpu" if RUNTIME_TARGET == "runtime-cpu" else "gpu"), variant
+    if variant == "cpu":
+        # no CUDA library bigger than a stand-in but the three kept real; the stand-ins abort
+        # with a message naming themselves when called
+        site = "$(python -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])')"
+        check = (
+            f"cd {site}/nvidia && cat TRAINERGROUP_CUDA_STUBS && "
+            "echo big: $(find . -name '*.so*' -size +100k -printf '%f ') && "
+            "python -c 'import ctypes; ctypes.CDLL(\"./nccl/lib/libnccl.so.2\").ncclGetVersion(0)'"
+        )
+        res = _docker("run", "--rm", image, "bash", "-lc", check, check=False)
+        assert "libnccl.so.2 nccl/lib" in res.stdout, res.stdout + res.stderr
+        big = set(re.findall(r"^big:(.*)$", res.stdout, re.M)[0].split())
+        assert "libcudart.so.13" in big, big
+        assert not big & {"libcublasLt.so.13", "libcudnn.so.9", "libnccl.so.2"}, big
+        assert res.returncode != 0 and "libnccl.so.2 is a stand-in" in res.stderr, res.stderr
+        assert "ncclGetVersion was called" in res.stderr, res.stderr
 
 
 @pytest.mark.docker

@@ -145,7 +145,7 @@ def test_run_sh_covers_the_flow() -> None:
     assert lib in text
     text = text.replace(lib, (HERE / "lib" / "clients.sh").read_text(), 1)
     steps = [
-        "hack/images/build.sh all",
+        "hack/images/build.sh operator runtime-cpu kuberay",
         "hack/kind/cluster.sh up",
         "hack/kind/check.sh",
         "nvidia-ctk runtime configure --runtime=containerd",

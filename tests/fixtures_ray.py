@@ -1,10 +1,12 @@
 """Ray fixtures: one real local Ray head per test session, on free loopback ports.
 
 - ``ray_cluster`` (session): a head started with ``tgruntime.local.head.start_local_head``
-  (dashboard on, its own temp dir, small: 2 logical CPUs, 1 GiB object store), stopped at
+  (dashboard on, its own temp dir, small: 4 logical CPUs, 1 GiB object store), stopped at
   the end. Its value is a frozen ``RayCluster``: ``gcs_address``, ``dashboard_url``,
   ``temp_dir`` and ``run_python(code)`` to run a snippet in a separate OS process already
-  pointed at the cluster (``RAY_ADDRESS``), returning its stdout.
+  pointed at the cluster (``RAY_ADDRESS``), returning its stdout. The Megatron modules' groups
+  (two 1-CPU workers each; one module holds two groups at once) run on it too, through
+  ``ray_driver``, instead of a private local Ray per module (12-15 CPU s each to start).
 - ``ray_driver`` (module): connects this pytest process to that head as a driver
   (namespace ``tgtests``) and disconnects after the module, so other modules may call
   ``ray.init`` themselves; tests create groups in namespaces of their own.
@@ -172,7 +174,7 @@ def ray_cluster() -> Iterator[RayCluster]:
         )
         return
     head = local_head.start_local_head(
-        num_cpus=2, object_store_memory=1 << 30, timeout_s=300,
+        num_cpus=4, object_store_memory=1 << 30, timeout_s=300,
         env={"RAY_AUTH_MODE": os.environ["RAY_AUTH_MODE"]},
     )
     up_file = os.environ.get("TG_RAY_UP_FILE")

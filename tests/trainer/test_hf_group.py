@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,7 @@ pytest.importorskip("megatron.core")
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
-from tests.fixtures_ray import init_private_ray  # noqa: E402
+from tests.fixtures_ray import RayCluster  # noqa: E402
 from tests.trainer.scenarios import fixed_batch, tiny_spec, write_tokenizer  # noqa: E402
 from tgruntime.controller import (  # noqa: E402
     ClassWithInitArgs,
@@ -52,18 +51,6 @@ MODEL = {"positionEmbedding": "rope", "numQueryGroups": 2}
 def _spec(*, pretrained: Path | None = None, **parallel: int) -> tgapi.TrainerGroupSpec:
     extra = {"pretrained": str(pretrained)} if pretrained else {}
     return tiny_spec(**parallel, **MODEL, **extra)  # type: ignore[arg-type]
-
-
-@pytest.fixture(scope="module")
-def ray_session() -> Iterator[None]:
-    started = not ray.is_initialized()
-    if started:
-        init_private_ray(namespace=f"tg-hf-{uuid.uuid4().hex[:8]}")
-    try:
-        yield
-    finally:
-        if started:
-            ray.shutdown()
 
 
 def _group(spec: tgapi.TrainerGroupSpec) -> WorkerGroup:
@@ -122,7 +109,7 @@ def _transformers_llama(path: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def tp_run(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def tp_run(ray_driver: RayCluster, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("hf-tp")
     trained, theirs, again = root / "trained", root / "theirs", root / "theirs-again"
     wg = _group(_spec(tp=2))

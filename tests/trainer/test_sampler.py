@@ -17,7 +17,6 @@ every group assertion, plus one spawned single-rank run for the KV-cache unit ch
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ ray = pytest.importorskip("ray")
 pytest.importorskip("megatron.core")
 transformers = pytest.importorskip("transformers")
 
-from tests.fixtures_ray import init_private_ray  # noqa: E402
+from tests.fixtures_ray import RayCluster  # noqa: E402
 from tests.trainer import sampler_scenarios  # noqa: E402
 from tests.trainer.groups import trainer_group  # noqa: E402
 from tests.trainer.scenarios import SEQ, VOCAB, fixed_batch, tiny_spec  # noqa: E402
@@ -44,10 +43,7 @@ PROMPTS = [[3, 17, 42, 5, 9], [100, 2], [7, 7, 8, 1, 30, 31, 64, 12, 90]]
 
 
 @pytest.fixture(scope="module")
-def client() -> Iterator[TrainerClient]:
-    started = not ray.is_initialized()
-    if started:
-        init_private_ray(namespace=f"tg-sampler-{uuid.uuid4().hex[:8]}")
+def client(ray_driver: RayCluster) -> Iterator[TrainerClient]:
     spec = tiny_spec(tp=2, positionEmbedding="rope", numQueryGroups=2)
     wg = trainer_group(spec, prefix="sampler")
     try:
@@ -57,8 +53,6 @@ def client() -> Iterator[TrainerClient]:
         yield c
     finally:
         wg.teardown()
-        if started:
-            ray.shutdown()
 
 
 def _group_log_probs(c: TrainerClient, seqs: list[list[int]]) -> list[list[float]]:

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.fixtures_ray import init_private_ray
+from tests.fixtures_ray import RayCluster
 from tgruntime.trainer.loss_catalog import resolve_loss
 from tgruntime.trainer.losses import TokenTensors
 from tgruntime.trainer.tinker_losses import TINKER_LOSSES, tinker_loss_name
@@ -244,11 +244,8 @@ def test_adam_params_per_step_and_weights_only_load(suite: dict[str, Any]) -> No
 
 # -- the same through TrainerClient and a real Ray group (what the Tinker server calls) ------
 @pytest.mark.ray
-def test_trainer_client_tinker_calls(tmp_path: Path) -> None:
-    ray = pytest.importorskip("ray")
+def test_trainer_client_tinker_calls(ray_driver: RayCluster, tmp_path: Path) -> None:
     pytest.importorskip("megatron.core")
-    import uuid
-
     from tests.trainer.groups import trainer_group
     from tests.trainer.scenarios import VOCAB, tiny_spec
     from tests.trainer.tinker_scenarios import MODEL, tinker_inputs
@@ -261,9 +258,6 @@ def test_trainer_client_tinker_calls(tmp_path: Path) -> None:
         assert proto.batch is not None
         return proto.batch
 
-    started = not ray.is_initialized()
-    if started:
-        init_private_ray(namespace=f"tg-tinker-{uuid.uuid4().hex[:8]}")
     spec = tiny_spec(tp=2, **MODEL)  # type: ignore[arg-type]
     wg = trainer_group(spec, prefix="tinker")
     try:
@@ -314,8 +308,6 @@ def test_trainer_client_tinker_calls(tmp_path: Path) -> None:
         assert client.load_state(path).result(timeout=wait) == 1
     finally:
         wg.teardown()
-        if started:
-            ray.shutdown()
 
 
 @pytest.mark.gpu

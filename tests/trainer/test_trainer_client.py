@@ -1,4 +1,4 @@
-"""TrainerClient against real local groups (private local Ray, PP=2 on CPU over gloo).
+"""TrainerClient against real local groups (the session's Ray head, PP=2 on CPU over gloo).
 
 One group serves the client checks (attach by name, futures submitted back to back,
 log-probs collected from the last stage, losses, errors, save_state); a second, new group
@@ -21,7 +21,7 @@ import tgapi
 ray = pytest.importorskip("ray")
 pytest.importorskip("megatron.core")
 
-from tests.fixtures_ray import init_private_ray  # noqa: E402
+from tests.fixtures_ray import RayCluster  # noqa: E402
 from tests.trainer.rl_scenarios import rl_inputs  # noqa: E402
 from tests.trainer.scenarios import BATCH, SEQ, fixed_batch, tiny_spec  # noqa: E402
 from tgruntime import TrainerClient  # noqa: E402
@@ -55,17 +55,7 @@ def _new_group(spec: tgapi.TrainerGroupSpec) -> WorkerGroup:
 
 
 @pytest.fixture(scope="module")
-def ray_session() -> Iterator[None]:
-    started = not ray.is_initialized()
-    if started:
-        init_private_ray(namespace=f"tg-rl-{uuid.uuid4().hex[:8]}")
-    yield
-    if started:
-        ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def group(ray_session: None) -> Iterator[WorkerGroup]:
+def group(ray_driver: RayCluster) -> Iterator[WorkerGroup]:
     wg = _new_group(tiny_spec(pp=2))
     try:
         yield wg

@@ -18,7 +18,7 @@ import pytest
 import ray
 
 import tgapi
-from tests.fixtures_ray import init_private_ray
+from tests.fixtures_ray import RayCluster
 from tests.trainer.scenarios import BATCH, SEQ, fixed_batch, tiny_spec
 from tgruntime.controller import (
     ClassWithInitArgs,
@@ -32,11 +32,10 @@ pytestmark = [pytest.mark.ray, pytest.mark.megatron]
 
 
 @pytest.fixture(scope="module")
-def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[WorkerGroup, Path]]:
+def group(
+    ray_driver: RayCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[WorkerGroup, Path]]:
     ckpt = tmp_path_factory.mktemp("worker-ckpt")
-    started = not ray.is_initialized()
-    if started:
-        init_private_ray(namespace=f"tg-trainer-{uuid.uuid4().hex[:8]}")
     spec = tiny_spec(tp=2, checkpoint_dir=str(ckpt))
     wire = json.dumps(tgapi.to_wire(spec))
     wg = WorkerGroup.create(
@@ -52,8 +51,6 @@ def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[WorkerGrou
         yield wg, ckpt
     finally:
         wg.teardown()
-        if started:
-            ray.shutdown()
 
 
 def test_worker_group_trains_and_checkpoints(group: tuple[WorkerGroup, Path]) -> None:

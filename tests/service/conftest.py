@@ -1,4 +1,5 @@
-"""One TP=2 group (CPU, gloo, private local Ray) and one Tinker server for all of tests/service.
+"""One TP=2 group (CPU, gloo, on the session's Ray head) and one Tinker server for all of
+tests/service.
 
 Session-scoped: one group start-up for the whole directory; every test finishes its SDK
 sessions (``with ServiceClient``), so the next one may start its own training run."""
@@ -14,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.fixtures_ray import init_private_ray
+from tests.fixtures_ray import RayCluster, init_private_ray
 
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 
@@ -24,7 +25,24 @@ MODEL = {"positionEmbedding": "rope", "numQueryGroups": 2, "maxSequenceLength": 
 
 # package scope: torn down after tests/service, so its 2 CPUs are free for later groups
 @pytest.fixture(scope="package")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def service_driver(ray_cluster: RayCluster) -> Iterator[RayCluster]:
+    """This process as a driver of the session's Ray head for the whole package (as
+    ``ray_driver`` does per module), instead of a private local Ray: one Ray start less."""
+    ray = pytest.importorskip("ray")
+    from tgruntime.controller.connect import connect
+
+    connect(ray_cluster.gcs_address, ray_namespace="tgtests")
+    try:
+        yield ray_cluster
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+
+
+@pytest.fixture(scope="package")
+def served(
+    service_driver: RayCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
     from tests.trainer.scenarios import tiny_spec
 
     root = tmp_path_factory.mktemp("tinker")
@@ -35,8 +53,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
 
 @contextlib.contextmanager
 def serving(spec: Any, root: Path, *, prefix: str) -> Iterator[dict[str, Any]]:
-    """A TP=2 group of ``spec`` (CPU, gloo; a private local Ray unless one is up) and a Tinker
-    server over it on a free port."""
+    """A TP=2 group of ``spec`` (CPU, gloo; on the Ray this process is connected to, else a
+    private local one) and a Tinker server over it on a free port."""
     ray = pytest.importorskip("ray")
     pytest.importorskip("megatron.core")
     pytest.importorskip("tinker")

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.fixtures_ray import RayCluster
 from tests.service.conftest import MODEL, serving
 from tests.service.test_bad_inputs import create_model_refused
 
@@ -34,7 +35,9 @@ ADAM = T.AdamParams(learning_rate=5e-3)
 
 
 @pytest.fixture(scope="module")
-def lora_served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def lora_served(
+    service_driver: RayCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
     import tgapi
     from tests.trainer.scenarios import tiny_spec
 

@@ -173,6 +173,27 @@ def plot(history: list[dict[str, float]], path: Path) -> None:
     plt.close(fig)
 
 
+def start_private_ray(namespace: str, *, num_cpus: int) -> None:
+    """A local Ray of this process's own, tried twice: Ray gives its raylet 30 s to register,
+    and a loaded machine can miss it."""
+    import ray
+
+    for attempt in (1, 2):
+        try:
+            ray.init(
+                address="local",
+                num_cpus=num_cpus,
+                include_dashboard=False,
+                namespace=namespace,
+                log_to_driver=False,
+            )
+            return
+        except Exception:
+            ray.shutdown()
+            if attempt == 2:
+                raise
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--iterations", type=int, default=50)
@@ -183,6 +204,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--loss", choices=("ppo", "importance_sampling"), default="ppo")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel workers")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--address",
+        default=None,
+        help="GCS host:port of a running Ray cluster to use (default: a private local one)",
+    )
     parser.add_argument("--out", type=Path, default=HERE, help="where the outputs go")
     parser.add_argument(
         "--no-check",
@@ -194,20 +220,13 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore")
     import ray
 
-    for attempt in (1, 2):  # Ray gives its raylet 30 s to register: a loaded machine can miss it
-        try:
-            ray.init(
-                address="local",
-                num_cpus=max(2, args.tp),
-                include_dashboard=False,
-                namespace=f"tg-rl-{uuid.uuid4().hex[:8]}",
-                log_to_driver=False,
-            )
-            break
-        except Exception:
-            ray.shutdown()
-            if attempt == 2:
-                raise
+    namespace = f"tg-rl-{uuid.uuid4().hex[:8]}"
+    if args.address:
+        from tgruntime.controller.connect import connect
+
+        connect(args.address, ray_namespace=namespace)
+    else:
+        start_private_ray(namespace, num_cpus=max(2, args.tp))
     wg = WorkerGroup.create(
         group_name=f"rl-{uuid.uuid4().hex[:8]}",
         ray_namespace=ray.get_runtime_context().namespace,

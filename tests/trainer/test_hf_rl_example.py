@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures_ray import RayCluster
+
 pytest.importorskip("ray")
 pytest.importorskip("megatron.core")
 pytest.importorskip("transformers")
@@ -24,9 +26,13 @@ pytestmark = [pytest.mark.ray, pytest.mark.megatron, pytest.mark.flow]
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "rl" / "toy_rl.py"
 
 
-def test_toy_rl_example_runs_and_writes_its_outputs(tmp_path: Path) -> None:
+def test_toy_rl_example_runs_and_writes_its_outputs(
+    ray_cluster: RayCluster, tmp_path: Path
+) -> None:
+    # on the session's Ray head (--address), not a private local Ray of its own (12-15 CPU s)
+    args = ["--iterations", "2", "--out", str(tmp_path), "--no-check"]
     proc = subprocess.run(
-        [sys.executable, str(EXAMPLE), "--iterations", "2", "--out", str(tmp_path), "--no-check"],
+        [sys.executable, str(EXAMPLE), *args, "--address", ray_cluster.gcs_address],
         capture_output=True,
         text=True,
         timeout=600,

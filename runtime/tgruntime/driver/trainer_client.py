@@ -51,6 +51,7 @@ _PRIMITIVES = (
     "sample",
     "sample_batch",
     "drop_sampler_weights",
+    "sampler_weights_info",
     # many LoRA runs (docs/lora.md)
     "create_run",
     "use_run",
@@ -442,6 +443,15 @@ class TrainerClient:
         """Keep the current weights under ``name`` for ``sample`` (and write them to ``path``):
         ``{name, path, parameters, bytes, seconds, rank}``."""
         return self._all_call("save_sampler_weights", name, path)
+
+    def drop_sampler_weights(self, name: str) -> TrainerFuture[bool]:
+        """Free the in-memory sampler weights ``name`` on every rank (files stay): False
+        when the group held none of that name."""
+        return self._all_call("drop_sampler_weights", name)
+
+    def sampler_weights_info(self) -> TrainerFuture[dict[str, Any]]:
+        """What rank 0 holds in memory for sampling: ``{names, loaded, bytes, rank}``."""
+        return self._all_call("sampler_weights_info")
 
     def sample(
         self,

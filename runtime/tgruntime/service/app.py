@@ -34,6 +34,7 @@ from tgruntime.service.datum import metrics, outputs, to_tensors
 from tgruntime.service.futures import FutureStore, Outcome
 from tgruntime.service.paths import Paths
 from tgruntime.service.runs import LoraRuns, RunState
+from tgruntime.service.sampler_weights import EphemeralWeights, FreedWeights
 from tgruntime.service.sampling import SampleJob, SampleQueue
 from tgruntime.service.sessions import Model, Registry, SamplingSession, ServiceError
 from tgruntime.service.stops import Tokenizer, cut_sequences, load_tokenizer, token_stops
@@ -64,6 +65,7 @@ class TinkerService:
         self.registry = Registry()
         self.paths = Paths(backend.info.checkpoint_dir)
         self.samples = SampleQueue(backend, multi_lora=backend.info.lora_rank is not None)
+        self.ephemeral = EphemeralWeights()  # save_weights_and_get_sampling_client's copies
         self._tasks: set[asyncio.Task[None]] = set()
         self.base_state: str | None = None
         self.base_sampler: str | None = None
@@ -96,6 +98,28 @@ class TinkerService:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def _drop_weights(self, names: list[str]) -> None:
+        """Free in-memory sampler weights in the group (queued behind the calls before)."""
+        for name in names:
+            future = self.backend.client.drop_sampler_weights(name)
+
+            async def wait(future: Any = future, name: str = name) -> None:
+                try:
+                    await self.backend.wait(future)
+                    _json_log("drop_sampler_weights", weights=name)
+                except Exception as exc:
+                    log.warning("dropping sampler weights %s failed: %s", name, exc)
+
+            self._spawn(wait())
+
+    def _ephemeral_saved(self, model_id: str, weights: str) -> None:
+        drops = self.ephemeral.saved(model_id, weights)
+        for other in list(self.ephemeral.newest):  # models retired meanwhile: theirs go too
+            m = self.registry.models.get(other)
+            if m is None or m.retired is not None:
+                drops += self.ephemeral.forget_model(other)
+        self._drop_weights(drops)
 
     @staticmethod
     def _failure(exc: BaseException) -> Outcome:
@@ -604,6 +628,7 @@ class TinkerService:
                 if name:
                     uri = self.paths.uri(model.model_id, "sampler_weights", str(name))
                     return Outcome(body={"type": "save_weights_for_sampler", "path": uri})
+                self._ephemeral_saved(model.model_id, weights)
                 ss = self._new_sampler(model.session_id, weights, None)
                 return Outcome(
                     body={
@@ -834,9 +859,14 @@ class TinkerService:
             n,
             bool(body.get("prompt_logprobs")),
         )
+        try:
+            self.ephemeral.begin(weights)  # ended in done(), whatever happens
+        except FreedWeights as exc:
+            raise ServiceError(str(exc), status=404) from None
         rid = self.futures.new()
 
         def done(result: dict[str, Any] | None, exc: BaseException | None) -> None:
+            self._drop_weights(self.ephemeral.end(weights))
             if exc is not None:
                 self.futures.resolve(rid, self._failure(exc))
                 return

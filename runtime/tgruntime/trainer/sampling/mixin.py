@@ -143,6 +143,16 @@ class SamplingMixin:
         return store.drop(name)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def sampler_weights_info(self) -> dict[str, Any]:
+        """The sampler weights this rank holds in memory: ``names`` (saved or read),
+        ``loaded`` (read from directories: a bounded cache) and their ``bytes``."""
+        engine = self._engine()
+        if engine.adapters is not None:
+            return {**self._adapter_store().resident(), "rank": engine.mesh_info.rank}
+        _, store = self._sampling()
+        return {**store.resident(), "rank": engine.mesh_info.rank}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def sample(
         self,
         prompts: list[list[int]],

@@ -45,10 +45,17 @@ MARKER = "sampler_weights.json"
 
 
 class SnapshotStore:
-    """This rank's named parameter snapshots."""
+    """This rank's named parameter snapshots.
 
-    def __init__(self) -> None:
+    Snapshots saved by name stay until dropped (the service drops the superseded copies of
+    ``save_weights_and_get_sampling_client``: service/sampler_weights.py). Snapshots read from
+    a directory are a cache of at most ``max_loaded`` copies, least recently used first out:
+    the directory stays, and a later request reads it again."""
+
+    def __init__(self, *, max_loaded: int = 2) -> None:
         self._snapshots: dict[str, dict[str, torch.Tensor]] = {}
+        self._loaded: list[str] = []  # names read from directories, least recently used first
+        self.max_loaded = max_loaded
 
     def names(self) -> list[str]:
         return sorted(self._snapshots)
@@ -87,12 +94,27 @@ class SnapshotStore:
         }
 
     def drop(self, name: str) -> bool:
+        if name in self._loaded:
+            self._loaded.remove(name)
         return self._snapshots.pop(name, None) is not None
+
+    def resident(self) -> dict[str, Any]:
+        """What this rank holds: names, the directory-read ones among them, and the bytes."""
+        return {
+            "names": self.names(),
+            "loaded": list(self._loaded),
+            "bytes": sum(
+                t.numel() * t.element_size() for p in self._snapshots.values() for t in p.values()
+            ),
+        }
 
     def resolve(self, weights: str, mesh: Mesh, device: torch.device) -> dict[str, torch.Tensor]:
         """The snapshot named ``weights``, or the one written to directory ``weights``."""
         found = self._snapshots.get(weights)
         if found is not None:
+            if weights in self._loaded:  # most recently used last
+                self._loaded.remove(weights)
+                self._loaded.append(weights)
             return found
         marker = Path(weights) / MARKER
         if not marker.is_file():
@@ -111,9 +133,12 @@ class SnapshotStore:
                 f"{weights}: sampler weights saved with tp={meta.get('tp')} pp={meta.get('pp')}; "
                 f"this group has tp={mesh.tp_size} pp={mesh.pp_size}"
             )
+        while len(self._loaded) >= max(1, self.max_loaded):  # room first: never two extra
+            self._snapshots.pop(self._loaded.pop(0), None)
         payload = ckpt.read_shard(weights, mesh, map_location=device)
         params: dict[str, torch.Tensor] = payload["params"]
         self._snapshots[weights] = params
+        self._loaded.append(weights)
         return params
 
     @contextlib.contextmanager
@@ -224,6 +249,13 @@ class AdapterSnapshotStore:
             "rank": mesh.rank,
             "run": run,
             "lora": snap.settings.to_dict(),
+        }
+
+    def resident(self) -> dict[str, Any]:
+        return {
+            "names": self.names(),
+            "loaded": [],
+            "bytes": sum(s.nbytes() for s in self._snapshots.values()),
         }
 
     def _put(self, snap: AdapterSnapshot) -> None:

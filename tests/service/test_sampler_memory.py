@@ -1,0 +1,65 @@
+"""An RL loop's sampler weights through the unmodified SDK do not accumulate in the group.
+
+save_weights_and_get_sampling_client keeps an in-memory copy of the weights on every rank;
+the cookbook makes one per step. The copies a newer one supersedes are freed once nothing
+samples from them (service/sampler_weights.py), so the group's resident copies stay at one
+per model however long the run (TP=2 group, CPU, gloo)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytestmark = [pytest.mark.ray, pytest.mark.megatron]
+
+tinker = pytest.importorskip("tinker")
+T = tinker.types
+WAIT = 300.0
+CALLS = 200
+
+
+def _datum(tokens: list[int]) -> Any:
+    return T.Datum(
+        model_input=T.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={
+            "target_tokens": np.asarray(tokens[1:], np.int64),
+            "weights": np.ones(len(tokens) - 1, np.float32),
+        },
+    )
+
+
+def test_200_sampling_clients_keep_one_copy_resident(served: dict[str, Any]) -> None:
+    group = served["client"]
+    before = group.sampler_weights_info().result(timeout=WAIT)
+    prompt = T.ModelInput.from_ints([5, 6, 7])
+    params = T.SamplingParams(max_tokens=2, temperature=1.0, seed=3, stop=[])
+    resident: list[int] = []
+    with tinker.ServiceClient(base_url=served["url"], api_key=served["key"]) as sc:
+        tc = sc.create_lora_training_client(base_model=served["base"], rank=4).result()
+        first: Any = None
+        for i in range(CALLS):
+            if i % 50 == 49:  # the weights move now and then, as in a run
+                tc.forward_backward([_datum([4, 9, 3, 7, 5])], "cross_entropy").result(
+                    timeout=WAIT
+                )
+                tc.optim_step(T.AdamParams(learning_rate=1e-3)).result(timeout=WAIT)
+            sampler = tc.save_weights_and_get_sampling_client().result(timeout=WAIT)
+            out = sampler.sample(prompt, num_samples=2, sampling_params=params).result(
+                timeout=WAIT
+            )
+            assert len(out.sequences) == 2
+            first = first or sampler
+            if i % 20 == 19:
+                info = group.sampler_weights_info().result(timeout=WAIT)
+                resident.append(len(info["names"]) - len(before["names"]))
+        after = group.sampler_weights_info().result(timeout=WAIT)
+        # the first client's copy is gone: refused with what happened and what to do
+        with pytest.raises(Exception, match="were freed: the same training client saved newer"):
+            first.sample(prompt, num_samples=1, sampling_params=params).result(timeout=WAIT)
+    # one copy of this model (its newest) at every check, and the bytes of one copy
+    assert max(resident) <= 1, resident
+    one_copy = after["bytes"] - before["bytes"]
+    assert one_copy > 0 and len(after["names"]) == len(before["names"]) + 1, (before, after)
+    assert served["service"].ephemeral.resident() <= 2

@@ -530,6 +530,16 @@ class TrainingSpec:
         default="",
         max_length=1024,
     )
+    micro_batch_tokens: int = spec_field(
+        name="microBatchTokens",
+        description="Most tokens (rows x padded length) one micro-batch of a forward_backward "
+        "or log-prob call holds: a larger call is split into micro-batches whose summed loss "
+        "and gradient equal the whole call's. 0: chosen from the GPU's free memory when the "
+        "group starts (no limit on CPU).",
+        default=0,
+        minimum=0,
+        maximum=MAX_SIZE,
+    )
     stall_seconds: int = spec_field(
         name="stallSeconds",
         description="The Training condition turns False (reason Stalled) once no optimizer "

@@ -41,7 +41,9 @@ def group_hash(spec: TrainerGroupSpec) -> str:
             "parallelism": to_wire(spec.parallelism),
             "model": to_wire(spec.model),
             "optimizer": to_wire(spec.optimizer),
-            "training": _without(to_wire(spec.training), NOT_HASHED_TRAINING),
+            "training": _without_defaults(
+                _without(to_wire(spec.training), NOT_HASHED_TRAINING), LATER_TRAINING_FIELDS
+            ),
         }
     )
 
@@ -49,6 +51,11 @@ def group_hash(spec: TrainerGroupSpec) -> str:
 NOT_HASHED_TRAINING = frozenset({"stallSeconds"})
 """Training fields only the operator reads: a change never re-creates the workers (and the hash
 of a group made before a field existed stays the same)."""
+
+
+LATER_TRAINING_FIELDS: dict[str, Any] = {"microBatchTokens": 0}
+"""Training fields the workers read, added after groups were first hashed, with their defaults:
+hashed only when set (a set value re-creates the workers; an operator upgrade does not)."""
 
 
 def _without(wire: dict[str, Any], keys: frozenset[str]) -> dict[str, Any]:

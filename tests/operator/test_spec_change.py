@@ -79,6 +79,7 @@ def test_the_group_hash_of_a_spec_before_stall_seconds_existed_is_unchanged() ->
     spec = parse_resource(body()).spec
     wire = to_wire(spec.training)
     wire.pop("stallSeconds")
+    wire.pop("microBatchTokens")
     before = _digest(
         {
             "workers": to_wire(spec.workers),
@@ -89,3 +90,14 @@ def test_the_group_hash_of_a_spec_before_stall_seconds_existed_is_unchanged() ->
         }
     )
     assert group_hash(spec) == before
+
+
+def test_micro_batch_tokens_is_hashed_only_when_set() -> None:
+    """A group made before ``training.microBatchTokens`` existed keeps its hash; setting it
+    re-creates the workers (they read it when they start)."""
+    plain = parse_resource(body()).spec
+    b_ = body()
+    b_["spec"].setdefault("training", {})["microBatchTokens"] = 0
+    assert group_hash(parse_resource(b_).spec) == group_hash(plain)
+    b_["spec"]["training"]["microBatchTokens"] = 8192
+    assert group_hash(parse_resource(b_).spec) != group_hash(plain)

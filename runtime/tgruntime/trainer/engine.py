@@ -58,6 +58,7 @@ from tgruntime.trainer.primitives import (  # noqa: F401 (tests import the helpe
 from tgruntime.trainer.schedule import ForwardBackwardFunc, select_forward_backward
 from tgruntime.trainer.settings import RuntimeSettings, resolve_settings
 from tgruntime.trainer.token_batch import token_batch
+from tgruntime.trainer.token_budget import activation_bytes_per_token, auto_budget
 
 __all__ = ["StepResult", "TrainEngine"]
 
@@ -107,6 +108,7 @@ class TrainEngine(Primitives):
         self.step = 0
         self._forward_backward = forward_backward
         self._micro_batch_size = micro_batch_size
+        self._token_budget, self._token_budget_source = _token_budget(spec, settings, device)
         self._owns_process_group = owns_process_group
         self._mesh = current_mesh()
         self._closed = False
@@ -394,6 +396,32 @@ class TrainEngine(Primitives):
         destroy_parallel(destroy_process_group=self._owns_process_group)
         if self.settings.on_gpu:
             torch.cuda.empty_cache()
+
+
+def _token_budget(
+    spec: TrainerGroupSpec, settings: RuntimeSettings, device: torch.device
+) -> tuple[int, str]:
+    """(tokens per micro-batch, where that number comes from) for token_budget.py."""
+    tokens = spec.training.micro_batch_tokens
+    if tokens > 0:
+        return tokens, f"spec.training.microBatchTokens {tokens}"
+    if not settings.on_gpu:
+        return 0, "no limit on CPU"
+    free, _total = torch.cuda.mem_get_info(device)
+    m, p = spec.model, spec.parallelism
+    per_token = activation_bytes_per_token(
+        hidden=m.hidden_size,
+        layers_local=max(1, m.num_layers // p.pipeline),
+        vocab=m.vocab_size,
+        tp=p.tensor,
+        element_bytes=settings.dtype.itemsize,
+    )
+    budget = auto_budget(free_bytes=free, per_token=per_token)
+    return budget, (
+        f"chosen from {free / 2**30:.1f} GiB of free GPU memory at start, "
+        f"~{per_token / 2**10:.0f} KiB of activations per token; "
+        "spec.training.microBatchTokens sets it"
+    )
 
 
 def _lora_shape(

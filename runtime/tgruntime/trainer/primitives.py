@@ -33,7 +33,8 @@ from tgruntime.trainer.loss_catalog import LossFn, resolve_loss
 from tgruntime.trainer.optim import TrainingState, step_overrides
 from tgruntime.trainer.schedule import ForwardBackwardFunc
 from tgruntime.trainer.settings import RuntimeSettings
-from tgruntime.trainer.token_batch import TokenBatch, split_token_batch
+from tgruntime.trainer.token_batch import TokenBatch
+from tgruntime.trainer.token_budget import plan_micro_batches
 from tgruntime.trainer.token_steps import dry_run_loss, logprob_forward_step, loss_forward_step
 
 __all__ = [
@@ -118,6 +119,8 @@ class Primitives:
     _mesh: Mesh
     _forward_backward: ForwardBackwardFunc
     _micro_batch_size: int | None
+    _token_budget: int = 0  # tokens per micro-batch (0: no limit); token_budget.py
+    _token_budget_source: str = "no limit"
     _accumulated: float = 0.0  # global loss tokens in the gradient since the last step
     _reduction: str | None = None  # the reduction of the pending gradient (None: no gradient)
     _grads_stale: bool = True  # the gradient buffers hold a discarded gradient
@@ -130,10 +133,19 @@ class Primitives:
             torch.cuda.synchronize(self.device)
 
     def _micro(self, batch: TokenBatch) -> tuple[list[TokenBatch], int]:
+        """The call's micro-batches: the configured split, then at most the token budget."""
         mbs = self._micro_batch_size or _default_micro_batch_size(
             batch.batch_size, self._mesh.pp_size
         )
-        return split_token_batch(batch, mbs), mbs
+        plan = plan_micro_batches(
+            rows=batch.batch_size,
+            seq_length=batch.seq_length,
+            pp=self._mesh.pp_size,
+            micro_batch_size=mbs,
+            budget=self._token_budget,
+            source=self._token_budget_source,
+        )
+        return [batch.rows(a, b) for a, b in plan.bounds], plan.micro_batch_size
 
     def _dp_sum(self, values: list[float]) -> list[float]:
         if self._mesh.dp_size == 1:

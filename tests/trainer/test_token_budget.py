@@ -1,0 +1,90 @@
+"""The token budget (spec.training.microBatchTokens): a call bigger than one micro-batch may be
+is split, and its losses and gradients equal the same call in one piece (and in budget-sized
+calls), for every registered loss and both reductions (real megatron-core, TP=2, CPU, gloo);
+plus the split itself (pure)."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import pytest
+import torch
+
+from tgruntime.trainer.token_budget import (
+    TokenBudgetError,
+    activation_bytes_per_token,
+    auto_budget,
+    plan_micro_batches,
+)
+
+
+def _plan(rows: int, seq: int, *, pp: int = 1, mbs: int = 0, budget: int = 0) -> list[int]:
+    plan = plan_micro_batches(
+        rows=rows, seq_length=seq, pp=pp, micro_batch_size=mbs or rows, budget=budget, source="t"
+    )
+    return [b - a for a, b in plan.bounds]
+
+
+def test_the_split_fits_the_budget_and_keeps_every_row() -> None:
+    assert _plan(10, 100) == [10]  # no budget: as configured
+    assert _plan(10, 100, budget=1000) == [10]
+    assert _plan(10, 100, budget=300) == [3, 3, 3, 1]  # no pipelining: the last one shorter
+    assert _plan(10, 100, pp=2, mbs=5, budget=300) == [2, 2, 2, 2, 2]  # equal sizes under PP
+    assert _plan(7, 100, pp=2, mbs=7, budget=300) == [1] * 7
+    assert _plan(4, 100, mbs=1, budget=10_000) == [1, 1, 1, 1]  # a smaller configured size stays
+    with pytest.raises(TokenBudgetError, match=r"a row of 100 tokens .* 64 tokens \(t\)"):
+        _plan(2, 100, budget=64)
+
+
+def test_the_automatic_budget_follows_free_memory_within_bounds() -> None:
+    # a 1.2 B-like block in bf16: ~1.6 MiB per token; 120 GiB free -> ~30 k tokens
+    per = activation_bytes_per_token(hidden=2048, layers_local=16, vocab=32000, tp=1,
+                                     element_bytes=2)
+    assert 1_000_000 < per < 2_000_000
+    assert 20_000 < auto_budget(free_bytes=120 * 2**30, per_token=per) < 40_000
+    assert auto_budget(free_bytes=0, per_token=per) == 1024
+    assert auto_budget(free_bytes=2**50, per_token=1) == 1 << 20
+
+
+@pytest.fixture(scope="module")
+def suite() -> list[dict[str, Any]]:
+    pytest.importorskip("megatron.core")
+    from tests.trainer import budget_scenarios
+    from tgruntime.trainer.launch import launch
+
+    blobs = launch(budget_scenarios.budget_suite, world_size=2, timeout_s=600)
+    return [torch.load(io.BytesIO(b), weights_only=False) for b in blobs]
+
+
+@pytest.mark.megatron
+def test_a_call_over_the_budget_equals_it_in_one_piece_for_every_loss(
+    suite: list[dict[str, Any]],
+) -> None:
+    from tests.trainer.budget_scenarios import LOSSES
+
+    for rank in suite:
+        assert rank["budget"] == 64 and "microBatchTokens 64" in rank["source"]
+        assert rank["micro_batches"] == 5
+        assert rank["log_prob_diff"] < 1e-5
+        for name in LOSSES:
+            for reduction in ("sum", "mean"):
+                r = rank[f"{name}/{reduction}"]
+                tol = 1e-5 * max(1.0, abs(r["whole"]))
+                assert abs(r["split"] - r["whole"]) < tol, (name, reduction, r)
+                assert abs(r["parts"] - r["whole"]) < tol, (name, reduction, r)
+                assert r["per_sample_split"] == pytest.approx(r["per_sample_whole"], abs=1e-5)
+                gtol = 1e-5 * max(1.0, r["grad_scale"])
+                assert r["grad_split_vs_whole"] < gtol, (name, reduction, r)
+                assert r["grad_parts_vs_whole"] < gtol, (name, reduction, r)
+
+
+@pytest.mark.megatron
+def test_a_row_over_the_budget_is_refused_and_the_group_stays_usable(
+    suite: list[dict[str, Any]],
+) -> None:
+    for rank in suite:
+        assert rank["refused"] is not None
+        assert "a row of 32 tokens" in rank["refused"] and "16 tokens" in rank["refused"]
+        assert "spec.training.microBatchTokens" in rank["refused"]
+        assert rank["after_refusal"] > 0

@@ -10,6 +10,11 @@ Ranks start from a fork server that has imported torch and megatron-core once (a
 seconds per process on the CI machine), not from a fresh interpreter each: a test module that
 launches five times pays that import once. Each rank still gets the caller's environment as it
 is at the call, as a spawned process would (the fork server's own is from its start).
+
+On a machine with NVIDIA devices, ranks are spawned instead: importing megatron-core queries
+CUDA, and a process forked after CUDA is initialised fails its first CUDA call with
+"CUDA error: initialization error" (how the GPU tests failed on the H200). ``TG_LAUNCH_START``
+(``spawn`` or ``forkserver``) overrides the choice.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import torch.multiprocessing as mp
 
 from tgapi.errors import PicklableError
 
-__all__ = ["LaunchError", "free_port", "launch"]
+__all__ = ["LaunchError", "free_port", "launch", "start_method"]
 
 
 class LaunchError(PicklableError, RuntimeError):
@@ -42,6 +47,27 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 # Imported once by the fork server; each rank is forked from it with these already loaded.
 PRELOAD = ("torch", "megatron.core", "tgruntime.trainer.engine")
+
+
+def start_method() -> str:
+    """``forkserver`` with the preload on CPU-only machines, ``spawn`` where NVIDIA devices
+    are (see the module's docstring); ``TG_LAUNCH_START`` overrides."""
+    chosen = os.environ.get("TG_LAUNCH_START", "")
+    if chosen:
+        if chosen not in ("spawn", "forkserver"):
+            raise ValueError(f"TG_LAUNCH_START must be spawn or forkserver, not {chosen!r}")
+        return chosen
+    gpus = os.path.exists("/dev/nvidiactl") or any(
+        name.startswith("nvidia") and name[6:].isdigit() for name in _dev_names()
+    )
+    return "spawn" if gpus else "forkserver"
+
+
+def _dev_names() -> list[str]:
+    try:
+        return os.listdir("/dev")
+    except OSError:
+        return []
 
 
 def _entry(
@@ -80,8 +106,10 @@ def launch(
 ) -> list[Any]:
     """Run ``fn(**kwargs)`` on ``world_size`` new ranks (forked from the fork server); return
     results by rank."""
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(list(PRELOAD))
+    method = start_method()
+    ctx = mp.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload(list(PRELOAD))
     results = ctx.Queue()
     port = free_port()
     procs = [

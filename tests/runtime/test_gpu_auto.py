@@ -225,7 +225,9 @@ def test_tgctl_up_detects_gpus_for_a_new_head_and_auto_uses_them(tmp_path: Path)
     """No flags: `tgctl up` starts its own head with the GPUs it detects (here: two logical
     GPUs named by CUDA_VISIBLE_DEVICES), "auto" then puts the workers on GPUs."""
     path, _ = _spec(tmp_path, useGpu="auto")
-    env = tgctl_env(tmp_path, CUDA_VISIBLE_DEVICES="0,1")  # no remembered head: a new one
+    # no remembered head: a new one; without the dashboard (~6 CPU-s to start, and nothing
+    # here reads it: test_cli_fast covers tgctl on such a head)
+    env = tgctl_env(tmp_path, CUDA_VISIBLE_DEVICES="0,1", TG_RAY_INCLUDE_DASHBOARD="0")
     up = _run(
         env, "-m", "tgruntime.entrypoints.cli", "up", "-f", str(path), "--num-cpus", "2",
         timeout=600,

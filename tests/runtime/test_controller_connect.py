@@ -65,7 +65,7 @@ def test_reconnecting_with_another_namespace_is_refused(ray_driver: RayCluster) 
         connect(ray_driver.gcs_address, ray_namespace="other")
 
 
-def test_token_auth_cluster_with_explicit_address() -> None:
+def test_token_auth_cluster_with_explicit_address(monkeypatch: pytest.MonkeyPatch) -> None:
     """The field note of docs/design.md, reproduced: a token-auth head (what ``ray start``
     makes whenever ~/.ray/auth_token exists), a driver given an explicit loopback address. Plain
     ``ray.init(address=...)`` fails with "Failed to connect to Ray cluster at <node ip>:<port>";
@@ -75,6 +75,7 @@ def test_token_auth_cluster_with_explicit_address() -> None:
     import uuid
 
     token = uuid.uuid4().hex
+    monkeypatch.setenv("TG_RAY_INCLUDE_DASHBOARD", "0")  # drivers only: ~6 CPU-s less to start
     head = start_local_head(
         num_cpus=1, env={"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}, timeout_s=180
     )

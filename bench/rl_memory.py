@@ -1,0 +1,198 @@
+"""A cookbook-shaped RL loop through the unmodified Tinker SDK, watching the group's memory.
+
+Each iteration does what the cookbook's RL recipes do: ``save_weights_and_get_sampling_client``;
+``sample(num_samples=G)`` for P prompts of 32-256 tokens, all in flight together; one
+``forward_backward(..., "importance_sampling")`` over every sequence (P x G of them); one
+``optim_step``. Per iteration it records the GPU memory in use (device-wide, nvidia-smi or
+torch), the in-memory sampler weights the group holds (``sampler_weights_info``) and the
+phase times. At the end, one ``forward_backward`` of ``--big-rows`` rows of ``--big-len``
+tokens (the issue's 256-sequence case at full length) checks the token budget's split.
+
+    python bench/rl_memory.py --preset seed --iters 45 --json $OUT/rl_memory.json   # H200
+    python bench/rl_memory.py --preset tiny --iters 5 --prompts 4 --group 2 --max-tokens 8 \
+        --big-rows 16 --big-len 48                                                  # CPU
+
+Prints a table (every 5th iteration and the last); ``--json`` saves every row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+os.environ.setdefault("TINKER_TELEMETRY", "0")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from tinker_overhead import spec as preset_spec
+
+import tgapi
+
+
+def gpu_used_gib() -> float | None:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=30, check=True,
+        ).stdout
+        return round(sum(float(x) for x in out.split()) / 1024, 2)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preset", default="tiny", choices=["tiny", "seed"])
+    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--iters", type=int, default=45)
+    ap.add_argument("--prompts", type=int, default=32)
+    ap.add_argument("--group", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--big-rows", type=int, default=256)
+    ap.add_argument("--big-len", type=int, default=512)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+
+    import ray
+    import tinker
+
+    from tgruntime import TrainerClient
+    from tgruntime.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
+    from tgruntime.service.__main__ import group_info, serve
+    from tgruntime.service.auth import KeyStore
+    from tgruntime.trainer.worker import MegatronTrainer
+
+    T = tinker.types
+    tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"rl-memory-{uuid.uuid4().hex[:6]}"
+    sp = preset_spec(args.tp, str(tmp), args.preset)
+    use_gpu = torch.cuda.is_available()
+    ray.init(address="local", include_dashboard=False, namespace=f"bench-{uuid.uuid4().hex[:6]}")
+    wg = WorkerGroup.create(
+        group_name="rlmem",
+        ray_namespace=ray.get_runtime_context().namespace,
+        resource_pool=ResourcePool(process_on_nodes=[args.tp], use_gpu=use_gpu, strategy="PACK"),
+        cls=ClassWithInitArgs(MegatronTrainer, json.dumps(tgapi.to_wire(sp))),
+        detached=False,
+        pg_timeout_s=120,
+        actor_timeout_s=300,
+    )
+    wg.init_model()
+    client = TrainerClient(wg)
+    key = "tml-bench-" + uuid.uuid4().hex
+    running = serve(client, group_info("rlmem", sp), KeyStore(keys=[key]), port=0)
+    vocab, limit = sp.model.vocab_size, sp.model.max_sequence_length
+    g = np.random.default_rng(0)
+    lo, hi = min(32, limit // 4), min(256, limit // 2)
+    params = T.SamplingParams(max_tokens=args.max_tokens, temperature=1.0, stop=[])
+    adam = T.AdamParams(learning_rate=1e-5)
+    rows: list[dict[str, Any]] = []
+    print(f"{'iter':>4} {'GPU GiB':>8} {'copies':>6} {'copy GiB':>8} {'save s':>7} "
+          f"{'sample s':>8} {'tok/s':>8} {'fb s':>6} {'fb tokens':>9} {'step s':>6}")
+    with tinker.ServiceClient(base_url=running.url, api_key=key) as sc:
+        tc = sc.create_lora_training_client(base_model="rlmem", rank=8).result()
+        for it in range(args.iters):
+            t0 = time.perf_counter()
+            sampler = tc.save_weights_and_get_sampling_client().result()
+            t1 = time.perf_counter()
+            prompts = [
+                [int(x) for x in g.integers(2, vocab, size=int(g.integers(lo, hi + 1)))]
+                for _ in range(args.prompts)
+            ]
+            futures = [
+                sampler.sample(T.ModelInput.from_ints(p), num_samples=args.group,
+                               sampling_params=params)
+                for p in prompts
+            ]
+            results = [f.result(timeout=1200) for f in futures]
+            t2 = time.perf_counter()
+            data, sampled = [], 0
+            for p, res in zip(prompts, results, strict=True):
+                for seq in res.sequences:
+                    toks = p + list(seq.tokens)
+                    sampled += len(seq.tokens)
+                    n = len(toks) - 1
+                    w = np.zeros(n, np.float32)
+                    w[len(p) - 1:] = 1.0
+                    old = np.zeros(n, np.float32)
+                    old[len(p) - 1:] = np.asarray(seq.logprobs, np.float32)
+                    data.append(T.Datum(
+                        model_input=T.ModelInput.from_ints(toks[:-1]),
+                        loss_fn_inputs={
+                            "target_tokens": np.asarray(toks[1:], np.int64),
+                            "weights": w,
+                            "logprobs": old,
+                            "advantages": w * float(g.normal()),
+                        },
+                    ))
+            fb = tc.forward_backward(data, "importance_sampling").result(timeout=1200)
+            t3 = time.perf_counter()
+            tc.optim_step(adam).result(timeout=1200)
+            t4 = time.perf_counter()
+            info = client.sampler_weights_info().result(timeout=600)
+            row = {
+                "iter": it + 1,
+                "gpu_used_gib": gpu_used_gib() if use_gpu else None,
+                "copies": len(info["names"]),
+                "copy_gib": round(info["bytes"] / 2**30, 3),
+                "save_s": round(t1 - t0, 3),
+                "sample_s": round(t2 - t1, 3),
+                "sample_tok_s": round(sampled / max(t2 - t1, 1e-9)),
+                "fb_s": round(t3 - t2, 3),
+                "fb_tokens": sum(len(d.model_input.to_ints()) for d in data),
+                "step_s": round(t4 - t3, 3),
+                "loss": fb.metrics.get("loss:sum"),
+            }
+            rows.append(row)
+            if (it + 1) % 5 == 0 or it + 1 == args.iters or it == 0:
+                print(f"{row['iter']:>4} {row['gpu_used_gib']!s:>8} {row['copies']:>6} "
+                      f"{row['copy_gib']:>8} {row['save_s']:>7} {row['sample_s']:>8} "
+                      f"{row['sample_tok_s']:>8} {row['fb_s']:>6} {row['fb_tokens']:>9} "
+                      f"{row['step_s']:>6}", flush=True)
+        # the issue's 256 x ~400-token case, at --big-len tokens per row
+        length = min(args.big_len, limit)
+        big = [
+            T.Datum(
+                model_input=T.ModelInput.from_ints(
+                    [int(x) for x in g.integers(2, vocab, size=length)]),
+                loss_fn_inputs={
+                    "target_tokens": g.integers(2, vocab, size=length).astype(np.int64),
+                    "weights": np.ones(length, np.float32),
+                },
+            )
+            for _ in range(args.big_rows)
+        ]
+        t0 = time.perf_counter()
+        tc.forward_backward(big, "cross_entropy").result(timeout=1200)
+        big_s = time.perf_counter() - t0
+        tc.optim_step(adam).result(timeout=1200)
+    used = [r["gpu_used_gib"] for r in rows if r["gpu_used_gib"] is not None]
+    summary = {
+        "preset": args.preset,
+        "iters": args.iters,
+        "gpu_used_gib_first_last_max": [used[0], used[-1], max(used)] if used else None,
+        "max_copies": max(r["copies"] for r in rows),
+        "big_forward_backward": {"rows": args.big_rows, "tokens_per_row": length,
+                                 "tokens": args.big_rows * length, "seconds": round(big_s, 2),
+                                 "tokens_per_s": round(args.big_rows * length / big_s)},
+        "rows": rows,
+    }
+    print(json.dumps({k: v for k, v in summary.items() if k != "rows"}, indent=1))
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=1))
+    running.stop()
+    wg.teardown()
+    ray.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

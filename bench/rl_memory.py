@@ -127,10 +127,12 @@ def main() -> int:
                     data.append(T.Datum(
                         model_input=T.ModelInput.from_ints(toks[:-1]),
                         loss_fn_inputs={
-                            "target_tokens": np.asarray(toks[1:], np.int64),
-                            "weights": w,
-                            "logprobs": old,
-                            "advantages": w * float(g.normal()),
+                            "target_tokens": T.TensorData.from_numpy(
+                                np.asarray(toks[1:], np.int64)),
+                            "weights": T.TensorData.from_numpy(w),
+                            "logprobs": T.TensorData.from_numpy(old),
+                            "advantages": T.TensorData.from_numpy(
+                                (w * float(g.normal())).astype(np.float32)),
                         },
                     ))
             fb = tc.forward_backward(data, "importance_sampling").result(timeout=1200)
@@ -164,8 +166,9 @@ def main() -> int:
                 model_input=T.ModelInput.from_ints(
                     [int(x) for x in g.integers(2, vocab, size=length)]),
                 loss_fn_inputs={
-                    "target_tokens": g.integers(2, vocab, size=length).astype(np.int64),
-                    "weights": np.ones(length, np.float32),
+                    "target_tokens": T.TensorData.from_numpy(
+                        g.integers(2, vocab, size=length).astype(np.int64)),
+                    "weights": T.TensorData.from_numpy(np.ones(length, np.float32)),
                 },
             )
             for _ in range(args.big_rows)

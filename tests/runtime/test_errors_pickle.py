@@ -29,10 +29,12 @@ from tgapi.kube_view.ready import (
 )
 from tgapi.status import TrainerGroupStatus
 from tgruntime.controller import errors as ce
+from tgruntime.service.sampler_weights import FreedWeights
 from tgruntime.service.sessions import ServiceError
 from tgruntime.trainer import losses
 from tgruntime.trainer.launch import LaunchError
 from tgruntime.trainer.losses import MissingTensorError
+from tgruntime.trainer.token_budget import TokenBudgetError
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = {"tgapi": REPO / "api" / "tgapi", "tgruntime": REPO / "runtime" / "tgruntime"}
@@ -61,6 +63,12 @@ CASES: dict[str, Callable[[], BaseException]] = {
         "not Ready within 30s", status=_STATUS
     ),
     "tgruntime.trainer.launch:LaunchError": lambda: LaunchError("rank 1 failed:\nTraceback ..."),
+    "tgruntime.trainer.token_budget:TokenBudgetError": lambda: TokenBudgetError(
+        "a row of 2048 tokens (the call's longest, padded) does not fit one micro-batch of 1024"
+    ),
+    "tgruntime.service.sampler_weights:FreedWeights": lambda: FreedWeights(
+        "the sampling client's weights (m/ephemeral/0) were freed"
+    ),
     "tgruntime.trainer.losses:MissingTensorError": lambda: MissingTensorError(
         key="ref_log_probs", loss="ppo", present=["advantages", "loss_mask", "old_log_probs"]
     ),

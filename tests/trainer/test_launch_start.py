@@ -15,10 +15,11 @@ def test_cpu_only_forks_gpu_spawns_and_the_setting_overrides(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("TG_LAUNCH_START", raising=False)
-    monkeypatch.setattr(launch.os.path, "exists", lambda p: False)
     monkeypatch.setattr(launch, "_dev_names", lambda: ["null", "nvme0", "nvidia-uvm"])
     assert launch.start_method() == "forkserver"
     monkeypatch.setattr(launch, "_dev_names", lambda: ["null", "nvidia0", "nvidia1"])
+    assert launch.start_method() == "spawn"
+    monkeypatch.setattr(launch, "_dev_names", lambda: ["nvidiactl"])
     assert launch.start_method() == "spawn"
     monkeypatch.setenv("TG_LAUNCH_START", "forkserver")
     assert launch.start_method() == "forkserver"

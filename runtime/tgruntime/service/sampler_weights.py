@@ -16,10 +16,12 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from tgapi.errors import PicklableError
+
 __all__ = ["EphemeralWeights", "FreedWeights"]
 
 
-class FreedWeights(LookupError):
+class FreedWeights(PicklableError, LookupError):
     """A request named in-memory sampler weights that were superseded and freed."""
 
 

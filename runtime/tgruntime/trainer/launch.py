@@ -25,6 +25,7 @@ import socket
 import time
 import traceback
 from collections.abc import Callable, Mapping
+from multiprocessing.context import ForkServerContext, SpawnContext
 from typing import Any
 
 import torch.multiprocessing as mp
@@ -57,8 +58,9 @@ def start_method() -> str:
         if chosen not in ("spawn", "forkserver"):
             raise ValueError(f"TG_LAUNCH_START must be spawn or forkserver, not {chosen!r}")
         return chosen
-    gpus = os.path.exists("/dev/nvidiactl") or any(
-        name.startswith("nvidia") and name[6:].isdigit() for name in _dev_names()
+    gpus = any(
+        name == "nvidiactl" or (name.startswith("nvidia") and name[6:].isdigit())
+        for name in _dev_names()
     )
     return "spawn" if gpus else "forkserver"
 
@@ -106,10 +108,12 @@ def launch(
 ) -> list[Any]:
     """Run ``fn(**kwargs)`` on ``world_size`` new ranks (forked from the fork server); return
     results by rank."""
-    method = start_method()
-    ctx = mp.get_context(method)
-    if method == "forkserver":
+    ctx: SpawnContext | ForkServerContext
+    if start_method() == "forkserver":
+        ctx = mp.get_context("forkserver")
         ctx.set_forkserver_preload(list(PRELOAD))
+    else:
+        ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
     procs = [

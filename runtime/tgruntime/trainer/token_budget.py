@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tgapi.errors import PicklableError
+
 __all__ = [
     "MicroPlan",
     "TokenBudgetError",
@@ -30,7 +32,7 @@ FREE_SHARE = 0.4
 MIN_AUTO, MAX_AUTO = 1024, 1 << 20
 
 
-class TokenBudgetError(ValueError):
+class TokenBudgetError(PicklableError, ValueError):
     """One row is longer than a micro-batch may be."""
 
 

@@ -1,0 +1,460 @@
+"""Routes of models (training runs): create, get_info, forward(_backward), optim_step, save
+and load weights; a LoRA group's runs."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from aiohttp import web
+
+from tgruntime.service.codec import (
+    FwdBwdIn,
+    decode_forward_backward,
+    encode_forward_backward,
+)
+from tgruntime.service.core import PROTO, RUN_SETTINGS, ServiceCore, _json_log, log
+from tgruntime.service.datum import metrics, outputs, to_tensors
+from tgruntime.service.futures import Outcome
+from tgruntime.service.runs import RunState
+from tgruntime.service.sessions import Model, ServiceError
+from tgruntime.trainer.tinker_losses import tinker_loss_name
+
+
+class ModelRoutes(ServiceCore):
+    @staticmethod
+    def _check_lora(lora: Any) -> int | None:
+        """Full weights until LoRA lands: ``rank`` is accepted and recorded, nothing is frozen;
+        a config that asks to leave parts untrained is refused (docs/tinker.md)."""
+        if lora is None:
+            return None
+        if not isinstance(lora, dict):
+            raise ServiceError("lora_config must be an object")
+        frozen = [k for k in ("train_unembed", "train_mlp", "train_attn") if lora.get(k) is False]
+        if frozen:
+            raise ServiceError(
+                f"lora_config {', '.join(f'{k}=False' for k in frozen)}: this group trains full "
+                "weights (LoRA adapters are not implemented yet), so it cannot leave those "
+                "weights untrained; drop the option"
+            )
+        rank = lora.get("rank")
+        if not isinstance(rank, int) or rank < 1:
+            raise ServiceError(f"lora_config.rank must be a positive integer, got {rank!r}")
+        return rank
+
+    def _run_of(self, model: Model) -> dict[str, Any] | None:
+        """A LoRA run's settings (None on a full-weight group)."""
+        if self.lora is None:
+            return None
+        return dict(model.lora_settings or {})
+
+    def _reset_to_base(self) -> Callable[[], Awaitable[Outcome]]:
+        if self.base_state is None:
+
+            async def nothing() -> Outcome:
+                return Outcome(body={})
+
+            return nothing
+        load = self.backend.client.load_state(self.base_state, optimizer=False)
+        zero = self.backend.client.zero_grad()
+
+        async def wait() -> Outcome:
+            await self.backend.wait(load)
+            await self.backend.wait(zero)
+            return Outcome(body={})
+
+        return wait
+
+    async def create_model(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        sid = str(body.get("session_id"))
+        self.registry.session(sid)
+        self._base(body.get("base_model"))
+        if self.lora is not None:
+            return await self._create_run(sid, body)
+        rank = self._check_lora(body.get("lora_config"))
+        self._check_optimizer(body.get("optimizer_config"))
+        model_id = f"{sid}:train:{int(body.get('model_seq_id', 0))}"
+        model = Model(model_id, sid, self.info.base_model, rank)
+        try:
+            self.registry.add_model(model)
+        except ServiceError as exc:
+            return self._refused(model_id, exc)
+        _json_log("create_model", model_id=model_id, lora_rank=rank)
+
+        def prepare() -> Callable[[], Awaitable[Outcome]]:
+            reset = self._reset_to_base()
+
+            async def wait() -> Outcome:
+                await reset()
+                return Outcome(body={"type": "create_model", "model_id": model_id})
+
+            return wait
+
+        rid = self._ordered(model, None, prepare)
+        return web.json_response({"request_id": rid, "model_id": model_id})
+
+    # -- runs of a LoRA group (service.runs) -------------------------------------------
+    def _run_settings(self, lora: Any) -> dict[str, Any]:
+        """The SDK's ``LoraConfig`` as the workers' ``LoraSettings`` fields (alpha: the
+        group's ``spec.lora.alpha``)."""
+        if lora is None:
+            lora = {"rank": self.info.lora_rank}
+        if not isinstance(lora, dict):
+            raise ServiceError("lora_config must be an object")
+        rank = lora.get("rank", self.info.lora_rank)
+        if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
+            raise ServiceError(f"lora_config.rank must be a positive integer, got {rank!r}")
+        out: dict[str, Any] = {"rank": rank, "alpha": self.info.lora_alpha}
+        for key in ("train_attn", "train_mlp", "train_unembed"):
+            value = lora.get(key, True)
+            if not isinstance(value, bool):
+                raise ServiceError(f"lora_config.{key} must be true or false, got {value!r}")
+            out[key] = value
+        seed = lora.get("seed")
+        out["seed"] = 0 if seed is None else int(seed)
+        return out
+
+    async def _create_run(
+        self, sid: str, body: dict[str, Any], *, state: Path | None = None
+    ) -> web.Response:
+        """``create_model`` (or a load without a model) on a LoRA group: a new run."""
+        lora = self.lora
+        assert lora is not None
+        settings = self._run_settings(body.get("lora_config"))
+        self._check_optimizer(body.get("optimizer_config"))
+        model_id = f"{sid}:train:{int(body.get('model_seq_id', 0))}"
+        if lora.full():
+            await self._free_lapsed_runs()
+        if lora.full():
+            held = ", ".join(sorted(lora.runs))
+            return self._refused(model_id, ServiceError(
+                f"this group holds {len(lora.runs)} training runs, its limit (spec.api.maxRuns "
+                f"{lora.max_runs}): {held}. Finish a session (ServiceClient's close, or let its "
+                "heartbeat lapse) or raise spec.api.maxRuns",
+                status=429,
+            ))
+        if model_id in self.registry.models:
+            raise ServiceError(f"model {model_id} exists already (model_seq_id is reused)")
+        model = Model(model_id, sid, self.info.base_model, settings["rank"])
+        model.lora_settings = settings
+        self.registry.models[model_id] = model
+        lora.runs[model_id] = RunState(model_id, settings["rank"])  # holds its place
+        _json_log("create_model", model_id=model_id, lora=settings)
+        rid = self.futures.new()
+
+        async def go() -> None:
+            async with lora.turns.turn(model_id):
+                try:
+                    lora.active = None  # after a failed create the workers keep their own
+                    await self.backend.call("create_run", model_id, settings)
+                    lora.active = model_id
+                    step = 0
+                    if state is not None:
+                        step = await self.backend.call(
+                            "load_run", str(state), optimizer=bool(body.get("optimizer"))
+                        )
+                    lora.runs[model_id].steps = int(step)
+                    out: dict[str, Any] = {"type": "create_model", "model_id": model_id}
+                    if state is not None:
+                        out = {"type": "load_weights", "path": body.get("path")}
+                        out["model_id"] = model_id
+                    outcome = Outcome(body=out)
+                except Exception as exc:
+                    outcome = self._failure(exc)
+                    lora.runs.pop(model_id, None)
+                    self.registry.models.pop(model_id, None)  # nothing half-created
+                    if lora.active == model_id:  # the run exists on the workers: drop it
+                        with contextlib.suppress(Exception):
+                            await self.backend.call("drop_run", model_id)
+                        lora.active = None
+            if model_id not in lora.runs:
+                lora.turns.forget(model_id)
+            self.futures.resolve(rid, outcome)
+
+        self._spawn(go())
+        return web.json_response({"request_id": rid, "model_id": model_id})
+
+    async def park_idle_runs(self) -> list[str]:
+        """Park the runs idle for ``spec.api.idleRunSeconds`` (their state under
+        ``{checkpointDir}/tinker/<model>/parked``); returns their ids."""
+        lora = self.lora
+        if lora is None or self.paths.root is None:
+            return []
+        parked = []
+        for run_id in lora.idle(time.time()):
+            d = self.paths.root / run_id / "parked"
+            d.mkdir(parents=True, exist_ok=True)
+            async with lora.turns.turn(run_id):
+                if run_id not in lora.runs:
+                    continue
+                if lora.active == run_id:
+                    lora.active = None  # the workers switch to their own run
+                await self.backend.call("park_run", run_id, str(d))
+                lora.runs[run_id].parked = True
+            parked.append(run_id)
+            _json_log("park_run", model_id=run_id, path=str(d))
+        return parked
+
+    async def _park_loop(self) -> None:
+        lora = self.lora
+        assert lora is not None
+        tick = max(1.0, min(30.0, lora.idle_run_s / 4))
+        while True:
+            await asyncio.sleep(tick)
+            try:
+                await self.park_idle_runs()
+            except Exception as exc:
+                log.warning("parking idle runs failed (they stay loaded): %s", exc)
+
+    async def get_info(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        m = self.registry.model(str(body.get("model_id")))
+        return web.json_response(
+            {
+                "type": "get_info",
+                "model_id": m.model_id,
+                "model_name": self.info.base_model,
+                "is_lora": self.lora is not None,
+                "lora_rank": m.lora_rank if self.lora is not None else None,
+                "model_data": {
+                    "arch": "llama",
+                    "model_name": self.info.base_model,
+                    "tokenizer_id": self.info.tokenizer_id,
+                },
+            }
+        )
+
+    # -- training ---------------------------------------------------------------------
+    async def forward_backward(self, request: web.Request) -> web.Response:
+        raw = await request.read()
+        if request.headers.get("Content-Encoding", "") == "zstd":
+            import zstandard
+
+            try:
+                raw = zstandard.ZstdDecompressor().decompress(raw, max_output_size=1 << 30)
+            except zstandard.ZstdError as exc:
+                raise ServiceError(f"malformed zstd body: {exc}") from None
+        if PROTO not in request.headers.get("Content-Type", PROTO):
+            raise ServiceError(f"forward_backward takes {PROTO} (as the tinker SDK sends it)")
+        fb = decode_forward_backward(raw)
+        model = self.registry.model(fb.model_id)
+
+        def prepare() -> Callable[[], Awaitable[Outcome]]:
+            return self._fwdbwd(fb)
+
+        rid = self._ordered(model, fb.seq_id or None, prepare)
+        return web.json_response({"request_id": rid, "model_id": model.model_id})
+
+    def _fwdbwd(self, fb: FwdBwdIn) -> Callable[[], Awaitable[Outcome]]:
+        try:
+            loss = tinker_loss_name(fb.loss_fn)
+        except ValueError as exc:
+            raise ServiceError(str(exc)) from None
+        batch, lengths = to_tensors(
+            fb.data,
+            loss=fb.loss_fn,
+            vocab_size=self.info.vocab_size,
+            max_len=self.info.max_sequence_length,
+            dp=self.backend.dp(),
+        )
+        client = self.backend.client
+        if fb.forward_only:
+            keys = ("input_ids", "attention_mask", "target_ids")
+            future = client.compute_log_prob({k: batch[k] for k in keys})
+        else:
+            future = client.forward_backward(
+                batch, loss=loss, loss_config=dict(fb.loss_config), reduction="sum"
+            )
+
+        async def wait() -> Outcome:
+            result = await self.backend.wait(future)
+            assert result.batch is not None
+            lp: torch.Tensor = result.batch["log_probs"]
+            meta = dict(result.meta_info)
+            if fb.forward_only:
+                if fb.loss_fn == "cross_entropy":
+                    w = batch["loss_mask"].to(torch.float64)
+                    meta = {"loss": float(-(lp.to(torch.float64) * w).sum())}
+                else:
+                    meta = {}
+            return Outcome(proto=encode_forward_backward(outputs(lp, lengths), metrics(meta)))
+
+        return wait
+
+    async def optim_step(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        model = self.registry.model(str(body.get("model_id")))
+        if "adam_params" not in body:
+            kind = (body.get("optimizer_params") or {}).get("type")
+            raise ServiceError(f"optimizer params {kind!r} are not supported (AdamParams only)")
+        p = dict(body["adam_params"] or {})
+
+        def prepare() -> Callable[[], Awaitable[Outcome]]:
+            lr = float(p.get("learning_rate", 1e-4))
+            future = self.backend.client.optim_step(
+                lr=lr,
+                betas=(float(p.get("beta1", 0.9)), float(p.get("beta2", 0.95))),
+                eps=float(p.get("eps", 1e-12)),
+                weight_decay=float(p.get("weight_decay", 0.0)),
+                grad_clip=float(p.get("grad_clip_norm", 0.0)),
+            )
+
+            async def wait() -> Outcome:
+                r = await self.backend.wait(future)
+                out = {"grad_norm:last": float(r.get("grad_norm", 0.0)), "lr:last": lr}
+                out["step:last"] = float(r.get("step", 0))
+                if self.lora is not None and model.model_id in self.lora.runs:
+                    self.lora.runs[model.model_id].steps = int(r.get("step", 0))
+                return Outcome(body={"type": "optim_step", "metrics": out})
+
+            return wait
+
+        rid = self._ordered(model, body.get("seq_id"), prepare)
+        return web.json_response({"request_id": rid, "model_id": model.model_id})
+
+    # -- weights ----------------------------------------------------------------------
+    async def save_weights(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        model = self.registry.model(str(body.get("model_id")))
+        seq = body.get("seq_id")
+        name = str(body.get("path") or f"step-{seq or int(time.time())}")
+        d = self.paths.directory(model.model_id, "weights", name)
+        saved = (d / "meta.json").exists() or (d / RUN_SETTINGS).exists()
+        if d.exists() and not body.get("overwrite", False) and saved:
+            raise ServiceError(f"weights {name!r} already exist for {model.model_id}")
+        run = self._run_of(model)
+
+        def prepare() -> Callable[[], Awaitable[Outcome]]:
+            d.mkdir(parents=True, exist_ok=True)
+            client = self.backend.client
+            future = client.save_state(str(d)) if run is None else client.save_run(str(d))
+
+            async def wait() -> Outcome:
+                await self.backend.wait(future)
+                if run is not None:  # what a load without a model creates the run from
+                    (d / RUN_SETTINGS).write_text(json.dumps(run, indent=2))
+                uri = self.paths.uri(model.model_id, "weights", name)
+                return Outcome(body={"type": "save_weights", "path": uri})
+
+            return wait
+
+        rid = self._ordered(model, seq, prepare)
+        return web.json_response({"request_id": rid, "model_id": model.model_id})
+
+    async def save_weights_for_sampler(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        model = self.registry.model(str(body.get("model_id")))
+        name = body.get("path")
+
+        def prepare() -> Callable[[], Awaitable[Outcome]]:
+            if name:
+                d = self.paths.directory(model.model_id, "sampler_weights", str(name))
+                d.mkdir(parents=True, exist_ok=True)
+                weights, disk = str(d), str(d)
+            else:  # save_weights_and_get_sampling_client: in memory only
+                n = body.get("sampling_session_seq_id", model.sampler_count)
+                model.sampler_count += 1
+                weights, disk = f"{model.model_id}/ephemeral/{n}", None
+            future = self.backend.client.save_sampler_weights(weights, disk)
+
+            async def wait() -> Outcome:
+                await self.backend.wait(future)
+                if name:
+                    uri = self.paths.uri(model.model_id, "sampler_weights", str(name))
+                    return Outcome(body={"type": "save_weights_for_sampler", "path": uri})
+                self._ephemeral_saved(model.model_id, weights)
+                ss = self._new_sampler(model.session_id, weights, None)
+                return Outcome(
+                    body={
+                        "type": "save_weights_for_sampler",
+                        "path": None,
+                        "sampling_session_id": ss.sampling_session_id,
+                    }
+                )
+
+            return wait
+
+        rid = self._ordered(model, body.get("seq_id"), prepare)
+        return web.json_response({"request_id": rid, "model_id": model.model_id})
+
+    async def load_weights(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        uri = str(body.get("path"))
+        _, kind, _, d = self.paths.parse(uri)
+        if kind != "weights":
+            raise ServiceError(
+                f"{uri} holds sampler weights (for sampling); load a tinker://.../weights/... "
+                "path saved by save_state"
+            )
+        optimizer = bool(body.get("optimizer", False))
+        self._check_state_kind(uri, d)
+        if self.lora is not None and not body.get("model_id"):
+            sid = str(body.get("session_id"))
+            self.registry.session(sid)
+            self._base(body.get("base_model"))
+            saved = json.loads((d / RUN_SETTINGS).read_text())
+            return await self._create_run(
+                sid, {**body, "lora_config": saved, "optimizer": optimizer}, state=d
+            )
+        if body.get("model_id"):
+            model = self.registry.model(str(body["model_id"]))
+            seq = body.get("seq_id")
+        else:
+            sid = str(body.get("session_id"))
+            self.registry.session(sid)
+            self._base(body.get("base_model"))
+            self._check_optimizer(body.get("optimizer_config"))
+            model = Model(
+                f"{sid}:train:{int(body.get('model_seq_id', 0))}", sid, self.info.base_model, None
+            )
+            try:
+                self.registry.add_model(model)
+            except ServiceError as exc:
+                return self._refused(model.model_id, exc)
+            seq = None
+
+        def prepare() -> Callable[[], Awaitable[Outcome]]:
+            client = self.backend.client
+            if self.lora is not None:  # the run's adapters (its pending gradient is dropped)
+                load = client.load_run(str(d), optimizer=optimizer)
+                zero = None
+            else:
+                load = client.load_state(str(d), optimizer=optimizer)
+                zero = client.zero_grad()
+
+            async def wait() -> Outcome:
+                step = await self.backend.wait(load)
+                if zero is not None:
+                    await self.backend.wait(zero)
+                if self.lora is not None and model.model_id in self.lora.runs:
+                    self.lora.runs[model.model_id].steps = int(step)
+                return Outcome(
+                    body={"type": "load_weights", "path": uri, "model_id": model.model_id}
+                )
+
+            return wait
+
+        rid = self._ordered(model, seq, prepare)
+        return web.json_response({"request_id": rid, "model_id": model.model_id})
+
+    def _check_state_kind(self, uri: str, d: Path) -> None:
+        """A LoRA run's state (adapters only) loads into a LoRA group, a full-weight state into
+        a full-weight group."""
+        is_run = (d / RUN_SETTINGS).is_file()
+        if self.lora is None and is_run:
+            raise ServiceError(
+                f"{uri} is a LoRA run's state (adapters only, no base weights): load it into "
+                "a group with spec.lora"
+            )
+        if self.lora is not None and not is_run:
+            raise ServiceError(
+                f"{uri} is a full-weight state; this group trains LoRA runs (spec.lora): load it "
+                "into a full-weight group, or start a run from the base with create_model"
+            )

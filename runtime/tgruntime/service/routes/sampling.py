@@ -1,0 +1,182 @@
+"""Routes of sampling: sampling sessions, samplers and asample."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from tgruntime.service.codec import (
+    encode_sample,
+)
+from tgruntime.service.core import ServiceCore, log
+from tgruntime.service.futures import Outcome
+from tgruntime.service.sampler_weights import FreedWeights
+from tgruntime.service.sampling import SampleJob
+from tgruntime.service.sessions import ServiceError
+from tgruntime.service.stops import Tokenizer, cut_sequences, load_tokenizer, token_stops
+
+
+class SamplingRoutes(ServiceCore):
+    def _weights_for(self, model_path: str | None, base_model: str | None) -> str | None:
+        if model_path:
+            _, kind, _, d = self.paths.parse(model_path)
+            if kind != "sampler_weights":
+                raise ServiceError(
+                    f"{model_path} is a training state; sample from a "
+                    "tinker://.../sampler_weights/... path (save_weights_for_sampler)"
+                )
+            return str(d)
+        self._base(base_model)
+        return self.base_sampler
+
+    async def create_sampling_session(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        sid = str(body.get("session_id"))
+        self.registry.session(sid)
+        weights = self._weights_for(body.get("model_path"), body.get("base_model"))
+        ss = self._new_sampler(sid, weights, body.get("model_path"))
+        return web.json_response(
+            {"type": "create_sampling_session", "sampling_session_id": ss.sampling_session_id}
+        )
+
+    async def get_sampler(self, request: web.Request) -> web.Response:
+        ss = self.registry.samplers.get(request.match_info["sampler_id"])
+        if ss is None:
+            raise ServiceError(
+                f"unknown sampler {request.match_info['sampler_id']!r} (after a server restart, "
+                "create the sampling client again from its tinker:// path)",
+                status=404,
+            )
+        return web.json_response(
+            {
+                "sampler_id": ss.sampling_session_id,
+                "base_model": ss.base_model,
+                "model_path": ss.model_path,
+            }
+        )
+
+    async def _tokenizer(self) -> Tokenizer | None:
+        """The base model's tokenizer (``spec.model.pretrained`` or ``--tokenizer``), loaded
+        once on first use; None when the server knows no local tokenizer directory."""
+        if self._tok is None and not self._tok_tried:
+            self._tok_tried = True
+            path = self.info.tokenizer_id
+            if path and Path(path).is_dir():
+                try:
+                    self._tok = await asyncio.to_thread(load_tokenizer, path)
+                except Exception as exc:
+                    log.warning("cannot load the tokenizer at %s: %s", path, exc)
+        return self._tok
+
+    async def _stop(self, stop: Any) -> tuple[tuple[tuple[int, ...], ...], tuple[str, ...]]:
+        """(token stop sequences for the sampler, stop strings to cut at after decoding)."""
+        if stop is None:
+            return tuple((e,) for e in self.info.eos_token_ids), ()
+        if isinstance(stop, str) or (
+            isinstance(stop, list) and any(isinstance(s, str) for s in stop)
+        ):
+            strings = (stop,) if isinstance(stop, str) else tuple(stop)
+            if not all(isinstance(s, str) and s for s in strings):
+                raise ServiceError(
+                    f"stop must be a string, a list of strings or a list of token ids, got "
+                    f"{stop!r}"
+                )
+            tok = await self._tokenizer()
+            if tok is None:
+                raise ServiceError(
+                    "stop strings need the base model's tokenizer, and this server has none "
+                    "(spec.model.pretrained or --tokenizer): pass stop token ids, e.g. the "
+                    "renderer's get_stop_sequences() as ints"
+                )
+            eos = tuple((e,) for e in self.info.eos_token_ids)
+            return eos + token_stops(tok, strings), strings
+        if not isinstance(stop, list) or not all(isinstance(s, int) for s in stop):
+            raise ServiceError(f"stop must be a list of token ids, got {stop!r}")
+        return tuple((int(s),) for s in stop), ()
+
+    async def asample(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        if body.get("sampling_session_id"):
+            ss = self.registry.samplers.get(str(body["sampling_session_id"]))
+            if ss is None:
+                raise ServiceError(
+                    f"unknown sampling session {body['sampling_session_id']!r} (after a "
+                    "server restart, create the sampling client again from its tinker:// "
+                    "path)",
+                    status=404,
+                )
+            weights = ss.weights
+        else:
+            weights = self._weights_for(body.get("model_path"), body.get("base_model"))
+        for key in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
+            if body.get(key):
+                raise ServiceError(f"{key} is not supported by this server")
+        if body.get("target_prompt_logprobs") is not None:
+            raise ServiceError("target_prompt_logprobs is not supported by this server")
+        tokens: list[int] = []
+        for chunk in (body.get("prompt") or {}).get("chunks") or []:
+            if chunk.get("type", "encoded_text") != "encoded_text":
+                raise ServiceError(f"{chunk.get('type')} chunks are not supported (text only)")
+            tokens += [int(t) for t in chunk.get("tokens") or []]
+        if not tokens:
+            raise ServiceError("the prompt is empty")
+        vocab = self.info.vocab_size
+        bad = [t for t in tokens if t < 0 or t >= vocab]
+        if bad:
+            raise ServiceError(
+                f"prompt token id {bad[0]} is outside the vocabulary (vocab_size {vocab})"
+            )
+        p = dict(body.get("sampling_params") or {})
+        limit = self.info.max_sequence_length
+        max_tokens = p.get("max_tokens")
+        max_tokens = limit - len(tokens) if max_tokens is None else int(max_tokens)
+        if max_tokens < 1 or len(tokens) + max_tokens > limit:
+            raise ServiceError(
+                f"max_tokens {max_tokens} with a {len(tokens)}-token prompt exceeds the group's "
+                f"sequence limit (model.maxSequenceLength {limit}); at most "
+                f"{limit - len(tokens)}"
+            )
+        n = int(body.get("num_samples", 1))
+        if n < 1:
+            raise ServiceError(f"num_samples must be >= 1, got {n}")
+        token_seqs, strings = await self._stop(p.get("stop"))
+        job_key: tuple[Any, ...] = (
+            weights,
+            max_tokens,
+            float(p.get("temperature", 1.0)),
+            int(p.get("top_k", -1)),
+            float(p.get("top_p", 1.0)),
+            None if p.get("seed") is None else int(p["seed"]),
+            token_seqs,
+            n,
+            bool(body.get("prompt_logprobs")),
+        )
+        try:
+            self.ephemeral.begin(weights)  # ended in done(), whatever happens
+        except FreedWeights as exc:
+            raise ServiceError(str(exc), status=404) from None
+        rid = self.futures.new()
+
+        def done(result: dict[str, Any] | None, exc: BaseException | None) -> None:
+            self._drop_weights(self.ephemeral.end(weights))
+            if exc is not None:
+                self.futures.resolve(rid, self._failure(exc))
+                return
+            assert result is not None
+            seqs = result["sequences"]
+            if strings:
+                assert self._tok is not None
+                try:
+                    seqs = cut_sequences(self._tok, seqs, strings)
+                except Exception as err:
+                    self.futures.resolve(rid, self._failure(err))
+                    return
+            self.futures.resolve(rid, Outcome(proto=encode_sample(seqs, result["prompt_logprobs"])))
+
+        self.samples.put(SampleJob(job_key, tokens, done))
+        return web.json_response(
+            {"request_id": rid, "sample_sequence_ids": [f"{rid}:{i}" for i in range(n)]}
+        )

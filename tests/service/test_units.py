@@ -78,8 +78,8 @@ def test_one_full_weight_run_per_group() -> None:
 
 def test_paths_map_to_the_checkpoint_dir(tmp_path: Path) -> None:
     p = Paths(str(tmp_path))
-    d = p.directory("s:train:0", "weights", "w1")
-    assert d == tmp_path / "tinker" / "s:train:0" / "weights" / "w1"
+    d = p.directory("default", "s:train:0", "weights", "w1")
+    assert d == tmp_path / "tinker" / "principals" / "default" / "s:train:0" / "weights" / "w1"
     with pytest.raises(ServiceError, match="no checkpoint"):
         p.parse("tinker://s:train:0/weights/w1")
     d.mkdir(parents=True)
@@ -87,10 +87,10 @@ def test_paths_map_to_the_checkpoint_dir(tmp_path: Path) -> None:
     with pytest.raises(ServiceError, match="expected"):
         p.parse("tinker://s:train:0/other/w1")
     with pytest.raises(ServiceError, match="checkpoint name"):
-        p.directory("s:train:0", "weights", "../x")
+        p.directory("default", "s:train:0", "weights", "../x")
     assert [c["tinker_path"] for c in p.listing()] == ["tinker://s:train:0/weights/w1"]
     with pytest.raises(ServiceError, match="checkpointDir"):
-        Paths("").directory("m", "weights", "x")
+        Paths("").directory("default", "m", "weights", "x")
 
 
 def test_tgctl_key_generated_0600(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

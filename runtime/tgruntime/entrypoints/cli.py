@@ -593,7 +593,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     key, where = tinker_key(tg.group_name)
     info = group_info(tg.name, tg.spec, eos_token_ids=tuple(args.eos_token_id))
-    running = serve(client, info, KeyStore(keys=[key]), host=args.host, port=args.port)
+    keys = KeyStore(keys=[key], keys_file=args.keys_file)  # the generated key: principal default
+    running = serve(client, info, keys, host=args.host, port=args.port)
     out = {"baseUrl": running.url, "keyFile": where, "baseModel": info.base_model}
     if args.json:
         _emit_json(out)
@@ -665,6 +666,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sv.add_argument(
         "--eos-token-id", type=int, action="append", default=[], help="EOS for stop=None"
+    )
+    sv.add_argument(
+        "--keys-file",
+        default=None,
+        help="more keys, one principal each: 'NAME KEY' lines (# comments); re-read on change",
     )
     dn = add("down", "tear the group down")
     dn.add_argument(

@@ -38,9 +38,10 @@ async def _errors(
     service: TinkerService = request.app["service"]
     path = request.path
     if path.startswith("/api/v1/") and path not in ("/api/v1/healthz",):
-        why = service.keys.check(request.headers.get("X-API-Key"))
-        if why is not None:
+        who, why = service.keys.resolve(request.headers.get("X-API-Key"))
+        if who is None:
             return web.json_response({"error": why, "category": "user"}, status=401)
+        request["principal"] = who
     try:
         return await handler(request)
     except ServiceError as exc:
@@ -95,6 +96,7 @@ def create_app(service: TinkerService) -> web.Application:
 
     async def on_startup(_: web.Application) -> None:
         s.samples.start()
+        s._spawn(s._expire_loop())
         if s.lora is not None:
             s._spawn(s._park_loop())
 

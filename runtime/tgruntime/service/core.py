@@ -26,7 +26,7 @@ from tgruntime.service.paths import Paths
 from tgruntime.service.runs import LoraRuns
 from tgruntime.service.sampler_weights import EphemeralWeights
 from tgruntime.service.sampling import SampleQueue
-from tgruntime.service.sessions import Model, Registry, SamplingSession, ServiceError
+from tgruntime.service.sessions import Model, Registry, SamplingSession, ServiceError, new_id
 from tgruntime.service.stops import Tokenizer
 
 log = logging.getLogger("tgruntime.service")
@@ -105,12 +105,42 @@ class ServiceCore:
             self._spawn(wait())
 
     def _ephemeral_saved(self, model_id: str, weights: str) -> None:
-        drops = self.ephemeral.saved(model_id, weights)
-        for other in list(self.ephemeral.newest):  # models retired meanwhile: theirs go too
+        self._drop_weights(self.ephemeral.saved(model_id, weights) + self._ephemeral_orphans())
+
+    def _ephemeral_orphans(self) -> list[str]:
+        """The in-memory copies of models retired or forgotten meanwhile (to drop)."""
+        drops: list[str] = []
+        for other in list(self.ephemeral.newest):
             m = self.registry.models.get(other)
             if m is None or m.retired is not None:
                 drops += self.ephemeral.forget_model(other)
-        self._drop_weights(drops)
+        return drops
+
+    def expire(self) -> list[str]:
+        """Forget the sessions that ended ``Registry.forget_s`` ago, with their models and
+        samplers (not the runs the workers still hold), and the in-memory sampler copies no
+        model holds any more; the session ids forgotten."""
+        held = set(self.lora.runs) if self.lora is not None else set()
+        gone = self.registry.expire(held)
+        self._drop_weights(self._ephemeral_orphans())
+        if gone:
+            _json_log("expire", sessions=len(gone), left=len(self.registry.sessions))
+        return gone
+
+    async def _expire_loop(self, tick_s: float = 30.0) -> None:
+        while True:
+            await asyncio.sleep(tick_s)
+            try:
+                self.expire()
+            except Exception as exc:
+                log.warning("expiring the registries failed: %s", exc)
+
+    @staticmethod
+    def _who(request: web.Request) -> str:
+        """The principal of the request's key (the middleware resolved it)."""
+        who = request.get("principal")
+        assert isinstance(who, str), "a route that names an object needs a principal"
+        return who
 
     @staticmethod
     def _failure(exc: BaseException) -> Outcome:
@@ -122,8 +152,8 @@ class ServiceCore:
             return Outcome(error=str(exc), category="user")
         return Outcome(error=f"{type(exc).__name__}: {exc}", category="server")
 
-    def _run(self, submit: Submit) -> str:
-        rid = self.futures.new()
+    def _run(self, submit: Submit, owner: str) -> str:
+        rid = self.futures.new(owner)
 
         async def go() -> None:
             try:
@@ -148,7 +178,7 @@ class ServiceCore:
                 f"seq_id {seq_id} is out of order: model {model.model_id} already ran up to "
                 f"seq_id {model.order.next - 1}; the next one is {model.order.next}"
             )
-        rid = self.futures.new()
+        rid = self.futures.new(model.owner)
 
         async def go() -> None:
             finish: Callable[[], Awaitable[Outcome]] | None = None
@@ -210,13 +240,13 @@ class ServiceCore:
             )
 
     # -- shared by the routes -----------------------------------------------------------
-    def _refused(self, model_id: str, exc: ServiceError) -> web.Response:
+    def _refused(self, model_id: str, exc: ServiceError, owner: str) -> web.Response:
         """A new model refused for the group's capacity (another session's full-weight model,
         spec.api.maxRuns) is answered through its future, so the SDK raises the message at once:
         sent as HTTP 409 or 429, the SDK retries it (its rule for those codes) for about a minute
         before the user sees it."""
         _json_log("refused", model_id=model_id, status=exc.status, error=str(exc))
-        rid = self.futures.new()
+        rid = self.futures.new(owner)
         self.futures.fail(rid, str(exc), exc.category)
         return web.json_response({"request_id": rid, "model_id": model_id})
 
@@ -257,9 +287,12 @@ class ServiceCore:
             lora.turns.forget(run_id)
         _json_log("drop_run", model_id=run_id, why=why)
 
-    def _new_sampler(self, sid: str, weights: str | None, path: str | None) -> SamplingSession:
-        n = len(self.registry.samplers)
-        ss = SamplingSession(f"{sid}:sample:{n}", sid, weights, path, self.info.base_model)
+    def _new_sampler(
+        self, sid: str, weights: str | None, path: str | None, owner: str
+    ) -> SamplingSession:
+        ss = SamplingSession(
+            new_id("smp-"), sid, weights, path, self.info.base_model, owner=owner
+        )
         self.registry.samplers[ss.sampling_session_id] = ss
         return ss
 

@@ -1,17 +1,21 @@
 """Request ids and their futures; ``retrieve_future`` long-polls them.
 
 Ids carry this server's boot id, so an id from before a restart is recognised and fails
-with a retryable server error instead of hanging.
+with a retryable server error instead of hanging, and 128 random bits, so that one's own id
+tells nothing of another's. Each future records its owner: another principal's id is
+answered like an unknown one.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
+import secrets
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
+
+from tgruntime.service.policy import POLICY
 
 
 @dataclass
@@ -29,18 +33,18 @@ class _Entry:
     event: asyncio.Event = field(default_factory=asyncio.Event)
     outcome: Outcome | None = None
     done_at: float | None = None
+    owner: str = "default"
 
 
 class FutureStore:
     def __init__(self, *, keep_s: float = 3600.0) -> None:
         self.boot = uuid.uuid4().hex[:12]
-        self._ids = itertools.count(1)
         self._entries: dict[str, _Entry] = {}
         self._keep_s = keep_s
 
-    def new(self) -> str:
-        rid = f"{self.boot}-{next(self._ids)}"
-        self._entries[rid] = _Entry()
+    def new(self, owner: str = "default") -> str:
+        rid = f"{self.boot}-{secrets.token_hex(16)}"
+        self._entries[rid] = _Entry(owner=owner)
         return rid
 
     def resolve(self, rid: str, outcome: Outcome) -> None:
@@ -68,9 +72,17 @@ class FutureStore:
         for k in old:
             del self._entries[k]
 
-    async def wait(self, rid: str, timeout_s: float) -> Outcome | None:
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    async def wait(
+        self, rid: str, timeout_s: float, principal: str = "default"
+    ) -> Outcome | None:
         """The outcome, or None while still pending after ``timeout_s`` (a 408)."""
+        self._expire()
         entry = self._entries.get(rid)
+        if entry is not None and not POLICY.may_see(principal, entry.owner):
+            entry = None  # another principal's: answered as an unknown id
         if entry is None:
             if not rid.startswith(self.boot + "-"):
                 return Outcome(

@@ -1,18 +1,30 @@
 """Sessions, training runs (models) and the seq_id order of each model's work.
 
 Only soft state lives here (which session holds the group's one full-weight run); weights
-and checkpoints live in the group and the checkpoint directory.
+and checkpoints live in the group and the checkpoint directory. Every object records its
+owner (the principal of the key that created it); lookups go through service.policy, so
+another principal's object is answered like a missing one. Ids are 128 random bits.
+Sessions that ended (finished, or no heartbeat) are forgotten after ``forget_s``, with
+their models and samplers (:meth:`Registry.expire`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
-import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from tgapi.errors import PicklableError
+
+DEFAULT_OWNER = "default"
+
+
+def new_id(prefix: str) -> str:
+    """An unguessable id: ``prefix`` and 128 random bits in hex."""
+    return f"{prefix}{secrets.token_hex(16)}"
 
 
 class ServiceError(PicklableError):
@@ -72,6 +84,8 @@ class Model:
     retired: str | None = None
     sampler_count: int = 0
     lora_settings: dict[str, Any] | None = None  # a run of a LoRA group: its LoraSettings
+    owner: str = DEFAULT_OWNER
+    seq: int = 0  # the SDK's model_seq_id in its session
 
 
 @dataclass
@@ -81,6 +95,8 @@ class Session:
     metadata: dict[str, Any] | None
     last_seen: float = field(default_factory=time.monotonic)
     finished: bool = False
+    owner: str = DEFAULT_OWNER
+    ended_at: float | None = None  # monotonic: when it was first seen not alive
 
 
 @dataclass
@@ -90,29 +106,38 @@ class SamplingSession:
     weights: str | None  # the group's sampler-weights name; None = current training weights
     model_path: str | None
     base_model: str
+    owner: str = DEFAULT_OWNER
 
 
 class Registry:
-    def __init__(self, *, session_ttl_s: float = 120.0) -> None:
+    def __init__(self, *, session_ttl_s: float = 120.0, forget_s: float = 600.0) -> None:
+        from tgruntime.service.policy import POLICY
+
         self.sessions: dict[str, Session] = {}
         self.models: dict[str, Model] = {}
         self.samplers: dict[str, SamplingSession] = {}
+        self.policy = POLICY
         self._ttl = session_ttl_s
+        self._forget_s = forget_s
 
-    def new_session(self, tags: list[str], metadata: dict[str, Any] | None) -> Session:
-        sid = f"tg-{uuid.uuid4().hex[:16]}"
-        s = Session(sid, tags, metadata)
+    def new_session(
+        self, tags: list[str], metadata: dict[str, Any] | None, owner: str = DEFAULT_OWNER
+    ) -> Session:
+        sid = new_id("tg-")
+        s = Session(sid, tags, metadata, owner=owner)
         self.sessions[sid] = s
         return s
 
-    def session(self, sid: str) -> Session:
-        s = self.sessions.get(sid)
-        if s is None:
-            raise ServiceError(
+    def session(self, sid: str, principal: str = DEFAULT_OWNER) -> Session:
+        s = self.policy.get(
+            principal,
+            self.sessions.get(sid),
+            lambda: ServiceError(
                 f"unknown session {sid!r} (the server may have restarted: "
                 "create a new ServiceClient)",
                 status=404,
-            )
+            ),
+        )
         s.last_seen = time.monotonic()
         return s
 
@@ -144,24 +169,82 @@ class Registry:
                 m.retired = f"superseded by {model.model_id}"
         self.models[model.model_id] = model
 
-    def model(self, model_id: str) -> Model:
-        m = self.models.get(model_id)
-        if m is None:
-            raise ServiceError(
+    def by_seq(self, sid: str, seq: int) -> Model | None:
+        """The model a session created with ``model_seq_id`` ``seq``, if any."""
+        for m in self.models.values():
+            if m.session_id == sid and m.seq == seq:
+                return m
+        return None
+
+    def model(self, model_id: str, principal: str = DEFAULT_OWNER) -> Model:
+        m = self.policy.get(
+            principal,
+            self.models.get(model_id),
+            lambda: ServiceError(
                 f"unknown model id {model_id!r}: create it with create_model (or "
                 "create_training_client_from_state) first; the server may have restarted",
                 status=404,
-            )
+            ),
+        )
         if m.retired is not None:
             raise ServiceError(
                 f"model {model_id} is no longer trained here ({m.retired})", status=409
             )
-        self.session(m.session_id)
+        self.session(m.session_id, principal)
         return m
 
-    def finish(self, sid: str) -> None:
-        s = self.session(sid)
+    def owned_model(self, model_id: str, principal: str) -> Model | None:
+        """A model of ``principal`` (retired or not) for reading, else None."""
+        m = self.models.get(model_id)
+        return m if m is not None and self.policy.may_see(principal, m.owner) else None
+
+    def sampler(self, sampler_id: str, principal: str = DEFAULT_OWNER) -> SamplingSession:
+        return self.policy.get(
+            principal,
+            self.samplers.get(sampler_id),
+            lambda: ServiceError(
+                f"unknown sampler {sampler_id!r} (after a server restart, create the sampling "
+                "client again from its tinker:// path)",
+                status=404,
+            ),
+        )
+
+    def finish(self, sid: str, principal: str = DEFAULT_OWNER) -> None:
+        s = self.session(sid, principal)
         s.finished = True
         for m in self.models.values():
             if m.session_id == sid and m.retired is None:
                 m.retired = "its session finished"
+
+    def expire(self, held: Iterable[str] = ()) -> list[str]:
+        """Forget the sessions not alive for ``forget_s`` and their models and samplers,
+        except the models in ``held`` (runs the workers still hold). Returns the session ids
+        forgotten."""
+        now = time.monotonic()
+        gone = []
+        for sid, s in list(self.sessions.items()):
+            if self.alive(s):
+                s.ended_at = None
+                continue
+            if s.ended_at is None:
+                s.ended_at = now
+            if now - s.ended_at < self._forget_s:
+                continue
+            keep = [m for m in self.models.values() if m.session_id == sid and m.model_id in held]
+            if keep:
+                continue
+            gone.append(sid)
+            del self.sessions[sid]
+        if gone:
+            dead = set(gone)
+            for mid in [k for k, m in self.models.items() if m.session_id in dead]:
+                del self.models[mid]
+            for key in [k for k, ss in self.samplers.items() if ss.session_id in dead]:
+                del self.samplers[key]
+        # samplers and models of sessions forgotten before (or never known) go too
+        for mid in [k for k, m in self.models.items() if m.session_id not in self.sessions]:
+            if mid not in held:
+                del self.models[mid]
+        for key in [k for k, ss in self.samplers.items() if ss.session_id not in self.sessions]:
+            del self.samplers[key]
+        return gone

@@ -10,7 +10,9 @@ from tgruntime.service.core import POLL_S, PROTO, ServiceCore
 class FutureRoutes(ServiceCore):
     async def retrieve_future(self, request: web.Request) -> web.Response:
         body = await self._body(request)
-        outcome = await self.futures.wait(str(body.get("request_id")), POLL_S)
+        outcome = await self.futures.wait(
+            str(body.get("request_id")), POLL_S, self._who(request)
+        )
         if outcome is None:
             return web.json_response({"type": "try_again", "queue_state": "active"}, status=408)
         if outcome.error is not None:

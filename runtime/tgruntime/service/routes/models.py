@@ -23,7 +23,7 @@ from tgruntime.service.core import PROTO, RUN_SETTINGS, ServiceCore, _json_log, 
 from tgruntime.service.datum import metrics, outputs, to_tensors
 from tgruntime.service.futures import Outcome
 from tgruntime.service.runs import RunState
-from tgruntime.service.sessions import Model, ServiceError
+from tgruntime.service.sessions import Model, ServiceError, new_id
 from tgruntime.trainer.tinker_losses import tinker_loss_name
 
 
@@ -73,19 +73,19 @@ class ModelRoutes(ServiceCore):
 
     async def create_model(self, request: web.Request) -> web.Response:
         body = await self._body(request)
-        sid = str(body.get("session_id"))
-        self.registry.session(sid)
+        sid, who = str(body.get("session_id")), self._who(request)
+        self.registry.session(sid, who)
         self._base(body.get("base_model"))
         if self.lora is not None:
-            return await self._create_run(sid, body)
+            return await self._create_run(sid, body, who)
         rank = self._check_lora(body.get("lora_config"))
         self._check_optimizer(body.get("optimizer_config"))
-        model_id = f"{sid}:train:{int(body.get('model_seq_id', 0))}"
-        model = Model(model_id, sid, self.info.base_model, rank)
+        model = self._new_model(sid, body, rank, who)
+        model_id = model.model_id
         try:
             self.registry.add_model(model)
         except ServiceError as exc:
-            return self._refused(model_id, exc)
+            return self._refused(model_id, exc, who)
         _json_log("create_model", model_id=model_id, lora_rank=rank)
 
         def prepare() -> Callable[[], Awaitable[Outcome]]:
@@ -121,33 +121,41 @@ class ModelRoutes(ServiceCore):
         out["seed"] = 0 if seed is None else int(seed)
         return out
 
+    def _new_model(self, sid: str, body: dict[str, Any], rank: int | None, who: str) -> Model:
+        """A model of session ``sid`` with a new unguessable id (not yet registered)."""
+        seq = int(body.get("model_seq_id", 0))
+        return Model(new_id("run-"), sid, self.info.base_model, rank, owner=who, seq=seq)
+
     async def _create_run(
-        self, sid: str, body: dict[str, Any], *, state: Path | None = None
+        self, sid: str, body: dict[str, Any], who: str, *, state: Path | None = None
     ) -> web.Response:
         """``create_model`` (or a load without a model) on a LoRA group: a new run."""
         lora = self.lora
         assert lora is not None
         settings = self._run_settings(body.get("lora_config"))
         self._check_optimizer(body.get("optimizer_config"))
-        model_id = f"{sid}:train:{int(body.get('model_seq_id', 0))}"
+        model = self._new_model(sid, body, settings["rank"], who)
+        model_id = model.model_id
         if lora.full():
             await self._free_lapsed_runs()
         if lora.full():
-            held = ", ".join(sorted(lora.runs))
+            mine = [r for r in sorted(lora.runs) if self.registry.owned_model(r, who)]
+            held = f"; yours: {', '.join(mine)}" if mine else ""
             return self._refused(model_id, ServiceError(
                 f"this group holds {len(lora.runs)} training runs, its limit (spec.api.maxRuns "
-                f"{lora.max_runs}): {held}. Finish a session (ServiceClient's close, or let its "
+                f"{lora.max_runs}){held}. Finish a session (ServiceClient's close, or let its "
                 "heartbeat lapse) or raise spec.api.maxRuns",
                 status=429,
-            ))
-        if model_id in self.registry.models:
-            raise ServiceError(f"model {model_id} exists already (model_seq_id is reused)")
-        model = Model(model_id, sid, self.info.base_model, settings["rank"])
+            ), who)
+        if self.registry.by_seq(sid, model.seq) is not None:
+            raise ServiceError(
+                f"this session already created a model with model_seq_id {model.seq}"
+            )
         model.lora_settings = settings
         self.registry.models[model_id] = model
         lora.runs[model_id] = RunState(model_id, settings["rank"])  # holds its place
         _json_log("create_model", model_id=model_id, lora=settings)
-        rid = self.futures.new()
+        rid = self.futures.new(who)
 
         async def go() -> None:
             async with lora.turns.turn(model_id):
@@ -183,13 +191,16 @@ class ModelRoutes(ServiceCore):
 
     async def park_idle_runs(self) -> list[str]:
         """Park the runs idle for ``spec.api.idleRunSeconds`` (their state under
-        ``{checkpointDir}/tinker/<model>/parked``); returns their ids."""
+        ``{checkpointDir}/tinker/principals/<owner>/<model>/parked``); returns their ids."""
         lora = self.lora
         if lora is None or self.paths.root is None:
             return []
         parked = []
         for run_id in lora.idle(time.time()):
-            d = self.paths.root / run_id / "parked"
+            m = self.registry.models.get(run_id)
+            if m is None:
+                continue
+            d = self.paths.run_dir(m.owner, run_id) / "parked"
             d.mkdir(parents=True, exist_ok=True)
             async with lora.turns.turn(run_id):
                 if run_id not in lora.runs:
@@ -215,7 +226,7 @@ class ModelRoutes(ServiceCore):
 
     async def get_info(self, request: web.Request) -> web.Response:
         body = await self._body(request)
-        m = self.registry.model(str(body.get("model_id")))
+        m = self.registry.model(str(body.get("model_id")), self._who(request))
         return web.json_response(
             {
                 "type": "get_info",
@@ -244,7 +255,7 @@ class ModelRoutes(ServiceCore):
         if PROTO not in request.headers.get("Content-Type", PROTO):
             raise ServiceError(f"forward_backward takes {PROTO} (as the tinker SDK sends it)")
         fb = decode_forward_backward(raw)
-        model = self.registry.model(fb.model_id)
+        model = self.registry.model(fb.model_id, self._who(request))
 
         def prepare() -> Callable[[], Awaitable[Outcome]]:
             return self._fwdbwd(fb)
@@ -290,7 +301,7 @@ class ModelRoutes(ServiceCore):
 
     async def optim_step(self, request: web.Request) -> web.Response:
         body = await self._body(request)
-        model = self.registry.model(str(body.get("model_id")))
+        model = self.registry.model(str(body.get("model_id")), self._who(request))
         if "adam_params" not in body:
             kind = (body.get("optimizer_params") or {}).get("type")
             raise ServiceError(f"optimizer params {kind!r} are not supported (AdamParams only)")
@@ -322,10 +333,10 @@ class ModelRoutes(ServiceCore):
     # -- weights ----------------------------------------------------------------------
     async def save_weights(self, request: web.Request) -> web.Response:
         body = await self._body(request)
-        model = self.registry.model(str(body.get("model_id")))
+        model = self.registry.model(str(body.get("model_id")), self._who(request))
         seq = body.get("seq_id")
         name = str(body.get("path") or f"step-{seq or int(time.time())}")
-        d = self.paths.directory(model.model_id, "weights", name)
+        d = self.paths.directory(model.owner, model.model_id, "weights", name)
         saved = (d / "meta.json").exists() or (d / RUN_SETTINGS).exists()
         if d.exists() and not body.get("overwrite", False) and saved:
             raise ServiceError(f"weights {name!r} already exist for {model.model_id}")
@@ -350,12 +361,14 @@ class ModelRoutes(ServiceCore):
 
     async def save_weights_for_sampler(self, request: web.Request) -> web.Response:
         body = await self._body(request)
-        model = self.registry.model(str(body.get("model_id")))
+        model = self.registry.model(str(body.get("model_id")), self._who(request))
         name = body.get("path")
 
         def prepare() -> Callable[[], Awaitable[Outcome]]:
             if name:
-                d = self.paths.directory(model.model_id, "sampler_weights", str(name))
+                d = self.paths.directory(
+                    model.owner, model.model_id, "sampler_weights", str(name)
+                )
                 d.mkdir(parents=True, exist_ok=True)
                 weights, disk = str(d), str(d)
             else:  # save_weights_and_get_sampling_client: in memory only
@@ -370,7 +383,7 @@ class ModelRoutes(ServiceCore):
                     uri = self.paths.uri(model.model_id, "sampler_weights", str(name))
                     return Outcome(body={"type": "save_weights_for_sampler", "path": uri})
                 self._ephemeral_saved(model.model_id, weights)
-                ss = self._new_sampler(model.session_id, weights, None)
+                ss = self._new_sampler(model.session_id, weights, None, model.owner)
                 return Outcome(
                     body={
                         "type": "save_weights_for_sampler",
@@ -386,8 +399,8 @@ class ModelRoutes(ServiceCore):
 
     async def load_weights(self, request: web.Request) -> web.Response:
         body = await self._body(request)
-        uri = str(body.get("path"))
-        _, kind, _, d = self.paths.parse(uri)
+        uri, who = str(body.get("path")), self._who(request)
+        _, kind, _, d = self.paths.parse(uri, who)
         if kind != "weights":
             raise ServiceError(
                 f"{uri} holds sampler weights (for sampling); load a tinker://.../weights/... "
@@ -397,27 +410,25 @@ class ModelRoutes(ServiceCore):
         self._check_state_kind(uri, d)
         if self.lora is not None and not body.get("model_id"):
             sid = str(body.get("session_id"))
-            self.registry.session(sid)
+            self.registry.session(sid, who)
             self._base(body.get("base_model"))
             saved = json.loads((d / RUN_SETTINGS).read_text())
             return await self._create_run(
-                sid, {**body, "lora_config": saved, "optimizer": optimizer}, state=d
+                sid, {**body, "lora_config": saved, "optimizer": optimizer}, who, state=d
             )
         if body.get("model_id"):
-            model = self.registry.model(str(body["model_id"]))
+            model = self.registry.model(str(body["model_id"]), who)
             seq = body.get("seq_id")
         else:
             sid = str(body.get("session_id"))
-            self.registry.session(sid)
+            self.registry.session(sid, who)
             self._base(body.get("base_model"))
             self._check_optimizer(body.get("optimizer_config"))
-            model = Model(
-                f"{sid}:train:{int(body.get('model_seq_id', 0))}", sid, self.info.base_model, None
-            )
+            model = self._new_model(sid, body, None, who)
             try:
                 self.registry.add_model(model)
             except ServiceError as exc:
-                return self._refused(model.model_id, exc)
+                return self._refused(model.model_id, exc, who)
             seq = None
 
         def prepare() -> Callable[[], Awaitable[Outcome]]:

@@ -20,9 +20,11 @@ from tgruntime.service.stops import Tokenizer, cut_sequences, load_tokenizer, to
 
 
 class SamplingRoutes(ServiceCore):
-    def _weights_for(self, model_path: str | None, base_model: str | None) -> str | None:
+    def _weights_for(
+        self, model_path: str | None, base_model: str | None, who: str
+    ) -> str | None:
         if model_path:
-            _, kind, _, d = self.paths.parse(model_path)
+            _, kind, _, d = self.paths.parse(str(model_path), who)
             if kind != "sampler_weights":
                 raise ServiceError(
                     f"{model_path} is a training state; sample from a "
@@ -34,22 +36,16 @@ class SamplingRoutes(ServiceCore):
 
     async def create_sampling_session(self, request: web.Request) -> web.Response:
         body = await self._body(request)
-        sid = str(body.get("session_id"))
-        self.registry.session(sid)
-        weights = self._weights_for(body.get("model_path"), body.get("base_model"))
-        ss = self._new_sampler(sid, weights, body.get("model_path"))
+        sid, who = str(body.get("session_id")), self._who(request)
+        self.registry.session(sid, who)
+        weights = self._weights_for(body.get("model_path"), body.get("base_model"), who)
+        ss = self._new_sampler(sid, weights, body.get("model_path"), who)
         return web.json_response(
             {"type": "create_sampling_session", "sampling_session_id": ss.sampling_session_id}
         )
 
     async def get_sampler(self, request: web.Request) -> web.Response:
-        ss = self.registry.samplers.get(request.match_info["sampler_id"])
-        if ss is None:
-            raise ServiceError(
-                f"unknown sampler {request.match_info['sampler_id']!r} (after a server restart, "
-                "create the sampling client again from its tinker:// path)",
-                status=404,
-            )
+        ss = self.registry.sampler(request.match_info["sampler_id"], self._who(request))
         return web.json_response(
             {
                 "sampler_id": ss.sampling_session_id,
@@ -99,18 +95,11 @@ class SamplingRoutes(ServiceCore):
 
     async def asample(self, request: web.Request) -> web.Response:
         body = await self._body(request)
+        who = self._who(request)
         if body.get("sampling_session_id"):
-            ss = self.registry.samplers.get(str(body["sampling_session_id"]))
-            if ss is None:
-                raise ServiceError(
-                    f"unknown sampling session {body['sampling_session_id']!r} (after a "
-                    "server restart, create the sampling client again from its tinker:// "
-                    "path)",
-                    status=404,
-                )
-            weights = ss.weights
+            weights = self.registry.sampler(str(body["sampling_session_id"]), who).weights
         else:
-            weights = self._weights_for(body.get("model_path"), body.get("base_model"))
+            weights = self._weights_for(body.get("model_path"), body.get("base_model"), who)
         for key in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
             if body.get(key):
                 raise ServiceError(f"{key} is not supported by this server")
@@ -158,7 +147,7 @@ class SamplingRoutes(ServiceCore):
             self.ephemeral.begin(weights)  # ended in done(), whatever happens
         except FreedWeights as exc:
             raise ServiceError(str(exc), status=404) from None
-        rid = self.futures.new()
+        rid = self.futures.new(who)
 
         def done(result: dict[str, Any] | None, exc: BaseException | None) -> None:
             self._drop_weights(self.ephemeral.end(weights))

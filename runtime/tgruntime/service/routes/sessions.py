@@ -10,18 +10,20 @@ from tgruntime.service.core import ServiceCore, _json_log
 class SessionRoutes(ServiceCore):
     async def create_session(self, request: web.Request) -> web.Response:
         body = await self._body(request)
-        s = self.registry.new_session(list(body.get("tags") or []), body.get("user_metadata"))
+        s = self.registry.new_session(
+            list(body.get("tags") or []), body.get("user_metadata"), self._who(request)
+        )
         _json_log("session", session_id=s.session_id, sdk=body.get("sdk_version"))
         return web.json_response({"type": "create_session", "session_id": s.session_id})
 
     async def heartbeat(self, request: web.Request) -> web.Response:
         body = await self._body(request)
-        self.registry.session(str(body.get("session_id")))
+        self.registry.session(str(body.get("session_id")), self._who(request))
         return web.json_response({"type": "session_heartbeat"})
 
     async def finish(self, request: web.Request) -> web.Response:
         sid = request.match_info["session_id"]
-        self.registry.finish(sid)
+        self.registry.finish(sid, self._who(request))
         if self.lora is not None:  # free the session's runs on the workers
             for m in list(self.registry.models.values()):
                 if m.session_id == sid and m.model_id in self.lora.runs:

@@ -1,0 +1,168 @@
+"""The sampler's token choice (``tgruntime.trainer.sampling.select``) under top-k, top-p and
+temperature: pure torch on CPU, no Ray, no model.
+
+Each check draws thousands of tokens from fixed logits, one row per seed (the row keys the
+sampler derives from a request's seed), and compares them with a float64 reference built
+here from the definitions, not from the code under test:
+
+* every token lies in the top-k set / the top-p nucleus (of ``logits / temperature``), and
+  the filter is not a collapse to greedy (several tokens of the set are drawn);
+* the empirical frequencies match the renormalised reference distribution, for temperatures
+  0.25 .. 4 and for top-k and top-p combined with a temperature;
+* a lower temperature draws the argmax token more often and gives a lower entropy;
+* the reported log-prob is the model's own (temperature 1, no filter), whatever the options.
+
+A sampler that ignored ``top_k``, ``top_p`` or ``temperature`` fails each of them: the logits
+are flat enough that the tokens outside the sets hold most of the mass.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from tgruntime.trainer.sampling.params import SamplingParams, row_keys
+from tgruntime.trainer.sampling.select import next_token
+
+VOCAB = 40
+DRAWS = 20_000
+PROMPT = [2, 7, 9]
+
+
+def _logits(seed: int = 0, scale: float = 1.0) -> torch.Tensor:
+    """One row of fp32 logits, distinct values (no ties at a set's border)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(VOCAB, generator=g) * scale
+
+
+def _keys(n: int, first_seed: int = 0) -> torch.Tensor:
+    """One noise key per draw: request seeds ``first_seed .. first_seed + n - 1``."""
+    keys = [row_keys([PROMPT], seed=s, num_samples=1)[0] for s in range(first_seed, first_seed + n)]
+    return torch.tensor(keys, dtype=torch.int64)
+
+
+def _draw(
+    logits: torch.Tensor, n: int = DRAWS, step: int = 0, **options: float
+) -> tuple[np.ndarray, np.ndarray]:
+    params = SamplingParams.build(max_tokens=1, vocab_size=VOCAB, **options)  # type: ignore[arg-type]
+    rows = logits.unsqueeze(0).expand(n, VOCAB).contiguous()
+    token, logprob = next_token(rows, _keys(n), step, params)
+    return token.numpy(), logprob.numpy()
+
+
+def _reference(
+    logits: torch.Tensor, temperature: float = 1.0, top_k: int = -1, top_p: float = 1.0
+) -> np.ndarray:
+    """The distribution to sample from, float64: softmax of logits / temperature, restricted
+    to the top-k tokens, then to the nucleus (the best tokens until their mass reaches top_p,
+    the one that crosses it included), renormalised."""
+    z = logits.double().numpy() / temperature
+    order = np.argsort(-z)
+    keep = np.zeros(VOCAB, bool)
+    keep[order[: top_k if top_k > 0 else VOCAB]] = True
+    p = np.where(keep, np.exp(z - z.max()), 0.0)
+    p /= p.sum()
+    if top_p < 1.0:
+        mass = 0.0
+        nucleus = np.zeros(VOCAB, bool)
+        for t in order:
+            if not keep[t] or mass >= top_p:
+                break
+            nucleus[t] = True
+            mass += p[t]
+        p = np.where(nucleus, p, 0.0)
+        p /= p.sum()
+    return p
+
+
+def _frequencies(tokens: np.ndarray) -> np.ndarray:
+    return np.bincount(tokens, minlength=VOCAB) / len(tokens)
+
+
+def _assert_matches(tokens: np.ndarray, want: np.ndarray) -> None:
+    got = _frequencies(tokens)
+    outside = got[want == 0].sum()
+    assert outside == 0, f"{outside:.1%} of the draws fell outside the allowed set"
+    # DRAWS = 20,000: a frequency's standard deviation is at most 0.0035; 0.02 is > 5 sigma
+    worst = np.abs(got - want).max()
+    assert worst < 0.02, (worst, got.round(3), want.round(3))
+
+
+@pytest.mark.parametrize("top_k", [2, 5, 12])
+def test_top_k_draws_only_the_k_best_tokens(top_k: int) -> None:
+    logits = _logits(1)
+    want = _reference(logits, top_k=top_k)
+    assert want[want == 0].size == VOCAB - top_k
+    # without the filter most draws would fall outside the set
+    assert _reference(logits)[want == 0].sum() > 0.2
+    tokens, _ = _draw(logits, top_k=top_k)
+    assert set(tokens.tolist()) == set(np.flatnonzero(want).tolist())  # all k, no other
+    _assert_matches(tokens, want)
+
+
+@pytest.mark.parametrize("top_p", [0.2, 0.5, 0.9])
+def test_top_p_draws_only_the_nucleus(top_p: float) -> None:
+    logits = _logits(2)
+    want = _reference(logits, top_p=top_p)
+    nucleus = np.flatnonzero(want)
+    assert 1 < nucleus.size < VOCAB
+    assert _reference(logits)[want == 0].sum() > 0.05
+    tokens, _ = _draw(logits, top_p=top_p)
+    assert set(tokens.tolist()) == set(nucleus.tolist())
+    _assert_matches(tokens, want)
+
+
+@pytest.mark.parametrize("temperature", [0.25, 0.5, 1.0, 2.0, 4.0])
+def test_temperature_sets_the_distribution(temperature: float) -> None:
+    logits = _logits(3)
+    tokens, _ = _draw(logits, temperature=temperature)
+    _assert_matches(tokens, _reference(logits, temperature=temperature))
+
+
+def test_a_lower_temperature_draws_the_argmax_more_often_and_with_less_entropy() -> None:
+    logits = _logits(4)
+    best = int(logits.argmax())
+    share, entropy = [], []
+    for temperature in (4.0, 2.0, 1.0, 0.5, 0.25, 0.1):
+        tokens, _ = _draw(logits, temperature=temperature)
+        f = _frequencies(tokens)
+        share.append(f[best])
+        entropy.append(float(-(f[f > 0] * np.log(f[f > 0])).sum()))
+    assert all(a < b for a, b in itertools.pairwise(share)), share
+    assert all(a > b for a, b in itertools.pairwise(entropy)), entropy
+    assert share[-1] > 0.5 > share[0] * 5, share
+    greedy, _ = _draw(logits, n=100, temperature=0.0)
+    assert (greedy == best).all()
+
+
+@pytest.mark.parametrize(
+    ("temperature", "top_k", "top_p"), [(0.5, 10, 0.8), (2.0, 6, 0.7), (1.5, -1, 0.6)]
+)
+def test_top_k_top_p_and_temperature_together(temperature: float, top_k: int, top_p: float) -> None:
+    logits = _logits(5)
+    want = _reference(logits, temperature=temperature, top_k=top_k, top_p=top_p)
+    tokens, _ = _draw(logits, temperature=temperature, top_k=top_k, top_p=top_p)
+    _assert_matches(tokens, want)
+
+
+def test_every_row_keeps_its_own_set_in_a_mixed_batch() -> None:
+    """Rows with different logits in one call: each token is in its own row's top-k."""
+    g = torch.Generator().manual_seed(6)
+    rows = torch.randn(4_000, VOCAB, generator=g)
+    params = SamplingParams.build(max_tokens=1, top_k=3, top_p=0.9, vocab_size=VOCAB)
+    for step in (0, 1, 7):
+        token, _ = next_token(rows, _keys(len(rows), first_seed=step * 10_000), step, params)
+        top3 = torch.topk(rows, 3, dim=-1).indices
+        assert (top3 == token.unsqueeze(-1)).any(-1).all()
+        assert len(set(token.tolist())) > 3  # the rows' sets differ
+
+
+def test_the_reported_logprob_is_the_models_own() -> None:
+    logits = _logits(7)
+    own = torch.log_softmax(logits.double(), -1).numpy()
+    for options in ({}, {"temperature": 0.3, "top_k": 4}, {"temperature": 3.0, "top_p": 0.5}):
+        tokens, logprobs = _draw(logits, n=500, **options)  # type: ignore[arg-type]
+        np.testing.assert_allclose(logprobs, own[tokens], atol=1e-5)

@@ -3,20 +3,26 @@
 One resolved, frozen value decides every CPU/GPU fork in the trainer, so the rest of the
 code reads ``settings.on_gpu`` instead of probing CUDA again:
 
-* GPU (``workers.useGpu`` true or "auto", and CUDA present): NCCL, the spec's dtype (bf16 by
+* GPU (``workers.useGpu`` true, or "auto" with CUDA present): NCCL, the spec's dtype (bf16 by
   default), RoPE for ``position_embedding: auto``, megatron's pipeline schedules, DDP and optimizer.
 * CPU: gloo, float32 whatever the spec's dtype, learned absolute positions for ``auto``
   (``rope`` still works through the device-local rotary module), and the trainer's own
   CPU schedule and optimizer (megatron's allocate CUDA tensors unconditionally).
+
+GPU or fail: ``useGpu: true`` on a rank that sees no CUDA device raises
+:class:`~tgruntime.trainer.gpu_check.NoCudaDeviceError` (the driver seen, the one the image's
+torch needs, the fix) instead of falling back to the CPU; only an unresolved "auto" falls back.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import torch
 
 from tgapi import TrainerGroupSpec
+from tgruntime.trainer.gpu_check import no_cuda_error
 
 __all__ = ["RuntimeSettings", "resolve_settings"]
 
@@ -44,19 +50,24 @@ def resolve_settings(
 ) -> RuntimeSettings:
     """Resolve the spec against this machine.
 
-    ``device`` forces ``"cuda"``/``"cpu"``; by default a GPU is used when the spec asks for
-    one (``useGpu`` true, or "auto" when a group's server did not resolve it) and CUDA is
-    available; otherwise the CPU with gloo. The group's ready line and record report the
-    result (``device``/``backend``), so a fallback is visible. ``backend`` overrides the
-    torch.distributed backend.
+    ``device`` forces ``"cuda"``/``"cpu"``. By default ``useGpu: true`` means the GPU, and a
+    rank that sees no CUDA device raises ``NoCudaDeviceError`` (never a silent CPU run);
+    ``useGpu: false`` means the CPU with gloo; "auto" (when a group's server did not resolve
+    it) means the GPU when CUDA is available, else the CPU. The group's ready line and record
+    report the result (``device``/``backend``). ``backend`` overrides the torch.distributed
+    backend.
     """
     if device is None:
-        wants_gpu = spec.workers.use_gpu is not False  # True or "auto"
-        device = "cuda" if wants_gpu and torch.cuda.is_available() else "cpu"
+        use_gpu = spec.workers.use_gpu
+        if use_gpu is True:
+            device = "cuda"
+        else:  # False, or "auto"
+            device = "cuda" if use_gpu is not False and torch.cuda.is_available() else "cpu"
     if device not in ("cuda", "cpu"):
         raise ValueError(f"device must be 'cuda' or 'cpu', not {device!r}")
     if device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device 'cuda' requested but torch sees no CUDA device")
+        rank = os.environ.get("RANK", "")
+        raise no_cuda_error(rank=int(rank) if rank.isdigit() else None)
     on_gpu = device == "cuda"
     dtype = _DTYPES[spec.model.dtype] if on_gpu else torch.float32
     position = spec.model.position_embedding

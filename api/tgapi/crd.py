@@ -119,6 +119,8 @@ def _schema_for(
                     items["maxLength"] = meta.max_length
         return {"type": "array", "items": items, "maxItems": MAX_LIST}
     if origin is dict:
+        if meta is not None and meta.free_form:
+            return {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
         return {"type": "object", "additionalProperties": {"type": "string"}}
     schema: dict[str, Any] = {
         bool: {"type": "boolean"},

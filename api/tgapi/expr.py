@@ -135,6 +135,22 @@ class Expr:
         """The first item of a list greater than ``bound`` (an error when none is)."""
         return Pick("first", self, lit(bound))
 
+    def exists_not_multiple_of(self, k: object) -> Expr:
+        """Whether any item of a list of integers is not a multiple of ``k``."""
+        return Pick("exists", self, lit(k), test="%")
+
+    def first_not_multiple_of(self, k: object) -> Expr:
+        """The first item of a list not a multiple of ``k`` (an error when none is)."""
+        return Pick("first", self, lit(k), test="%")
+
+    def exists_key_in(self, key: str, values: tuple[str, ...]) -> Expr:
+        """Whether any object of a list has ``key`` equal to one of ``values``."""
+        return KeyIn("exists", self, key, values)
+
+    def first_key_in(self, key: str, values: tuple[str, ...]) -> Expr:
+        """``key`` of the first object of a list whose ``key`` is one of ``values``."""
+        return KeyIn("first", self, key, values)
+
     def within(self, directory: object) -> Expr:
         """Whether this path is ``directory`` or under it, with no ``..`` step."""
         return Within(self, lit(directory))
@@ -376,26 +392,67 @@ class Call(Expr):
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Pick(Expr):
-    """``l.exists(n, n > b)`` or ``l.filter(n, n > b)[0]``."""
+    """``l.exists(n, n > b)`` or ``l.filter(n, n > b)[0]``; with ``test`` "%", the items
+    that are not multiples of ``b`` (``n % b != 0``) instead of those above it."""
 
     how: str
     items: Expr
     bound: Expr
+    test: str = ">"
+
+    def _test_cel(self, bound: str) -> str:
+        return f"n % {bound} != 0" if self.test == "%" else f"n > {bound}"
+
+    def _picked(self, n: Any, bound: Any) -> bool:
+        if self.test == "%":
+            return bool(_mod(*_ints("%", n, bound)) != 0)
+        return bool(_ARITH[">"](*_ints(">", n, bound)))
 
     def cel(self, root: str = "self") -> str:
         items, bound = self.items.cel(root), self.bound.cel(root)
         if self.how == "exists":
-            return f"{items}.exists(n, n > {bound})"
-        return f"{items}.filter(n, n > {bound})[0]"
+            return f"{items}.exists(n, {self._test_cel(bound)})"
+        return f"{items}.filter(n, {self._test_cel(bound)})[0]"
 
     def eval(self, spec: Wire) -> Any:
         bound = self.bound.eval(spec)
-        over = [n for n in _list(self.items.eval(spec)) if _ARITH[">"](*_ints(">", n, bound))]
+        over = [n for n in _list(self.items.eval(spec)) if self._picked(n, bound)]
         if self.how == "exists":
             return bool(over)
         if not over:
             raise CelError("index out of bounds: 0")
         return over[0]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class KeyIn(Expr):
+    """``l.exists(x, x.key in [...])`` or ``l.filter(x, x.key in [...])[0].key``."""
+
+    how: str
+    items: Expr
+    key: str
+    values: tuple[str, ...]
+
+    def cel(self, root: str = "self") -> str:
+        values = ", ".join(json.dumps(v) for v in self.values)
+        test = f"x.{self.key} in [{values}]"
+        items = self.items.cel(root)
+        if self.how == "exists":
+            return f"{items}.exists(x, {test})"
+        return f"{items}.filter(x, {test})[0].{self.key}"
+
+    def eval(self, spec: Wire) -> Any:
+        picked = []
+        for item in _list(self.items.eval(spec)):
+            if not isinstance(item, dict) or self.key not in item:
+                raise CelError(f"no such key: {self.key}")
+            if item[self.key] in self.values:
+                picked.append(item[self.key])
+        if self.how == "exists":
+            return bool(picked)
+        if not picked:
+            raise CelError("index out of bounds: 0")
+        return picked[0]
 
 
 def _str(value: Any) -> str:

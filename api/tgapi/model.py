@@ -43,6 +43,7 @@ _ABSOLUTE_DIR = r"^(/[^/]+)+$"
 """An absolute directory, no trailing slash and no empty step: ``/checkpoints``."""
 
 USE_GPU_AUTO = "auto"
+PLACEMENT_AUTO = "auto"
 
 ARCHITECTURE_LLAMA = "llama"
 ARCHITECTURE_QWEN2 = "qwen2"
@@ -82,6 +83,62 @@ class HeadSpec:
     )
 
 
+RDMA_CAPABILITIES = ("IPC_LOCK", "SYS_RESOURCE", "SYS_PTRACE")
+"""The capabilities ``rayCluster.workers.capabilities`` may add (NCCL over RDMA/EFA)."""
+_EXTENDED_RESOURCE = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)/"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+"""A domain-prefixed resource name (``rdma/ib``, ``vpc.amazonaws.com/efa``): the only kind a
+device plugin can advertise."""
+RESERVED_VOLUMES = ("dshm", "checkpoints")
+"""Volume names the operator uses itself (``/dev/shm``, the checkpoint claim); the rule
+worker-volume-names (tgapi.rules) refuses them."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ExtendedResource:
+    name: str = spec_field(
+        name="name",
+        description="Resource name with a domain prefix, e.g. rdma/ib or "
+        "vpc.amazonaws.com/efa.",
+        pattern=_EXTENDED_RESOURCE,
+        max_length=253,
+    )
+    count: int = spec_field(
+        name="count",
+        description="How many per worker pod (requests = limits).",
+        default=1,
+        minimum=1,
+        maximum=1024,
+    )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ExtraVolume:
+    name: str = spec_field(
+        name="name",
+        description="Volume name (a DNS label; not dshm or checkpoints, the operator's own).",
+        pattern=_DNS_LABEL,
+        max_length=63,
+    )
+    mount_path: str = spec_field(
+        name="mountPath",
+        description="Where the worker container mounts it.",
+        pattern=_ABSOLUTE_DIR,
+        max_length=1024,
+    )
+    read_only: bool = spec_field(
+        name="readOnly", description="Mount read-only.", default=False
+    )
+    source: dict[str, Any] = spec_field(
+        name="source",
+        description="The volume's source as in a core/v1 Volume without its name, e.g. "
+        "{hostPath: {path: /dev/infiniband}}, {configMap: {name: x}} or {emptyDir: {}}.",
+        free_form=True,
+    )
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RayWorkerNodesSpec:
     replicas: int = spec_field(
@@ -99,13 +156,31 @@ class RayWorkerNodesSpec:
         maximum=64,
     )
     cpu: str = spec_field(
-        name="cpu", description="CPU request/limit per worker pod.", default="8", pattern=_QUANTITY
+        name="cpu",
+        description="CPU request per worker pod (no CPU limit unless cpuLimit is set: a limit "
+        "throttles the raylet and NCCL's proxy threads).",
+        default="8",
+        pattern=_QUANTITY,
+    )
+    cpu_limit: str = spec_field(
+        name="cpuLimit",
+        description="CPU limit per worker pod; empty (the default): none.",
+        default="",
+        pattern=r"^$|" + _QUANTITY,
     )
     memory: str = spec_field(
         name="memory",
         description="Memory request/limit per worker pod.",
         default="32Gi",
         pattern=_QUANTITY,
+    )
+    shm_size: str = spec_field(
+        name="shmSize",
+        description="sizeLimit of the memory-backed /dev/shm of a worker pod (Ray's object "
+        "store and NCCL's shared-memory transport live there, and it counts against the pod's "
+        "memory). Empty: 8Gi per GPU (2Gi for a pod without GPUs), at most half of memory.",
+        default="",
+        pattern=r"^$|" + _QUANTITY,
     )
     gpu_memory: str = spec_field(
         name="gpuMemory",
@@ -127,7 +202,47 @@ class RayWorkerNodesSpec:
         free_form=True,
     )
     env: list[EnvVar] = spec_field(
-        name="env", description="Extra environment for worker pods.", default_factory=list
+        name="env",
+        description="Extra environment for worker pods (wins over the operator's defaults: "
+        "NCCL_DEBUG=WARN, TORCHINDUCTOR_COMPILE_THREADS, NCCL_SOCKET_IFNAME with hostNetwork).",
+        default_factory=list,
+    )
+    capabilities: list[str] = spec_field(
+        name="capabilities",
+        description="Linux capabilities added to the worker container after dropping ALL, for "
+        "NCCL over RDMA/EFA (IPC_LOCK pins memory; SYS_RESOURCE raises the memlock limit; "
+        "SYS_PTRACE lets NCCL share CUDA memory between processes by file descriptor). Any of "
+        "them takes the pods out of the restricted Pod Security Standard (baseline allows "
+        "none of them either: the namespace needs the privileged level or an exemption).",
+        default_factory=list,
+        pattern=r"^(" + "|".join(RDMA_CAPABILITIES) + r")$",
+    )
+    extended_resources: list[ExtendedResource] = spec_field(
+        name="extendedResources",
+        description="Device-plugin resources per worker pod, in requests and limits, e.g. "
+        "rdma/ib or vpc.amazonaws.com/efa (nvidia.com/gpu comes from gpusPerWorker).",
+        default_factory=list,
+    )
+    host_network: bool = spec_field(
+        name="hostNetwork",
+        description="Run worker pods in the node's network namespace (some RDMA/TCPX set-ups "
+        "need it; dnsPolicy becomes ClusterFirstWithHostNet, and NCCL_SOCKET_IFNAME defaults "
+        "to ncclSocketIfname). Not allowed by the baseline or restricted Pod Security Standards.",
+        default=False,
+    )
+    nccl_socket_ifname: str = spec_field(
+        name="ncclSocketIfname",
+        description="NCCL_SOCKET_IFNAME of worker pods with hostNetwork (NCCL's bootstrap and "
+        "socket interfaces); ignored without hostNetwork (the pod has one interface).",
+        default="^lo,docker,veth",
+        pattern=r"^[A-Za-z0-9^=,._-]+$",
+        max_length=256,
+    )
+    volumes: list[ExtraVolume] = spec_field(
+        name="volumes",
+        description="Extra volumes mounted in every worker container (e.g. the host's "
+        "/dev/infiniband for RDMA, or a TCPX/EFA plugin's directory).",
+        default_factory=list,
     )
 
 
@@ -170,6 +285,38 @@ class CheckpointStorageSpec:
         default="/checkpoints",
         pattern=_ABSOLUTE_DIR,
         max_length=1024,
+    )
+
+
+RUNTIME_UID = 1000
+RUNTIME_GID = 100
+"""The runtime image's user (``ray``, uid 1000) and group (``users``, gid 100)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PodSecuritySpec:
+    run_as_user: int = spec_field(
+        name="runAsUser",
+        description="uid of every container (not 0: the pods run as non-root).",
+        default=RUNTIME_UID,
+        minimum=1,
+        maximum=2**31 - 1,
+    )
+    run_as_group: int = spec_field(
+        name="runAsGroup",
+        description="Primary gid of every container.",
+        default=RUNTIME_GID,
+        minimum=0,
+        maximum=2**31 - 1,
+    )
+    fs_group: int = spec_field(
+        name="fsGroup",
+        description="Group that owns the checkpoint claim's files (fsGroupChangePolicy "
+        "OnRootMismatch: the kubelet re-owns a volume only when its root is not this group "
+        "already), so a fresh volume is writable by the runtime's user.",
+        default=RUNTIME_GID,
+        minimum=0,
+        maximum=2**31 - 1,
     )
 
 
@@ -247,6 +394,21 @@ class RayClusterSpec:
         "gcsFaultToleranceOptions); absent: losing the head loses the group.",
         default=None,
     )
+    runtime_class_name: str = spec_field(
+        name="runtimeClassName",
+        description="runtimeClassName of the head and worker pods (e.g. nvidia, which k3s and "
+        "RKE2 GPU nodes need); empty: the cluster's default runtime.",
+        default="",
+        pattern=_DNS_SUBDOMAIN_OR_EMPTY,
+        max_length=253,
+    )
+    pod_security: PodSecuritySpec = spec_field(
+        name="podSecurity",
+        description="The user and groups of the head and worker pods (their containers run "
+        "with the restricted Pod Security Standard's settings: non-root, no privilege "
+        "escalation, all capabilities dropped, seccomp RuntimeDefault).",
+        default_factory=lambda: PodSecuritySpec(),
+    )
     scheduler_name: str = spec_field(
         name="schedulerName",
         description="schedulerName of the head and worker pods (e.g. volcano or yunikorn for "
@@ -293,11 +455,13 @@ class WorkersSpec:
         exclusive_minimum=True,
         maximum=MAX_PARALLEL,
     )
-    placement_strategy: str = spec_field(
+    placement: str = spec_field(
         name="placementStrategy",
-        description="Ray placement group strategy.",
-        default="PACK",
-        enum=("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"),
+        description='Ray placement group strategy of each node\'s placement group. "auto" '
+        "(the default): STRICT_PACK for GPU workers (a node's processes, and so its tensor-"
+        "parallel groups, stay on one node), PACK for CPU workers.",
+        default=PLACEMENT_AUTO,
+        enum=(PLACEMENT_AUTO, "PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"),
     )
     name_prefix: str = spec_field(
         name="namePrefix",
@@ -322,6 +486,14 @@ class WorkersSpec:
         default=DEFAULT_WORKER_CLASS,
         pattern=_IMPORT_PATH,
     )
+
+    @property
+    def placement_strategy(self) -> str:
+        """``placementStrategy`` as Ray takes it: "auto" is STRICT_PACK for GPU workers and
+        PACK otherwise (``useGpu`` "auto" not yet resolved counts as CPU: resolve it first)."""
+        if self.placement != PLACEMENT_AUTO:
+            return self.placement
+        return "STRICT_PACK" if self.use_gpu is True else "PACK"
 
     def gpu_for(self, cluster_gpus: float) -> bool:
         """``useGpu`` resolved against a cluster with ``cluster_gpus`` GPUs in total."""

@@ -163,6 +163,14 @@ GPU = HAS_CLUSTER & (USE_GPU.eq(True) | (USE_GPU.eq("auto") & (GPUS_PER_WORKER >
 CHECKPOINT_DIR = Field("training.checkpointDir")
 HAS_STORAGE = HAS_CLUSTER & Has("rayCluster.storage")
 MOUNT_PATH = Field("rayCluster.storage.mountPath")
+# A GPU group for the rules that hold whatever runs the pods (rayClusterRef too): useGpu true,
+# or "auto" on a RayCluster the spec creates with GPUs.
+GPU_GROUP = USE_GPU.eq(True) | GPU
+TENSOR_CONTEXT = TENSOR * CONTEXT
+WORKER_VOLUMES = Field("rayCluster.workers.volumes")
+EXTENDED_RESOURCES = Field("rayCluster.workers.extendedResources")
+RESERVED_VOLUMES = ("dshm", "checkpoints")  # = tgapi.model.RESERVED_VOLUMES
+GPU_RESOURCE = ("nvidia.com/gpu",)
 PRETRAINED = Has("model.pretrained")
 HEAD_DIM = Field("model.headDim")
 ARCHITECTURE = Field("model.architecture")
@@ -340,6 +348,62 @@ RULES: tuple[Rule, ...] = (
         fix=Text(
             "set training.checkpointDir to rayCluster.storage.mountPath or a directory under "
             "it, e.g. /checkpoints/my-group when mountPath is /checkpoints"
+        ),
+        cluster=True,
+    ),
+    Rule(
+        name="checkpoint-needs-storage",
+        field="training.checkpointDir",
+        holds=~HAS_CLUSTER | CHECKPOINT_DIR.eq("") | HAS_STORAGE | (PPN.size() <= 1),
+        problem=Text(
+            "is set without rayCluster.storage for a group on {} nodes: each node would write "
+            "its own ephemeral disk, and ranks on different nodes would resume from different "
+            "steps",
+            PPN.size(),
+        ),
+        fix=Text(
+            "add rayCluster.storage (a ReadWriteMany PersistentVolumeClaim mounted on every "
+            "worker) and put training.checkpointDir under its mountPath, or set "
+            'training.checkpointDir: "" (no checkpoints)'
+        ),
+        cluster=True,
+    ),
+    Rule(
+        name="worker-volume-names",
+        field="rayCluster.workers.volumes",
+        holds=~HAS_CLUSTER | ~WORKER_VOLUMES.exists_key_in("name", RESERVED_VOLUMES),
+        problem=Text(
+            "names a volume {}, which the operator mounts itself (dshm is /dev/shm, "
+            "checkpoints the rayCluster.storage claim)",
+            Str(WORKER_VOLUMES.first_key_in("name", RESERVED_VOLUMES)),
+        ),
+        fix=Text("give the volume another name"),
+    ),
+    Rule(
+        name="extended-resources-not-gpus",
+        field="rayCluster.workers.extendedResources",
+        holds=~HAS_CLUSTER | ~EXTENDED_RESOURCES.exists_key_in("name", GPU_RESOURCE),
+        problem=Text("lists nvidia.com/gpu, which rayCluster.workers.gpusPerWorker sets"),
+        fix=Text("remove it and set rayCluster.workers.gpusPerWorker"),
+    ),
+    Rule(
+        name="tensor-groups-in-node",
+        field="parallelism.tensor",
+        holds=~GPU_GROUP | ~PPN.exists_not_multiple_of(TENSOR_CONTEXT),
+        problem=Text(
+            "tensor x context = {} x {} = {} does not divide the {} GPU processes of a node "
+            "(workers.processesPerNode), so a tensor-parallel group would span nodes and "
+            "run its all-reduces over the network",
+            TENSOR,
+            CONTEXT,
+            TENSOR_CONTEXT,
+            PPN.first_not_multiple_of(TENSOR_CONTEXT),
+        ),
+        fix=Text(
+            "make every workers.processesPerNode entry a multiple of {} (e.g. [{}] per node), "
+            "or lower parallelism.tensor or parallelism.context",
+            TENSOR_CONTEXT,
+            TENSOR_CONTEXT,
         ),
         cluster=True,
     ),

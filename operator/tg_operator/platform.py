@@ -8,11 +8,12 @@ each from one field group of ``spec.rayCluster``:
 * :func:`pod_metadata`: the head and worker pod templates' labels and annotations
   (``podLabels``, ``podAnnotations``); the operator's labels win, since it selects pods by
   them.
-* :func:`pod_identity`: ``serviceAccountName``, ``imagePullSecrets``, ``priorityClassName``
-  of every pod.
+* :func:`pod_identity`: ``serviceAccountName``, ``imagePullSecrets``, ``priorityClassName``,
+  ``schedulerName`` and ``runtimeClassName`` of every Ray pod.
 * :func:`head_placement`: the head pod's ``nodeSelector`` and ``tolerations``.
 * :func:`checkpoint_volume` / :func:`checkpoint_mount`: the checkpoint claim
   (``storage``) as a volume and a mount, on every worker pod.
+* :func:`extra_volumes` / :func:`extra_mounts`: ``rayCluster.workers.volumes``.
 
 The claim is the platform's: named, never created or deleted by the operator, so deleting
 a TrainerGroup never deletes checkpoints (and the operator needs no rights on claims).
@@ -69,6 +70,8 @@ def pod_identity(tg: TrainerGroup) -> dict[str, Any]:
         out["priorityClassName"] = rc.priority_class_name
     if rc.scheduler_name:
         out["schedulerName"] = rc.scheduler_name
+    if rc.runtime_class_name:
+        out["runtimeClassName"] = rc.runtime_class_name
     return out
 
 
@@ -125,3 +128,19 @@ def head_checkpoint_mount(tg: TrainerGroup) -> list[dict[str, Any]]:
 
 def head_checkpoint_volume(tg: TrainerGroup) -> list[dict[str, Any]]:
     return checkpoint_volume(tg) if head_reads_checkpoints(tg) else []
+
+
+def extra_volumes(tg: TrainerGroup) -> list[dict[str, Any]]:
+    """``rayCluster.workers.volumes`` as the worker pods' volumes (their sources as written)."""
+    return [{**dict(v.source), "name": v.name} for v in _cluster_spec(tg).workers.volumes]
+
+
+def extra_mounts(tg: TrainerGroup) -> list[dict[str, Any]]:
+    """The worker container's mounts of ``rayCluster.workers.volumes``."""
+    out: list[dict[str, Any]] = []
+    for v in _cluster_spec(tg).workers.volumes:
+        mount: dict[str, Any] = {"name": v.name, "mountPath": v.mount_path}
+        if v.read_only:
+            mount["readOnly"] = True
+        out.append(mount)
+    return out

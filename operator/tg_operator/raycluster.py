@@ -3,7 +3,9 @@
 The head gets no GPUs and ``num-cpus: "0"`` so Ray never places a worker on it (it
 still runs the job drivers: the server and teardown entrypoints). The one worker
 group gets ``nvidia.com/gpu`` in both limits and requests, and a toleration for the
-``nvidia.com/gpu`` taint is added automatically. The cluster is owned by the
+``nvidia.com/gpu`` taint is added automatically. Every Ray pod runs with the restricted Pod
+Security Standard's settings, the CPU is requested but not limited, and ``/dev/shm`` has a
+size limit (``pods.py``). The cluster is owned by the
 TrainerGroup (garbage-collected with it) and labelled with its name. What a platform
 adds (storage, service account, pull secrets, priority, labels and annotations, head
 placement) comes from ``platform.py``.
@@ -13,10 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from tg_operator import names, owners, platform, probes, queue, ray_token
+from tg_operator import names, owners, platform, pods, probes, queue, ray_token
 from tgapi import TrainerGroup
 
-GPU_RESOURCE = "nvidia.com/gpu"
+GPU_RESOURCE = pods.GPU_RESOURCE
 WORKER_GROUP = "workers"
 HEAD_CONTAINER = "ray-head"
 WORKER_CONTAINER = "ray-worker"
@@ -28,34 +30,39 @@ def build_raycluster(tg: TrainerGroup, *, cluster_hash: str) -> dict[str, Any]:
     if rc is None:
         raise ValueError(f"TrainerGroup {tg.namespace}/{tg.name} uses rayClusterRef")
     labels = names.labels(tg)
-    head_resources = {"cpu": rc.head.cpu, "memory": rc.head.memory}
-    worker_resources: dict[str, str] = {"cpu": rc.workers.cpu, "memory": rc.workers.memory}
-    if rc.workers.gpus_per_worker > 0:
-        worker_resources[GPU_RESOURCE] = str(rc.workers.gpus_per_worker)
-    env = [{"name": e.name, "value": e.value} for e in rc.workers.env]
+    workers = rc.workers
     worker_pod: dict[str, Any] = {
         "containers": [
             {
                 "name": WORKER_CONTAINER,
                 "image": tg.spec.image,
-                "resources": {"limits": dict(worker_resources), "requests": dict(worker_resources)},
-                "env": env,
+                "resources": pods.worker_resources(workers),
+                "env": pods.worker_env(tg),
                 **probes.ray_node_probes(head=False),
                 "volumeMounts": [
                     {"name": "dshm", "mountPath": "/dev/shm"},
                     *platform.checkpoint_mount(tg),
+                    *platform.extra_mounts(tg),
                 ],
+                "securityContext": pods.container_security(add=workers.capabilities),
             }
         ],
         "volumes": [
-            {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": pods.shm_size(workers)}},
             *platform.checkpoint_volume(tg),
+            *platform.extra_volumes(tg),
         ],
         "tolerations": worker_tolerations(tg),
+        "securityContext": pods.pod_security(
+            rc.pod_security, mounts_claim=bool(platform.checkpoint_volume(tg))
+        ),
         **platform.pod_identity(tg),
     }
-    if rc.workers.node_selector:
-        worker_pod["nodeSelector"] = dict(rc.workers.node_selector)
+    if workers.node_selector:
+        worker_pod["nodeSelector"] = dict(workers.node_selector)
+    if workers.host_network:
+        worker_pod["hostNetwork"] = True
+        worker_pod["dnsPolicy"] = "ClusterFirstWithHostNet"
     manifest: dict[str, Any] = {
         "apiVersion": f"{names.RAY_GROUP}/{names.RAY_VERSION}",
         "kind": names.RAY_KIND,
@@ -86,10 +93,9 @@ def build_raycluster(tg: TrainerGroup, *, cluster_hash: str) -> dict[str, Any]:
                             {
                                 "name": HEAD_CONTAINER,
                                 "image": tg.spec.image,
-                                "resources": {
-                                    "limits": dict(head_resources),
-                                    "requests": dict(head_resources),
-                                },
+                                "resources": pods.head_resources(
+                                    cpu=rc.head.cpu, memory=rc.head.memory
+                                ),
                                 "ports": [
                                     {"containerPort": 6379, "name": "gcs-server"},
                                     {"containerPort": 8265, "name": "dashboard"},
@@ -97,9 +103,14 @@ def build_raycluster(tg: TrainerGroup, *, cluster_hash: str) -> dict[str, Any]:
                                 ],
                                 **probes.ray_node_probes(head=True),
                                 **_mounts(platform.head_checkpoint_mount(tg)),
+                                "securityContext": pods.container_security(),
                             }
                         ],
                         **_volumes(platform.head_checkpoint_volume(tg)),
+                        "securityContext": pods.pod_security(
+                            rc.pod_security,
+                            mounts_claim=bool(platform.head_checkpoint_volume(tg)),
+                        ),
                         **platform.pod_identity(tg),
                         **platform.head_placement(tg),
                     },

@@ -17,6 +17,7 @@ import json
 from typing import Any
 
 from tgapi import TrainerGroupSpec, TrainerGroupStatus, to_wire
+from tgapi.model import PLACEMENT_AUTO, PodSecuritySpec, RayWorkerNodesSpec
 
 
 class SpecChange(enum.Enum):
@@ -37,7 +38,7 @@ def group_hash(spec: TrainerGroupSpec) -> str:
     """Hash of the spec fields the worker group is built from."""
     return _digest(
         {
-            "workers": to_wire(spec.workers),
+            "workers": _placement_as_before(to_wire(spec.workers)),
             "parallelism": to_wire(spec.parallelism),
             "model": to_wire(spec.model),
             "optimizer": to_wire(spec.optimizer),
@@ -62,15 +63,45 @@ def _without(wire: dict[str, Any], keys: frozenset[str]) -> dict[str, Any]:
     return {k: v for k, v in wire.items() if k not in keys}
 
 
-LATER_CLUSTER_FIELDS: dict[str, Any] = {"schedulerName": ""}
+def _placement_as_before(workers: dict[str, Any]) -> dict[str, Any]:
+    """``placementStrategy: auto`` hashed as ``PACK``, the default before auto existed: an
+    operator upgrade does not re-create running groups (their next re-creation uses auto)."""
+    if workers.get("placementStrategy") == PLACEMENT_AUTO:
+        return {**workers, "placementStrategy": "PACK"}
+    return workers
+
+
+LATER_CLUSTER_FIELDS: dict[str, Any] = {
+    "schedulerName": "",
+    "runtimeClassName": "",
+    "podSecurity": to_wire(PodSecuritySpec()),
+}
 """rayCluster fields added after clusters were first hashed, with their defaults: hashed only
 when set, so that an operator upgrade does not replace the clusters already running."""
+
+LATER_WORKER_POD_FIELDS: dict[str, Any] = {
+    "cpuLimit": "",
+    "shmSize": "",
+    "capabilities": [],
+    "extendedResources": [],
+    "hostNetwork": False,
+    "ncclSocketIfname": to_wire(RayWorkerNodesSpec()).get("ncclSocketIfname"),
+    "volumes": [],
+}
+"""The same for ``rayCluster.workers``."""
 
 
 def _without_defaults(wire: Any, defaults: dict[str, Any]) -> Any:
     if not isinstance(wire, dict):
         return wire
     return {k: v for k, v in wire.items() if k not in defaults or v != defaults[k]}
+
+
+def _cluster_wire(wire: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = _without_defaults(wire, LATER_CLUSTER_FIELDS)
+    if isinstance(out.get("workers"), dict):
+        out["workers"] = _without_defaults(out["workers"], LATER_WORKER_POD_FIELDS)
+    return out
 
 
 def cluster_hash(spec: TrainerGroupSpec) -> str:
@@ -80,7 +111,7 @@ def cluster_hash(spec: TrainerGroupSpec) -> str:
     fields: dict[str, Any] = {
         "image": spec.image,
         "rayVersion": spec.ray_version,
-        "rayCluster": _without_defaults(to_wire(spec.ray_cluster), LATER_CLUSTER_FIELDS),
+        "rayCluster": _cluster_wire(to_wire(spec.ray_cluster)),
     }
     if spec.queue is not None:
         fields["queue"] = to_wire(spec.queue)

@@ -33,7 +33,7 @@ import secrets
 from collections.abc import Mapping
 from typing import Any
 
-from tg_operator import names, owners, platform, probes, ray_token
+from tg_operator import names, owners, platform, pods, probes, ray_token
 from tg_operator.networkpolicy import CLIENT_LABEL
 from tgapi import TrainerGroup
 
@@ -256,10 +256,10 @@ def _pod_spec(tg: TrainerGroup, *, python: str) -> dict[str, Any]:
     ]
     volumes = [
         # 0444: the files are root's and the runtime image runs as uid 1000 (only this pod
-        # mounts the Secret; 0440 would need an fsGroup, which also chowns the checkpoint claim)
+        # mounts the Secret; 0440 would need an fsGroup on pods without the checkpoint claim)
         {"name": "keys", "secret": {"secretName": keys_secret_name(tg), "defaultMode": 0o444}},
         {"name": "tmp", "emptyDir": {}},
-        {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": pods.half(server.memory)}},
         *platform.checkpoint_volume(tg),
     ]
     container = {
@@ -292,23 +292,22 @@ def _pod_spec(tg: TrainerGroup, *, python: str) -> dict[str, Any]:
         },
         "resources": {"requests": dict(quantities), "limits": dict(quantities)},
         "volumeMounts": mounts,
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-            "runAsNonRoot": True,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": pods.container_security(),
     }
+    rc = tg.spec.ray_cluster
     spec: dict[str, Any] = {
         "serviceAccountName": server_name(tg),
         "containers": [container],
         "volumes": volumes,
+        "securityContext": pods.pod_security(
+            rc.pod_security if rc is not None else None,
+            mounts_claim=bool(platform.checkpoint_volume(tg)),
+        ),
     }
     if server.node_selector:
         spec["nodeSelector"] = dict(server.node_selector)
     if server.tolerations:
         spec["tolerations"] = [dict(t) for t in server.tolerations]
-    rc = tg.spec.ray_cluster
     if rc is not None and rc.image_pull_secrets:
         spec["imagePullSecrets"] = [{"name": n} for n in rc.image_pull_secrets]
     if rc is not None and rc.priority_class_name:

@@ -76,6 +76,14 @@ def _random_spec(rnd: random.Random) -> dict[str, Any]:
             model["positionEmbedding"] = rnd.choice(["auto", "rope", "rope", "learned_absolute"])
             model["normalization"] = rnd.choice(["RMSNorm", "RMSNorm", "LayerNorm"])
             model["activation"] = rnd.choice(["swiglu", "swiglu", "gelu"])
+    if "rayCluster" in spec and rnd.random() < 0.3:  # drawn last too: extra volumes, devices
+        spec["rayCluster"]["workers"]["volumes"] = [
+            {"name": rnd.choice(["ib", "dshm", "checkpoints"]), "mountPath": "/dev/infiniband",
+             "source": {"hostPath": {"path": "/dev/infiniband"}}}
+        ]
+        spec["rayCluster"]["workers"]["extendedResources"] = [
+            {"name": rnd.choice(["rdma/ib", "vpc.amazonaws.com/efa", "nvidia.com/gpu"])}
+        ]
     return spec
 
 
@@ -111,6 +119,7 @@ def test_every_rule_is_in_the_crd_or_the_policy() -> None:
         "gpu-pods-have-gpus",
         "gpu-nodes-fit-replicas",
         "gpu-processes-fit-pods",
+        "tensor-groups-in-node",
     }
 
 
@@ -149,6 +158,8 @@ def test_local_mode_skips_the_cluster_rules() -> None:
         "gpu-nodes-fit-replicas",
         "gpu-processes-fit-pods",
         "checkpoint-on-storage",
+        "checkpoint-needs-storage",
+        "tensor-groups-in-node",
     }
 
 

@@ -42,7 +42,9 @@ def test_the_users_worker_env_is_kept_after_the_token_env() -> None:
     spec["rayCluster"]["workers"]["env"] = [{"name": "FOO", "value": "1"}]
     rc = build_raycluster(trainergroup(spec=spec), cluster_hash="h")
     worker = rc["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
-    assert [e["name"] for e in worker["env"]] == ["RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "FOO"]
+    assert [e["name"] for e in worker["env"]] == [
+        "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "NCCL_DEBUG", "TORCHINDUCTOR_COMPILE_THREADS", "FOO"
+    ]
 
 
 def test_auth_disabled_is_the_documented_opt_out() -> None:

@@ -82,7 +82,8 @@ def test_the_group_hash_of_a_spec_before_stall_seconds_existed_is_unchanged() ->
     wire.pop("microBatchTokens")
     before = _digest(
         {
-            "workers": to_wire(spec.workers),
+            # placementStrategy's default was PACK before auto existed
+            "workers": {**to_wire(spec.workers), "placementStrategy": "PACK"},
             "parallelism": to_wire(spec.parallelism),
             "model": to_wire(spec.model),
             "optimizer": to_wire(spec.optimizer),
@@ -100,4 +101,35 @@ def test_micro_batch_tokens_is_hashed_only_when_set() -> None:
     b_["spec"].setdefault("training", {})["microBatchTokens"] = 0
     assert group_hash(parse_resource(b_).spec) == group_hash(plain)
     b_["spec"]["training"]["microBatchTokens"] = 8192
+    assert group_hash(parse_resource(b_).spec) != group_hash(plain)
+
+
+def test_the_cluster_hash_of_a_spec_before_the_pod_fields_existed_is_unchanged() -> None:
+    """runtimeClassName, podSecurity and the worker pod fields of issue 36 are hashed only when
+    set: an operator upgrade does not replace the RayClusters already running."""
+    spec = parse_resource(body()).spec
+    cluster = to_wire(spec.ray_cluster)
+    for key in ("schedulerName", "runtimeClassName", "podSecurity"):
+        cluster.pop(key)
+    for key in ("cpuLimit", "shmSize", "capabilities", "extendedResources", "hostNetwork",
+                "ncclSocketIfname", "volumes"):
+        cluster["workers"].pop(key)
+    before = _digest(
+        {"image": spec.image, "rayVersion": spec.ray_version, "rayCluster": cluster}
+    )
+    assert cluster_hash(spec) == before
+    b_ = body()
+    b_["spec"]["rayCluster"]["runtimeClassName"] = "nvidia"
+    assert cluster_hash(parse_resource(b_).spec) != before
+    b_ = body()
+    b_["spec"]["rayCluster"]["workers"]["hostNetwork"] = True
+    assert cluster_hash(parse_resource(b_).spec) != before
+
+
+def test_placement_auto_keeps_the_old_group_hash_and_an_explicit_strategy_changes_it() -> None:
+    plain = parse_resource(body()).spec
+    b_ = body()
+    b_["spec"]["workers"]["placementStrategy"] = "PACK"
+    assert group_hash(parse_resource(b_).spec) == group_hash(plain)
+    b_["spec"]["workers"]["placementStrategy"] = "STRICT_PACK"
     assert group_hash(parse_resource(b_).spec) != group_hash(plain)

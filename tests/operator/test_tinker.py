@@ -142,7 +142,7 @@ def test_the_deployment_runs_the_server_entrypoint_from_the_runtime_image() -> N
     volumes = {v["name"]: v for v in ps["volumes"]}
     # a volume, not env: the kubelet updates it, so a key removed from the Secret stops working
     assert volumes["keys"]["secret"]["secretName"] == "demo-tinker-keys"
-    assert volumes["dshm"]["emptyDir"] == {"medium": "Memory"}
+    assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "1Gi"}  # half of 2Gi
     assert c["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     # liveness only once the server has answered: the start waits for the group (minutes)
     # (one exec that waits for healthz 200: a normal start posts no Unhealthy event)

@@ -97,6 +97,16 @@ MISTAKES: list[tuple[str, dict[str, Any]]] = [
                                         training={"checkpointDir": "/ckpt-old/run"})),
     ("checkpoint-on-storage", spec_with(rayCluster={"storage": {"claimName": "ckpt"}},
                                         training={"checkpointDir": "/checkpoints/../etc"})),
+    # issue 36: checkpoints of a multi-node group on a shared claim; tensor groups inside a
+    # node; the workers' extra volumes and devices
+    ("checkpoint-needs-storage", spec_with(training={"checkpointDir": "/ckpt/run"})),
+    ("tensor-groups-in-node", spec_with(parallelism={"tensor": 4})),
+    ("worker-volume-names", spec_with(rayCluster={"workers": {
+        "replicas": 2, "gpusPerWorker": 2,
+        "volumes": [{"name": "dshm", "mountPath": "/x", "source": {"emptyDir": {}}}]}})),
+    ("extended-resources-not-gpus", spec_with(rayCluster={"workers": {
+        "replicas": 2, "gpusPerWorker": 2,
+        "extendedResources": [{"name": "nvidia.com/gpu", "count": 2}]}})),
     # a Llama checkpoint (model.pretrained) fixes the position embedding, norm and MLP
     ("pretrained-rope", spec_with(model={"pretrained": "/ckpt/llama",
                                          "positionEmbedding": "learned_absolute"})),
@@ -135,6 +145,17 @@ ACCEPTED: list[dict[str, Any]] = [
                           "head": {"cpu": "500m", "nodeSelector": {"pool": "cpu"},
                                    "tolerations": [{"key": "k", "operator": "Exists"}]}},
               training={"checkpointDir": "/ckpt/run1"}),
+    # issue 36's pod fields: runtime class, user, RDMA devices, capabilities, host network,
+    # volumes; a GPU group's tensor groups inside its nodes
+    spec_with(rayCluster={"runtimeClassName": "nvidia",
+                          "podSecurity": {"runAsUser": 1000, "fsGroup": 100},
+                          "workers": {"replicas": 2, "gpusPerWorker": 2, "cpuLimit": "16",
+                                      "shmSize": "8Gi", "capabilities": ["IPC_LOCK"],
+                                      "extendedResources": [{"name": "rdma/ib", "count": 1}],
+                                      "hostNetwork": True,
+                                      "volumes": [{"name": "ib", "mountPath": "/dev/infiniband",
+                                                   "source": {"hostPath": {
+                                                       "path": "/dev/infiniband"}}}]}}),
 ]
 
 # Models that cannot fit the worker pods (tgapi.sizing, in the admission policy): the field
@@ -169,6 +190,12 @@ FIELD_MISTAKES: list[tuple[str, dict[str, Any]]] = [
     ("spec.rayCluster.storage.mountPath", {"storage": {"claimName": "c", "mountPath": "/ckpt/"}}),
     ("spec.rayCluster.imagePullSecrets[0]", {"imagePullSecrets": ["Not_A_Name"]}),
     ("spec.rayCluster.serviceAccountName", {"serviceAccountName": "UPPER"}),
+    ("spec.rayCluster.runtimeClassName", {"runtimeClassName": "Not_A_Name"}),
+    ("spec.rayCluster.podSecurity.runAsUser", {"podSecurity": {"runAsUser": 0}}),
+    ("spec.rayCluster.workers.capabilities[0]",
+     {"workers": {"replicas": 2, "gpusPerWorker": 2, "capabilities": ["SYS_ADMIN"]}}),
+    ("spec.rayCluster.workers.extendedResources[0].name",
+     {"workers": {"replicas": 2, "gpusPerWorker": 2, "extendedResources": [{"name": "efa"}]}}),
 ]
 
 

@@ -23,7 +23,7 @@ from tgruntime.service.core import PROTO, RUN_SETTINGS, ServiceCore, _json_log, 
 from tgruntime.service.datum import metrics, outputs, to_tensors
 from tgruntime.service.futures import Outcome
 from tgruntime.service.runs import RunState
-from tgruntime.service.sessions import Model, ServiceError, new_id
+from tgruntime.service.sessions import Model, ServiceError
 from tgruntime.trainer.tinker_losses import tinker_loss_name
 
 
@@ -122,9 +122,13 @@ class ModelRoutes(ServiceCore):
         return out
 
     def _new_model(self, sid: str, body: dict[str, Any], rank: int | None, who: str) -> Model:
-        """A model of session ``sid`` with a new unguessable id (not yet registered)."""
+        """A model of session ``sid`` (not yet registered). Its id is the one the SDK derives
+        (``create_training_client_from_state`` computes it client-side):
+        ``{session_id}:train:{model_seq_id}``, unguessable through the session id's 128
+        random bits."""
         seq = int(body.get("model_seq_id", 0))
-        return Model(new_id("run-"), sid, self.info.base_model, rank, owner=who, seq=seq)
+        model_id = f"{sid}:train:{seq}"
+        return Model(model_id, sid, self.info.base_model, rank, owner=who, seq=seq)
 
     async def _create_run(
         self, sid: str, body: dict[str, Any], who: str, *, state: Path | None = None

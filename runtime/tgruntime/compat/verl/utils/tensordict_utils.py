@@ -6,6 +6,13 @@
 The helpers keep verl's meanings: non-tensor values live in a TensorDict as
 ``NonTensorData`` (one value for the whole batch) or ``NonTensorStack`` (one value per
 row, built from a list); ``get``/``pop`` hand them back as plain Python values.
+
+Variable-length rows are jagged nested tensors (``torch.nested``, ``layout=torch.jagged``):
+``nested_tensor_from_tensor_list`` builds one from per-row tensors, ``concat_nested_tensors``
+and ``concat_tensordict`` join them, ``list_of_dict_to_tensordict`` makes one for a key whose
+rows differ in length. Where verl's helpers assert (``concat_nested_tensors``,
+``concat_tensordict_with_none_bsz``, ``make_iterator``, ``assert_tensordict_eq``) these raise
+``AssertionError`` too, with the offending key or shape, whatever ``python -O`` says.
 """
 
 # TensorDict refuses ``key in td`` (membership is ambiguous there): ``.keys()`` is needed.
@@ -13,8 +20,9 @@ row, built from a list); ``get``/``pop`` hand them back as plain Python values.
 
 from __future__ import annotations
 
+import itertools
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, cast
 
 import torch
@@ -24,17 +32,24 @@ from tensordict.tensorclass import NonTensorData, NonTensorStack
 from tgruntime.controller.dataproto import concat_tensordicts
 
 __all__ = [
+    "assert_tensordict_eq",
     "assign_non_tensor",
     "assign_non_tensor_data",
     "assign_non_tensor_stack",
     "chunk_tensordict",
+    "concat_nested_tensors",
     "concat_tensordict",
+    "concat_tensordict_with_none_bsz",
     "contiguous",
     "get",
     "get_keys",
     "get_non_tensor_data",
     "get_tensordict",
     "index_select_tensor_dict",
+    "list_of_dict_to_tensordict",
+    "make_iterator",
+    "maybe_fix_3d_position_ids",
+    "nested_tensor_from_tensor_list",
     "pad_to_divisor",
     "pop",
     "pop_keys",
@@ -236,14 +251,240 @@ def chunk_tensordict(td: TensorDict, chunks: int) -> list[TensorDict]:
     return list(td.chunk(chunks, dim=0))
 
 
+def _nested_keys(td: TensorDict) -> set[str]:
+    return {
+        str(k) for k in td.keys() if isinstance(v := td.get(k), torch.Tensor) and v.is_nested
+    }
+
+
 def concat_tensordict(data: Sequence[TensorDict]) -> TensorDict:
     """Join along dim 0; TensorDicts without a batch dimension give the first (verl's rule).
 
-    The same function joins TensorDict results of N-D / DP_COMPUTE_PROTO calls.
+    Jagged nested tensors are joined with :func:`concat_nested_tensors`; every TensorDict must
+    then hold the same nested keys. The same function joins TensorDict results of N-D /
+    DP_COMPUTE_PROTO calls.
     """
     if not data:
         raise ValueError("nothing to concatenate")
-    return concat_tensordicts(data)
+    nested = _nested_keys(data[0])
+    if not nested:
+        return concat_tensordicts(data)
+    plain: list[TensorDict] = []
+    for i, td in enumerate(data):
+        if _nested_keys(td) != nested:
+            raise AssertionError(
+                f"TensorDict {i} has nested tensors {sorted(_nested_keys(td))}, the first has "
+                f"{sorted(nested)}: all must have the same set of nested tensors"
+            )
+        rest = {str(k): td.get(k) for k in td.keys() if str(k) not in nested}
+        plain.append(TensorDict(rest, batch_size=td.batch_size, device=td.device))
+    out = concat_tensordicts(plain)
+    for key in sorted(nested):
+        out[key] = concat_nested_tensors([td.get(key) for td in data])
+    return out
+
+
+def concat_tensordict_with_none_bsz(data: Sequence[TensorDict]) -> TensorDict:
+    """The first of TensorDicts that have no batch dimension (batch-wide values only).
+
+    Such TensorDicts carry one value per key for the whole batch (``NonTensorData``
+    metadata), so joining them keeps the first; one with a batch dimension is an error.
+    """
+    if not data:
+        raise AssertionError("nothing to concatenate")
+    for i, td in enumerate(data):
+        if len(td.batch_size) != 0:
+            raise AssertionError(
+                f"TensorDict {i} has batch size {list(td.batch_size)}: only TensorDicts without "
+                "a batch dimension (batch_size=[]) are joined by keeping the first"
+            )
+    return data[0]
+
+
+# ---------------------------------------------------------------------------- nested tensors
+def nested_tensor_from_tensor_list(
+    tensors: Sequence[torch.Tensor], ragged_idx: int | None = None
+) -> torch.Tensor:
+    """A jagged nested tensor whose rows are ``tensors`` (all of the same number of dims).
+
+    ``ragged_idx`` is the nested tensor's ragged dimension (1 .. the rows' dims; dimension 0
+    is the batch), by default the rows' last dimension: rows of shape ``(4, L_i)`` give a
+    ``[B, 4, j]`` tensor with ``ragged_idx`` 2. The rows may differ only along that dimension.
+    """
+    rows = list(tensors)
+    if not rows:
+        raise AssertionError("nested_tensor_from_tensor_list needs at least one tensor")
+    dims = rows[0].dim()
+    if dims < 1 or any(t.dim() != dims for t in rows):
+        raise AssertionError(
+            f"the rows must have the same number (>= 1) of dims, got {[t.dim() for t in rows]}"
+        )
+    ragged = dims if ragged_idx is None else int(ragged_idx)
+    if not 1 <= ragged <= dims:
+        raise AssertionError(f"ragged_idx must be in [1, {dims}], got {ragged_idx}")
+    if dims == 1:
+        return torch.nested.as_nested_tensor(rows, layout=torch.jagged)
+    along = ragged - 1  # the rows' own dimension that varies
+    lengths = torch.tensor([t.shape[along] for t in rows], dtype=torch.long)
+    offsets = torch.zeros(len(rows) + 1, dtype=torch.long)
+    offsets[1:] = torch.cumsum(lengths, dim=0)
+    values = torch.cat(rows, dim=along)
+    return torch.nested.nested_tensor_from_jagged(
+        values, offsets.to(values.device), jagged_dim=ragged
+    )
+
+
+def concat_nested_tensors(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Join jagged nested tensors along the batch: the rows of each, in order.
+
+    Each must be a contiguous nested tensor of 2 or more dims (batch + ragged); the result
+    keeps the first one's ragged dimension.
+    """
+    parts = list(tensors)
+    if not parts:
+        raise AssertionError("nothing to concatenate")
+    rows: list[torch.Tensor] = []
+    for i, t in enumerate(parts):
+        if not (isinstance(t, torch.Tensor) and t.is_nested):
+            raise AssertionError(f"tensor {i} is not a nested tensor")
+        if not t.is_contiguous():
+            raise AssertionError(f"nested tensor {i} is not contiguous")
+        if t.dim() < 2:
+            raise AssertionError(f"nested tensor {i} must have 2 or more dims, got {t.shape}")
+        rows.extend(_rows(t))
+    return nested_tensor_from_tensor_list(rows, ragged_idx=_ragged_idx(parts[0]))
+
+
+def _ragged_idx(t: torch.Tensor) -> int:
+    return int(getattr(t, "_ragged_idx", t.dim() - 1))
+
+
+def _rows(t: torch.Tensor) -> list[torch.Tensor]:
+    """The rows of a jagged nested tensor, read from its values and offsets (``unbind`` of
+    3-D+ jagged tensors splits the wrong dimension in some torch versions)."""
+    ragged = _ragged_idx(t)
+    values, offsets = t.values(), t.offsets().tolist()  # type: ignore[attr-defined]
+    along = ragged - 1
+    return [
+        values.narrow(along, start, end - start)
+        for start, end in itertools.pairwise(offsets)
+    ]
+
+
+def maybe_fix_3d_position_ids(data: TensorDict) -> None:
+    """Set the ragged dimension of a 3-D nested ``position_ids`` (a VLM's ``[B, 4, j]``) back
+    to 2, in place; a pickled and consolidated TensorDict can lose it. Anything else: no-op."""
+    if "position_ids" not in data.keys():
+        return
+    pos = data.get("position_ids")
+    if isinstance(pos, torch.Tensor) and pos.is_nested and pos.dim() == 3:
+        pos._ragged_idx = 2  # type: ignore[attr-defined]
+
+
+def list_of_dict_to_tensordict(list_of_dicts: Sequence[Mapping[str, Any]]) -> TensorDict:
+    """A TensorDict of one row per dict (the keys of the first dict; each dict must have them).
+
+    Per key: tensors of one shape are stacked; tensors of different shapes become a jagged
+    nested tensor; anything else (numbers, strings, lists, dicts, or a mix) a per-row
+    ``NonTensorStack``.
+    """
+    dicts = list(list_of_dicts)
+    if not dicts:
+        raise AssertionError("list_of_dict_to_tensordict needs at least one dict")
+    source: dict[str, Any] = {}
+    for key in dicts[0].keys():
+        values = [d[key] for d in dicts]
+        if all(isinstance(v, torch.Tensor) for v in values):
+            if all(v.shape == values[0].shape for v in values):
+                source[key] = torch.stack(values)
+            else:
+                source[key] = torch.nested.as_nested_tensor(values, layout=torch.jagged)
+        else:
+            source[key] = _stack(values)
+    return TensorDict(source, batch_size=[len(dicts)])
+
+
+# ---------------------------------------------------------------------------- iteration
+def make_iterator(
+    tensordict: TensorDict,
+    mini_batch_size: int,
+    epochs: int,
+    seed: int | None = None,
+    dataloader_kwargs: Mapping[str, Any] | None = None,
+) -> Iterator[TensorDict]:
+    """Mini-batches of ``mini_batch_size`` rows, ``epochs`` passes over ``tensordict``.
+
+    The rows are drawn by a ``torch.utils.data.DataLoader`` over the row indices, so
+    ``dataloader_kwargs`` (``shuffle=True``, ``drop_last``...) apply; ``seed`` seeds its
+    generator, so shuffled orders repeat for one seed. The batch size must be a multiple of
+    ``mini_batch_size``.
+    """
+    from torch.utils.data import DataLoader
+
+    rows = int(tensordict.batch_size[0])
+    if mini_batch_size <= 0 or rows % mini_batch_size:
+        raise AssertionError(f"{rows} rows are not a multiple of mini_batch_size {mini_batch_size}")
+    if dataloader_kwargs is not None and not isinstance(dataloader_kwargs, Mapping):
+        raise AssertionError(
+            f"dataloader_kwargs must be a dict, got {type(dataloader_kwargs).__name__}"
+        )
+    generator = None
+    if seed is not None:
+        generator = torch.Generator()
+        generator.manual_seed(seed)
+    loader: DataLoader[torch.Tensor] = DataLoader(
+        torch.arange(rows),  # type: ignore[arg-type]  # a tensor is an index-able dataset
+        batch_size=mini_batch_size,
+        collate_fn=torch.stack,
+        generator=generator,
+        **dict(dataloader_kwargs or {}),
+    )
+
+    def batches() -> Iterator[TensorDict]:
+        for _ in range(epochs):
+            for index in loader:
+                yield index_select_tensor_dict(tensordict, index)
+
+    return batches()
+
+
+# ---------------------------------------------------------------------------- comparison
+def assert_tensordict_eq(tensordict1: TensorDict, tensordict2: TensorDict) -> None:
+    """Raise ``AssertionError`` unless both hold the same keys with equal values.
+
+    Tensors must match in shape and every element; nested tensors row by row; non-tensor
+    values (``NonTensorData``, ``NonTensorStack``) by ``==`` on their Python values; nested
+    TensorDicts key by key. The message names the first key that differs.
+    """
+    keys1 = {str(k) for k in tensordict1.keys()}
+    keys2 = {str(k) for k in tensordict2.keys()}
+    if keys1 != keys2:
+        raise AssertionError(
+            f"the keys differ: only in the first {sorted(keys1 - keys2)}, "
+            f"only in the second {sorted(keys2 - keys1)}"
+        )
+    for key in sorted(keys1):
+        a, b = tensordict1.get(key), tensordict2.get(key)
+        if type(a) is not type(b):
+            raise AssertionError(
+                f"{key!r}: the types differ: {type(a).__name__} and {type(b).__name__}"
+            )
+        if isinstance(a, TensorDict):
+            assert_tensordict_eq(a, b)
+        elif isinstance(a, torch.Tensor):
+            if a.is_nested or b.is_nested:
+                if not (a.is_nested and b.is_nested):
+                    raise AssertionError(f"{key!r}: only one of the two is a nested tensor")
+                ra, rb = list(a.unbind()), list(b.unbind())
+                if len(ra) != len(rb):
+                    raise AssertionError(f"{key!r}: {len(ra)} and {len(rb)} nested rows")
+                for i, (x, y) in enumerate(zip(ra, rb, strict=True)):
+                    if not torch.equal(x, y):
+                        raise AssertionError(f"{key!r}: nested row {i} differs: {x} and {y}")
+            elif a.shape != b.shape or not torch.equal(a, b):
+                raise AssertionError(f"{key!r}: the tensors differ: {a} and {b}")
+        elif _native(a) != _native(b):
+            raise AssertionError(f"{key!r}: the values differ: {_native(a)!r} and {_native(b)!r}")
 
 
 def pad_to_divisor(data: TensorDict, size_divisor: int) -> tuple[TensorDict, int]:

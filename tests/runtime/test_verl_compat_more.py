@@ -8,6 +8,7 @@ args and as kwargs), and the ``tensordict_utils`` helpers.
 from __future__ import annotations
 
 import os
+import socket
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -33,6 +34,7 @@ from tgruntime.compat.verl import (
     unpad_dataproto,
 )
 from tgruntime.compat.verl import tensordict_utils as tu
+from tgruntime.compat.verl.single_controller.ray.base import first_free_port
 from tgruntime.controller import teardown_group
 
 ENV_KEYS = (
@@ -172,6 +174,101 @@ def test_master_addr_needs_master_port() -> None:
             ray_cls_with_init=RayClassWithInitArgs(cls=EnvActor),
             master_addr="127.0.0.1",
         )
+
+
+# ---------------------------------------------------------------------------- master_port_range
+# verl >= 0.7.1 passes RayWorkerGroup(master_port_range=[low, high]) (trainer.master_port_range):
+# the rendezvous port is the first free one of low .. high-1 on rank 0's node (None: any free
+# port); an explicit master_addr/master_port wins; no free port is a RuntimeError.
+@ray.remote
+class RendezvousActor(Worker):
+    """Joins torch.distributed (gloo, env://) on the master address it was given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def master(self) -> tuple[str, str]:
+        return os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def all_reduce(self) -> float:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", init_method="env://")
+        value = torch.tensor([float(self.rank + 1)])
+        dist.all_reduce(value)
+        dist.destroy_process_group()
+        return float(value.item())
+
+
+@pytest.mark.parametrize(
+    ("value", "match"),
+    [
+        ([30000], "two port numbers"),
+        ("30000-30010", "two port numbers"),
+        ([30010, 30000], "low < high"),
+        ([0, 10], "low < high"),
+        ([65000, 70000], "<= 65536"),
+    ],
+)
+def test_master_port_range_refusals(value: Any, match: str) -> None:
+    with pytest.raises(ValueError, match=match):  # before anything is placed (no Ray needed)
+        RayWorkerGroup(
+            resource_pool=RayResourcePool([1], use_gpu=False),
+            ray_cls_with_init=RayClassWithInitArgs(cls=EnvActor),
+            master_port_range=value,
+        )
+
+
+def _held(port: int, *, listen: bool) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("", port))
+    if listen:
+        sock.listen()
+    return sock
+
+
+def _free_run(n: int) -> int:
+    """A port p with p .. p+n-1 all free now."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("", 0))
+            low = int(s.getsockname()[1])
+        if low + n < 65536 and all(first_free_port(p, p + 1) == p for p in range(low, low + n)):
+            return low
+    raise AssertionError("no run of free ports")
+
+
+def test_first_free_port_skips_held_ports_and_says_when_none_is_left() -> None:
+    low = _free_run(3)
+    assert first_free_port(low, low + 3) == low
+    # a listening socket, and a bound-not-listening one like rank 0's reservation
+    with _held(low, listen=True), _held(low + 1, listen=False):
+        assert first_free_port(low, low + 3) == low + 2
+        with pytest.raises(RuntimeError, match=rf"no free port in master_port_range \[{low}, "):
+            first_free_port(low, low + 2)  # high is exclusive, as in verl
+
+
+@pytest.mark.ray
+def test_master_port_range_is_honoured(ray_driver: RayCluster, cleanup: list[str]) -> None:
+    low = _free_run(20)
+    with _held(low, listen=True):  # the first port of the range is taken: the next one is used
+        wg = RayWorkerGroup(
+            resource_pool=RayResourcePool([2], use_gpu=False),
+            ray_cls_with_init=RayClassWithInitArgs(cls=RendezvousActor),
+            name_prefix=_prefix(),
+            master_port_range=[low, low + 20],
+        )
+        cleanup.append(wg.group_name)
+        masters = wg.master()
+    assert len(set(masters)) == 1, masters
+    addr, port = masters[0]
+    assert low < int(port) < low + 20
+    assert addr == ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+    assert wg._ray_master_port_range == [low, low + 20]
+    assert wg.all_reduce() == [3.0, 3.0]  # the rendezvous on that port works
 
 
 # ---------------------------------------------------------------------------- auto padding

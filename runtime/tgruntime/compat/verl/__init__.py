@@ -22,6 +22,13 @@ Differences, all on the safe side:
   (``ray_wait_register_center_timeout``, 300 s as in verl) and fails with
   PlacementTimeoutError saying what was asked and what the cluster has.
 - The master port is reserved without verl's bind-then-close race (see ``Worker``).
+  ``RayWorkerGroup(master_port_range=[low, high])`` (verl >= 0.7.1, ``trainer.master_port_range``)
+  puts the rendezvous on the first port of ``low`` .. ``high - 1`` that no socket holds on
+  rank 0's node, chosen there before the workers start (verl's rule; an explicit
+  ``master_addr``/``master_port`` wins, no free port is a RuntimeError naming the range, a
+  malformed range a ValueError before anything is placed). Ports held by another group's
+  rank 0 are skipped; two groups created at the same moment on one range may still pick
+  the same port (as in verl): give each its own slice.
 - ``from_detached`` keeps strong references to the actors (verl's weak-reference bug
   cannot happen), and works without ``ray_cls_with_init`` for groups created here (the
   published group record describes their methods).

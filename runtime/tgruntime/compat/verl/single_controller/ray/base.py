@@ -5,9 +5,11 @@ RayWorkerGroup, over :mod:`tgruntime.controller`. The differences from verl are 
 
 from __future__ import annotations
 
+import errno
 import logging
 import re
 import secrets
+import socket
 import string
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -160,6 +162,7 @@ class RayWorkerGroup(WorkerGroup):
         worker_env: Mapping[str, str] | None = None,
         master_addr: str | None = None,
         master_port: int | str | None = None,
+        master_port_range: Sequence[int] | None = None,
         use_gpu: bool | None = None,
         device_name: str = "cuda",
         **kwargs: Any,
@@ -174,6 +177,8 @@ class RayWorkerGroup(WorkerGroup):
             if kwargs.get(key) is not None:
                 log.warning("RayWorkerGroup: %s is not supported here and is ignored", key)
         env = _worker_env(worker_env, master_addr, master_port)
+        port_range = _port_range(master_port_range)
+        self._ray_master_port_range = list(port_range) if port_range is not None else None
         self.customized_worker_env = dict(worker_env or {})
         self.device_name = device_name
         self.use_gpu = (
@@ -202,6 +207,10 @@ class RayWorkerGroup(WorkerGroup):
         pgs = resource_pool.get_placement_groups(
             strategy=strategy, name=group_name, timeout_s=ray_wait_register_center_timeout
         )
+        if port_range is not None and "MASTER_ADDR" not in env:
+            # verl's rule: an explicit master_addr/master_port wins over the range
+            addr, port = master_in_range(pgs[0], port_range)
+            env["MASTER_ADDR"], env["MASTER_PORT"] = addr, str(port)
         launched = launch(
             group_name=group_name,
             ray_namespace=ray_namespace,
@@ -319,6 +328,65 @@ def _worker_env(
     if master_addr is not None:
         env["MASTER_ADDR"], env["MASTER_PORT"] = str(master_addr), str(master_port)
     return env
+
+
+def _port_range(value: Sequence[int] | None) -> tuple[int, int] | None:
+    """verl's ``master_port_range``: ``[low, high]``, ports ``low`` .. ``high - 1`` tried."""
+    if value is None:
+        return None
+    try:
+        low, high = (int(v) for v in value)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"master_port_range must be [low, high] (two port numbers), not {value!r}"
+        ) from None
+    if not 1 <= low < high <= 65536:
+        raise ValueError(
+            f"master_port_range {[low, high]}: need 1 <= low < high <= 65536 (ports low .. "
+            "high-1 are tried)"
+        )
+    return low, high
+
+
+def first_free_port(low: int, high: int, host: str = "") -> int:
+    """The first port in ``low`` .. ``high - 1`` that no socket of this node holds.
+
+    A plain ``bind`` (without SO_REUSEADDR) fails on a port that any socket is bound to,
+    listening or not, so ports held by another group's rank 0 (``tgruntime.controller.worker``
+    keeps its reservation bound) are skipped as well as listening ones.
+    """
+    for port in range(low, high):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError as exc:
+                if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+                    continue
+                raise
+            return port
+    raise RuntimeError(
+        f"no free port in master_port_range [{low}, {high}] on this node "
+        f"({high - low} tried): widen the range or free a port"
+    )
+
+
+@ray.remote(num_cpus=0)
+def _pick_master(low: int, high: int) -> tuple[str, int]:
+    addr = str(ray.util.get_node_ip_address()).strip("[]")  # type: ignore[no-untyped-call]
+    return addr, first_free_port(low, high)
+
+
+def master_in_range(pg: PlacementGroup, port_range: tuple[int, int]) -> tuple[str, int]:
+    """MASTER_ADDR and a MASTER_PORT inside ``port_range``, chosen on rank 0's node (bundle 0
+    of the first placement group), as verl does before creating the workers."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    strategy = PlacementGroupSchedulingStrategy(
+        placement_group=pg, placement_group_bundle_index=0
+    )
+    ref = _pick_master.options(scheduling_strategy=strategy).remote(*port_range)
+    addr, port = ray.get(ref, timeout=120)
+    return str(addr), int(port)
 
 
 def _ray_namespace() -> str:

@@ -1,4 +1,8 @@
-"""8 concurrent SDK clients on loopback: nothing lost or reordered, every future resolves."""
+"""8 concurrent SDK clients on loopback: nothing lost or reordered, every future resolves.
+
+Each client sends its own prompts (and partly its own seeds), and must get under load exactly
+what it got alone: a reply delivered to the wrong client, or rows of a joint batch handed to
+the wrong request, changes some client's tokens."""
 
 from __future__ import annotations
 
@@ -29,36 +33,46 @@ def test_eight_concurrent_clients(served: dict[str, Any]) -> None:
         losses = [futs[i].result(timeout=WAIT).metrics["loss:sum"] for i in (0, 2, 4)]
         assert losses[0] > losses[1] > losses[2], losses
     service = served["service"]
-    calls0, prompts0 = service.samples.calls, service.samples.prompts
-    results: dict[int, list[list[int]]] = {}
     errors: list[BaseException] = []
 
-    def client(i: int) -> None:
+    def client(i: int, results: dict[int, list[list[int]]]) -> None:
+        """Client ``i``'s own 4 requests: its own prompts; seeds 0 and 1 shared by every
+        client (so requests of different clients can join one batch), 2 and 3 its own."""
         try:
             with _sc(served) as c:
                 sampler = c.create_sampling_client(model_path=path)
                 futures = [
                     sampler.sample(
-                        T.ModelInput.from_ints([3, 4, 5, 6 + j]), num_samples=2,
-                        sampling_params=T.SamplingParams(max_tokens=4, seed=j, stop=[]),
+                        T.ModelInput.from_ints([3 + i, 4 + j, 5 + 2 * i, 6 + j]), num_samples=2,
+                        sampling_params=T.SamplingParams(max_tokens=4, seed=seed, stop=[]),
                     )
-                    for j in range(4)
+                    for j, seed in enumerate((0, 1, 100 + 2 * i, 101 + 2 * i))
                 ]
                 results[i] = [list(s.tokens) for f in futures
                               for s in f.result(timeout=WAIT).sequences]
         except BaseException as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
+    alone: dict[int, list[list[int]]] = {}
+    for i in range(8):  # each client by itself first: what it must get under load too
+        client(i, alone)
+    assert not errors, errors
+    # the clients' replies differ from one another, so a reply delivered to the wrong client
+    # (or rows of a joint batch handed to the wrong request) shows
+    replies = [str(r[k : k + 2]) for r in alone.values() for k in range(0, 8, 2)]
+    assert len(set(replies)) == 32
+    calls0, prompts0 = service.samples.calls, service.samples.prompts
+    results: dict[int, list[list[int]]] = {}
+    threads = [threading.Thread(target=client, args=(i, results)) for i in range(8)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(WAIT)
     assert not errors, errors
     assert sorted(results) == list(range(8))
-    # the same seeded request gives the same tokens whichever client sent it (in order)
-    for i in range(1, 8):
-        assert results[i] == results[0]
+    # every client gets what it got alone, in its own order
+    for i in range(8):
+        assert results[i] == alone[i], i
     assert all(len(r) == 8 for r in results.values())
     calls = service.samples.calls - calls0
     prompts = service.samples.prompts - prompts0

@@ -32,7 +32,7 @@ from tgruntime.controller import errors as ce
 from tgruntime.service.sampler_weights import FreedWeights
 from tgruntime.service.sessions import ServiceError
 from tgruntime.trainer import losses
-from tgruntime.trainer.gpu_check import NoCudaDeviceError
+from tgruntime.trainer.gpu_check import GpuWorkersOnCpuError, NoCudaDeviceError
 from tgruntime.trainer.launch import LaunchError
 from tgruntime.trainer.losses import MissingTensorError
 from tgruntime.trainer.token_budget import TokenBudgetError
@@ -64,6 +64,9 @@ CASES: dict[str, Callable[[], BaseException]] = {
         "not Ready within 30s", status=_STATUS
     ),
     "tgruntime.trainer.launch:LaunchError": lambda: LaunchError("rank 1 failed:\nTraceback ..."),
+    "tgruntime.trainer.gpu_check:GpuWorkersOnCpuError": lambda: GpuWorkersOnCpuError(
+        device="cpu", torch_cuda="13.0"
+    ),
     "tgruntime.trainer.gpu_check:NoCudaDeviceError": lambda: NoCudaDeviceError(
         rank=0, driver="535.129.03", torch_cuda="13.0", min_driver="580.65.06",
         fix="run on nodes with NVIDIA driver >= 580.65.06",

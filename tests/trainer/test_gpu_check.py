@@ -205,11 +205,10 @@ def _tagged(tag: str, text: str) -> dict[str, Any] | None:
     return found
 
 
-@pytest.mark.ray
-@pytest.mark.megatron
-def test_no_cuda_ranks_fail_the_group_and_the_status_says_why(
-    ray_cluster: RayCluster, tmp_path: Path
-) -> None:
+def _run_server(ray_cluster: RayCluster, tmp_path: Path, worker_class: str) -> tuple[
+    subprocess.CompletedProcess[str], dict[str, Any] | None
+]:
+    """The server (plan's pool on CPUs) for a useGpu: true group of ``worker_class``."""
     import yaml
 
     name = f"nocuda{uuid.uuid4().hex[:6]}"
@@ -222,7 +221,7 @@ def test_no_cuda_ranks_fail_the_group_and_the_status_says_why(
                 "useGpu": True,
                 "processesPerNode": [1],
                 "cpusPerProcess": 0.5,
-                "workerClass": NO_CUDA_TRAINER,
+                "workerClass": worker_class,
                 "rayNamespace": f"ns-{name}",
             },
             "model": MODEL,
@@ -240,7 +239,29 @@ def test_no_cuda_ranks_fail_the_group_and_the_status_says_why(
         timeout=400,
         check=False,
     )
-    failed = _tagged("TG_GROUP_FAILED", proc.stdout)
+    return proc, _tagged("TG_GROUP_FAILED", proc.stdout)
+
+
+@pytest.mark.ray
+def test_a_worker_class_reporting_a_cpu_fallback_fails_the_group(
+    ray_cluster: RayCluster, tmp_path: Path
+) -> None:
+    """A worker class of the user's own (here the test SpecEcho, which reports "cpu" when Ray
+    gave it no GPU) that runs on the CPU with useGpu: true: the server refuses the group."""
+    proc, failed = _run_server(ray_cluster, tmp_path, "tests.runtime.light_workers:SpecEcho")
+    assert proc.returncode == 1 and failed is not None, proc.stdout + proc.stderr[-4000:]
+    assert failed["kind"] == "GpuWorkersOnCpuError", failed
+    assert "workers report device 'cpu'" in failed["error"], failed
+    assert "Fix:" in failed["error"] and "workers.useGpu: false" in failed["error"]
+    assert "TG_GROUP_READY" not in proc.stdout
+
+
+@pytest.mark.ray
+@pytest.mark.megatron
+def test_no_cuda_ranks_fail_the_group_and_the_status_says_why(
+    ray_cluster: RayCluster, tmp_path: Path
+) -> None:
+    proc, failed = _run_server(ray_cluster, tmp_path, NO_CUDA_TRAINER)
     assert proc.returncode == 1 and failed is not None, proc.stdout + proc.stderr[-4000:]
     error = failed["error"]
     assert failed["kind"] == "WorkerMethodError", failed

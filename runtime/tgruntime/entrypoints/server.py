@@ -101,9 +101,15 @@ def run(tg: tgapi.TrainerGroup, *, generation: int, address: str | None) -> mark
             log.info(
                 "resumed from %s at step %s", resumed["resumedFrom"], resumed.get("resumedStep")
             )
-        if p.use_gpu and device.get("device") == "cpu":
-            log.warning(
-                "GPU workers were asked for but they run on the CPU (torch sees no CUDA there)"
+        if p.use_gpu and device.get("device") in ("cpu", "mixed"):
+            # GPU or fail (issue 36): the built-in trainer's ranks refuse by themselves
+            # (NoCudaDeviceError); this catches a worker class that reports a CPU fallback
+            import torch
+
+            from tgruntime.trainer.gpu_check import GpuWorkersOnCpuError
+
+            raise GpuWorkersOnCpuError(
+                device=str(device["device"]), torch_cuda=torch.version.cuda
             )
         if device:  # what the workers run on, for status readers (tgctl status, the operator)
             registry.update_record(

@@ -25,6 +25,7 @@ from tgapi.errors import PicklableError
 __all__ = [
     "MIN_DRIVER",
     "NO_DRIVER",
+    "GpuWorkersOnCpuError",
     "NoCudaDeviceError",
     "driver_version",
     "min_driver_for",
@@ -75,6 +76,27 @@ class NoCudaDeviceError(PicklableError, RuntimeError):
             f"workers.useGpu is true but {who} sees no CUDA device "
             f"(torch.cuda.is_available() is False): NVIDIA driver seen: {driver}; {needs}. "
             f"Fix: {fix}"
+        )
+
+
+class GpuWorkersOnCpuError(PicklableError, RuntimeError):
+    """The server's check: ``workers.useGpu`` is true but the workers' ``init_model`` results
+    say they run on the CPU (a worker class of the user's own that fell back)."""
+
+    def __init__(self, *, device: str, torch_cuda: str | None) -> None:
+        self.device = device
+        self.torch_cuda = torch_cuda
+        minimum = min_driver_for(torch_cuda)
+        needs = (
+            f" (this image's torch is built for CUDA {torch_cuda}: NVIDIA driver >= {minimum})"
+            if torch_cuda and minimum
+            else ""
+        )
+        super().__init__(
+            f"workers.useGpu is true but the workers report device {device!r} from init_model: "
+            "they would hold GPUs and train on the CPU. Fix: run on nodes whose NVIDIA driver "
+            f"supports the image's CUDA{needs}, or use the runtime image variant built for "
+            f"CUDA 12 (driver >= {CUDA12_IMAGE_DRIVER}), or set workers.useGpu: false"
         )
 
 

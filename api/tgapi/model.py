@@ -64,7 +64,11 @@ class EnvVar:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class HeadSpec:
     cpu: str = spec_field(
-        name="cpu", description="CPU request/limit of the head pod.", default="2", pattern=_QUANTITY
+        name="cpu",
+        description="CPU request of the head pod (no CPU limit: the GCS and the dashboard "
+        "must not be throttled).",
+        default="2",
+        pattern=_QUANTITY,
     )
     memory: str = spec_field(
         name="memory",

@@ -226,3 +226,70 @@ def test_saves_from_before_principals_are_the_default_principals(tmp_path: Path)
     assert p.listing("team-a") == []
     with pytest.raises(ServiceError):
         p.parse("tinker://principals/weights/w")  # the folder of principals is no run
+
+
+# -- through HTTP, without a group: principals at the door, the audit log -----------------------
+def test_principals_over_http_and_one_audit_line_per_mutating_request(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import json
+    import logging
+
+    from aiohttp.test_utils import TestClient, TestServer
+
+    import tgapi
+    from tgruntime.service.__main__ import group_info
+    from tgruntime.service.app import TinkerService, create_app
+    from tgruntime.service.backend import Backend
+
+    keys = tmp_path / "keys"
+    keys.write_text("team-a tml-aaa\nteam-b tml-bbb\n")
+    info = group_info("tiny", tgapi.parse_spec({}, local=True), checkpoint_dir=str(tmp_path))
+    service = TinkerService(
+        Backend(client=None, info=info),  # type: ignore[arg-type]
+        KeyStore(keys_file=str(keys), recheck_s=0.0),
+    )
+
+    async def main() -> None:
+        async with TestClient(TestServer(create_app(service))) as http:
+
+            async def post(route: str, body: dict[str, object], key: str) -> tuple[int, dict]:  # type: ignore[type-arg]
+                r = await http.post(f"/api/v1/{route}", json=body, headers={"X-API-Key": key})
+                return r.status, await r.json()
+
+            code, made = await post("create_session", {"tags": []}, "tml-aaa")
+            assert code == 200
+            sid = made["session_id"]
+            assert service.registry.sessions[sid].owner == "team-a"
+            assert (await post("session_heartbeat", {"session_id": sid}, "tml-bbb"))[0] == 404
+            assert (await post(f"sessions/{sid}/finish", {}, "tml-bbb"))[0] == 404
+            assert not service.registry.sessions[sid].finished
+            assert (await post("session_heartbeat", {"session_id": sid}, "tml-aaa"))[0] == 200
+            assert (await post("create_session", {}, "tml-nope"))[0] == 401
+            code, _ = await post("sessions/" + sid + "/finish", {}, "tml-aaa")
+            assert code == 200 and service.registry.sessions[sid].finished
+            r = await http.get("/api/v1/training_runs", headers={"X-API-Key": "tml-bbb"})
+            assert r.status == 200 and (await r.json())["training_runs"] == []
+
+    with caplog.at_level(logging.INFO, logger="tgruntime.service.audit"):
+        asyncio.run(main())
+    lines = [json.loads(r.getMessage()) for r in caplog.records
+             if r.name == "tgruntime.service.audit"]
+    got = [(x["principal"], x["action"], x["status"], x["outcome"]) for x in lines]
+    assert got == [
+        ("team-a", "create_session", 200, "ok"),
+        ("team-b", "finish", 404, "refused"),
+        (None, "create_session", 401, "refused"),
+        ("team-a", "finish", 200, "ok"),
+    ]  # heartbeats and reads are not audited
+    assert lines[0]["result"]["session_id"] == lines[1]["object"]["session_id"]
+    text = caplog.text
+    assert "tml-aaa" not in text and "tml-bbb" not in text and "tml-nope" not in text
+
+
+def test_tgctl_serve_takes_a_keys_file() -> None:
+    from tgruntime.entrypoints.cli import build_parser
+
+    args = build_parser().parse_args(["serve", "-f", "tg.yaml", "--keys-file", "keys"])
+    assert args.keys_file == "keys"
+    assert build_parser().parse_args(["serve", "-f", "tg.yaml"]).keys_file is None

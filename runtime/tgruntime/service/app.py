@@ -9,10 +9,12 @@ reason."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from tgruntime.service import audit
 from tgruntime.service.core import ServiceCore, _json_log, log
 from tgruntime.service.routes.checkpoints import CheckpointRoutes
 from tgruntime.service.routes.futures import FutureRoutes
@@ -33,6 +35,18 @@ class TinkerService(
 
 @web.middleware
 async def _errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    started = time.monotonic()
+    response = await _answer(request, handler)
+    try:
+        await audit.record(request, request.get("principal"), response, started)
+    except Exception as exc:  # the audit line must never fail the request
+        log.warning("audit record of %s failed: %s", request.path, exc)
+    return response
+
+
+async def _answer(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
     service: TinkerService = request.app["service"]

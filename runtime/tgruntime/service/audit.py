@@ -1,0 +1,84 @@
+"""The audit log: one JSON line per mutating request (logger ``tgruntime.service.audit``, at
+INFO whatever ``--log-level`` says): who (the principal; null when the key was refused), what
+(the action), which object, and the outcome (HTTP status, and the error when refused). Keys
+are never logged; neither are request bodies beyond the ids and paths they name."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+from aiohttp import web
+
+audit_log = logging.getLogger("tgruntime.service.audit")
+audit_log.setLevel(logging.INFO)
+
+# the routes that create, change or end something (not reads, polls or heartbeats)
+MUTATING = frozenset(
+    {
+        "create_session",
+        "finish",
+        "create_model",
+        "forward_backward",
+        "optim_step",
+        "save_weights",
+        "save_weights_for_sampler",
+        "load_weights",
+        "create_sampling_session",
+    }
+)
+_OBJECT_FIELDS = ("session_id", "model_id", "path", "model_path", "sampling_session_id")
+_RESULT_FIELDS = ("session_id", "model_id", "sampling_session_id", "request_id")
+
+
+def action_of(path: str) -> str | None:
+    """The audited action of ``/api/v1/...`` (None when it mutates nothing)."""
+    if not path.startswith("/api/v1/"):
+        return None
+    route = path[len("/api/v1/") :]
+    if route.startswith("sessions/") and route.endswith("/finish"):
+        route = "finish"
+    return route if route in MUTATING else None
+
+
+def _json_of(raw: bytes | None) -> dict[str, Any]:
+    if not raw or len(raw) > 1 << 16:
+        return {}
+    try:
+        out = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return {}
+    return out if isinstance(out, dict) else {}
+
+
+def _ids(src: dict[str, Any], fields: tuple[str, ...]) -> dict[str, str]:
+    return {k: str(src[k]) for k in fields if isinstance(src.get(k), str | int) and src[k] != ""}
+
+
+async def record(
+    request: web.Request, principal: str | None, response: web.StreamResponse, started: float
+) -> None:
+    """Log ``request`` when it is a mutating one (after its answer)."""
+    action = action_of(request.path)
+    if action is None or not audit_log.isEnabledFor(logging.INFO):
+        return
+    obj: dict[str, str] = dict(request.match_info)
+    if request.content_type == "application/json" and request.body_exists:
+        obj |= _ids(_json_of(await request.read()), _OBJECT_FIELDS)  # cached by the handler
+    body = response.body if isinstance(response, web.Response) else None
+    answer = _json_of(bytes(body) if isinstance(body, bytes | bytearray) else None)
+    line: dict[str, Any] = {
+        "event": "audit",
+        "principal": principal,
+        "action": action,
+        "object": obj,
+        "status": response.status,
+        "outcome": "ok" if response.status < 400 else "refused",
+        "result": _ids(answer, _RESULT_FIELDS),
+        "ms": round((time.monotonic() - started) * 1000, 1),
+    }
+    if response.status >= 400 and isinstance(answer.get("error"), str):
+        line["error"] = answer["error"][:300]
+    audit_log.info(json.dumps(line, default=str))

@@ -87,6 +87,15 @@ class HeadSpec:
     )
 
 
+MEMORY_BASE_GI = 32
+MEMORY_PER_GPU_GI = 32
+
+
+def default_memory_gi(gpus: int) -> int:
+    """A worker pod's memory when ``rayCluster.workers.memory`` is empty, in GiB."""
+    return MEMORY_BASE_GI + MEMORY_PER_GPU_GI * gpus
+
+
 RDMA_CAPABILITIES = ("IPC_LOCK", "SYS_RESOURCE", "SYS_PTRACE")
 """The capabilities ``rayCluster.workers.capabilities`` may add (NCCL over RDMA/EFA)."""
 _EXTENDED_RESOURCE = (
@@ -174,9 +183,10 @@ class RayWorkerNodesSpec:
     )
     memory: str = spec_field(
         name="memory",
-        description="Memory request/limit per worker pod.",
-        default="32Gi",
-        pattern=_QUANTITY,
+        description="Memory request/limit per worker pod. Empty (the default): 32Gi plus "
+        "32Gi per GPU (gpusPerWorker).",
+        default="",
+        pattern=r"^$|" + _QUANTITY,
     )
     shm_size: str = spec_field(
         name="shmSize",
@@ -248,6 +258,11 @@ class RayWorkerNodesSpec:
         "/dev/infiniband for RDMA, or a TCPX/EFA plugin's directory).",
         default_factory=list,
     )
+
+    @property
+    def memory_quantity(self) -> str:
+        """``memory``, else the default for the pod's GPUs (:func:`default_memory_gi`)."""
+        return self.memory or f"{default_memory_gi(self.gpus_per_worker)}Gi"
 
 
 AUTH_TOKEN = "token"

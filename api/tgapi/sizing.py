@@ -56,7 +56,7 @@ from tgapi.expr import (
     Wire,
     fmt,
 )
-from tgapi.model import TrainerGroupSpec
+from tgapi.model import MEMORY_BASE_GI, MEMORY_PER_GPU_GI, TrainerGroupSpec
 from tgapi.rules import Rule
 from tgapi.wire import to_wire
 
@@ -382,6 +382,18 @@ def _product_memory() -> Expr:
 
 
 _PRODUCT_MEMORY = Var("sizeGpuProductMemory", _product_memory())
+_MEMORY_SET = MEMORY.ne("")
+_AUTO_MEMORY_GI = rules.GPUS_PER_WORKER * MEMORY_PER_GPU_GI + MEMORY_BASE_GI
+_MEMORY_BYTES = Cond(_MEMORY_SET, Quantity(MEMORY), (_AUTO_MEMORY_GI * 2**30).to_double())
+"""The worker pod's memory in bytes: ``memory``, else the default for its GPUs."""
+_MEMORY_TEXT = Cond(
+    _MEMORY_SET,
+    Str(MEMORY),
+    fmt(
+        f"the default {{}}Gi ({MEMORY_BASE_GI}Gi + {MEMORY_PER_GPU_GI}Gi per GPU)",
+        _AUTO_MEMORY_GI,
+    ),
+)
 _PER_POD = Var("sizeProcessesPerPod", Cond(rules.PPN.size().eq(0), Lit(1), rules.PPN.max()))
 _POD_BYTES = Var("sizeCpuPodBytes", _CPU.worker_bytes * _PER_POD.to_double())
 
@@ -430,12 +442,12 @@ SIZING_RULES: tuple[Rule, ...] = (
         field=f"{_NODES}.memory",
         holds=~rules.HAS_CLUSTER
         | rules.GPU
-        | ~IsQuantity(MEMORY)
-        | (Quantity(MEMORY) >= _POD_BYTES),
+        | (_MEMORY_SET & ~IsQuantity(MEMORY))
+        | (_MEMORY_BYTES >= _POD_BYTES),
         problem=Text(
             "{} is too small for the model: " + _CPU_TEMPLATE + ", and a pod holds {} CPU "
             "worker process(es): at least {}",
-            Str(MEMORY),
+            _MEMORY_TEXT,
             *_CPU_ARGS,
             _PER_POD,
             bytes_text(_POD_BYTES),

@@ -88,7 +88,7 @@ def shm_size(workers: RayWorkerNodesSpec) -> str:
     size = decimal.Decimal(
         SHM_PER_GPU * workers.gpus_per_worker if workers.gpus_per_worker else SHM_WITHOUT_GPU
     )
-    memory = _bytes(workers.memory)
+    memory = _bytes(workers.memory_quantity)
     if memory is not None and memory > 0:
         size = min(size, (memory / 2).to_integral_value(rounding=decimal.ROUND_FLOOR))
     return _gi(size)
@@ -98,8 +98,9 @@ def worker_resources(workers: RayWorkerNodesSpec) -> dict[str, dict[str, str]]:
     """Requests and limits of the worker container: CPU requested only (a limit throttles
     the raylet and NCCL's proxy threads) unless ``cpuLimit`` is set; memory, GPUs and the
     extended resources in both (the scheduler needs them equal for devices)."""
-    requests: dict[str, str] = {"cpu": workers.cpu, "memory": workers.memory}
-    limits: dict[str, str] = {"memory": workers.memory}
+    memory = workers.memory_quantity
+    requests: dict[str, str] = {"cpu": workers.cpu, "memory": memory}
+    limits: dict[str, str] = {"memory": memory}
     if workers.cpu_limit:
         limits["cpu"] = workers.cpu_limit
     devices: dict[str, str] = {}

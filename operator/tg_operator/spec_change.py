@@ -97,10 +97,18 @@ def _without_defaults(wire: Any, defaults: dict[str, Any]) -> Any:
     return {k: v for k, v in wire.items() if k not in defaults or v != defaults[k]}
 
 
+OLD_WORKER_MEMORY = "32Gi"
+"""``rayCluster.workers.memory``'s default before it scaled with the pod's GPUs (empty now)."""
+
+
 def _cluster_wire(wire: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = _without_defaults(wire, LATER_CLUSTER_FIELDS)
-    if isinstance(out.get("workers"), dict):
-        out["workers"] = _without_defaults(out["workers"], LATER_WORKER_POD_FIELDS)
+    workers = out.get("workers")
+    if isinstance(workers, dict):
+        workers = _without_defaults(workers, LATER_WORKER_POD_FIELDS)
+        if workers.get("memory") == "":  # hashed as the old default: no re-creation on upgrade
+            workers["memory"] = OLD_WORKER_MEMORY
+        out["workers"] = workers
     return out
 
 

@@ -135,3 +135,17 @@ def test_the_wire_form_keeps_auto() -> None:
     assert tgapi.to_wire(parse_spec(_spec(ppn=[8], use_gpu=True)))["workers"][
         "placementStrategy"
     ] == "auto"
+
+
+# -- the CPU pods' memory check with the default memory ----------------------------------
+def test_the_size_check_reads_the_default_memory_of_cpu_pods() -> None:
+    big = {"numAttentionHeads": 32, "hiddenSize": 4096, "vocabSize": 32000,
+           "ffnHiddenSize": 11008, "numLayers": 32, "maxSequenceLength": 128}
+    spec = _spec(ppn=[1], use_gpu=False, gpus=0, replicas=1)
+    spec["model"] = big
+    spec["training"]["batchSize"] = 1
+    del spec["rayCluster"]["workers"]["memory"]
+    err = _errors(spec)["spec.rayCluster.workers.memory"]
+    assert err.problem.startswith("the default 32Gi (32Gi + 32Gi per GPU) is too small")
+    spec["rayCluster"]["workers"]["gpusPerWorker"] = 8  # 288Gi: CPU workers on GPU pods
+    assert "spec.rayCluster.workers.memory" not in _errors(spec)

@@ -32,7 +32,8 @@ def _random_spec(rnd: random.Random) -> dict[str, Any]:
     cluster: dict[str, Any] = {
         "replicas": nodes,
         "gpusPerWorker": gpus,
-        "memory": rnd.choice(["32Gi", "4Gi", "500M", "1.5Ti", "64e9", "2048Mi", "1e15"]),
+        # "": the default, 32Gi + 32Gi per GPU
+        "memory": rnd.choice(["32Gi", "4Gi", "500M", "1.5Ti", "64e9", "2048Mi", "1e15", ""]),
     }
     if rnd.random() < 0.4:
         cluster["gpuMemory"] = rnd.choice(["80Gi", "24G", "141e9", "16Gi", "1.5Ti"])

@@ -168,6 +168,20 @@ def test_shm_has_a_size_limit_that_scales_with_gpus(workers: dict[str, Any], siz
     assert _shm(_tg(pod=workers)) == {"medium": "Memory", "sizeLimit": size}
 
 
+@pytest.mark.parametrize(("gpus", "memory", "shm"),
+                         [(0, "32Gi", "2Gi"), (1, "64Gi", "8Gi"), (8, "288Gi", "64Gi")])
+def test_memory_defaults_to_32gi_plus_32gi_per_gpu(gpus: int, memory: str, shm: str) -> None:
+    _, worker = _ray_pods(_tg(pod={"gpusPerWorker": gpus, "memory": ""}))
+    resources = worker["containers"][0]["resources"]
+    assert resources["requests"]["memory"] == resources["limits"]["memory"] == memory
+    assert _shm(_tg(pod={"gpusPerWorker": gpus, "memory": ""}))["sizeLimit"] == shm
+
+
+def test_a_written_memory_is_kept() -> None:
+    _, worker = _ray_pods(_tg(pod={"gpusPerWorker": 8, "memory": "100Gi"}))
+    assert worker["containers"][0]["resources"]["limits"]["memory"] == "100Gi"
+
+
 def test_the_tinker_servers_shm_is_half_its_memory() -> None:
     tg = _tg(api={"server": {"memory": "6Gi"}})
     (dshm,) = [v for v in _tinker_pod(tg)["volumes"] if v["name"] == "dshm"]

@@ -133,3 +133,13 @@ def test_placement_auto_keeps_the_old_group_hash_and_an_explicit_strategy_change
     assert group_hash(parse_resource(b_).spec) == group_hash(plain)
     b_["spec"]["workers"]["placementStrategy"] = "STRICT_PACK"
     assert group_hash(parse_resource(b_).spec) != group_hash(plain)
+
+
+def test_the_default_memory_is_hashed_as_the_old_default() -> None:
+    """rayCluster.workers.memory's default was 32Gi; it is empty now (32Gi + 32Gi per GPU), and
+    a group that never set it keeps its cluster hash across the upgrade."""
+    unset = body()
+    unset["spec"]["rayCluster"]["workers"].pop("memory")
+    old = body()
+    old["spec"]["rayCluster"]["workers"]["memory"] = "32Gi"
+    assert cluster_hash(parse_resource(unset).spec) == cluster_hash(parse_resource(old).spec)

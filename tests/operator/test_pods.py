@@ -286,3 +286,58 @@ def test_an_extra_volume_needs_a_name_a_path_and_a_source() -> None:
     assert {"spec.rayCluster.workers.volumes[0].name",
             "spec.rayCluster.workers.volumes[0].mountPath",
             "spec.rayCluster.workers.volumes[0].source"} <= fields
+
+
+# -- the restricted profile as a whole (what the kind suite's restricted namespace enforces) --
+RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
+                      "persistentVolumeClaim", "projected", "secret"}
+
+
+def restricted_problems(pod: dict[str, Any]) -> list[str]:
+    """What the restricted Pod Security Standard (v1.30) refuses in ``pod``, in short."""
+    problems = []
+    for key in ("hostNetwork", "hostPID", "hostIPC"):
+        if pod.get(key):
+            problems.append(key)
+    for v in pod.get("volumes") or []:
+        kinds = set(v) - {"name"}
+        if not kinds <= RESTRICTED_VOLUMES:
+            problems.append(f"volume {v['name']}: {sorted(kinds)}")
+    pod_sc = pod.get("securityContext") or {}
+    for c in [*pod["containers"], *(pod.get("initContainers") or [])]:
+        sc = c.get("securityContext") or {}
+        if sc.get("privileged"):
+            problems.append(f"{c['name']}: privileged")
+        if sc.get("allowPrivilegeEscalation") is not False:
+            problems.append(f"{c['name']}: allowPrivilegeEscalation")
+        caps = sc.get("capabilities") or {}
+        if "ALL" not in (caps.get("drop") or []):
+            problems.append(f"{c['name']}: capabilities not dropped")
+        if set(caps.get("add") or []) - {"NET_BIND_SERVICE"}:
+            problems.append(f"{c['name']}: capabilities added {caps['add']}")
+        if not (sc.get("runAsNonRoot") or pod_sc.get("runAsNonRoot")):
+            problems.append(f"{c['name']}: runAsNonRoot")
+        if 0 in (sc.get("runAsUser"), pod_sc.get("runAsUser")):
+            problems.append(f"{c['name']}: runAsUser 0")
+        seccomp = (sc.get("seccompProfile") or pod_sc.get("seccompProfile") or {}).get("type")
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            problems.append(f"{c['name']}: seccompProfile")
+    return problems
+
+
+def test_the_default_pods_pass_the_restricted_profile() -> None:
+    tg = _tg(cluster=STORAGE, training={"checkpointDir": "/ckpt/run"},
+             model={"pretrained": "/ckpt/llama", "positionEmbedding": "rope"})
+    for pod in (*_ray_pods(tg), _tinker_pod(tg)):
+        assert restricted_problems(pod) == []
+
+
+def test_the_rdma_opt_ins_are_what_takes_the_workers_out_of_restricted() -> None:
+    tg = _tg(pod={"capabilities": ["IPC_LOCK"], "hostNetwork": True, "volumes": [
+        {"name": "ib", "mountPath": "/dev/infiniband",
+         "source": {"hostPath": {"path": "/dev/infiniband"}}}]})
+    head, worker = _ray_pods(tg)
+    assert restricted_problems(head) == []
+    assert restricted_problems(worker) == [
+        "hostNetwork", "volume ib: ['hostPath']", "ray-worker: capabilities added ['IPC_LOCK']"
+    ]

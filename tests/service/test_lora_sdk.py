@@ -235,7 +235,8 @@ def test_an_idle_run_is_parked_and_comes_back(lora_served: dict[str, Any]) -> No
                 time.sleep(0.5)
         finally:
             lora.idle_run_s = 0.0
-        parked = Path(lora_served["root"]) / "ckpt" / "tinker" / tc.model_id / "parked"
+        parked = Path(lora_served["root"]) / "ckpt" / "tinker" / "principals" / "default"
+        parked = parked / tc.model_id / "parked"
         assert any(parked.glob("run_tp*_pp*.pt"))
         # back from disk with its trained adapter (a lost state would give the fresh run's loss)
         assert _steps(tc, [1])[0] == pytest.approx(want, rel=1e-6)

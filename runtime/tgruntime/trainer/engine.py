@@ -155,6 +155,7 @@ class TrainEngine(Primitives):
         adapters: LoraAdapters | None = None
         try:
             init_model_parallel(tp=p.tensor, pp=p.pipeline, cp=p.context)
+            ckpt.init_io_group()  # the long-timeout gloo group of checkpoint waits
             seed_everything(spec.model.seed, settings=settings)
             config = transformer_config(spec.model, p, settings)
             module = build_gpt_model(spec.model, config, settings)
@@ -169,6 +170,7 @@ class TrainEngine(Primitives):
                     module, config=config, spec=spec.optimizer, settings=settings
                 )
         except BaseException:
+            ckpt.destroy_io_group()
             destroy_parallel(destroy_process_group=owns)
             raise
         return cls(
@@ -278,6 +280,11 @@ class TrainEngine(Primitives):
         adapters'; the frozen base is written too, so a resume needs nothing else).
 
         Default: ``{training.checkpointDir}/step_{step:08d}``. Collective; returns the path.
+
+        The shard writers save synchronously; the other ranks wait on the checkpoint I/O
+        group (``TG_CHECKPOINT_TIMEOUT_S``, default 2 hours), never on the training group's
+        NCCL timeout. After a save into ``checkpointDir`` rank 0 keeps only the newest
+        ``keepCheckpoints`` complete checkpoints there (``checkpoint.keep_checkpoints``).
         """
         self._check_open()
         target = Path(path) if path is not None else self.default_checkpoint_path()
@@ -310,10 +317,16 @@ class TrainEngine(Primitives):
             if self.lora is not None:
                 meta["lora"] = self.lora.to_dict()
             ckpt.write_meta(target, meta)
+            root = self.spec.training.checkpoint_dir
+            keep = ckpt.keep_checkpoints(self.spec)
+            if keep and root and target.resolve().parent == Path(root).resolve():
+                ckpt.prune(root, keep, saved=target)
         ckpt.barrier()
         return str(target)
 
-    def load_checkpoint(self, path: str | Path, *, optimizer: bool = True) -> int:
+    def load_checkpoint(
+        self, path: str | Path, *, optimizer: bool = True, step: int | None = None
+    ) -> int:
         """Restore the state written by :meth:`save_checkpoint`; returns the restored step.
 
         ``optimizer=False``: the weights (and step, RNG) only; the optimizer starts fresh
@@ -322,8 +335,14 @@ class TrainEngine(Primitives):
         A LoRA engine restores its adapters too; the checkpoint must hold adapters of the
         same rank, alpha and switches (the seed may differ: it only picks the initial ``A``).
         A full-weight checkpoint does not load into a LoRA engine, nor the reverse.
+
+        Collective check first: a rank that cannot read ``meta.json`` or its own shard, or
+        whose ``meta.json`` is of another step than rank 0's (``step``, when given, is the
+        one expected), makes every rank raise ``CheckpointUnreadableError`` naming its path,
+        step and node.
         """
         self._check_open()
+        ckpt.verify_readable(path, step=step, mesh=self._mesh)
         meta = ckpt.read_meta(path)
         self._check_lora_checkpoint(path, meta.get("lora"))
         mesh = self._mesh
@@ -378,10 +397,29 @@ class TrainEngine(Primitives):
                 )
 
     def load_latest_checkpoint(self) -> int | None:
-        """Load the newest complete checkpoint under ``training.checkpointDir``, if any."""
+        """Load the newest complete checkpoint under ``training.checkpointDir``, if any
+        (:meth:`resume`); returns its step."""
+        return self.step if self.resume() is not None else None
+
+    def resume(self) -> str | None:
+        """Collective: resume from the one checkpoint rank 0 chooses; returns its path here.
+
+        Each rank first removes the temporary files interrupted saves left under
+        ``training.checkpointDir`` (its own names only), then rank 0 picks its newest
+        complete checkpoint and broadcasts the step; every rank loads that step from its own
+        ``checkpointDir``, or the group fails with ``CheckpointUnreadableError`` (path, step,
+        node) when a rank cannot read it. None (on every rank) when rank 0 has none."""
+        self._check_open()
         root = self.spec.training.checkpoint_dir
-        found = ckpt.latest_checkpoint(root) if root else None
-        return self.load_checkpoint(found) if found is not None else None
+        if not root:
+            return None
+        ckpt.clean_stray_temps(root, self._mesh)
+        chosen = ckpt.agree_on_resume(root)
+        if chosen is None:
+            return None
+        path, step = chosen
+        self.load_checkpoint(path, step=step)
+        return str(path)
 
     # -- teardown -------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -393,6 +431,7 @@ class TrainEngine(Primitives):
         if self._closed:
             return
         self._closed = True
+        ckpt.destroy_io_group()
         destroy_parallel(destroy_process_group=self._owns_process_group)
         if self.settings.on_gpu:
             torch.cuda.empty_cache()

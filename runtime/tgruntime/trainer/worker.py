@@ -117,6 +117,10 @@ class MegatronTrainer(SamplingMixin, HFWeightsMixin, Worker):
         ``training.checkpointDir`` is empty or holds no complete checkpoint). With
         ``model.pretrained`` and nothing to resume, the base weights are loaded from that
         Hugging Face directory (``import_hf``); a checkpoint, when there is one, wins.
+
+        Resume (``TrainEngine.resume``): rank 0 chooses the checkpoint and broadcasts its
+        step; a rank that cannot read that step from its own ``checkpointDir`` fails every
+        rank with ``CheckpointUnreadableError`` (path, step, node).
         """
         if self.engine is None:
             self.engine = TrainEngine.create(spec=self.spec, lora=self.lora)
@@ -127,14 +131,8 @@ class MegatronTrainer(SamplingMixin, HFWeightsMixin, Worker):
             self._register_dispatch_collect_info(
                 TRAIN_MESH, dp_rank=mesh.dp_rank, is_collect=mesh.is_collect
             )
-            root = self.spec.training.checkpoint_dir
-            if root:
-                from tgruntime.trainer.checkpoint import latest_checkpoint
-
-                found = latest_checkpoint(root)
-                if found is not None:
-                    self.engine.load_checkpoint(found)
-                    self.resumed_from = str(found)
+            # one resume point: rank 0 chooses, every rank loads that step or the group fails
+            self.resumed_from = self.engine.resume()
             pretrained = self.spec.model.pretrained
             if pretrained and self.resumed_from is None:
                 self.import_hf(pretrained)

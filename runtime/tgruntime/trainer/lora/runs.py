@@ -300,7 +300,7 @@ class RunSet:
 
 
 def _barrier() -> None:
-    import torch.distributed as dist
+    # the checkpoint I/O group's long timeout: a slow save never trips the NCCL one
+    from tgruntime.trainer.checkpoint import barrier
 
-    if dist.is_initialized():
-        dist.barrier()
+    barrier()

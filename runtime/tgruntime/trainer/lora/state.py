@@ -65,8 +65,10 @@ def peft_names(adapters: LoraAdapters) -> list[str]:
 
 
 def _barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()
+    # the checkpoint I/O group's long timeout: a slow save never trips the NCCL one
+    from tgruntime.trainer.checkpoint import barrier
+
+    barrier()
 
 
 # -- per-rank state -----------------------------------------------------------------

@@ -118,11 +118,15 @@ class ServiceCore:
 
     def expire(self) -> list[str]:
         """Forget the sessions that ended ``Registry.forget_s`` ago, with their models and
-        samplers (not the runs the workers still hold), and the in-memory sampler copies no
-        model holds any more; the session ids forgotten."""
+        samplers (not the runs the workers still hold), and the in-memory sampler copies of the
+        models forgotten; the session ids forgotten."""
         held = set(self.lora.runs) if self.lora is not None else set()
         gone = self.registry.expire(held)
-        self._drop_weights(self._ephemeral_orphans())
+        drops: list[str] = []
+        for other in list(self.ephemeral.newest):  # only models forgotten, not just retired
+            if other not in self.registry.models:
+                drops += self.ephemeral.forget_model(other)
+        self._drop_weights(drops)
         if gone:
             _json_log("expire", sessions=len(gone), left=len(self.registry.sessions))
         return gone

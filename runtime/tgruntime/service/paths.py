@@ -114,8 +114,8 @@ class Paths:
         top = self.folder(principal)
         d = top / model_id / kind / name
         if d.is_dir() or d.is_symlink():
-            if not _under(d, top) or not _under(top, self._require()):
-                raise missing  # a symlink out of the principal's folder
+            if not _under(d, top) or not _under(top, self._require()) or not d.is_dir():
+                raise missing  # a symlink out of the principal's folder, or not a directory
             return model_id, kind, name, d
         old = self._legacy(principal)
         if old is not None and model_id not in (PRINCIPALS,) and not model_id.startswith("_"):

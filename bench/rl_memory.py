@@ -28,14 +28,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from tinker_overhead import spec as preset_spec
-
-import tgapi
+from served_group import served_group, spec
 
 
 def gpu_used_gib() -> float | None:
@@ -62,138 +59,115 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
-    import ray
     import tinker
-
-    from tgruntime import TrainerClient
-    from tgruntime.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
-    from tgruntime.service.__main__ import group_info, serve
-    from tgruntime.service.auth import KeyStore
-    from tgruntime.trainer.worker import MegatronTrainer
 
     T = tinker.types
     tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"rl-memory-{uuid.uuid4().hex[:6]}"
-    sp = preset_spec(args.tp, str(tmp), args.preset)
-    use_gpu = torch.cuda.is_available()
-    ray.init(address="local", include_dashboard=False, namespace=f"bench-{uuid.uuid4().hex[:6]}")
-    wg = WorkerGroup.create(
-        group_name="rlmem",
-        ray_namespace=ray.get_runtime_context().namespace,
-        resource_pool=ResourcePool(process_on_nodes=[args.tp], use_gpu=use_gpu, strategy="PACK"),
-        cls=ClassWithInitArgs(MegatronTrainer, json.dumps(tgapi.to_wire(sp))),
-        detached=False,
-        pg_timeout_s=120,
-        actor_timeout_s=300,
-    )
-    wg.init_model()
-    client = TrainerClient(wg)
-    key = "tml-bench-" + uuid.uuid4().hex
-    running = serve(client, group_info("rlmem", sp), KeyStore(keys=[key]), port=0)
+    sp = spec(args.tp, str(tmp), args.preset)
     vocab, limit = sp.model.vocab_size, sp.model.max_sequence_length
     g = np.random.default_rng(0)
     lo, hi = min(32, limit // 4), min(256, limit // 2)
     params = T.SamplingParams(max_tokens=args.max_tokens, temperature=1.0, stop=[])
     adam = T.AdamParams(learning_rate=1e-5)
     rows: list[dict[str, Any]] = []
-    print(f"{'iter':>4} {'GPU GiB':>8} {'copies':>6} {'copy GiB':>8} {'save s':>7} "
-          f"{'sample s':>8} {'tok/s':>8} {'fb s':>6} {'fb tokens':>9} {'step s':>6}")
-    with tinker.ServiceClient(base_url=running.url, api_key=key) as sc:
-        tc = sc.create_lora_training_client(base_model="rlmem", rank=8).result()
-        for it in range(args.iters):
+    with served_group("rlmem", sp) as served:
+        use_gpu, client = served.use_gpu, served.client
+        print(f"{'iter':>4} {'GPU GiB':>8} {'copies':>6} {'copy GiB':>8} {'save s':>7} "
+              f"{'sample s':>8} {'tok/s':>8} {'fb s':>6} {'fb tokens':>9} {'step s':>6}")
+        with tinker.ServiceClient(base_url=served.running.url, api_key=served.key) as sc:
+            tc = sc.create_lora_training_client(base_model="rlmem", rank=8).result()
+            for it in range(args.iters):
+                t0 = time.perf_counter()
+                sampler = tc.save_weights_and_get_sampling_client().result()
+                t1 = time.perf_counter()
+                prompts = [
+                    [int(x) for x in g.integers(2, vocab, size=int(g.integers(lo, hi + 1)))]
+                    for _ in range(args.prompts)
+                ]
+                futures = [
+                    sampler.sample(T.ModelInput.from_ints(p), num_samples=args.group,
+                                   sampling_params=params)
+                    for p in prompts
+                ]
+                results = [f.result(timeout=1200) for f in futures]
+                t2 = time.perf_counter()
+                data, sampled = [], 0
+                for p, res in zip(prompts, results, strict=True):
+                    for seq in res.sequences:
+                        toks = p + list(seq.tokens)
+                        sampled += len(seq.tokens)
+                        n = len(toks) - 1
+                        w = np.zeros(n, np.float32)
+                        w[len(p) - 1:] = 1.0
+                        old = np.zeros(n, np.float32)
+                        old[len(p) - 1:] = np.asarray(seq.logprobs, np.float32)
+                        data.append(T.Datum(
+                            model_input=T.ModelInput.from_ints(toks[:-1]),
+                            loss_fn_inputs={
+                                "target_tokens": T.TensorData.from_numpy(
+                                    np.asarray(toks[1:], np.int64)),
+                                "weights": T.TensorData.from_numpy(w),
+                                "logprobs": T.TensorData.from_numpy(old),
+                                "advantages": T.TensorData.from_numpy(
+                                    (w * float(g.normal())).astype(np.float32)),
+                            },
+                        ))
+                fb = tc.forward_backward(data, "importance_sampling").result(timeout=1200)
+                t3 = time.perf_counter()
+                tc.optim_step(adam).result(timeout=1200)
+                t4 = time.perf_counter()
+                info = client.sampler_weights_info().result(timeout=600)
+                row = {
+                    "iter": it + 1,
+                    "gpu_used_gib": gpu_used_gib() if use_gpu else None,
+                    "copies": len(info["names"]),
+                    "copy_gib": round(info["bytes"] / 2**30, 3),
+                    "save_s": round(t1 - t0, 3),
+                    "sample_s": round(t2 - t1, 3),
+                    "sample_tok_s": round(sampled / max(t2 - t1, 1e-9)),
+                    "fb_s": round(t3 - t2, 3),
+                    "fb_tokens": sum(len(d.model_input.to_ints()) for d in data),
+                    "step_s": round(t4 - t3, 3),
+                    "loss": fb.metrics.get("loss:sum"),
+                }
+                rows.append(row)
+                if (it + 1) % 5 == 0 or it + 1 == args.iters or it == 0:
+                    print(f"{row['iter']:>4} {row['gpu_used_gib']!s:>8} {row['copies']:>6} "
+                          f"{row['copy_gib']:>8} {row['save_s']:>7} {row['sample_s']:>8} "
+                          f"{row['sample_tok_s']:>8} {row['fb_s']:>6} {row['fb_tokens']:>9} "
+                          f"{row['step_s']:>6}", flush=True)
+            # the 256 x ~400-token case, at --big-len tokens per row
+            length = min(args.big_len, limit)
+            big = [
+                T.Datum(
+                    model_input=T.ModelInput.from_ints(
+                        [int(x) for x in g.integers(2, vocab, size=length)]),
+                    loss_fn_inputs={
+                        "target_tokens": T.TensorData.from_numpy(
+                            g.integers(2, vocab, size=length).astype(np.int64)),
+                        "weights": T.TensorData.from_numpy(np.ones(length, np.float32)),
+                    },
+                )
+                for _ in range(args.big_rows)
+            ]
             t0 = time.perf_counter()
-            sampler = tc.save_weights_and_get_sampling_client().result()
-            t1 = time.perf_counter()
-            prompts = [
-                [int(x) for x in g.integers(2, vocab, size=int(g.integers(lo, hi + 1)))]
-                for _ in range(args.prompts)
-            ]
-            futures = [
-                sampler.sample(T.ModelInput.from_ints(p), num_samples=args.group,
-                               sampling_params=params)
-                for p in prompts
-            ]
-            results = [f.result(timeout=1200) for f in futures]
-            t2 = time.perf_counter()
-            data, sampled = [], 0
-            for p, res in zip(prompts, results, strict=True):
-                for seq in res.sequences:
-                    toks = p + list(seq.tokens)
-                    sampled += len(seq.tokens)
-                    n = len(toks) - 1
-                    w = np.zeros(n, np.float32)
-                    w[len(p) - 1:] = 1.0
-                    old = np.zeros(n, np.float32)
-                    old[len(p) - 1:] = np.asarray(seq.logprobs, np.float32)
-                    data.append(T.Datum(
-                        model_input=T.ModelInput.from_ints(toks[:-1]),
-                        loss_fn_inputs={
-                            "target_tokens": T.TensorData.from_numpy(
-                                np.asarray(toks[1:], np.int64)),
-                            "weights": T.TensorData.from_numpy(w),
-                            "logprobs": T.TensorData.from_numpy(old),
-                            "advantages": T.TensorData.from_numpy(
-                                (w * float(g.normal())).astype(np.float32)),
-                        },
-                    ))
-            fb = tc.forward_backward(data, "importance_sampling").result(timeout=1200)
-            t3 = time.perf_counter()
+            tc.forward_backward(big, "cross_entropy").result(timeout=1200)
+            big_s = time.perf_counter() - t0
             tc.optim_step(adam).result(timeout=1200)
-            t4 = time.perf_counter()
-            info = client.sampler_weights_info().result(timeout=600)
-            row = {
-                "iter": it + 1,
-                "gpu_used_gib": gpu_used_gib() if use_gpu else None,
-                "copies": len(info["names"]),
-                "copy_gib": round(info["bytes"] / 2**30, 3),
-                "save_s": round(t1 - t0, 3),
-                "sample_s": round(t2 - t1, 3),
-                "sample_tok_s": round(sampled / max(t2 - t1, 1e-9)),
-                "fb_s": round(t3 - t2, 3),
-                "fb_tokens": sum(len(d.model_input.to_ints()) for d in data),
-                "step_s": round(t4 - t3, 3),
-                "loss": fb.metrics.get("loss:sum"),
-            }
-            rows.append(row)
-            if (it + 1) % 5 == 0 or it + 1 == args.iters or it == 0:
-                print(f"{row['iter']:>4} {row['gpu_used_gib']!s:>8} {row['copies']:>6} "
-                      f"{row['copy_gib']:>8} {row['save_s']:>7} {row['sample_s']:>8} "
-                      f"{row['sample_tok_s']:>8} {row['fb_s']:>6} {row['fb_tokens']:>9} "
-                      f"{row['step_s']:>6}", flush=True)
-        # the 256 x ~400-token case, at --big-len tokens per row
-        length = min(args.big_len, limit)
-        big = [
-            T.Datum(
-                model_input=T.ModelInput.from_ints(
-                    [int(x) for x in g.integers(2, vocab, size=length)]),
-                loss_fn_inputs={
-                    "target_tokens": T.TensorData.from_numpy(
-                        g.integers(2, vocab, size=length).astype(np.int64)),
-                    "weights": T.TensorData.from_numpy(np.ones(length, np.float32)),
-                },
-            )
-            for _ in range(args.big_rows)
-        ]
-        t0 = time.perf_counter()
-        tc.forward_backward(big, "cross_entropy").result(timeout=1200)
-        big_s = time.perf_counter() - t0
-        tc.optim_step(adam).result(timeout=1200)
-    used = [r["gpu_used_gib"] for r in rows if r["gpu_used_gib"] is not None]
-    summary = {
-        "preset": args.preset,
-        "iters": args.iters,
-        "gpu_used_gib_first_last_max": [used[0], used[-1], max(used)] if used else None,
-        "max_copies": max(r["copies"] for r in rows),
-        "big_forward_backward": {"rows": args.big_rows, "tokens_per_row": length,
-                                 "tokens": args.big_rows * length, "seconds": round(big_s, 2),
-                                 "tokens_per_s": round(args.big_rows * length / big_s)},
-        "rows": rows,
-    }
-    print(json.dumps({k: v for k, v in summary.items() if k != "rows"}, indent=1))
-    if args.json:
-        Path(args.json).write_text(json.dumps(summary, indent=1))
-    running.stop()
-    wg.teardown()
-    ray.shutdown()
+        used = [r["gpu_used_gib"] for r in rows if r["gpu_used_gib"] is not None]
+        summary = {
+            "preset": args.preset,
+            "iters": args.iters,
+            "gpu_used_gib_first_last_max": [used[0], used[-1], max(used)] if used else None,
+            "max_copies": max(r["copies"] for r in rows),
+            "big_forward_backward": {"rows": args.big_rows, "tokens_per_row": length,
+                                     "tokens": args.big_rows * length, "seconds": round(big_s, 2),
+                                     "tokens_per_s": round(args.big_rows * length / big_s)},
+            "rows": rows,
+        }
+        print(json.dumps({k: v for k, v in summary.items() if k != "rows"}, indent=1))
+        if args.json:
+            Path(args.json).write_text(json.dumps(summary, indent=1))
     return 0
 
 

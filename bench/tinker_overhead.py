@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -21,45 +22,11 @@ import numpy as np
 import torch
 
 os.environ.setdefault("TINKER_TELEMETRY", "0")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import tgapi
+from served_group import served_group, spec
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def spec(tp: int, ckpt: str, preset: str) -> tgapi.TrainerGroupSpec:
-    shape = {
-        "tiny": dict(
-            vocabSize=128,
-            hiddenSize=64,
-            numLayers=2,
-            numAttentionHeads=4,
-            ffnHiddenSize=128,
-            maxSequenceLength=64,
-        ),
-        "seed": dict(
-            vocabSize=256,
-            hiddenSize=2048,
-            numLayers=24,
-            numAttentionHeads=16,
-            ffnHiddenSize=5504,
-            maxSequenceLength=1024,
-        ),
-    }[preset]
-    return tgapi.parse_spec(
-        {
-            "workers": {"processesPerNode": [tp]},
-            "parallelism": {"tensor": tp},
-            "model": {**shape, "positionEmbedding": "rope"},
-            "optimizer": {"lr": 1e-3},
-            "training": {
-                "batchSize": 4,
-                "sequenceLength": shape["maxSequenceLength"],
-                "checkpointDir": ckpt,
-            },
-        },
-        local=True,
-    )
 
 
 def main() -> int:
@@ -73,33 +40,11 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
-    import ray
     import tinker
-
-    from tgruntime import TrainerClient
-    from tgruntime.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
-    from tgruntime.service.__main__ import group_info, serve
-    from tgruntime.service.auth import KeyStore
-    from tgruntime.trainer.worker import MegatronTrainer
 
     T = tinker.types
     tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"tinker-bench-{uuid.uuid4().hex[:6]}"
     sp = spec(args.tp, str(tmp), args.preset)
-    use_gpu = torch.cuda.is_available()
-    ray.init(address="local", include_dashboard=False, namespace=f"bench-{uuid.uuid4().hex[:6]}")
-    wg = WorkerGroup.create(
-        group_name="bench",
-        ray_namespace=ray.get_runtime_context().namespace,
-        resource_pool=ResourcePool(process_on_nodes=[args.tp], use_gpu=use_gpu, strategy="PACK"),
-        cls=ClassWithInitArgs(MegatronTrainer, json.dumps(tgapi.to_wire(sp))),
-        detached=False,
-        pg_timeout_s=120,
-        actor_timeout_s=300,
-    )
-    wg.init_model()
-    client = TrainerClient(wg)
-    key = "tml-bench-" + uuid.uuid4().hex
-    running = serve(client, group_info("bench", sp), KeyStore(keys=[key]), port=0)
     g = np.random.default_rng(0)
     vocab = sp.model.vocab_size
     toks = g.integers(0, vocab, size=(args.batch, args.seq + 1))
@@ -121,30 +66,29 @@ def main() -> int:
     }
     adam = T.AdamParams(learning_rate=1e-4)
     times: dict[str, list[float]] = {"TrainerClient": [], "tinker SDK": []}
-    with tinker.ServiceClient(base_url=running.url, api_key=key) as sc:
-        tc = sc.create_lora_training_client(base_model="bench", rank=8).result()
+    with served_group("bench", sp) as served:
+        use_gpu, client = served.use_gpu, served.client
+        with tinker.ServiceClient(base_url=served.running.url, api_key=served.key) as sc:
+            tc = sc.create_lora_training_client(base_model="bench", rank=8).result()
 
-        def direct() -> None:
-            client.forward_backward(batch, loss="tinker_cross_entropy", reduction="sum")
-            client.optim_step(
-                lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0, grad_clip=0.0
-            ).result(timeout=600)
+            def direct() -> None:
+                client.forward_backward(batch, loss="tinker_cross_entropy", reduction="sum")
+                client.optim_step(
+                    lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0, grad_clip=0.0
+                ).result(timeout=600)
 
-        def sdk() -> None:
-            tc.forward_backward(data, "cross_entropy")
-            tc.optim_step(adam).result(timeout=600)
+            def sdk() -> None:
+                tc.forward_backward(data, "cross_entropy")
+                tc.optim_step(adam).result(timeout=600)
 
-        for fn in (direct, sdk):  # warm-up
-            fn()
-        for _ in range(args.rounds):
-            for name, fn in (("TrainerClient", direct), ("tinker SDK", sdk)):
-                for _ in range(args.steps):
-                    t0 = time.perf_counter()
-                    fn()
-                    times[name].append((time.perf_counter() - t0) * 1e3)
-    running.stop()
-    wg.teardown()
-    ray.shutdown()
+            for fn in (direct, sdk):  # warm-up
+                fn()
+            for _ in range(args.rounds):
+                for name, fn in (("TrainerClient", direct), ("tinker SDK", sdk)):
+                    for _ in range(args.steps):
+                        t0 = time.perf_counter()
+                        fn()
+                        times[name].append((time.perf_counter() - t0) * 1e3)
     med = {k: statistics.median(v) for k, v in times.items()}
     p10 = {k: float(np.percentile(v, 10)) for k, v in times.items()}
     p90 = {k: float(np.percentile(v, 90)) for k, v in times.items()}

@@ -32,6 +32,7 @@ from tgruntime.controller import errors as ce
 from tgruntime.service.sampler_weights import FreedWeights
 from tgruntime.service.sessions import ServiceError
 from tgruntime.trainer import losses
+from tgruntime.trainer.checkpoint import CheckpointUnreadableError
 from tgruntime.trainer.gpu_check import GpuWorkersOnCpuError, NoCudaDeviceError
 from tgruntime.trainer.launch import LaunchError
 from tgruntime.trainer.losses import MissingTensorError
@@ -70,6 +71,10 @@ CASES: dict[str, Callable[[], BaseException]] = {
     "tgruntime.trainer.gpu_check:NoCudaDeviceError": lambda: NoCudaDeviceError(
         rank=0, driver="535.129.03", torch_cuda="13.0", min_driver="580.65.06",
         fix="run on nodes with NVIDIA driver >= 580.65.06",
+    ),
+    "tgruntime.trainer.checkpoint:CheckpointUnreadableError": lambda: CheckpointUnreadableError(
+        path="/ckpt/g/step_00000007", step=7, node="worker-b", rank=1,
+        reason="it has no meta.json (missing or incomplete on this node)", failed_ranks=[1, 3],
     ),
     "tgruntime.trainer.token_budget:TokenBudgetError": lambda: TokenBudgetError(
         "a row of 2048 tokens (the call's longest, padded) does not fit one micro-batch of 1024"

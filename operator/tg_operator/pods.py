@@ -111,6 +111,16 @@ def worker_resources(workers: RayWorkerNodesSpec) -> dict[str, dict[str, str]]:
     return {"limits": {**limits, **devices}, "requests": {**requests, **devices}}
 
 
+def ray_cpus(workers: RayWorkerNodesSpec) -> str:
+    """The worker's ``num-cpus`` for ``ray start``: its CPU request, rounded up. Set explicitly
+    because without a CPU limit KubeRay may not infer it from the container, and Ray would
+    count every CPU of the node."""
+    cpus = _bytes(workers.cpu)
+    if cpus is None:
+        return workers.cpu
+    return str(max(1, int(cpus.to_integral_value(rounding=decimal.ROUND_CEILING))))
+
+
 def head_resources(*, cpu: str, memory: str) -> dict[str, dict[str, str]]:
     """The head container: CPU requested only (the GCS and dashboard must not be throttled)."""
     return {"limits": {"memory": memory}, "requests": {"cpu": cpu, "memory": memory}}

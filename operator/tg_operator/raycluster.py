@@ -122,7 +122,7 @@ def build_raycluster(tg: TrainerGroup, *, cluster_hash: str) -> dict[str, Any]:
                     "replicas": rc.workers.replicas,
                     "minReplicas": rc.workers.replicas,
                     "maxReplicas": rc.workers.replicas,
-                    "rayStartParams": {},
+                    "rayStartParams": {"num-cpus": pods.ray_cpus(workers)},
                     "template": {
                         "metadata": platform.pod_metadata(tg, labels=dict(labels)),
                         "spec": worker_pod,

@@ -139,6 +139,12 @@ def test_no_cpu_limit_by_default_on_ray_pods() -> None:
         assert resources["limits"]["memory"] == resources["requests"]["memory"]
 
 
+@pytest.mark.parametrize(("cpu", "num_cpus"), [("8", "8"), ("500m", "1"), ("2.5", "3")])
+def test_ray_counts_the_cpu_request_not_the_nodes_cpus(cpu: str, num_cpus: str) -> None:
+    rc = build_raycluster(_tg(pod={"cpu": cpu}), cluster_hash="h")
+    assert rc["spec"]["workerGroupSpecs"][0]["rayStartParams"] == {"num-cpus": num_cpus}
+
+
 def test_cpu_limit_when_set() -> None:
     _, worker = _ray_pods(_tg(pod={"cpuLimit": "16"}))
     resources = worker["containers"][0]["resources"]

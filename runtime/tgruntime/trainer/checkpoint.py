@@ -66,6 +66,7 @@ __all__ = [
     "clean_stray_temps",
     "destroy_io_group",
     "init_io_group",
+    "io_group",
     "io_timeout",
     "keep_checkpoints",
     "latest_checkpoint",
@@ -164,6 +165,11 @@ def destroy_io_group() -> None:
     group, _io_group = _io_group, None
     if group is not None and dist.is_initialized():
         dist.destroy_process_group(group)
+
+
+def io_group() -> Any:
+    """The checkpoint I/O group for other collectives around file I/O (None: the default)."""
+    return _io_group
 
 
 def barrier() -> None:

@@ -32,6 +32,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 
 from tgruntime.controller import Dispatch, register
+from tgruntime.trainer import checkpoint as ckpt
 from tgruntime.trainer import hf_files
 from tgruntime.trainer.engine import TrainEngine
 from tgruntime.trainer.hf_weights import (
@@ -269,7 +270,9 @@ def export_hf_checkpoint(
             "dtype": str(out_dtype).removeprefix("torch."),
             "write_seconds": writer.seconds,
         }
-    dist.broadcast_object_list(summary, src=0)  # also the barrier: every file is written
+    # also the barrier (every file is written): on the checkpoint I/O group, whose timeout
+    # (TG_CHECKPOINT_TIMEOUT_S) outlasts a slow write, not the training group's
+    dist.broadcast_object_list(summary, src=0, group=ckpt.io_group())
     result: dict[str, Any] = dict(summary[0])
     result.update(rank=mesh.rank, seconds=time.perf_counter() - start)
     return result
@@ -322,7 +325,7 @@ def import_hf_checkpoint(
         reload()
     if engine.settings.on_gpu:
         torch.cuda.synchronize(engine.device)
-    dist.barrier()
+    ckpt.barrier()  # every rank has read its part (slow storage: the long timeout)
     return {
         "path": str(path),
         "rank": mesh.rank,

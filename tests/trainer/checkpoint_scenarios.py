@@ -109,3 +109,29 @@ def per_node_resume(*, good_roots: list[str], bad_roots: list[str], out_dir: str
         (out / f"bad{rank}.json").write_text(json.dumps({"type": None, "step": engine.step}))
     finally:
         dist.destroy_process_group()
+
+
+def __getattr__(name: str) -> Any:
+    """``PerNodeDiskTrainer``: the built-in trainer whose ``checkpointDir`` is
+    ``{checkpointDir}/node{rank}``, as if each rank's node had its own disk under the same path.
+
+    Built on first access (Ray workers import it by name), so the launches above do not pay
+    for importing the worker module."""
+    if name != "PerNodeDiskTrainer":
+        raise AttributeError(name)
+    import dataclasses
+
+    from tgruntime.trainer.worker import MegatronTrainer
+
+    class PerNodeDiskTrainer(MegatronTrainer):
+        def __init__(self, spec_json: str, lora_json: str | None = None) -> None:
+            super().__init__(spec_json, lora_json)
+            training = self.spec.training
+            own = dataclasses.replace(
+                training, checkpoint_dir=f"{training.checkpoint_dir}/node{self.rank}"
+            )
+            self.spec = dataclasses.replace(self.spec, training=own)
+
+    PerNodeDiskTrainer.__module__ = __name__
+    globals()[name] = PerNodeDiskTrainer
+    return PerNodeDiskTrainer

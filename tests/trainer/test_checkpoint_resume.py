@@ -102,6 +102,9 @@ def test_prune_keeps_the_newest_complete_and_the_saved(tmp_path: Path) -> None:
     (tmp_path / "tinker").mkdir()
     (tmp_path / "step_12").mkdir()  # not our name
     assert ckpt.prune(tmp_path, 0, saved=tmp_path / step_dirname(7)) == []
+    # the engine prunes only after a save into a step_* directory of checkpointDir
+    assert ckpt.is_step_dir(tmp_path / step_dirname(7))
+    assert not ckpt.is_step_dir(tmp_path / "step_12") and not ckpt.is_step_dir(tmp_path / "mine")
     removed = ckpt.prune(tmp_path, 2, saved=tmp_path / step_dirname(7))
     assert sorted(p.name for p in removed) == [step_dirname(s) for s in (1, 2, 3)]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(

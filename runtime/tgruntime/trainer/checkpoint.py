@@ -68,6 +68,7 @@ __all__ = [
     "init_io_group",
     "io_group",
     "io_timeout",
+    "is_step_dir",
     "keep_checkpoints",
     "latest_checkpoint",
     "prune",
@@ -367,6 +368,11 @@ def verify_readable(path: str | Path, *, step: int | None = None, mesh: Mesh | N
 
 
 # -- housekeeping -----------------------------------------------------------------------
+def is_step_dir(path: str | Path) -> bool:
+    """Whether ``path`` is named as the engine names checkpoints (``step_00000012``)."""
+    return _STEP_DIR.fullmatch(Path(path).name) is not None
+
+
 def _step_dirs(root: Path) -> list[tuple[int, Path]]:
     if not root.is_dir():
         return []

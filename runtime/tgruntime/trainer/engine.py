@@ -319,7 +319,12 @@ class TrainEngine(Primitives):
             ckpt.write_meta(target, meta)
             root = self.spec.training.checkpoint_dir
             keep = ckpt.keep_checkpoints(self.spec)
-            if keep and root and target.resolve().parent == Path(root).resolve():
+            if (
+                keep
+                and root
+                and ckpt.is_step_dir(target)
+                and target.resolve().parent == Path(root).resolve()
+            ):
                 ckpt.prune(root, keep, saved=target)
         ckpt.barrier()
         return str(target)

@@ -578,6 +578,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from tgruntime.driver.trainer_client import TrainerClient
     from tgruntime.service.__main__ import group_info, serve
     from tgruntime.service.auth import KeyStore
+    from tgruntime.service.limits import from_args
 
     tg = _load(args.file)
     address = _known_address(args)
@@ -594,7 +595,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     key, where = tinker_key(tg.group_name)
     info = group_info(tg.name, tg.spec, eos_token_ids=tuple(args.eos_token_id))
     keys = KeyStore(keys=[key], keys_file=args.keys_file)  # the generated key: principal default
-    running = serve(client, info, keys, host=args.host, port=args.port)
+    running = serve(client, info, keys, host=args.host, port=args.port, limits=from_args(args))
     out = {"baseUrl": running.url, "keyFile": where, "baseModel": info.base_model}
     if args.json:
         _emit_json(out)
@@ -672,6 +673,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="more keys, one principal each: 'NAME KEY' lines (# comments); re-read on change",
     )
+    from tgruntime.service.limits import add_flags
+
+    add_flags(sv)  # quotas and limits (docs/tinker.md)
     dn = add("down", "tear the group down")
     dn.add_argument(
         "--stop-ray", action="store_true", help="also stop the local Ray head tgctl started"

@@ -16,6 +16,7 @@ import tgapi
 from tgruntime.driver.trainer_client import TrainerClient
 from tgruntime.service.auth import KeyStore, env_keys
 from tgruntime.service.backend import Backend, GroupInfo
+from tgruntime.service.limits import Limits, add_flags, from_args
 
 T = TypeVar("T")
 
@@ -50,10 +51,12 @@ def group_info(
     )
 
 
-def build_service(client: TrainerClient, info: GroupInfo, keys: KeyStore) -> Any:
+def build_service(
+    client: TrainerClient, info: GroupInfo, keys: KeyStore, limits: Limits | None = None
+) -> Any:
     from tgruntime.service.app import TinkerService
 
-    return TinkerService(Backend(client, info), keys)
+    return TinkerService(Backend(client, info), keys, limits)
 
 
 class Running:
@@ -133,8 +136,9 @@ def serve(
     host: str = "127.0.0.1",
     port: int = 8000,
     on_ready: Callable[[Running], None] | None = None,
+    limits: Limits | None = None,
 ) -> Running:
-    running = Running(build_service(client, info, keys), host, port).start()
+    running = Running(build_service(client, info, keys, limits), host, port).start()
     if on_ready is not None:
         on_ready(running)
     return running
@@ -158,6 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", default=None)
     p.add_argument("--eos-token-id", type=int, action="append", default=[])
     p.add_argument("--log-level", default="WARNING")
+    add_flags(p)
     return p
 
 
@@ -216,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint_dir=args.checkpoint_dir,
         eos_token_ids=tuple(args.eos_token_id),
     )
-    running = serve(client, info, keys, host=args.host, port=args.port)
+    running = serve(client, info, keys, host=args.host, port=args.port, limits=from_args(args))
     print(
         json.dumps({"event": "serving", "url": running.url, "base_model": info.base_model}),
         flush=True,

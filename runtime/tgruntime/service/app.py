@@ -16,6 +16,7 @@ from aiohttp import web
 
 from tgruntime.service import audit
 from tgruntime.service.core import ServiceCore, _json_log, log
+from tgruntime.service.limits import LimitError
 from tgruntime.service.routes.checkpoints import CheckpointRoutes
 from tgruntime.service.routes.futures import FutureRoutes
 from tgruntime.service.routes.info import InfoRoutes
@@ -56,11 +57,22 @@ async def _answer(
         if who is None:
             return web.json_response({"error": why, "category": "user"}, status=401)
         request["principal"] = who
+    limits = service.limits
     try:
+        size = request.content_length
+        if size is not None and size > limits.max_body_bytes:  # refused before it is read
+            raise limits.body_error(size)
         return await handler(request)
     except ServiceError as exc:
         _json_log("refused", path=path, status=exc.status, error=str(exc))
-        return web.json_response({"error": str(exc), "category": exc.category}, status=exc.status)
+        headers = exc.headers() if isinstance(exc, LimitError) else {}
+        return web.json_response(
+            {"error": str(exc), "category": exc.category}, status=exc.status, headers=headers
+        )
+    except web.HTTPRequestEntityTooLarge:  # a body without Content-Length, read past the limit
+        big = limits.body_error(None)
+        _json_log("refused", path=path, status=big.status, error=str(big))
+        return web.json_response({"error": str(big), "category": "user"}, status=big.status)
     except web.HTTPException:
         raise
     except Exception as exc:
@@ -71,7 +83,9 @@ async def _answer(
 
 
 def create_app(service: TinkerService) -> web.Application:
-    app = web.Application(middlewares=[_errors], client_max_size=1 << 30)
+    app = web.Application(
+        middlewares=[_errors], client_max_size=service.limits.max_body_bytes
+    )
     app["service"] = service
     s = service
     v1 = "/api/v1"

@@ -22,6 +22,7 @@ from aiohttp import web
 from tgruntime.service.auth import KeyStore
 from tgruntime.service.backend import Backend
 from tgruntime.service.futures import FutureStore, Outcome
+from tgruntime.service.limits import Limits, TokenRate
 from tgruntime.service.paths import Paths
 from tgruntime.service.runs import LoraRuns
 from tgruntime.service.sampler_weights import EphemeralWeights
@@ -48,10 +49,12 @@ Submit = Callable[[], Awaitable[Outcome]]
 class ServiceCore:
     """Stores (registries, futures, paths) and the plumbing every route uses."""
 
-    def __init__(self, backend: Backend, keys: KeyStore) -> None:
+    def __init__(self, backend: Backend, keys: KeyStore, limits: Limits | None = None) -> None:
         self.backend = backend
         self.info = backend.info
         self.keys = keys
+        self.limits = limits if limits is not None else Limits()
+        self.rate = TokenRate(self.limits.sampled_tokens_per_minute)
         self.futures = FutureStore()
         self.registry = Registry()
         self.paths = Paths(backend.info.checkpoint_dir)
@@ -244,6 +247,31 @@ class ServiceCore:
             )
 
     # -- shared by the routes -----------------------------------------------------------
+    def _admit(self, who: str, model: Model | None = None, seq_id: int | None = None) -> None:
+        """The queued-requests quota (service.limits), checked before anything is created. A
+        model's next seq_id always goes in: the requests queued behind it wait for it."""
+        if model is not None and seq_id is not None and seq_id == model.order.next:
+            return
+        self.limits.check_queued(who, self.futures.queued(who))
+
+    def _live_samplers(self, who: str) -> int:
+        """The principal's sampling sessions that still sample: of a live session, and not on
+        in-memory weights already freed (an RL loop's older save_weights_and_get_sampling_client
+        copies do not count)."""
+        resident = set(self.ephemeral.newest.values()) | self.ephemeral.superseded
+        n = 0
+        for ss in self.registry.samplers.values():
+            if ss.owner != who:
+                continue
+            sess = self.registry.sessions.get(ss.session_id)
+            if sess is None or not self.registry.alive(sess):
+                continue
+            w = ss.weights
+            if w is not None and "/ephemeral/" in w and w not in resident:
+                continue
+            n += 1
+        return n
+
     def _refused(self, model_id: str, exc: ServiceError, owner: str) -> web.Response:
         """A new model refused for the group's capacity (another session's full-weight model,
         spec.api.maxRuns) is answered through its future, so the SDK raises the message at once:

@@ -9,6 +9,7 @@ answered like an unknown one.
 from __future__ import annotations
 
 import asyncio
+import collections
 import secrets
 import time
 import uuid
@@ -41,11 +42,17 @@ class FutureStore:
         self.boot = uuid.uuid4().hex[:12]
         self._entries: dict[str, _Entry] = {}
         self._keep_s = keep_s
+        self._queued: collections.Counter[str] = collections.Counter()  # owner -> pending
 
     def new(self, owner: str = "default") -> str:
         rid = f"{self.boot}-{secrets.token_hex(16)}"
         self._entries[rid] = _Entry(owner=owner)
+        self._queued[owner] += 1
         return rid
+
+    def queued(self, owner: str) -> int:
+        """The principal's requests accepted and not finished (service.limits)."""
+        return self._queued[owner]
 
     def resolve(self, rid: str, outcome: Outcome) -> None:
         entry = self._entries.get(rid)
@@ -53,6 +60,9 @@ class FutureStore:
             return
         entry.outcome = outcome
         entry.done_at = time.monotonic()
+        self._queued[entry.owner] -= 1
+        if self._queued[entry.owner] <= 0:
+            del self._queued[entry.owner]
         entry.event.set()
         self._expire()
 

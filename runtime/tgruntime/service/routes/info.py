@@ -13,7 +13,15 @@ from tgruntime.trainer.tinker_losses import TINKER_LOSSES
 
 class InfoRoutes(ServiceCore):
     async def client_config(self, request: web.Request) -> web.Response:
-        return web.json_response({"pjwt_auth_enabled": False, "proto_compress_fwdbwd": False})
+        # the SDK splits forward_backward under the server's limits (service.limits): at most
+        # max_datums datums, and an estimated size well under the body limit (the SDK counts
+        # 4 bytes a token; the body of a loss with advantages takes about 6x that)
+        lim = self.limits
+        out: dict[str, object] = {"pjwt_auth_enabled": False, "proto_compress_fwdbwd": False}
+        if lim.max_datums:
+            out["fwdbwd_max_chunk_len"] = min(1024, lim.max_datums)
+        out["fwdbwd_max_chunk_bytes_count"] = min(5_000_000, lim.max_body_bytes // 8)
+        return web.json_response(out)
 
     async def dynamic_config(self, request: web.Request) -> web.Response:
         return web.json_response({"refresh_interval_sec": 300})

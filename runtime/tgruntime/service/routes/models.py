@@ -76,6 +76,7 @@ class ModelRoutes(ServiceCore):
         sid, who = str(body.get("session_id")), self._who(request)
         self.registry.session(sid, who)
         self._base(body.get("base_model"))
+        self._admit(who)
         if self.lora is not None:
             return await self._create_run(sid, body, who)
         rank = self._check_lora(body.get("lora_config"))
@@ -140,6 +141,12 @@ class ModelRoutes(ServiceCore):
         self._check_optimizer(body.get("optimizer_config"))
         model = self._new_model(sid, body, settings["rank"], who)
         model_id = model.model_id
+        try:  # the principal's quota first: nothing is created when it refuses
+            if self._runs_of(who) >= self.limits.max_runs_per_principal > 0:
+                await self._free_lapsed_runs()
+            self.limits.check_runs(who, self._runs_of(who))
+        except ServiceError as exc:
+            return self._refused(model_id, exc, who)
         if lora.full():
             await self._free_lapsed_runs()
         if lora.full():
@@ -192,6 +199,12 @@ class ModelRoutes(ServiceCore):
 
         self._spawn(go())
         return web.json_response({"request_id": rid, "model_id": model_id})
+
+    def _runs_of(self, who: str) -> int:
+        """The runs the workers hold for ``who`` (a LoRA group)."""
+        lora = self.lora
+        assert lora is not None
+        return sum(1 for r in lora.runs if self.registry.owned_model(r, who) is not None)
 
     async def park_idle_runs(self) -> list[str]:
         """Park the runs idle for ``spec.api.idleRunSeconds`` (their state under
@@ -253,13 +266,17 @@ class ModelRoutes(ServiceCore):
             import zstandard
 
             try:
-                raw = zstandard.ZstdDecompressor().decompress(raw, max_output_size=1 << 30)
+                limit = self.limits.max_body_bytes
+                if zstandard.frame_content_size(raw) > limit:
+                    raise self.limits.body_error(zstandard.frame_content_size(raw))
+                raw = zstandard.ZstdDecompressor().decompress(raw, max_output_size=limit)
             except zstandard.ZstdError as exc:
                 raise ServiceError(f"malformed zstd body: {exc}") from None
         if PROTO not in request.headers.get("Content-Type", PROTO):
             raise ServiceError(f"forward_backward takes {PROTO} (as the tinker SDK sends it)")
         fb = decode_forward_backward(raw)
         model = self.registry.model(fb.model_id, self._who(request))
+        self._admit(model.owner, model, fb.seq_id or None)
 
         def prepare() -> Callable[[], Awaitable[Outcome]]:
             return self._fwdbwd(fb)
@@ -268,6 +285,7 @@ class ModelRoutes(ServiceCore):
         return web.json_response({"request_id": rid, "model_id": model.model_id})
 
     def _fwdbwd(self, fb: FwdBwdIn) -> Callable[[], Awaitable[Outcome]]:
+        self.limits.check_datums(len(fb.data))  # in its seq_id turn: the future fails
         try:
             loss = tinker_loss_name(fb.loss_fn)
         except ValueError as exc:
@@ -306,6 +324,7 @@ class ModelRoutes(ServiceCore):
     async def optim_step(self, request: web.Request) -> web.Response:
         body = await self._body(request)
         model = self.registry.model(str(body.get("model_id")), self._who(request))
+        self._admit(model.owner, model, body.get("seq_id"))
         if "adam_params" not in body:
             kind = (body.get("optimizer_params") or {}).get("type")
             raise ServiceError(f"optimizer params {kind!r} are not supported (AdamParams only)")
@@ -339,6 +358,7 @@ class ModelRoutes(ServiceCore):
         body = await self._body(request)
         model = self.registry.model(str(body.get("model_id")), self._who(request))
         seq = body.get("seq_id")
+        self._admit(model.owner, model, seq)
         name = str(body.get("path") or f"step-{seq or int(time.time())}")
         d = self.paths.directory(model.owner, model.model_id, "weights", name)
         saved = (d / "meta.json").exists() or (d / RUN_SETTINGS).exists()
@@ -366,6 +386,7 @@ class ModelRoutes(ServiceCore):
     async def save_weights_for_sampler(self, request: web.Request) -> web.Response:
         body = await self._body(request)
         model = self.registry.model(str(body.get("model_id")), self._who(request))
+        self._admit(model.owner, model, body.get("seq_id"))
         name = body.get("path")
 
         def prepare() -> Callable[[], Awaitable[Outcome]]:
@@ -404,6 +425,11 @@ class ModelRoutes(ServiceCore):
     async def load_weights(self, request: web.Request) -> web.Response:
         body = await self._body(request)
         uri, who = str(body.get("path")), self._who(request)
+        if body.get("model_id"):
+            m = self.registry.model(str(body["model_id"]), who)
+            self._admit(who, m, body.get("seq_id"))
+        else:
+            self._admit(who)
         _, kind, _, d = self.paths.parse(uri, who)
         if kind != "weights":
             raise ServiceError(

@@ -39,6 +39,7 @@ class SamplingRoutes(ServiceCore):
         sid, who = str(body.get("session_id")), self._who(request)
         self.registry.session(sid, who)
         weights = self._weights_for(body.get("model_path"), body.get("base_model"), who)
+        self.limits.check_sampling_sessions(who, self._live_samplers(who))
         ss = self._new_sampler(sid, weights, body.get("model_path"), who)
         return web.json_response(
             {"type": "create_sampling_session", "sampling_session_id": ss.sampling_session_id}
@@ -121,17 +122,24 @@ class SamplingRoutes(ServiceCore):
         p = dict(body.get("sampling_params") or {})
         limit = self.info.max_sequence_length
         max_tokens = p.get("max_tokens")
-        max_tokens = limit - len(tokens) if max_tokens is None else int(max_tokens)
+        if max_tokens is None:
+            max_tokens = limit - len(tokens)
+            if self.limits.max_tokens:
+                max_tokens = min(max_tokens, self.limits.max_tokens)
+        max_tokens = int(max_tokens)
+        n = int(body.get("num_samples", 1))
+        self.limits.check_sample(n, max_tokens)
         if max_tokens < 1 or len(tokens) + max_tokens > limit:
             raise ServiceError(
                 f"max_tokens {max_tokens} with a {len(tokens)}-token prompt exceeds the group's "
                 f"sequence limit (model.maxSequenceLength {limit}); at most "
                 f"{limit - len(tokens)}"
             )
-        n = int(body.get("num_samples", 1))
         if n < 1:
             raise ServiceError(f"num_samples must be >= 1, got {n}")
         token_seqs, strings = await self._stop(p.get("stop"))
+        self._admit(who)  # the principal's quotas, last: nothing is created when they refuse
+        self.rate.admit(who)
         job_key: tuple[Any, ...] = (
             weights,
             max_tokens,
@@ -156,6 +164,7 @@ class SamplingRoutes(ServiceCore):
                 return
             assert result is not None
             seqs = result["sequences"]
+            self.rate.charge(who, sum(len(s.get("tokens") or ()) for s in seqs))
             if strings:
                 assert self._tok is not None
                 try:

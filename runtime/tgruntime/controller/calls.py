@@ -57,8 +57,49 @@ def resolve(refs: Sequence[Any], ctx: CallContext, *, timeout_s: float | None = 
         ) from None
     except RayError as exc:
         error = translate(exc, refs, ctx)
+        if isinstance(error, WorkerMethodError):  # the root cause may be a peer's death
+            error = died_peer(refs, ctx) or error
         mark_retrieved(refs)
         raise error from exc
+
+
+DIED_PEER_GRACE_S = 5.0
+
+
+def died_peer(
+    refs: Sequence[Any], ctx: CallContext, *, grace_s: float = DIED_PEER_GRACE_S
+) -> WorkerDiedError | None:
+    """A rank's death among ``refs``, waited for up to ``grace_s``.
+
+    When a worker is killed mid-call, its peers blocked in a collective usually raise first
+    (gloo's "Connection reset by peer", NCCL's abort), naming a rank that is alive. The dead
+    rank's own result arrives a moment later; reporting it names the cause. Waits only
+    while results are missing, so a method error raised on every rank costs nothing."""
+    try:
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=grace_s)
+    except Exception:
+        return None
+    ready_set = set(ready)
+    for i, ref in enumerate(refs):
+        if ref not in ready_set:
+            continue
+        try:
+            ray.get(ref, timeout=0)
+        except RayActorError as exc:
+            return WorkerDiedError(
+                group_name=ctx.group_name, rank=ctx.ranks[i], worker_name=ctx.worker_names[i],
+                cause=actor_error_cause(exc), method=ctx.method,
+            )
+        except RayTaskError as exc:
+            if isinstance(exc.cause, RayActorError):
+                return WorkerDiedError(
+                    group_name=ctx.group_name, rank=ctx.ranks[i],
+                    worker_name=ctx.worker_names[i], cause=actor_error_cause(exc.cause),
+                    method=ctx.method,
+                )
+        except Exception:
+            continue
+    return None
 
 
 def mark_retrieved(refs: Sequence[Any]) -> None:

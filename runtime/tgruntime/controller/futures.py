@@ -42,6 +42,10 @@ class DataProtoFuture:
         self.refs: list[Any] = list(refs)
         self.ctx = ctx
         self.select = select  # (index, parts): this future is one of ``parts`` chunks
+        # the whole call (every rank's result and context) when only some ranks' results
+        # are collected: a collected rank's error caused by an uncollected rank's death is
+        # reported as that death (calls.died_peer)
+        self.call: tuple[tuple[Any, ...], CallContext] | None = None
 
     @property
     def num_parts(self) -> int:
@@ -56,20 +60,31 @@ class DataProtoFuture:
         """``chunks`` futures, the i-th resolving to the i-th chunk of this one's value."""
         if self.select is not None:
             raise ValueError("cannot chunk a future that is already a chunk")
-        return [DataProtoFuture(self.refs, ctx=self.ctx, select=(i, chunks)) for i in range(chunks)]
+        out = [DataProtoFuture(self.refs, ctx=self.ctx, select=(i, chunks)) for i in range(chunks)]
+        for f in out:
+            f.call = self.call
+        return out
 
     def get(self, timeout_s: float | None = None) -> DataProto | TensorDict:
         """Fetch, concatenate (and select a chunk of) the parts."""
-        from tgruntime.controller.calls import mark_retrieved, resolve
+        from tgruntime.controller.calls import died_peer, mark_retrieved, resolve
         from tgruntime.controller.dataproto import (
             DataProto,
             chunk_lengths,
             concat_tensordicts,
             tensordict_rows,
         )
+        from tgruntime.controller.errors import WorkerMethodError
 
         if self.ctx is not None and len(self.ctx.ranks) == len(self.refs):
-            values = resolve(self.refs, self.ctx, timeout_s=timeout_s)
+            try:
+                values = resolve(self.refs, self.ctx, timeout_s=timeout_s)
+            except WorkerMethodError as exc:
+                died = died_peer(*self.call) if self.call is not None else None
+                if died is None:
+                    raise
+                mark_retrieved(self.call[0] if self.call is not None else ())
+                raise died from exc
         else:
             try:
                 values = list(ray.get(self.refs, timeout=timeout_s))

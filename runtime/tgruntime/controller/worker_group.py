@@ -370,6 +370,7 @@ class WorkerGroup:
         result = collect_fn(self, outputs)
         if isinstance(result, DataProtoFuture) and result.ctx is None:
             result.ctx = self._sub_context(ctx, refs, result.refs)
+            result.call = (tuple(refs), ctx)  # every rank's: names a dead peer (calls.died_peer)
         return result
 
     def _submit(

@@ -165,8 +165,15 @@ class Registry:
                 status=409,
             )
         for m in self.models.values():
-            if m.session_id == model.session_id and m.retired is None:
+            if m.retired is not None:
+                continue
+            if m.session_id == model.session_id:
                 m.retired = f"superseded by {model.model_id}"
+            else:  # not active, so its session lapsed: a late request must not revive it
+                m.retired = (
+                    f"its session's heartbeat lapsed and {model.model_id} of another session "
+                    "took the group; create a new training client"
+                )
         self.models[model.model_id] = model
 
     def by_seq(self, sid: str, seq: int) -> Model | None:
@@ -188,7 +195,7 @@ class Registry:
         )
         if m.retired is not None:
             raise ServiceError(
-                f"model {model_id} is no longer trained here ({m.retired})", status=409
+                f"model {model_id} is no longer trained here ({m.retired})", status=410
             )
         self.session(m.session_id, principal)
         return m

@@ -98,10 +98,17 @@ def test_per_token_thresholds_from_the_batch() -> None:
 
 
 def test_names_map_one_to_one_and_unsupported_ones_are_refused() -> None:
-    assert set(TINKER_LOSSES) == {"cross_entropy", "importance_sampling", "ppo", "cispo", "dro"}
+    assert set(TINKER_LOSSES) == {
+        "cross_entropy",
+        "importance_sampling",
+        "ppo",
+        "cispo",
+        "dro",
+        "gspo",
+    }
     for name in TINKER_LOSSES:
         assert resolve_loss(tinker_loss_name(name)).name == f"tinker_{name}"
-    for name in ("gspo", "custom", "nope"):
+    for name in ("stable_reinforce", "custom", "nope"):
         with pytest.raises(ValueError, match="not supported"):
             tinker_loss_name(name)
 

@@ -15,6 +15,8 @@ import torch
 
 from tgruntime.service.codec import DatumIn
 from tgruntime.service.sessions import ServiceError
+from tgruntime.trainer.loss_catalog import resolve_loss
+from tgruntime.trainer.losses import TokenTensors
 from tgruntime.trainer.tinker_losses import TINKER_INPUTS
 
 NEEDS: dict[str, tuple[str, ...]] = {
@@ -23,8 +25,9 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "ppo": ("target_tokens", "logprobs", "advantages"),
     "cispo": ("target_tokens", "logprobs", "advantages"),
     "dro": ("target_tokens", "logprobs", "advantages"),
+    "gspo": ("target_tokens", "logprobs", "advantages", "sequence_ratio_mask"),
 }
-PER_TOKEN = ("target_tokens", "weights", "logprobs", "advantages")
+PER_TOKEN = ("target_tokens", "weights", "logprobs", "advantages", "sequence_ratio_mask")
 
 
 def to_tensors(
@@ -91,7 +94,7 @@ def to_tensors(
         target[i, :n] = d.inputs["target_tokens"]
         w = d.inputs.get("weights")
         weights[i, :n] = 1.0 if w is None else w
-        for name in ("logprobs", "advantages"):
+        for name in ("logprobs", "advantages", "sequence_ratio_mask"):
             if name in d.inputs:
                 extra.setdefault(name, np.zeros((rows, s), np.float32))[i, :n] = d.inputs[name]
     batch: dict[str, torch.Tensor] = {
@@ -103,6 +106,25 @@ def to_tensors(
     for name, arr in extra.items():
         batch[TINKER_INPUTS[name]] = torch.from_numpy(arr)
     return batch, lengths
+
+
+def forward_loss(
+    loss: str, log_probs: torch.Tensor, batch: dict[str, torch.Tensor], config: dict[str, Any]
+) -> float:
+    """The summed loss ``forward`` reports (``loss:sum``): the registered loss ``loss`` on the
+    group's log-probs, in float64, weighted by ``loss_mask`` as ``forward_backward`` weights it.
+
+    ``forward`` runs no loss on the group (it asks for log-probs only), so the server computes
+    it here from the same function the trainer would run."""
+    spec = resolve_loss(loss)
+    lp = log_probs.detach().to(torch.float64).cpu()
+    skip = ("input_ids", "attention_mask", "target_ids")
+    tensors = {k: v.to(torch.float64) for k, v in batch.items() if k not in skip}
+    spec.check(sorted(tensors))
+    per_token, _ = spec.fn(lp, TokenTensors(tensors, loss=spec.name), config)
+    w = tensors["loss_mask"] * batch["attention_mask"].to(torch.float64)
+    weighted = torch.where(w != 0, per_token.detach().to(torch.float64) * w, torch.zeros_like(w))
+    return float(weighted.sum())
 
 
 def outputs(log_probs: torch.Tensor, lengths: list[int]) -> list[dict[str, np.ndarray]]:

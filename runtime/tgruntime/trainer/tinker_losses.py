@@ -17,7 +17,19 @@ importance_sampling    ``-r * A``                                               
 ppo                    ``-min(r * A, clip(r, lo, hi) * A)``                      lo, hi
 cispo                  ``-sg(clip(r, lo, hi)) * logp * A``                       lo, hi
 dro                    ``-(logp * A - beta / 2 * (logp - q) ** 2)``              beta
+gspo                   ``-min(s_t * A, clip(s_t, lo, hi) * A)``                  lo, hi
 =====================  ========================================================  ===========
+
+``gspo`` (GSPO-token, Tinker's "GSPO" page): one importance ratio per sequence, the geometric
+mean of the token ratios over the positions ``sequence_ratio_mask`` marks (non-zero),
+``s = exp(mean_M(logp - q))``; every token carries ``s``'s value with its own log-prob's
+gradient, ``s_t = sg(s) * exp(logp - sg(logp))``, then PPO's clipped objective per token. A
+row whose mask marks nothing has ``s = 1``. One row is one datum (the trainer never splits a
+row across micro-batches), so the mean is over the whole sequence.
+
+``stable_reinforce`` needs stability information recorded at sampling time (a sampling client
+with ``record_stability_info=True``, datums whose provenance names each token's ``sequence_id``):
+the server records none yet, so :func:`tinker_loss_name` refuses it, naming that and the fix.
 
 ``lo``/``hi`` are ``loss_config["clip_low_threshold"]`` / ``["clip_high_threshold"]``: bounds
 on the ratio itself (defaults 0.8 and 1.2: Tinker's epsilon 0.2), or per-token / per-sample
@@ -41,6 +53,7 @@ __all__ = [
     "tinker_cispo",
     "tinker_cross_entropy",
     "tinker_dro",
+    "tinker_gspo",
     "tinker_importance_sampling",
     "tinker_loss_name",
     "tinker_ppo",
@@ -53,6 +66,7 @@ TINKER_LOSSES: dict[str, str] = {
     "ppo": "tinker_ppo",
     "cispo": "tinker_cispo",
     "dro": "tinker_dro",
+    "gspo": "tinker_gspo",
 }
 # Datum.loss_fn_inputs key -> DataProto key (model_input -> input_ids).
 TINKER_INPUTS: dict[str, str] = {
@@ -62,10 +76,15 @@ TINKER_INPUTS: dict[str, str] = {
     "advantages": "advantages",
     "clip_low_threshold": "clip_low_threshold",
     "clip_high_threshold": "clip_high_threshold",
+    "sequence_ratio_mask": "sequence_ratio_mask",
 }
 UNSUPPORTED: dict[str, str] = {
-    "gspo": "sequence-level ratios are not implemented",
-    "stable_reinforce": "not implemented",
+    "stable_reinforce": (
+        "it needs stability information recorded at sampling time, which this server does not "
+        "record: its samplers ignore record_stability_info=True and it keeps no sequence_id "
+        "records for a datum's provenance to name. Train with 'importance_sampling', 'ppo', "
+        "'cispo' or 'gspo' (each takes the sampler's logprobs in loss_fn_inputs) instead"
+    ),
     "custom": "forward_backward_custom is built on forward + cross_entropy: use those",
 }
 
@@ -161,9 +180,36 @@ def tinker_dro(
     return -(log_probs * adv - 0.5 * float(beta) * delta * delta), {}
 
 
+def tinker_gspo(
+    log_probs: torch.Tensor, batch: TokenTensors, config: Mapping[str, Any]
+) -> tuple[torch.Tensor, Metrics]:
+    """GSPO-token: ``-min(s_t * A, clip(s_t, lo, hi) * A)`` per token, ``s_t`` the sequence's
+    ratio ``exp(mean over sequence_ratio_mask of (logp - q))`` with each token's own gradient."""
+    adv = batch["advantages"].to(log_probs.dtype)
+    q = batch["old_log_probs"].to(log_probs.dtype)
+    marked = batch["sequence_ratio_mask"] != 0
+    if marked.shape != log_probs.shape:
+        raise ValueError(
+            f"sequence_ratio_mask must be per token {list(log_probs.shape)}, got "
+            f"{list(marked.shape)}"
+        )
+    token_log_ratio = torch.where(marked, log_probs.detach() - q, torch.zeros_like(q))
+    count = marked.sum(dim=1, keepdim=True).clamp(min=1).to(log_probs.dtype)
+    seq_log_ratio = token_log_ratio.sum(dim=1, keepdim=True) / count  # [b, 1]; 0 if none marked
+    ratio = torch.exp(seq_log_ratio + (log_probs - log_probs.detach()))
+    unclipped = ratio * adv
+    clipped = _clipped(ratio, batch, config) * adv
+    objective = torch.minimum(unclipped, clipped)
+    return -objective, {
+        "ratio": ratio.detach(),
+        "clip_frac": (clipped < unclipped).to(log_probs.dtype).detach(),
+    }
+
+
 _NEEDS = ("advantages", "old_log_probs")
 register_loss("tinker_cross_entropy", tinker_cross_entropy)
 register_loss("tinker_importance_sampling", tinker_importance_sampling, required=_NEEDS)
 register_loss("tinker_ppo", tinker_ppo, required=_NEEDS)
 register_loss("tinker_cispo", tinker_cispo, required=_NEEDS)
 register_loss("tinker_dro", tinker_dro, required=_NEEDS)
+register_loss("tinker_gspo", tinker_gspo, required=(*_NEEDS, "sequence_ratio_mask"))

@@ -20,7 +20,7 @@ from tgruntime.service.codec import (
     encode_forward_backward,
 )
 from tgruntime.service.core import PROTO, RUN_SETTINGS, ServiceCore, _json_log, log
-from tgruntime.service.datum import metrics, outputs, to_tensors
+from tgruntime.service.datum import forward_loss, metrics, outputs, to_tensors
 from tgruntime.service.futures import Outcome
 from tgruntime.service.runs import RunState
 from tgruntime.service.sessions import Model, ServiceError
@@ -311,12 +311,8 @@ class ModelRoutes(ServiceCore):
             assert result.batch is not None
             lp: torch.Tensor = result.batch["log_probs"]
             meta = dict(result.meta_info)
-            if fb.forward_only:
-                if fb.loss_fn == "cross_entropy":
-                    w = batch["loss_mask"].to(torch.float64)
-                    meta = {"loss": float(-(lp.to(torch.float64) * w).sum())}
-                else:
-                    meta = {}
+            if fb.forward_only:  # no loss ran on the group: the same loss, on its log-probs
+                meta = {"loss": forward_loss(loss, lp, batch, dict(fb.loss_config))}
             return Outcome(proto=encode_forward_backward(outputs(lp, lengths), metrics(meta)))
 
         return wait

@@ -574,6 +574,17 @@ def tinker_key(group: str) -> tuple[str, str]:
     return key, str(path)
 
 
+def serve_checkpoint_dir(args: argparse.Namespace, tg: Any) -> str:
+    """Where ``tgctl serve`` keeps Tinker checkpoints: ``--checkpoint-dir``, else the spec's
+    ``training.checkpointDir``, else ``~/.cache/trainergroup/checkpoints/<group>``
+    (``$XDG_CACHE_HOME`` honoured): a local group's workers share this machine's disk, so
+    save_state works without a spec change."""
+    chosen = getattr(args, "checkpoint_dir", None) or tg.spec.training.checkpoint_dir
+    if chosen:
+        return str(chosen)
+    return str(local_ray.state_file().parent / "checkpoints" / tg.group_name)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from tgruntime.driver.trainer_client import TrainerClient
     from tgruntime.service.__main__ import group_info, serve
@@ -593,16 +604,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
         group_name=tg.group_name, ray_namespace=tg.ray_namespace, address=address
     )
     key, where = tinker_key(tg.group_name)
-    info = group_info(tg.name, tg.spec, eos_token_ids=tuple(args.eos_token_id))
+    ckpt = serve_checkpoint_dir(args, tg)
+    info = group_info(
+        tg.name, tg.spec, eos_token_ids=tuple(args.eos_token_id), checkpoint_dir=ckpt
+    )
     keys = KeyStore(keys=[key], keys_file=args.keys_file)  # the generated key: principal default
     running = serve(client, info, keys, host=args.host, port=args.port, limits=from_args(args))
-    out = {"baseUrl": running.url, "keyFile": where, "baseModel": info.base_model}
+    out = {
+        "baseUrl": running.url, "keyFile": where, "baseModel": info.base_model,
+        "checkpointDir": ckpt,
+    }
     if args.json:
         _emit_json(out)
     else:
         print(f"base URL: {running.url}  (TINKER_BASE_URL)")
         print(f"key: {where}  (TINKER_API_KEY)")
         print(f"base model: {info.base_model}")
+        print(f"checkpoints: {ckpt}")
     sys.stdout.flush()
     try:
         running.wait()
@@ -672,6 +690,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--keys-file",
         default=None,
         help="more keys, one principal each: 'NAME KEY' lines (# comments); re-read on change",
+    )
+    sv.add_argument(
+        "--checkpoint-dir",
+        default=None,
+        help="where save_state/save_weights_for_sampler write (default: the spec's "
+        "training.checkpointDir, else ~/.cache/trainergroup/checkpoints/<group>)",
     )
     from tgruntime.service.limits import add_flags
 

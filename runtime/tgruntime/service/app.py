@@ -106,6 +106,9 @@ def create_app(service: TinkerService) -> web.Application:
         "asample": s.asample,
         "retrieve_future": s.retrieve_future,
         "telemetry": s.telemetry,
+        "weights_info": s.weights_info,
+        "copy_weights": s.copy_weights,
+        "save_weights_external": s.save_weights_external,
     }
     get = {
         "healthz": s.healthz,
@@ -120,11 +123,17 @@ def create_app(service: TinkerService) -> web.Application:
         app.router.add_post(f"{v1}/{route}", handler)
     for route, handler in get.items():
         app.router.add_get(f"{v1}/{route}", handler)
+    one = f"{v1}/training_runs/{{run_id}}/checkpoints/{{kind}}/{{name}}"
+    app.router.add_delete(one, s.delete_checkpoint)
+    app.router.add_put(f"{one}/ttl", s.set_checkpoint_ttl)
+    app.router.add_post(f"{one}/publish", s.publish_checkpoint)
+    app.router.add_delete(f"{one}/publish", s.publish_checkpoint)
     app.router.add_get("/healthz", s.healthz)
 
     async def on_startup(_: web.Application) -> None:
         s.samples.start()
         s._spawn(s._expire_loop())
+        s._spawn(s._sweep_loop())  # expired checkpoints: now, then every minute
         if s.lora is not None:
             s._spawn(s._park_loop())
 

@@ -27,8 +27,11 @@ MUTATING = frozenset(
         "save_weights_for_sampler",
         "load_weights",
         "create_sampling_session",
+        "copy_weights",
+        "save_weights_external",
     }
 )
+
 _OBJECT_FIELDS = ("session_id", "model_id", "path", "model_path", "sampling_session_id")
 _RESULT_FIELDS = ("session_id", "model_id", "sampling_session_id", "request_id")
 
@@ -40,6 +43,12 @@ def action_of(path: str) -> str | None:
     route = path[len("/api/v1/") :]
     if route.startswith("sessions/") and route.endswith("/finish"):
         route = "finish"
+    parts = route.split("/")
+    if parts[0] == "training_runs" and len(parts) in (5, 6) and parts[2] == "checkpoints":
+        # only DELETE, PUT .../ttl and .../publish have these paths (the listings are shorter)
+        if len(parts) == 5:
+            return "delete_checkpoint"
+        return {"ttl": "set_checkpoint_ttl", "publish": "publish_checkpoint"}.get(parts[5])
     return route if route in MUTATING else None
 
 

@@ -11,12 +11,21 @@ Saves from before principals (``{checkpointDir}/tinker/<model_id>/...``) are rea
 Paths are parsed strictly: exactly three parts, each 1-128 letters, digits, ``.``, ``_``,
 ``-`` (and ``:`` in a model id) not starting with ``.``; no separators, no encodings. The
 resolved directory must stay under the principal's folder (a symlink pointing out of it is
-refused)."""
+refused).
+
+Lifecycle (issue 38): a save's ``ttl_seconds`` and ``user_metadata`` are kept beside the
+checkpoint in ``<kind>/.<name>.meta.json`` (a name never starts with ``.``, so no checkpoint
+has that name), the run's ``user_metadata`` in ``<model_id>/run.json``. :meth:`Paths.sweep`
+deletes the checkpoints whose time is up; :meth:`Paths.delete` one checkpoint."""
 
 from __future__ import annotations
 
 import datetime as dt
+import json
+import os
 import re
+import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +33,8 @@ from tgruntime.service.auth import DEFAULT, valid_principal
 from tgruntime.service.sessions import ServiceError
 
 KINDS = {"weights": "training", "sampler_weights": "sampler"}
+RUN_META = "run.json"  # {checkpointDir}/tinker/principals/<p>/<model_id>/run.json
+MAX_TTL_S = 10 * 365 * 24 * 3600  # the SDK documents 1 hour to 10 years
 PRINCIPALS = "principals"  # {checkpointDir}/tinker/principals/<principal>/
 _NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$")
 _MODEL = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._:-]{0,127}$")
@@ -61,6 +72,65 @@ def parse_uri(uri: str) -> tuple[str, str, str]:
             "with '.'; no separators or encoded characters)"
         )
     return model_id, kind, name
+
+
+def check_ttl(ttl: Any) -> int | None:
+    """A save's ``ttl_seconds``: None (never expires) or 1 s to 10 years; else a 400."""
+    if ttl is None:
+        return None
+    if not isinstance(ttl, int) or isinstance(ttl, bool) or not 1 <= ttl <= MAX_TTL_S:
+        raise ServiceError(
+            f"ttl_seconds must be a whole number of seconds from 1 to {MAX_TTL_S} (10 years), "
+            f"or null for no expiry; got {ttl!r}"
+        )
+    return ttl
+
+
+def check_metadata(meta: Any, what: str = "user_metadata") -> dict[str, str] | None:
+    """``user_metadata``: None, or an object whose values are kept as strings."""
+    if meta is None:
+        return None
+    if not isinstance(meta, dict) or len(json.dumps(meta, default=str)) > 64 * 1024:
+        raise ServiceError(f"{what} must be a JSON object of at most 64 KiB")
+    return {str(k): v if isinstance(v, str) else json.dumps(v) for k, v in meta.items()}
+
+
+def meta_path(d: Path) -> Path:
+    """The sidecar of checkpoint directory ``d``: its TTL and user_metadata."""
+    return d.parent / f".{d.name}.meta.json"
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        out = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return out if isinstance(out, dict) else {}
+
+
+def _write_json(path: Path, doc: dict[str, Any]) -> None:
+    """Atomically (a reader sees the old or the new document)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _iso(stamp: float | None) -> str | None:
+    return None if stamp is None else dt.datetime.fromtimestamp(stamp, dt.UTC).isoformat()
+
+
+def disk_bytes(d: Path) -> int:
+    """Bytes of the regular files under ``d`` (symlinks not followed)."""
+    if d.is_symlink() or not d.is_dir():
+        return 0
+    return sum(f.stat().st_size for f in d.rglob("*") if f.is_file() and not f.is_symlink())
+
+
+def _remove(d: Path) -> None:
+    if d.is_symlink() or d.is_file():
+        d.unlink(missing_ok=True)
+    elif d.is_dir():
+        shutil.rmtree(d)
 
 
 def _under(path: Path, top: Path) -> bool:
@@ -153,10 +223,11 @@ class Paths:
                 if not base.is_dir() or not _under(base, run):
                     continue
                 for d in sorted(base.iterdir()):
-                    if not d.is_dir() or not _under(d, run):
-                        continue
+                    if d.name.startswith(".") or not d.is_dir() or not _under(d, run):
+                        continue  # a copy under way (.<name>.copying) is not listed yet
                     st = d.stat()
                     size = sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
+                    meta = _read_json(meta_path(d))
                     out.append(
                         {
                             "checkpoint_id": f"{kind}/{d.name}",
@@ -165,9 +236,101 @@ class Paths:
                             "tinker_path": self.uri(run.name, kind, d.name),
                             "size_bytes": size,
                             "training_run_id": run.name,
+                            "user_metadata": meta.get("user_metadata"),
+                            "expires_at": _iso(meta.get("expires_at")),
                         }
                     )
         return out
+
+    # -- lifecycle (issue 38) -----------------------------------------------------------
+    def saved(
+        self,
+        d: Path,
+        *,
+        ttl: int | None,
+        user_metadata: dict[str, str] | None,
+        base_model: str,
+        run_metadata: dict[str, str] | None = None,
+        lora: dict[str, Any] | None = None,
+        now: float | None = None,
+    ) -> None:
+        """After a save into ``d``: its sidecar (replacing an earlier save's: an overwrite
+        replaces the metadata and TTL), and the run's ``run.json``."""
+        now = time.time() if now is None else now
+        doc: dict[str, Any] = {
+            "created": now,
+            "ttl_seconds": ttl,
+            "expires_at": None if ttl is None else now + ttl,
+            "user_metadata": user_metadata,
+            "base_model": base_model,
+        }
+        if lora is not None:
+            doc["lora"] = lora
+        _write_json(meta_path(d), doc)
+        run = d.parent.parent
+        old = _read_json(run / RUN_META)
+        if run_metadata is not None or not old:
+            _write_json(run / RUN_META, {**old, "user_metadata": run_metadata})
+
+    def meta(self, d: Path) -> dict[str, Any]:
+        """The sidecar of checkpoint ``d`` ({} when it has none)."""
+        return _read_json(meta_path(d))
+
+    def set_ttl(self, d: Path, ttl: int | None, now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        doc = _read_json(meta_path(d))
+        doc.update(ttl_seconds=ttl, expires_at=None if ttl is None else now + ttl)
+        _write_json(meta_path(d), doc)
+
+    def run_metadata(self, principal: str, model_id: str) -> dict[str, str] | None:
+        """The ``user_metadata`` a run was created with, as its saves recorded it."""
+        for run in self._run_dirs(principal):
+            if run.name == model_id:
+                got = _read_json(run / RUN_META).get("user_metadata")
+                return got if isinstance(got, dict) else None
+        return None
+
+    def delete(self, d: Path) -> int:
+        """Delete checkpoint directory ``d`` (from :meth:`parse`, so the caller's) and its
+        sidecar; the bytes freed."""
+        size = disk_bytes(d)
+        _remove(d)
+        meta_path(d).unlink(missing_ok=True)
+        return size
+
+    def sweep(self, now: float | None = None, limit: int = 256) -> list[tuple[str, int]]:
+        """Delete at most ``limit`` checkpoints whose TTL has passed (any principal's), and
+        sidecars left without their checkpoint; [(path on disk, bytes freed)]."""
+        if self.root is None or not (self.root / PRINCIPALS).is_dir():
+            return []
+        now = time.time() if now is None else now
+        out: list[tuple[str, int]] = []
+        top = self.root / PRINCIPALS
+        for side in sorted(top.glob("*/*/*/.*.meta.json")):
+            if len(out) >= limit:
+                break
+            if side.parent.name not in KINDS or not _under(side, top):
+                continue
+            d = side.with_name(side.name[1 : -len(".meta.json")])
+            if not d.exists() and not d.is_symlink():
+                side.unlink(missing_ok=True)
+                continue
+            expires = _read_json(side).get("expires_at")
+            if isinstance(expires, int | float) and expires <= now:
+                out.append((str(d), self.delete(d)))
+        return out
+
+    def copy(self, src: Path, principal: str, model_id: str, kind: str, name: str) -> Path:
+        """A full copy of checkpoint ``src`` as ``tinker://<model_id>/<kind>/<name>`` in
+        ``principal``'s folder (files copied, not linked: a later overwrite of the source
+        rewrites its files in place)."""
+        dst = self.directory(principal, model_id, kind, name)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dst.with_name(f".{name}.copying")
+        _remove(tmp)
+        shutil.copytree(src, tmp, symlinks=False)
+        os.replace(tmp, dst)
+        return dst
 
     def runs(self, principal: str = DEFAULT) -> list[str]:
         return sorted({p.name for p in self._run_dirs(principal)})

@@ -86,6 +86,7 @@ class Model:
     lora_settings: dict[str, Any] | None = None  # a run of a LoRA group: its LoraSettings
     owner: str = DEFAULT_OWNER
     seq: int = 0  # the SDK's model_seq_id in its session
+    user_metadata: dict[str, str] | None = None  # create_model's (training_runs answers it)
 
 
 @dataclass

@@ -1,14 +1,25 @@
-"""Routes of training runs and checkpoints (listings)."""
+"""Routes of training runs and checkpoints: listings, and the lifecycle (issue 38): delete,
+TTL (set at save, changed later, expired by :meth:`CheckpointRoutes.sweep`), weights_info,
+copy_weights; save_weights_external is refused with the reason."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
+import secrets
 import time
 from typing import Any
 
 from aiohttp import web
 
-from tgruntime.service.core import BASE, ServiceCore
+from tgruntime.service.core import BASE, RUN_SETTINGS, ServiceCore, _json_log, log
+from tgruntime.service.paths import check_ttl, parse_uri
 from tgruntime.service.sessions import ServiceError
+
+SWEEP_TICK_S = 60.0  # how often expired checkpoints are looked for
+SWEEP_LIMIT = 256  # checkpoints deleted per sweep at most (the rest at the next tick)
+COPY_KEYS_KEPT = 1024  # X-Idempotency-Key answers of copy_weights remembered
 
 
 class CheckpointRoutes(ServiceCore):
@@ -33,6 +44,9 @@ class CheckpointRoutes(ServiceCore):
             or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(m.created if m else time.time())),
             "last_checkpoint": last["training"][-1] if last["training"] else None,
             "last_sampler_checkpoint": last["sampler"][-1] if last["sampler"] else None,
+            "user_metadata": m.user_metadata
+            if m is not None
+            else self.paths.run_metadata(who, run_id),
         }
 
     async def training_runs(self, request: web.Request) -> web.Response:
@@ -68,3 +82,148 @@ class CheckpointRoutes(ServiceCore):
                 "cursor": {"offset": 0, "limit": len(cps), "total_count": len(cps)},
             }
         )
+
+    # -- lifecycle (issue 38) -----------------------------------------------------------
+    def _checkpoint(self, request: web.Request) -> tuple[str, Any]:
+        """(tinker path, directory) of the caller's checkpoint named by the route; another
+        principal's answers the 404 of a missing one."""
+        run_id, kind = request.match_info["run_id"], request.match_info["kind"]
+        uri = f"tinker://{run_id}/{kind}/{request.match_info['name']}"
+        if kind == "external_weights":
+            raise ServiceError(f"no checkpoint at {uri}", status=404)  # never made here
+        _, _, _, d = self.paths.parse(uri, self._who(request))
+        return uri, d
+
+    async def delete_checkpoint(self, request: web.Request) -> web.Response:
+        """``DELETE training_runs/{run}/checkpoints/{kind}/{name}`` (the SDK's
+        ``delete_checkpoint(_from_tinker_path)``): the directory and its sidecar go."""
+        uri, d = self._checkpoint(request)
+        freed = await asyncio.to_thread(self.paths.delete, d)
+        _json_log("delete_checkpoint", path=uri, bytes=freed)
+        return web.Response(status=204)
+
+    async def set_checkpoint_ttl(self, request: web.Request) -> web.Response:
+        """``PUT .../ttl`` ``{ttl_seconds}`` (``set_checkpoint_ttl_from_tinker_path``): from
+        now; null removes the expiry."""
+        uri, d = self._checkpoint(request)
+        ttl = check_ttl((await self._body(request)).get("ttl_seconds"))
+        self.paths.set_ttl(d, ttl)
+        _json_log("set_checkpoint_ttl", path=uri, ttl_seconds=ttl)
+        return web.Response(status=204)
+
+    async def publish_checkpoint(self, request: web.Request) -> web.Response:
+        self._checkpoint(request)
+        raise ServiceError(
+            "publishing a checkpoint is not supported by this server: checkpoints are their "
+            "principal's alone (docs/tinker.md, 'Principals'); copy the files out of "
+            "{checkpointDir}/tinker/principals/<principal>/ to share them"
+        )
+
+    async def weights_info(self, request: web.Request) -> web.Response:
+        """``POST weights_info {tinker_path}``: base model and LoRA settings of a checkpoint
+        (the SDK's ``get_weights_info_by_tinker_path``)."""
+        who = self._who(request)
+        uri = str((await self._body(request)).get("tinker_path"))
+        model_id, kind, _, d = self.paths.parse(uri, who)
+        meta = self.paths.meta(d)
+        lora = meta.get("lora")
+        if kind == "weights" and (d / RUN_SETTINGS).is_file():
+            lora = json.loads((d / RUN_SETTINGS).read_text())
+        m = self.registry.owned_model(model_id, who)
+        if lora is None and m is not None and self.lora is not None:
+            lora = m.lora_settings
+        if not isinstance(lora, dict):
+            lora = None
+        return web.json_response(
+            {
+                "base_model": meta.get("base_model") or self.info.base_model,
+                "is_lora": lora is not None,
+                "lora_rank": None if lora is None else lora.get("rank"),
+                "train_unembed": None if lora is None else lora.get("train_unembed", True),
+                "train_mlp": None if lora is None else lora.get("train_mlp", True),
+                "train_attn": None if lora is None else lora.get("train_attn", True),
+            }
+        )
+
+    async def copy_weights(self, request: web.Request) -> web.Response:
+        """``POST copy_weights``: a copy of one's own checkpoint as a checkpoint of a new
+        training run ``copy-<32 hex>`` (which nothing trains), with its own ``ttl_seconds``.
+        This server has no projects: ``destination_project_id`` is recorded in the copy's
+        sidecar only. Copying another account's weights (``weights_access_token``) is
+        refused."""
+        who = self._who(request)
+        body = await self._body(request)
+        key = request.headers.get("X-Idempotency-Key")
+        done: dict[tuple[str, str], str] = self.__dict__.setdefault("_copies", {})
+        if key and (who, key) in done:  # the SDK's retry of a copy already made
+            return web.json_response({"tinker_path": done[(who, key)]})
+        if body.get("weights_access_token") or request.headers.get(
+            "X-Tinker-Weights-Access-Token"
+        ):
+            raise ServiceError(
+                "copy_weights with a weights_access_token (another account's weights) is not "
+                "supported: this server shares no checkpoint between principals; copy your "
+                "own checkpoints only"
+            )
+        src = str(body.get("source_path"))
+        ttl = check_ttl(body.get("ttl_seconds"))
+        _, kind, name = parse_uri(src)
+        _, _, _, d = self.paths.parse(src, who)
+        run_id = f"copy-{secrets.token_hex(16)}"
+        dst = await asyncio.to_thread(self.paths.copy, d, who, run_id, kind, name)
+        meta = self.paths.meta(d)
+        self.paths.saved(
+            dst,
+            ttl=ttl,
+            user_metadata=meta.get("user_metadata"),
+            base_model=meta.get("base_model") or self.info.base_model,
+            run_metadata={
+                "copied_from": src,
+                "destination_project_id": str(body.get("destination_project_id") or ""),
+            },
+            lora=meta.get("lora"),
+        )
+        uri = self.paths.uri(run_id, kind, name)
+        if key:
+            if len(done) >= COPY_KEYS_KEPT:
+                done.pop(next(iter(done)))
+            done[(who, key)] = uri
+        _json_log("copy_weights", source=src, path=uri)
+        return web.json_response({"tinker_path": uri})
+
+    async def save_weights_external(self, request: web.Request) -> web.Response:
+        """Refused (400): no external (Hugging Face) export through the API yet. The model's
+        ``seq_id`` turn is still taken, so its next request is not held up behind it."""
+        body = await self._body(request)
+        model = self.registry.model(str(body.get("model_id")), self._who(request))
+        seq = body.get("seq_id")
+        if isinstance(seq, int) and seq >= model.order.next:
+
+            async def skip() -> None:
+                with contextlib.suppress(ServiceError):
+                    await model.order.admit(seq)
+                await model.order.done(seq)
+
+            self._spawn(skip())
+        raise ServiceError(
+            "save_weights_external is not supported by this server: it keeps no external "
+            "weights store and signs no download URLs. Use save_state (tinker://.../weights/) "
+            "or save_weights_for_sampler; for Hugging Face files export them on the group with "
+            "TrainerClient.export_hf (docs/trainer.md)"
+        )
+
+    def sweep(self, now: float | None = None) -> list[tuple[str, int]]:
+        """Delete the checkpoints whose TTL has passed (at most ``SWEEP_LIMIT``)."""
+        gone = self.paths.sweep(now, limit=SWEEP_LIMIT)
+        for path, freed in gone:
+            _json_log("checkpoint_expired", path=path, bytes=freed)
+        return gone
+
+    async def _sweep_loop(self, tick_s: float = SWEEP_TICK_S) -> None:
+        """At start-up, then every ``tick_s``."""
+        while True:
+            try:
+                await asyncio.to_thread(self.sweep)
+            except Exception as exc:
+                log.warning("expiring checkpoints failed: %s", exc)
+            await asyncio.sleep(tick_s)

@@ -22,6 +22,7 @@ from tgruntime.service.codec import (
 from tgruntime.service.core import PROTO, RUN_SETTINGS, ServiceCore, _json_log, log
 from tgruntime.service.datum import forward_loss, metrics, outputs, to_tensors
 from tgruntime.service.futures import Outcome
+from tgruntime.service.paths import check_metadata, check_ttl
 from tgruntime.service.runs import RunState
 from tgruntime.service.sessions import Model, ServiceError
 from tgruntime.trainer.tinker_losses import tinker_loss_name
@@ -47,6 +48,16 @@ class ModelRoutes(ServiceCore):
         if not isinstance(rank, int) or rank < 1:
             raise ServiceError(f"lora_config.rank must be a positive integer, got {rank!r}")
         return rank
+
+    def _saved(
+        self, model: Model, d: Path, ttl: int | None, meta: dict[str, str] | None
+    ) -> None:
+        """Beside a finished save: its TTL and user_metadata, the run's user_metadata
+        (service.paths; the sweeper deletes it when its time is up)."""
+        self.paths.saved(
+            d, ttl=ttl, user_metadata=meta, base_model=self.info.base_model,
+            run_metadata=model.user_metadata, lora=self._run_of(model),
+        )
 
     def _run_of(self, model: Model) -> dict[str, Any] | None:
         """A LoRA run's settings (None on a full-weight group)."""
@@ -129,7 +140,10 @@ class ModelRoutes(ServiceCore):
         random bits."""
         seq = int(body.get("model_seq_id", 0))
         model_id = f"{sid}:train:{seq}"
-        return Model(model_id, sid, self.info.base_model, rank, owner=who, seq=seq)
+        return Model(
+            model_id, sid, self.info.base_model, rank, owner=who, seq=seq,
+            user_metadata=check_metadata(body.get("user_metadata")),
+        )
 
     async def _create_run(
         self, sid: str, body: dict[str, Any], who: str, *, state: Path | None = None
@@ -361,6 +375,7 @@ class ModelRoutes(ServiceCore):
         if d.exists() and not body.get("overwrite", False) and saved:
             raise ServiceError(f"weights {name!r} already exist for {model.model_id}")
         run = self._run_of(model)
+        ttl, meta = check_ttl(body.get("ttl_seconds")), check_metadata(body.get("user_metadata"))
 
         def prepare() -> Callable[[], Awaitable[Outcome]]:
             d.mkdir(parents=True, exist_ok=True)
@@ -371,6 +386,7 @@ class ModelRoutes(ServiceCore):
                 await self.backend.wait(future)
                 if run is not None:  # what a load without a model creates the run from
                     (d / RUN_SETTINGS).write_text(json.dumps(run, indent=2))
+                self._saved(model, d, ttl, meta)
                 uri = self.paths.uri(model.model_id, "weights", name)
                 return Outcome(body={"type": "save_weights", "path": uri})
 
@@ -384,6 +400,7 @@ class ModelRoutes(ServiceCore):
         model = self.registry.model(str(body.get("model_id")), self._who(request))
         self._admit(model.owner, model, body.get("seq_id"))
         name = body.get("path")
+        ttl, meta = check_ttl(body.get("ttl_seconds")), check_metadata(body.get("user_metadata"))
 
         def prepare() -> Callable[[], Awaitable[Outcome]]:
             if name:
@@ -401,6 +418,7 @@ class ModelRoutes(ServiceCore):
             async def wait() -> Outcome:
                 await self.backend.wait(future)
                 if name:
+                    self._saved(model, Path(disk or ""), ttl, meta)
                     uri = self.paths.uri(model.model_id, "sampler_weights", str(name))
                     return Outcome(body={"type": "save_weights_for_sampler", "path": uri})
                 self._ephemeral_saved(model.model_id, weights)

@@ -116,20 +116,31 @@ def test_each_loss_matches_its_definition_on_policy(served: dict[str, Any]) -> N
         old = [float(x) for x in lp[len(prompt) - 1 :]]
         a = 0.5
         d = _rl_datum(prompt, ans, old, a)
+        # gspo's sequence ratio over the answer's tokens (the prompt's logprobs are not the
+        # sampler's): on-policy it is 1, as each token's ratio
+        inputs = dict(d.loss_fn_inputs)
+        inputs["sequence_ratio_mask"] = inputs["weights"]
+        d_gspo = T.Datum(model_input=d.model_input, loss_fn_inputs=inputs)
         expect = {
             "importance_sampling": -a * len(ans),
             "ppo": -a * len(ans),
             "cispo": -a * sum(old),
             "dro": -a * sum(old),
+            "gspo": -a * len(ans),
         }
         config: dict[str, dict[str, float]] = {"dro": {"beta": 0.1}}
         for loss, want in expect.items():
-            out = tc.forward_backward([d], loss, loss_fn_config=config.get(loss)).result(
-                timeout=WAIT
-            )
+            datum = d_gspo if loss == "gspo" else d
+            cfg = config.get(loss)
+            # forward runs no loss on the group: the server reports the same loss:sum
+            fwd = tc.forward([datum], loss, loss_fn_config=cfg).result(timeout=WAIT)
+            assert abs(fwd.metrics["loss:sum"] - want) < 1e-4, (loss, fwd.metrics, want)
+            out = tc.forward_backward([datum], loss, loss_fn_config=cfg).result(timeout=WAIT)
             assert abs(out.metrics["loss:sum"] - want) < 1e-4, (loss, out.metrics, want)
             got = out.loss_fn_outputs[0]["logprobs"].to_numpy()
             np.testing.assert_allclose(got, lp, atol=1e-5)
+        with pytest.raises(Exception, match="record_stability_info"):  # no sampling record
+            tc.forward_backward([d], "stable_reinforce").result(timeout=WAIT)
         tc.optim_step(T.AdamParams(learning_rate=1e-3)).result(timeout=WAIT)
 
 

@@ -60,6 +60,15 @@ class _DiskClient:
     def drop_sampler_weights(self, name: str) -> _Done:
         return _Done(True)
 
+    def vocab_size(self) -> int:
+        return 128
+
+    def load_state(self, path: str, *, optimizer: bool = True) -> _Done:
+        return _Done(0)
+
+    def zero_grad(self) -> _Done:
+        return _Done(None)
+
 
 def _service(root: Path, *, lora: bool = False) -> Any:
     import tgapi
@@ -357,6 +366,50 @@ def test_copy_weights_and_save_weights_external(tmp_path: Path) -> None:
         assert code == 400 and "publishing" in got["error"]
 
     _http(service, main)
+
+
+def test_the_unmodified_sdk_drives_the_lifecycle(tmp_path: Path) -> None:
+    """tinker 0.38's own calls, against the server on a port (the fake group behind it)."""
+    import pytest
+    import tinker
+
+    from tgruntime.service.__main__ import Running
+
+    running = Running(_service(tmp_path), "127.0.0.1", 0).start(60)
+    folder = tmp_path / "tinker" / "principals" / "team-a"
+    try:
+        sc = tinker.ServiceClient(base_url=running.url, api_key=A)
+        meta = {"renderer_name": "role_colon"}
+        tc = sc.create_lora_training_client("tiny", rank=4, user_metadata=meta).result()
+        path = tc.save_state("s1", ttl_seconds=3600, user_metadata={"step": "1"}).result().path
+        rc = tinker.RestClient(base_url=running.url, api_key=A)
+        assert rc.get_training_run_by_tinker_path(path).result().user_metadata == meta
+        info = rc.get_weights_info_by_tinker_path(path).result()
+        assert (info.base_model, info.is_lora, info.lora_rank) == ("tiny", False, None)
+        (cp,) = rc.list_user_checkpoints().result().checkpoints
+        assert cp.tinker_path == path and cp.user_metadata == {"step": "1"}
+        assert cp.expires_at is not None and cp.size_bytes and cp.size_bytes >= MB
+        rc.set_checkpoint_ttl_from_tinker_path(path, None).result()
+        (cp,) = rc.list_user_checkpoints().result().checkpoints
+        assert cp.expires_at is None
+        copy = rc.copy_weights(path, "archive", ttl_seconds=7200).result()
+        assert copy.startswith("tinker://copy-") and copy.endswith("/weights/s1")
+        before = disk_bytes(folder)
+        rc.delete_checkpoint_from_tinker_path(path).result()
+        rc.delete_checkpoint_from_tinker_path(copy).result()
+        assert before - disk_bytes(folder) >= 2 * MB
+        assert rc.list_user_checkpoints().result().checkpoints == []
+        with pytest.raises(tinker.NotFoundError):
+            rc.delete_checkpoint_from_tinker_path(path).result()
+        with pytest.raises(tinker.NotFoundError):
+            rc.get_training_run("nope:train:0").result()
+        with pytest.raises(tinker.BadRequestError, match="save_weights_external is not"):
+            tc.save_weights_external("hf").result()
+        t = time.monotonic()
+        assert tc.save_state("s2").result().path.endswith("/weights/s2")  # not held up
+        assert time.monotonic() - t < 10.0
+    finally:
+        running.stop()
 
 
 def test_tgctl_serve_default_checkpoint_dir(tmp_path: Path, monkeypatch: Any) -> None:

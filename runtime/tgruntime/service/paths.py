@@ -149,7 +149,8 @@ class Paths:
         if self.root is None:
             raise ServiceError(
                 "the group has no training.checkpointDir: saving and loading weights needs "
-                "one (set it in the TrainerGroup spec)"
+                "one (set it in the TrainerGroup spec, or pass --checkpoint-dir to the server; "
+                "tgctl serve defaults to ~/.cache/trainergroup/checkpoints/<group>)"
             )
         return self.root
 

@@ -205,12 +205,19 @@ def _reference_loss(name: str, logp: torch.Tensor, t: dict[str, torch.Tensor]) -
         per_token = -torch.minimum(ratio * adv, ratio.clamp(lo, hi) * adv)
     elif name == "cispo":
         per_token = -ratio.clamp(lo, hi) * logp * adv
+    elif name == "gspo":  # one ratio per datum: exp(mean log-ratio over the marked tokens)
+        marked = t["sequence_ratio_mask"].double() != 0
+        mean = ((logp - q) * marked).sum(1, keepdim=True) / marked.sum(1, keepdim=True)
+        s = torch.exp(mean).expand_as(logp)
+        per_token = -torch.minimum(s * adv, s.clamp(lo, hi) * adv)
     else:
         per_token = -(logp * adv - 0.5 * config["beta"] * (logp - q) ** 2)
     return per_token * t["loss_mask"].double() * t["attention_mask"].double()
 
 
-@pytest.mark.parametrize("name", ["cross_entropy", "importance_sampling", "ppo", "cispo", "dro"])
+@pytest.mark.parametrize(
+    "name", ["cross_entropy", "importance_sampling", "ppo", "cispo", "dro", "gspo"]
+)
 def test_summed_loss_and_accumulation_under_tp2(suite: dict[str, Any], name: str) -> None:
     ranks = suite["ranks"]
     t = ranks[0]["inputs"]

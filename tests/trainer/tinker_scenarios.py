@@ -24,6 +24,7 @@ LOSSES: dict[str, dict[str, float]] = {
     "ppo": {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1},
     "cispo": {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1},
     "dro": {"beta": 0.5},
+    "gspo": {"clip_low_threshold": 0.97, "clip_high_threshold": 1.03},
 }
 ADAM: dict[str, Any] = {
     "lr": 1e-2,
@@ -46,6 +47,9 @@ def tinker_inputs(seed: int = 5) -> dict[str, torch.Tensor]:
         "loss_mask": torch.rand(BATCH, SEQ, generator=g),
         "advantages": torch.randn(BATCH, SEQ, generator=g),
         "noise": 0.3 * torch.randn(BATCH, SEQ, generator=g),
+        # gspo's sequence ratio: the marked tokens of each datum (drawn last: the other
+        # inputs keep their values)
+        "sequence_ratio_mask": (torch.rand(BATCH, SEQ, generator=g) > 0.3).float() * attention_mask,
     }
 
 

@@ -261,3 +261,28 @@ def test_forward_loss_refuses_a_bad_config_like_forward_backward() -> None:
     }
     with pytest.raises(ValueError, match=r"needs loss_config\['beta'\]"):
         forward_loss("tinker_dro", x["logp"].to(torch.float32), batch, {})
+
+
+def test_clip_thresholds_from_the_datums_reach_the_loss() -> None:
+    """Tinker's datums may carry clip_low/high_threshold: one value or one per token; they
+    override loss_fn_config (they used to be accepted and dropped)."""
+    kw: dict[str, Any] = {"loss": "ppo", "vocab_size": 16, "max_len": 64, "dp": 1}
+    one = np.asarray([1.05], np.float32)
+    per_token = np.asarray([1.1, 1.2, 5.0], np.float32)
+    batch, _ = to_tensors(
+        [_datum(4, clip_high_threshold=one), _datum(3, clip_high_threshold=per_token)], **kw
+    )
+    got = batch["clip_high_threshold"]
+    assert got[0].tolist() == pytest.approx([1.05] * 4)
+    assert got[1, :3].tolist() == pytest.approx([1.1, 1.2, 5.0])
+    with pytest.raises(ServiceError, match=r"datum 1: loss_fn_inputs\['clip_high_threshold'\] is"):
+        to_tensors([_datum(4, clip_high_threshold=one), _datum(3)], **kw)
+    with pytest.raises(ServiceError, match=r"one value \(\[1\]\) or one per token \(\[4\]\)"):
+        to_tensors([_datum(4, clip_high_threshold=np.ones(2, np.float32))], **kw)
+    # the loss uses them: a ratio above every bound is clipped to the datum's own
+    logp = torch.zeros(2, 4, dtype=torch.float32)
+    batch["old_log_probs"] = torch.full((2, 4), -1.0)  # r = e
+    batch["advantages"] = torch.ones(2, 4)
+    batch["loss_mask"] = torch.tensor([[1.0, 0, 0, 0], [0, 1.0, 0, 0]])
+    total = forward_loss("tinker_ppo", logp, batch, {"clip_high_threshold": 9.0})
+    assert total == pytest.approx(-(1.05 + 1.2), rel=1e-6)

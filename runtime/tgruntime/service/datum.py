@@ -28,6 +28,9 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "gspo": ("target_tokens", "logprobs", "advantages", "sequence_ratio_mask"),
 }
 PER_TOKEN = ("target_tokens", "weights", "logprobs", "advantages", "sequence_ratio_mask")
+# ppo/cispo/gspo bounds per datum: one value ([1] or a scalar) or one per token ([N]); they
+# override loss_fn_config's, so every datum of the call carries them or none does
+THRESHOLDS = ("clip_low_threshold", "clip_high_threshold")
 
 
 def to_tensors(
@@ -66,6 +69,11 @@ def to_tensors(
                     f"datum {i}: loss_fn_inputs[{name!r}] has shape {list(arr.shape)}, but "
                     f"model_input has {n} tokens (expected [{n}])"
                 )
+            if name in THRESHOLDS and arr.shape not in ((n,), (1,), ()):
+                raise ServiceError(
+                    f"datum {i}: loss_fn_inputs[{name!r}] has shape {list(arr.shape)}: one "
+                    f"value ([1]) or one per token ([{n}])"
+                )
         bad = d.tokens[(d.tokens < 0) | (d.tokens >= vocab_size)]
         if bad.size:
             raise ServiceError(
@@ -80,6 +88,15 @@ def to_tensors(
                 f"(vocab_size {vocab_size})"
             )
         lengths.append(n)
+    for name in THRESHOLDS:
+        have = [i for i, d in enumerate(data) if name in d.inputs]
+        if have and len(have) != len(data):
+            lacking = next(i for i, d in enumerate(data) if name not in d.inputs)
+            raise ServiceError(
+                f"datum {lacking}: loss_fn_inputs[{name!r}] is missing, but datum {have[0]} "
+                "has it: send it with every datum of the call, or with none (loss_fn_config "
+                "then sets it for all)"
+            )
     rows = len(data) + (-len(data)) % dp
     s = max(lengths)
     ids = np.zeros((rows, s), np.int64)
@@ -94,9 +111,10 @@ def to_tensors(
         target[i, :n] = d.inputs["target_tokens"]
         w = d.inputs.get("weights")
         weights[i, :n] = 1.0 if w is None else w
-        for name in ("logprobs", "advantages", "sequence_ratio_mask"):
+        for name in ("logprobs", "advantages", "sequence_ratio_mask", *THRESHOLDS):
             if name in d.inputs:
-                extra.setdefault(name, np.zeros((rows, s), np.float32))[i, :n] = d.inputs[name]
+                value = d.inputs[name].reshape(-1)  # a threshold's one value: every token
+                extra.setdefault(name, np.zeros((rows, s), np.float32))[i, :n] = value
     batch: dict[str, torch.Tensor] = {
         "input_ids": torch.from_numpy(ids),
         "attention_mask": torch.from_numpy(mask),

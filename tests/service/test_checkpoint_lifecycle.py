@@ -364,6 +364,16 @@ def test_copy_weights_and_save_weights_external(tmp_path: Path) -> None:
         assert time.monotonic() - t < 5.0
         code, got = await api.call("POST", f"{_one(copy)}/publish", A)
         assert code == 400 and "publishing" in got["error"]
+        # pages of the listings (the SDK sends limit and offset)
+        _, every = await api.call("GET", "checkpoints", A)
+        newest_first = [f"tinker://{m}/weights/s3", copy]  # the copy keeps its source's time
+        assert [c["tinker_path"] for c in every["checkpoints"]] == newest_first
+        _, page = await api.call("GET", "checkpoints?limit=1&offset=1", A)
+        assert page["checkpoints"] == every["checkpoints"][1:]
+        assert page["cursor"] == {"offset": 1, "limit": 1, "total_count": 2}
+        _, runs = await api.call("GET", "training_runs?limit=1&offset=0", A)
+        assert len(runs["training_runs"]) == 1 and runs["cursor"]["total_count"] == 2
+        assert (await api.call("GET", "checkpoints?limit=-1", A))[0] == 400
 
     _http(service, main)
 

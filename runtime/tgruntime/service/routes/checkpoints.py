@@ -49,13 +49,29 @@ class CheckpointRoutes(ServiceCore):
             else self.paths.run_metadata(who, run_id),
         }
 
+    @staticmethod
+    def _page(request: web.Request, total: int) -> tuple[int, int]:
+        """(offset, limit) of the SDK's ``limit``/``offset`` query (default: everything)."""
+        got: dict[str, int] = {}
+        for name, default in (("offset", 0), ("limit", total)):
+            raw = request.query.get(name)
+            try:
+                got[name] = default if raw is None else int(raw)
+            except ValueError:
+                got[name] = -1
+            if got[name] < 0:
+                raise ServiceError(f"{name} must be a whole number >= 0, got {raw!r}")
+        return got["offset"], got["limit"]
+
     async def training_runs(self, request: web.Request) -> web.Response:
         who = self._who(request)
-        runs = [self._run_json(i, who) for i in sorted(self._run_ids(who))]
+        ids = sorted(self._run_ids(who))
+        offset, limit = self._page(request, len(ids))
+        runs = [self._run_json(i, who) for i in ids[offset : offset + limit]]
         return web.json_response(
             {
                 "training_runs": runs,
-                "cursor": {"offset": 0, "limit": len(runs), "total_count": len(runs)},
+                "cursor": {"offset": offset, "limit": limit, "total_count": len(ids)},
             }
         )
 
@@ -75,11 +91,15 @@ class CheckpointRoutes(ServiceCore):
         return web.json_response({"checkpoints": self.paths.listing(who, run_id)})
 
     async def checkpoints(self, request: web.Request) -> web.Response:
+        """The caller's checkpoints of every run, newest first (as the SDK documents
+        ``list_user_checkpoints``), a page of them when ``limit``/``offset`` are given."""
         cps = [c for c in self.paths.listing(self._who(request)) if c["training_run_id"] != BASE]
+        cps.sort(key=lambda c: str(c["time"]), reverse=True)
+        offset, limit = self._page(request, len(cps))
         return web.json_response(
             {
-                "checkpoints": cps,
-                "cursor": {"offset": 0, "limit": len(cps), "total_count": len(cps)},
+                "checkpoints": cps[offset : offset + limit],
+                "cursor": {"offset": offset, "limit": limit, "total_count": len(cps)},
             }
         )
 

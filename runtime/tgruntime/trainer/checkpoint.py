@@ -53,6 +53,7 @@ from megatron.core import tensor_parallel
 
 from tgapi.errors import PicklableError
 from tgruntime.trainer.distributed import Mesh
+from tgruntime.trainer.safe_load import load_state
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -243,9 +244,10 @@ def read_meta(path: str | Path) -> dict[str, Any]:
 
 
 def read_shard(path: str | Path, mesh: Mesh, *, map_location: torch.device) -> dict[str, Any]:
-    # Our own files: they hold RNG states and optimizer scalars, so not weights_only.
-    payload: dict[str, Any] = torch.load(
-        shard_path(path, mesh), map_location=map_location, weights_only=False
+    """This rank's shard, loaded with the restricted unpickler (:mod:`.safe_load`): a crafted
+    file raises ``pickle.UnpicklingError`` naming it, without running anything."""
+    payload: dict[str, Any] = load_state(
+        shard_path(path, mesh), what="a checkpoint shard", map_location=map_location
     )
     return payload
 

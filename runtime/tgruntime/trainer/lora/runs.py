@@ -26,6 +26,7 @@ from megatron.core import parallel_state
 from tgruntime.trainer.lora.inject import LoraAdapters
 from tgruntime.trainer.lora.optim import bind_adapter_grads
 from tgruntime.trainer.lora.settings import LoraSettings
+from tgruntime.trainer.safe_load import load_state
 
 if TYPE_CHECKING:
     from tgruntime.trainer.engine import TrainEngine
@@ -207,7 +208,7 @@ class RunSet:
                 f"{path} holds no LoRA run saved by this group's layout ({target.name} is "
                 "missing): save it with save_state on a LoRA run of the same TP/PP"
             )
-        payload: dict[str, Any] = torch.load(target, map_location="cpu", weights_only=True)
+        payload: dict[str, Any] = load_state(target, what="a saved LoRA run")
         if payload.get("format") != FORMAT:
             raise ValueError(f"{target} is not a saved LoRA run (format {payload.get('format')!r})")
         mine = self.engine.base_fingerprint()

@@ -29,6 +29,7 @@ from safetensors import safe_open
 from tgruntime.trainer import hf_files
 from tgruntime.trainer.lora.inject import LoraAdapters
 from tgruntime.trainer.lora.settings import LoraSettings
+from tgruntime.trainer.safe_load import load_state
 
 __all__ = [
     "ADAPTER_CONFIG",
@@ -108,7 +109,7 @@ def load_adapter_state(adapters: LoraAdapters, path: str | Path) -> None:
     target = _shard_file(Path(path))
     if not target.is_file():
         raise FileNotFoundError(f"{target} not found (written with another TP/PP layout?)")
-    payload = torch.load(target, map_location="cpu", weights_only=True)
+    payload = load_state(target, what="LoRA adapter state")
     saved = LoraSettings.from_mapping(payload["settings"])
     if saved != adapters.settings:
         raise ValueError(f"{path} holds an adapter of {saved}; this one is {adapters.settings}")

@@ -439,3 +439,17 @@ def test_tgctl_serve_default_checkpoint_dir(tmp_path: Path, monkeypatch: Any) ->
     args = build_parser().parse_args(["serve", "-f", "x.yaml", "--checkpoint-dir", "/o"])
     assert serve_checkpoint_dir(args, tg("/data/ck")) == "/o"
     assert isinstance(args, argparse.Namespace)
+
+
+def test_audit_names_the_lifecycle_actions() -> None:
+    from tgruntime.service.audit import action_of
+
+    one = "/api/v1/training_runs/tg-1:train:0/checkpoints/weights/s1"
+    assert action_of(one) == "delete_checkpoint"
+    assert action_of(f"{one}/ttl") == "set_checkpoint_ttl"
+    assert action_of(f"{one}/publish") == "publish_checkpoint"
+    assert action_of(f"{one}/external_weights_urls") is None
+    assert action_of("/api/v1/training_runs/tg-1:train:0/checkpoints") is None  # a listing
+    assert action_of("/api/v1/copy_weights") == "copy_weights"
+    assert action_of("/api/v1/save_weights_external") == "save_weights_external"
+    assert action_of("/api/v1/weights_info") is None

@@ -7,7 +7,9 @@
 #
 # Output: ${TG_K8S_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/trainergroup/k8s-tools}/<hash>/bin
 # holding etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kubelet,
-# kubeadm, kube-proxy (the last three for the kind node image, hack/kind/), kwok, ray-operator, helm, kind; <hash>/assets holds the KubeRay CRDs and kwok's stage config. <hash> covers hack/versions.env's values and `go version`, so a version
+# kubeadm, kube-proxy (the last three for the kind node image, hack/kind/), kwok, ray-operator,
+# helm, kind and kube-router (the kind suite's NetworkPolicy enforcer, hack/kind/netpol.sh);
+# <hash>/assets holds the KubeRay CRDs and kwok's stage config. <hash> covers hack/versions.env's values and `go version`, so a version
 # bump builds a new set and an unchanged one is reused. <hash>/SHA256SUMS records every binary's
 # checksum when the set is built; a reuse checks them (3 s), and a set that fails the check (a
 # truncated or overwritten binary) is rebuilt, never trusted. The set is built in a temporary
@@ -43,7 +45,7 @@ KEY_INPUT="$(grep -E '^[A-Z_]+=' "$HERE/versions.env" | sort; echo "go=$GO_VERSI
 HASH="$(printf '%s\n' "$KEY_INPUT" | sha256sum | cut -c1-16)"
 DEST="$CACHE_ROOT/$HASH"
 BIN="$DEST/bin"
-TOOLS=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kubeadm kube-proxy kwok ray-operator helm kind)
+TOOLS=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kubeadm kube-proxy kwok ray-operator helm kind kube-router)
 
 if [[ "${1:-}" == "--print" ]]; then
   echo "$BIN"
@@ -148,10 +150,16 @@ log "building into $TMP (final: $DEST) with $GO_VERSION, $(nproc) CPUs"
 # Every binary is stripped of symbol tables and DWARF (-s -w): smaller and faster to link.
 LDSTRIP="-s -w"
 
-# ---- 1. Kubernetes + etcd: one wrapper module, one `go build` (shared compile). ------------
+# ---- 1. Kubernetes, etcd, KubeRay, Helm, kind, kube-router: one wrapper module, one `go build`.
 # k8s.io/kubernetes replaces its staging modules (k8s.io/api, ...) with ./staging/... paths,
 # which `go install mod@version` refuses. The wrapper requires k8s.io/kubernetes and replaces
-# each staging module with its published release v0.<minor>.<patch>.
+# each staging module with its published release v0.<minor>.<patch>. The other tools join the
+# same module, so their shared dependencies (client-go, api, apimachinery, grpc, protobuf, ...)
+# resolve to one version each and compile once: built apart, each tool compiled its own copy of
+# the Kubernetes client stack at its own version (issue 34; the figures are in docs/testing.md).
+# The tools that join must build against this Kubernetes minor's client stack; two do not and
+# stay apart: kwok (v0.8 needs client-go 0.36, v0.7 a constant 0.34 removed) and coredns (v1.12
+# sets a cache.Config field 0.34 removed; built with the node image, hack/kind/).
 K8S_MINOR_PATCH="${KUBERNETES_VERSION#v1.}"           # 34.4
 STAGING_VERSION="v0.${K8S_MINOR_PATCH}"               # v0.34.4
 K8S_MAJOR=1
@@ -173,29 +181,39 @@ mapfile -t STAGING < <(sed -n 's#^[[:space:]]*\(k8s\.io/[A-Za-z0-9._-]*\) => \./
   echo "require ("
   echo "	k8s.io/kubernetes $KUBERNETES_VERSION"
   echo "	go.etcd.io/etcd/server/v3 $ETCD_VERSION"
+  echo "	github.com/ray-project/kuberay/ray-operator $KUBERAY_VERSION"
+  echo "	helm.sh/helm/v3 $HELM_VERSION"
+  echo "	sigs.k8s.io/kind $KIND_VERSION"
+  echo "	github.com/cloudnativelabs/kube-router/v2 $KUBE_ROUTER_VERSION"
   echo ")"
   echo
   echo "replace ("
   for m in "${STAGING[@]}"; do echo "	$m => $m $STAGING_VERSION"; done
+  # The rest resolves by Go's minimum version selection: where a tool needs a newer shared
+  # dependency than Kubernetes' go.mod says (Helm v3.19 needs pflag's ParseErrorsAllowlist,
+  # 1.0.7 against Kubernetes' 1.0.6), Kubernetes builds with the newer one, as any program that
+  # imports its libraries does. Pinning every requirement at Kubernetes' versions was tried and
+  # fails Helm's build. The plane and kind phases test the binaries built this way.
   echo ")"
 } > "$WRAP/go.mod"
 log "wrapper module: ${#STAGING[@]} staging modules pinned to $STAGING_VERSION"
 
 BUILD_DATE="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 K8S_COMMIT="$(printf '%s' "$K8S_MOD_JSON" | sed -n 's/^[[:space:]]*"Hash": "\([0-9a-f]\{40\}\)",*$/\1/p' | head -n1)"
-K8S_LDFLAGS="$LDSTRIP"
+# One -ldflags for the one build: -X of a package a binary does not link is ignored.
+LDFLAGS="$LDSTRIP -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
 for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-  K8S_LDFLAGS+=" -X $pkg.gitVersion=$KUBERNETES_VERSION"
-  K8S_LDFLAGS+=" -X $pkg.gitMajor=$K8S_MAJOR -X $pkg.gitMinor=$K8S_MINOR"
-  K8S_LDFLAGS+=" -X $pkg.gitCommit=${K8S_COMMIT:-unknown} -X $pkg.gitTreeState=clean"
-  K8S_LDFLAGS+=" -X $pkg.buildDate=$BUILD_DATE"
+  LDFLAGS+=" -X $pkg.gitVersion=$KUBERNETES_VERSION"
+  LDFLAGS+=" -X $pkg.gitMajor=$K8S_MAJOR -X $pkg.gitMinor=$K8S_MINOR"
+  LDFLAGS+=" -X $pkg.gitCommit=${K8S_COMMIT:-unknown} -X $pkg.gitTreeState=clean"
+  LDFLAGS+=" -X $pkg.buildDate=$BUILD_DATE"
 done
 
 # No `go mod tidy`: the wrapper has no Go files, so tidy would drop every requirement.
 # `go build -mod=mod` adds what the built packages need to go.mod/go.sum itself.
 T0=$(date +%s)
-log "go build kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kubeadm kube-proxy etcd (one invocation; the slow part)"
-(cd "$WRAP" && "$GO" build -trimpath -ldflags "$K8S_LDFLAGS" -o "$TMP/bin/" \
+log "go build kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kubeadm kube-proxy etcd ray-operator helm kind kube-router (one invocation; the slow part)"
+(cd "$WRAP" && "$GO" build -trimpath -ldflags "$LDFLAGS" -o "$TMP/bin/" \
   k8s.io/kubernetes/cmd/kube-apiserver \
   k8s.io/kubernetes/cmd/kube-controller-manager \
   k8s.io/kubernetes/cmd/kube-scheduler \
@@ -203,14 +221,18 @@ log "go build kube-apiserver kube-controller-manager kube-scheduler kubectl kube
   k8s.io/kubernetes/cmd/kubelet \
   k8s.io/kubernetes/cmd/kubeadm \
   k8s.io/kubernetes/cmd/kube-proxy \
-  go.etcd.io/etcd/server/v3) \
-  || die "building Kubernetes/etcd failed (see the compiler output above); check KUBERNETES_VERSION/ETCD_VERSION in hack/versions.env and that $GO_VERSION is new enough"
+  go.etcd.io/etcd/server/v3 \
+  github.com/ray-project/kuberay/ray-operator \
+  helm.sh/helm/v3/cmd/helm \
+  sigs.k8s.io/kind \
+  github.com/cloudnativelabs/kube-router/v2/cmd/kube-router) \
+  || die "building the Kubernetes tool set failed (see the compiler output above); check the versions in hack/versions.env (each tool in this build must compile against Kubernetes $STAGING_VERSION's client libraries) and that $GO_VERSION is new enough"
 # A main package whose path ends in a major-version suffix (/server/v3) is named after the
 # element before it.
 mv "$TMP/bin/server" "$TMP/bin/etcd"
-log "kubernetes + etcd built in $(( $(date +%s) - T0 ))s"
+log "kubernetes, etcd, ray-operator, helm, kind, kube-router built in $(( $(date +%s) - T0 ))s"
 
-# ---- 2. kwok, KubeRay operator, Helm: plain `go install mod@version`. -----------------------
+# ---- 2. kwok: plain `go install mod@version` (its client stack is newer; see above). -------
 gobin_install() {  # <binary name> <package@version> [extra ldflags]
   local name="$1" pkg="$2" extra="${3:-}" t0
   t0=$(date +%s)
@@ -222,10 +244,6 @@ gobin_install() {  # <binary name> <package@version> [extra ldflags]
 }
 gobin_install kwok "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION" \
   "-X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION"
-gobin_install ray-operator "github.com/ray-project/kuberay/ray-operator@$KUBERAY_VERSION"
-gobin_install helm "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" \
-  "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
-gobin_install kind "sigs.k8s.io/kind@$KIND_VERSION"
 
 ELAPSED=$(( $(date +%s) - START ))
 {

@@ -8,27 +8,20 @@
 # The enforcer is kube-router's network-policy controller alone (iptables + ipset, the
 # NFQUEUE-free path): kubernetes-sigs/kube-network-policies (v0.8.0) needs nftables' `queue`
 # statement, which this VM's kernel lacks (CONFIG_NFT_QUEUE is not set: `nft add rule ...
-# queue num 100` fails), so it cannot run here. kube-router is built from its Go module
-# (github.com/cloudnativelabs/kube-router/v2@KUBE_ROUTER_VERSION) and packaged on the kind
+# queue num 100` fails), so it cannot run here. kube-router
+# (github.com/cloudnativelabs/kube-router/v2@KUBE_ROUTER_VERSION, hack/versions.env) is built
+# by hack/build-tools.sh in the one `go build` of the Kubernetes tools, and packaged on the kind
 # utility image (hack/kind/build-node-image.sh --print-tags: NET_IMAGE).
-# Env: TG_KIND_CLUSTER (default tg-kind), KUBE_ROUTER_VERSION (default below).
+# Env: TG_KIND_CLUSTER (default tg-kind); TG_K8S_TOOLS_BIN (a built tool set, else build-tools.sh).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-KUBE_ROUTER_VERSION="${KUBE_ROUTER_VERSION:-v2.1.0}"
 CLUSTER="${TG_KIND_CLUSTER:-tg-kind}"
 MODE="${1:-up}"
 
-binary() {  # the kube-router binary, built once into the kind cache
-  local out="$TG_KIND_CACHE/bin/kube-router-$KUBE_ROUTER_VERSION" wrap
-  if [[ -x "$out" ]]; then echo "$out"; return 0; fi
-  mkdir -p "$TG_KIND_CACHE/bin"; wrap="$(mktemp -d)"
-  log "go build kube-router $KUBE_ROUTER_VERSION (cached afterwards as $out)"
-  (cd "$wrap" && go mod init tgwrap >/dev/null 2>&1 \
-    && go mod edit -require="github.com/cloudnativelabs/kube-router/v2@$KUBE_ROUTER_VERSION" \
-    && CGO_ENABLED=0 GOFLAGS=-mod=mod nice -n 10 go build -trimpath -ldflags "-s -w" -o "$wrap/out" \
-       github.com/cloudnativelabs/kube-router/v2/cmd/kube-router) >&2 \
-    || { rm -rf "$wrap"; die "go build of kube-router $KUBE_ROUTER_VERSION failed (see above)"; }
-  mv "$wrap/out" "$out"; rm -rf "$wrap"; echo "$out"
+binary() {  # the kube-router binary of the tool set (built or reused by hack/build-tools.sh)
+  local bin; bin="$(tools_bin)"
+  [[ -x "$bin/kube-router" ]] || die "$bin has no kube-router: run 'bash hack/build-tools.sh' (BUILD_RECIPE >= 3 builds it)"
+  echo "$bin/kube-router"
 }
 
 image() {  # build (or reuse) the image; prints its tag

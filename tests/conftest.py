@@ -52,3 +52,19 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         return
     with open(_TEST_CPU, "a", encoding="utf-8") as f:
         f.write(f"{item.nodeid}\t{wall:.1f}\t{(cpu1 - cpu0) / 1e9:.1f}\n")
+
+
+_SKIPS = os.environ.get("TG_SKIPS_FILE", "")
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Append every skipped test's id and reason to ``$TG_SKIPS_FILE``: tools/skips.py counts
+    them by reason and fails the run on a reason outside tests/skip-allow.txt (a broken
+    install must not pass as skips). An expected failure (xfail) is not a skip."""
+    if not (_SKIPS and report.skipped) or hasattr(report, "wasxfail"):
+        return
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    reason = reason.removeprefix("Skipped: ").replace("\t", " ").replace("\n", " ")
+    with open(_SKIPS, "a", encoding="utf-8") as f:
+        f.write(f"{report.nodeid}\t{reason}\n")

@@ -1,0 +1,59 @@
+"""tools/skips.py: skips counted by reason, and a reason outside the allow-list fails."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SKIPS = ROOT / "tools" / "skips.py"
+
+
+def _run(work: Path, allow: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(SKIPS), str(work), str(allow)], capture_output=True, text=True
+    )
+
+
+def test_allowed_reasons_pass_and_are_counted(tmp_path: Path) -> None:
+    (tmp_path / "ray.skips.tsv").write_text(
+        "tests/a.py::t1\tneeds an NVIDIA GPU (CUDA)\ntests/a.py::t2\tneeds an NVIDIA GPU (CUDA)\n"
+    )
+    (tmp_path / "kind.skips.tsv").write_text("tests/e2e/x.py::t\tTG_SKIP_KIND=1\n")
+    got = _run(tmp_path, ROOT / "tests" / "skip-allow.txt")
+    assert got.returncode == 0, got.stdout
+    assert "skipped tests: 3" in got.stdout
+    assert "    2  needs an NVIDIA GPU (CUDA)" in got.stdout
+
+
+def test_a_broken_install_fails_the_run(tmp_path: Path) -> None:
+    (tmp_path / "unit.skips.tsv").write_text(
+        "tests/b.py::t\tcould not import 'tinker': No module named 'tinker'\n"
+        "tests/a.py::t1\tneeds an NVIDIA GPU (CUDA)\n"
+    )
+    got = _run(tmp_path, ROOT / "tests" / "skip-allow.txt")
+    assert got.returncode == 1
+    assert "NOT ALLOWED  could not import 'tinker'" in got.stdout
+    assert "NOT ALLOWED  needs an NVIDIA" not in got.stdout
+
+
+def test_the_conftest_hook_writes_skips_not_xfails(tmp_path: Path) -> None:
+    t = tmp_path / "test_x.py"
+    t.write_text(
+        "import pytest\n"
+        "def test_s():\n    pytest.skip('no widget here')\n"
+        "@pytest.mark.xfail(reason='known')\ndef test_x():\n    assert False\n"
+        "def test_ok():\n    pass\n"
+    )
+    (tmp_path / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text())
+    out = tmp_path / "p.skips.tsv"
+    subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(t)],
+        cwd=tmp_path, env={**os.environ, "TG_SKIPS_FILE": str(out),
+                           "PYTHONPATH": str(ROOT)},
+        capture_output=True, text=True, check=False,
+    )
+    lines = out.read_text().splitlines()
+    assert lines == ["test_x.py::test_s\tno widget here"], lines

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import pickle
 import random
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -177,3 +178,34 @@ def test_the_allow_list_is_exactly_what_our_rng_state_needs(tmp_path: Path) -> N
         torch.load(target, weights_only=True)
     assert len(safe_load.SAFE_GLOBALS) == 4
     assert safe_load.load_state(target, what="x")["numpy"][0] == "MT19937"
+
+
+# -- confinement: no other way to unpickle a file in the runtime ------------------------------
+RUNTIME = Path(__file__).resolve().parents[2] / "runtime" / "tgruntime"
+UNPICKLERS = re.compile(
+    r"torch\.load\(|pickle\.loads?\(|dill\.|joblib\.load|allow_pickle\s*=\s*True"
+    r"|dist_checkpointing|torch\.distributed\.checkpoint|FileSystemReader|weights_only\s*=\s*False"
+)
+# each other hit, and why it reads no file of the checkpoint volume
+ALLOWED = {
+    "trainer/safe_load.py": "the restricted loader itself (weights_only=True, allow-list)",
+    "controller/gcs_view.py": "Ray's own function-table entry from the GCS, not a file",
+}
+
+
+def test_no_other_unpickling_in_the_runtime() -> None:
+    """Every unpickling of a file goes through safe_load: no other torch.load, pickle.load,
+    weights_only=False, np.load(allow_pickle=True), nor Megatron's or torch's distributed
+    checkpointing (both unpickle metadata: torch's .metadata with pickle.load)."""
+    hits = sorted(
+        f"{path.relative_to(RUNTIME)}:{n}: {line.strip()}"
+        for path in RUNTIME.rglob("*.py")
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if UNPICKLERS.search(line) and not line.lstrip().startswith(("#", "``", "*"))
+        and str(path.relative_to(RUNTIME)) not in ALLOWED
+    )
+    assert not hits, "load through tgruntime.trainer.safe_load.load_state instead:\n" + "\n".join(
+        hits
+    )
+    for name in ALLOWED:
+        assert UNPICKLERS.search((RUNTIME / name).read_text()), f"{name}: stale ALLOWED entry"

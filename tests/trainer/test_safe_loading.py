@@ -209,3 +209,64 @@ def test_no_other_unpickling_in_the_runtime() -> None:
     )
     for name in ALLOWED:
         assert UNPICKLERS.search((RUNTIME / name).read_text()), f"{name}: stale ALLOWED entry"
+
+
+# -- two gloo ranks: a refused shard stops every rank ------------------------------------------
+def planted_shard_on_rank_1(*, root: str, marker: str) -> dict[str, Any]:
+    """TP=2 (launched): save, plant the payload in rank 1's shard, load (every rank must raise
+    CheckpointUnreadableError naming rank 1), then save and load a sound checkpoint."""
+    from tests.trainer.scenarios import _quiet, fixed_batch, tiny_spec
+
+    _quiet()
+    import torch.distributed as dist
+
+    from tgruntime.trainer import TrainEngine
+    from tgruntime.trainer.checkpoint import CheckpointUnreadableError
+    from tgruntime.trainer.distributed import init_process_group
+    from tgruntime.trainer.settings import resolve_settings
+
+    spec = tiny_spec(tp=2, checkpoint_dir=root)
+    init_process_group(resolve_settings(spec))
+    out: dict[str, Any] = {}
+    try:
+        engine = TrainEngine.create(spec=spec)
+        try:
+            engine.train_step(fixed_batch())
+            saved = engine.save_checkpoint()
+            if dist.get_rank() == 1:
+                _plant(Path(saved) / "shard_tp01_pp000.pt", Path(marker), "torch_save")
+            dist.barrier()
+            try:
+                engine.load_checkpoint(saved)
+            except CheckpointUnreadableError as exc:
+                out["error"] = {"text": str(exc), "rank": exc.rank, "failed": exc.failed_ranks,
+                                "step": exc.step, "path": exc.path}
+            again = engine.save_checkpoint(str(Path(root) / "sound"))
+            out["loaded_step"] = engine.load_checkpoint(again)
+        finally:
+            engine.shutdown()
+    finally:
+        dist.destroy_process_group()
+    return out
+
+
+@pytest.mark.megatron
+def test_a_refused_shard_stops_every_rank_and_a_sound_one_loads(tmp_path: Path) -> None:
+    from tgruntime.trainer.launch import launch
+
+    marker = tmp_path / "PWNED"
+    results = launch(
+        planted_shard_on_rank_1,
+        world_size=2,
+        kwargs={"root": str(tmp_path / "ckpt"), "marker": str(marker)},
+        timeout_s=300,
+    )
+    for r in results:
+        err = r["error"]
+        assert (err["rank"], err["failed"], err["step"]) == (1, [1], 1)
+        assert err["path"] == str(tmp_path / "ckpt" / ckpt.step_dirname(1))
+        assert "shard_tp01_pp000.pt: refused to load it as a checkpoint shard" in err["text"]
+        assert "unsafe" in err["text"] and "Nothing in it was run" in err["text"]
+        assert "remove the checkpoint" in err["text"]
+        assert r["loaded_step"] == 1
+    assert not marker.exists()

@@ -39,6 +39,7 @@ import datetime
 import json
 import logging
 import os
+import pickle
 import random
 import re
 import shutil
@@ -75,6 +76,7 @@ __all__ = [
     "prune",
     "read_meta",
     "read_shard",
+    "read_shard_agreed",
     "restore_rng",
     "shard_path",
     "step_dirname",
@@ -100,8 +102,9 @@ class CheckpointUnreadableError(PicklableError, RuntimeError):
 
     ``path``: that rank's checkpoint directory; ``step``: the step rank 0 chose (None when
     unknown); ``node``: the host the rank runs on; ``rank``: the first rank that failed;
-    ``reason``: what it found; ``failed_ranks``: every rank that failed. Every rank of the
-    group raises the same error, so the group fails instead of its replicas diverging.
+    ``reason``: what it found; ``failed_ranks``: every rank that failed; ``fix``: what to do
+    (default: about storage every rank sees). Every rank of the group raises the same error,
+    so the group fails instead of its replicas diverging (or waiting on a failed rank).
     """
 
     def __init__(
@@ -113,6 +116,7 @@ class CheckpointUnreadableError(PicklableError, RuntimeError):
         rank: int,
         reason: str,
         failed_ranks: list[int],
+        fix: str | None = None,
     ) -> None:
         self.path = path
         self.step = step
@@ -123,12 +127,14 @@ class CheckpointUnreadableError(PicklableError, RuntimeError):
         which = f"step {step}" if step is not None else "the checkpoint"
         others = [r for r in self.failed_ranks if r != rank]
         also = f" (ranks {others} failed too)" if others else ""
-        super().__init__(
-            f"rank {rank} on node {node} cannot read {which} at {path}: {reason}{also}. "
+        fix = fix or (
             "Rank 0 chose this checkpoint for every rank, and a rank that resumed from another "
             "step would silently diverge. Fix: put training.checkpointDir on storage every "
             "worker mounts (rayCluster.storage, ReadWriteMany), or remove the checkpoint from "
             "rank 0's directory so an older one is chosen"
+        )
+        super().__init__(
+            f"rank {rank} on node {node} cannot read {which} at {path}: {reason}{also}. {fix}"
         )
 
 
@@ -249,6 +255,39 @@ def read_shard(path: str | Path, mesh: Mesh, *, map_location: torch.device) -> d
     payload: dict[str, Any] = load_state(
         shard_path(path, mesh), what="a checkpoint shard", map_location=map_location
     )
+    return payload
+
+
+def read_shard_agreed(
+    path: str | Path, mesh: Mesh, *, map_location: torch.device, step: int | None = None
+) -> dict[str, Any]:
+    """Collective :func:`read_shard`: a rank whose shard cannot be loaded (refused as unsafe,
+    truncated, unreadable) makes every rank raise :class:`CheckpointUnreadableError` naming it,
+    instead of failing alone while the others wait on the next barrier."""
+    problem: str | None = None
+    payload: dict[str, Any] = {}
+    try:
+        payload = read_shard(path, mesh, map_location=map_location)
+    except (pickle.UnpicklingError, OSError, RuntimeError, EOFError, ValueError) as exc:
+        problem = str(exc)
+    mine: dict[str, Any] = {"rank": _rank(), "node": _node(), "path": str(path), "problem": problem}
+    views: list[Any] = [mine]
+    if dist.is_initialized():
+        views = [None] * dist.get_world_size()
+        dist.all_gather_object(views, mine, group=_io_group)
+    failed = [v for v in views if v["problem"] is not None]
+    if failed:
+        first = failed[0]
+        raise CheckpointUnreadableError(
+            path=str(first["path"]),
+            step=step,
+            node=str(first["node"]),
+            rank=int(first["rank"]),
+            reason=f"its shard cannot be loaded: {first['problem']}",
+            failed_ranks=[int(v["rank"]) for v in failed],
+            fix="Every rank stops rather than resume without it. Fix: remove the checkpoint "
+            "(an older one is then chosen), or load one written by a TrainerGroup",
+        )
     return payload
 
 

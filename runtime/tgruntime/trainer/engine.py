@@ -347,7 +347,7 @@ class TrainEngine(Primitives):
         step and node.
         """
         self._check_open()
-        ckpt.verify_readable(path, step=step, mesh=self._mesh)
+        step = ckpt.verify_readable(path, step=step, mesh=self._mesh)
         meta = ckpt.read_meta(path)
         self._check_lora_checkpoint(path, meta.get("lora"))
         mesh = self._mesh
@@ -361,7 +361,7 @@ class TrainEngine(Primitives):
                 f"{path} holds a model with {meta.get('position_embedding')} positions; this "
                 f"group uses {self.settings.position_embedding} (set model.positionEmbedding)"
             )
-        payload = ckpt.read_shard(path, mesh, map_location=self.device)
+        payload = ckpt.read_shard_agreed(path, mesh, map_location=self.device, step=step)
         self.state.module.load_state_dict(payload["model"], strict=True)
         if self.adapters is not None:
             self.adapters.load_state_dict(payload["adapters"], strict=True)

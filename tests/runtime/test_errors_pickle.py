@@ -30,6 +30,7 @@ from tgapi.kube_view.ready import (
 from tgapi.status import TrainerGroupStatus
 from tgruntime.controller import errors as ce
 from tgruntime.service.sampler_weights import FreedWeights
+from tgruntime.service.limits import LimitError
 from tgruntime.service.sessions import ServiceError
 from tgruntime.trainer import losses
 from tgruntime.trainer.checkpoint import CheckpointUnreadableError
@@ -84,6 +85,11 @@ CASES: dict[str, Callable[[], BaseException]] = {
     ),
     "tgruntime.trainer.losses:MissingTensorError": lambda: MissingTensorError(
         key="ref_log_probs", loss="ppo", present=["advantages", "loss_mask", "old_log_probs"]
+    ),
+    "tgruntime.service.limits:LimitError": lambda: LimitError(
+        "principal 'team-a' has 1024 requests queued",
+        limit="queued requests", value=1024, setting="--max-queued-requests", status=429,
+        retry_after=1.0,
     ),
     "tgruntime.service.sessions:ServiceError": lambda: ServiceError(
         "seq_id 3 is out of order", status=409, category="user"

@@ -29,6 +29,7 @@ TOOLS = [
     "ray-operator",
     "helm",
     "kind",
+    "kube-router",
 ]
 
 pytestmark = pytest.mark.skipif(

@@ -11,6 +11,7 @@ tokens (the issue's 256-sequence case at full length) checks the token budget's 
     python bench/rl_memory.py --preset seed --iters 45 --json $OUT/rl_memory.json   # H200
     python bench/rl_memory.py --preset tiny --iters 5 --prompts 4 --group 2 --max-tokens 8 \
         --big-rows 16 --big-len 48                                                  # CPU
+    python bench/rl_memory.py --preset seed --lora 32 ...   # a LoRA group (spec.lora), rank-32 runs
 
 Prints a table (every 5th iteration and the last); ``--json`` saves every row.
 """
@@ -56,6 +57,11 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--big-rows", type=int, default=256)
     ap.add_argument("--big-len", type=int, default=512)
+    ap.add_argument("--lora", type=int, default=0,
+                    help="a LoRA group (spec.lora, alpha = rank), runs of this rank; 0: full")
+    ap.add_argument("--time-limit", type=float, default=0,
+                    help="stop iterating after this many seconds (0: none), then the big call")
+    ap.add_argument("--print-every", type=int, default=5)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
@@ -64,6 +70,12 @@ def main() -> int:
     T = tinker.types
     tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"rl-memory-{uuid.uuid4().hex[:6]}"
     sp = spec(args.tp, str(tmp), args.preset)
+    if args.lora:
+        import tgapi
+
+        wire = tgapi.to_wire(sp)
+        wire["lora"] = {"rank": args.lora, "alpha": args.lora}
+        sp = tgapi.parse_spec(wire, local=True)
     vocab, limit = sp.model.vocab_size, sp.model.max_sequence_length
     g = np.random.default_rng(0)
     lo, hi = min(32, limit // 4), min(256, limit // 2)
@@ -75,8 +87,14 @@ def main() -> int:
         print(f"{'iter':>4} {'GPU GiB':>8} {'copies':>6} {'copy GiB':>8} {'save s':>7} "
               f"{'sample s':>8} {'tok/s':>8} {'fb s':>6} {'fb tokens':>9} {'step s':>6}")
         with tinker.ServiceClient(base_url=served.running.url, api_key=served.key) as sc:
-            tc = sc.create_lora_training_client(base_model="rlmem", rank=8).result()
+            tc = sc.create_lora_training_client(base_model="rlmem",
+                                                rank=args.lora or 8).result()
+            start = time.perf_counter()
             for it in range(args.iters):
+                if args.time_limit and time.perf_counter() - start > args.time_limit:
+                    print(f"--time-limit {args.time_limit:g} s reached after {it} iterations",
+                          flush=True)
+                    break
                 t0 = time.perf_counter()
                 sampler = tc.save_weights_and_get_sampling_client().result()
                 t1 = time.perf_counter()
@@ -122,6 +140,7 @@ def main() -> int:
                     "gpu_used_gib": gpu_used_gib() if use_gpu else None,
                     "copies": len(info["names"]),
                     "copy_gib": round(info["bytes"] / 2**30, 3),
+                    "copy_bytes": info["bytes"],
                     "save_s": round(t1 - t0, 3),
                     "sample_s": round(t2 - t1, 3),
                     "sample_tok_s": round(sampled / max(t2 - t1, 1e-9)),
@@ -131,7 +150,7 @@ def main() -> int:
                     "loss": fb.metrics.get("loss:sum"),
                 }
                 rows.append(row)
-                if (it + 1) % 5 == 0 or it + 1 == args.iters or it == 0:
+                if (it + 1) % args.print_every == 0 or it + 1 == args.iters or it == 0:
                     print(f"{row['iter']:>4} {row['gpu_used_gib']!s:>8} {row['copies']:>6} "
                           f"{row['copy_gib']:>8} {row['save_s']:>7} {row['sample_s']:>8} "
                           f"{row['sample_tok_s']:>8} {row['fb_s']:>6} {row['fb_tokens']:>9} "
@@ -151,18 +170,33 @@ def main() -> int:
                 for _ in range(args.big_rows)
             ]
             t0 = time.perf_counter()
-            tc.forward_backward(big, "cross_entropy").result(timeout=1200)
+            big_fb = tc.forward_backward(big, "cross_entropy").result(timeout=1200)
             big_s = time.perf_counter() - t0
             tc.optim_step(adam).result(timeout=1200)
+            big_gib = gpu_used_gib() if use_gpu else None
         used = [r["gpu_used_gib"] for r in rows if r["gpu_used_gib"] is not None]
+        at5 = [r for r in rows if r["iter"] == 5]
         summary = {
             "preset": args.preset,
-            "iters": args.iters,
+            "weights": f"LoRA rank {args.lora}" if args.lora else "full",
+            "iters": len(rows),
+            "args": vars(args),
+            "save_and_sample_calls": {"save_weights_and_get_sampling_client": len(rows),
+                                      "sample": len(rows) * args.prompts},
             "gpu_used_gib_first_last_max": [used[0], used[-1], max(used)] if used else None,
+            "gpu_used_gib_at_5": at5[0]["gpu_used_gib"] if at5 else None,
+            "copies_at_5_last_max": [at5[0]["copies"] if at5 else None, rows[-1]["copies"],
+                                     max(r["copies"] for r in rows)],
+            "copy_gib_at_5_last_max": [at5[0]["copy_gib"] if at5 else None, rows[-1]["copy_gib"],
+                                       max(r["copy_gib"] for r in rows)],
+            "loop_s": round(sum(r["save_s"] + r["sample_s"] + r["fb_s"] + r["step_s"]
+                                for r in rows), 1),
             "max_copies": max(r["copies"] for r in rows),
             "big_forward_backward": {"rows": args.big_rows, "tokens_per_row": length,
                                      "tokens": args.big_rows * length, "seconds": round(big_s, 2),
-                                     "tokens_per_s": round(args.big_rows * length / big_s)},
+                                     "tokens_per_s": round(args.big_rows * length / big_s),
+                                     "loss_sum": big_fb.metrics.get("loss:sum"),
+                                     "gpu_used_gib_after": big_gib},
             "rows": rows,
         }
         print(json.dumps({k: v for k, v in summary.items() if k != "rows"}, indent=1))

@@ -69,6 +69,9 @@ RUN dpkg-query -W -f '${Package}\n' | sort > /tmp/packages-before \
 USER 1000:100
 # Every symbol resolves now (LD_BIND_NOW), and torch sees no GPU instead of failing.
 RUN LD_BIND_NOW=1 python -c "import torch, torch.distributed; assert not torch.cuda.is_available()"
+# No CUDA in this variant, so GPU-or-fail cannot hold: workers given (fake) GPUs run on the CPU
+# with a warning (tgruntime.trainer.gpu_check.CPU_FALLBACK_ENV). Never set in the GPU variant.
+ENV TG_ALLOW_CPU_FALLBACK=1
 
 # hadolint ignore=DL3006
 FROM cuda-${VARIANT} AS runtime

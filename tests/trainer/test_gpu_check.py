@@ -140,6 +140,30 @@ def test_false_and_unresolved_auto_still_use_the_cpu(monkeypatch: pytest.MonkeyP
         assert (s.device, s.backend, s.dtype) == ("cpu", "gloo", torch.float32), value
 
 
+def test_the_cpu_image_variant_falls_back_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """TG_ALLOW_CPU_FALLBACK=1 (set only in the runtime image's CPU variant) lets a GPU-asking
+    rank run on the CPU, loudly; anything but "1" keeps GPU-or-fail."""
+    from tgruntime.trainer.gpu_check import CPU_FALLBACK_ENV, cpu_fallback_allowed
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv(CPU_FALLBACK_ENV, "yes")
+    assert not cpu_fallback_allowed()
+    with pytest.raises(NoCudaDeviceError):
+        resolve_settings(_spec(True))
+    monkeypatch.setenv(CPU_FALLBACK_ENV, "1")
+    assert cpu_fallback_allowed()
+    with caplog.at_level("WARNING"):
+        s = resolve_settings(_spec(True))
+    assert (s.device, s.backend) == ("cpu", "gloo")
+    assert CPU_FALLBACK_ENV in caplog.text
+    dockerfile = (Path(__file__).resolve().parents[2] / "images" / "runtime.Dockerfile").read_text()
+    cpu_stage = dockerfile.split("FROM deps AS cuda-cpu")[1].split("FROM cuda-${VARIANT}")[0]
+    gpu_stage = dockerfile.split("FROM deps AS cuda-gpu")[1].split("FROM deps AS cuda-cpu")[0]
+    assert f"ENV {CPU_FALLBACK_ENV}=1" in cpu_stage and CPU_FALLBACK_ENV not in gpu_stage
+
+
 # ----------------------------------------------------------------------------- a launched rank
 def no_cuda_rank() -> str:
     """A launched rank on a machine "without CUDA" that builds the engine for useGpu: true."""

@@ -101,7 +101,9 @@ def run(tg: tgapi.TrainerGroup, *, generation: int, address: str | None) -> mark
             log.info(
                 "resumed from %s at step %s", resumed["resumedFrom"], resumed.get("resumedStep")
             )
-        if p.use_gpu and device.get("device") in ("cpu", "mixed"):
+        from tgruntime.trainer.gpu_check import cpu_fallback_allowed
+
+        if p.use_gpu and device.get("device") in ("cpu", "mixed") and not cpu_fallback_allowed():
             # GPU or fail (issue 36): the built-in trainer's ranks refuse by themselves
             # (NoCudaDeviceError); this catches a worker class that reports a CPU fallback
             import torch

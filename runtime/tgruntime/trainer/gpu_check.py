@@ -15,6 +15,7 @@ The minimum drivers are those of CUDA's minor-version compatibility on Linux: ev
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -23,14 +24,27 @@ from pathlib import Path
 from tgapi.errors import PicklableError
 
 __all__ = [
+    "CPU_FALLBACK_ENV",
     "MIN_DRIVER",
     "NO_DRIVER",
     "GpuWorkersOnCpuError",
     "NoCudaDeviceError",
+    "cpu_fallback_allowed",
     "driver_version",
     "min_driver_for",
     "no_cuda_error",
 ]
+
+CPU_FALLBACK_ENV = "TG_ALLOW_CPU_FALLBACK"
+"""Set to 1 in the runtime image's CPU variant (images/runtime.Dockerfile, stage cuda-cpu):
+that image has no CUDA libraries, so GPU-or-fail cannot hold on it; its workers given GPUs
+(the kind suite's fake ``nvidia.com/gpu``) run on the CPU with a warning, and status.device
+says cpu. Never set in the GPU image."""
+
+
+def cpu_fallback_allowed() -> bool:
+    """Whether this process may run a GPU-asking rank on the CPU (:data:`CPU_FALLBACK_ENV`)."""
+    return os.environ.get(CPU_FALLBACK_ENV, "") == "1"
 
 NO_DRIVER = "no NVIDIA driver"
 PROC_VERSION = Path("/proc/driver/nvidia/version")

@@ -22,7 +22,7 @@ import os
 import torch
 
 from tgapi import TrainerGroupSpec
-from tgruntime.trainer.gpu_check import no_cuda_error
+from tgruntime.trainer.gpu_check import CPU_FALLBACK_ENV, cpu_fallback_allowed, no_cuda_error
 
 __all__ = ["RuntimeSettings", "resolve_settings"]
 
@@ -66,8 +66,17 @@ def resolve_settings(
     if device not in ("cuda", "cpu"):
         raise ValueError(f"device must be 'cuda' or 'cpu', not {device!r}")
     if device == "cuda" and not torch.cuda.is_available():
-        rank = os.environ.get("RANK", "")
-        raise no_cuda_error(rank=int(rank) if rank.isdigit() else None)
+        if not cpu_fallback_allowed():
+            rank = os.environ.get("RANK", "")
+            raise no_cuda_error(rank=int(rank) if rank.isdigit() else None)
+        import logging
+
+        logging.getLogger(__name__).warning(
+            "useGpu asks for a GPU and torch sees none; %s=1 (the runtime image's CPU variant) "
+            "lets this rank run on the CPU with gloo",
+            CPU_FALLBACK_ENV,
+        )
+        device = "cpu"
     on_gpu = device == "cuda"
     dtype = _DTYPES[spec.model.dtype] if on_gpu else torch.float32
     position = spec.model.position_embedding

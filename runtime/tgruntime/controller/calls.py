@@ -75,31 +75,34 @@ def died_peer(
     (gloo's "Connection reset by peer", NCCL's abort), naming a rank that is alive. The dead
     rank's own result arrives a moment later; reporting it names the cause. Waits only
     while results are missing, so a method error raised on every rank costs nothing."""
+    for i, exc in _ready_errors(refs, timeout_s=grace_s):
+        if isinstance(exc, RayTaskError) and isinstance(exc.cause, RayActorError):
+            exc = exc.cause
+        if isinstance(exc, RayActorError):
+            return WorkerDiedError(
+                group_name=ctx.group_name, rank=ctx.ranks[i], worker_name=ctx.worker_names[i],
+                cause=actor_error_cause(exc), method=ctx.method,
+            )
+    return None
+
+
+def _ready_errors(refs: Sequence[Any], *, timeout_s: float) -> list[tuple[int, BaseException]]:
+    """(index, error) of each result in ``refs`` that is ready within ``timeout_s`` and is an
+    error, in order; never raises."""
     try:
-        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=grace_s)
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
     except Exception:
-        return None
+        return []
     ready_set = set(ready)
+    out: list[tuple[int, BaseException]] = []
     for i, ref in enumerate(refs):
         if ref not in ready_set:
             continue
         try:
             ray.get(ref, timeout=0)
-        except RayActorError as exc:
-            return WorkerDiedError(
-                group_name=ctx.group_name, rank=ctx.ranks[i], worker_name=ctx.worker_names[i],
-                cause=actor_error_cause(exc), method=ctx.method,
-            )
-        except RayTaskError as exc:
-            if isinstance(exc.cause, RayActorError):
-                return WorkerDiedError(
-                    group_name=ctx.group_name, rank=ctx.ranks[i],
-                    worker_name=ctx.worker_names[i], cause=actor_error_cause(exc.cause),
-                    method=ctx.method,
-                )
-        except Exception:
-            continue
-    return None
+        except Exception as exc:
+            out.append((i, exc))
+    return out
 
 
 def mark_retrieved(refs: Sequence[Any]) -> None:
@@ -178,21 +181,8 @@ def _failed_index(exc: BaseException, refs: Sequence[Any], ctx: CallContext) -> 
         actor_id = getattr(exc, "_actor_id", None)
     if isinstance(actor_id, str) and actor_id in ctx.actor_ids:
         return ctx.actor_ids.index(actor_id)
-    try:
-        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0)
-    except Exception:
-        return None
-    ready_set = set(ready)
-    for i, ref in enumerate(refs):
-        if ref not in ready_set:
-            continue
-        try:
-            ray.get(ref, timeout=0)
-        except RayError:
-            return i
-        except Exception:
-            return i
-    return None
+    failed = _ready_errors(refs, timeout_s=0)
+    return failed[0][0] if failed else None
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -181,7 +181,9 @@ wait_for() {  # <timeout s> <description> <command...>: until the command succee
 if [[ "${E2E_SKIP_BUILD:-0}" != 1 ]]; then
   if [[ "$MODE" == fake ]]; then
     log "building the images from stand-in bases (hack/images/build.sh)"
-    bash hack/images/build.sh operator runtime-cpu kuberay
+    # RUNTIME_IMAGE is already the CPU variant's tag here: build.sh would add "-cpu" again
+    RUNTIME_CPU_IMAGE="$RUNTIME_IMAGE" OPERATOR_IMAGE="$OPERATOR_IMAGE" KUBERAY_IMAGE="$KUBERAY_IMAGE" \
+      bash hack/images/build.sh operator runtime-cpu kuberay
   else
     log "building images (make images)"
     make images OPERATOR_IMAGE="$OPERATOR_IMAGE" RUNTIME_IMAGE="$RUNTIME_IMAGE"

@@ -29,8 +29,8 @@ from tgapi.kube_view.ready import (
 )
 from tgapi.status import TrainerGroupStatus
 from tgruntime.controller import errors as ce
-from tgruntime.service.sampler_weights import FreedWeights
 from tgruntime.service.limits import LimitError
+from tgruntime.service.sampler_weights import FreedWeights
 from tgruntime.service.sessions import ServiceError
 from tgruntime.trainer import losses
 from tgruntime.trainer.checkpoint import CheckpointUnreadableError

@@ -140,19 +140,27 @@ def tinker_importance_sampling(
     return -ratio * batch["advantages"].to(log_probs.dtype), {"ratio": ratio.detach()}
 
 
+def _clipped_objective(
+    ratio: torch.Tensor, adv: torch.Tensor, batch: TokenTensors, config: Mapping[str, Any]
+) -> tuple[torch.Tensor, Metrics]:
+    """PPO's pessimistic clipped objective, negated, with its ratio and clip-fraction metrics
+    (ppo's ratio is per token, gspo's per sequence)."""
+    unclipped = ratio * adv
+    clipped = _clipped(ratio, batch, config) * adv
+    objective = torch.minimum(unclipped, clipped)
+    return -objective, {
+        "ratio": ratio.detach(),
+        "clip_frac": (clipped < unclipped).to(ratio.dtype).detach(),
+    }
+
+
 def tinker_ppo(
     log_probs: torch.Tensor, batch: TokenTensors, config: Mapping[str, Any]
 ) -> tuple[torch.Tensor, Metrics]:
     """``-min(r * A, clip(r, lo, hi) * A)`` per token."""
     adv = batch["advantages"].to(log_probs.dtype)
     ratio = _ratio(log_probs, batch)
-    unclipped = ratio * adv
-    clipped = _clipped(ratio, batch, config) * adv
-    objective = torch.minimum(unclipped, clipped)
-    return -objective, {
-        "ratio": ratio.detach(),
-        "clip_frac": (clipped < unclipped).to(log_probs.dtype).detach(),
-    }
+    return _clipped_objective(ratio, adv, batch, config)
 
 
 def tinker_cispo(
@@ -197,13 +205,7 @@ def tinker_gspo(
     count = marked.sum(dim=1, keepdim=True).clamp(min=1).to(log_probs.dtype)
     seq_log_ratio = token_log_ratio.sum(dim=1, keepdim=True) / count  # [b, 1]; 0 if none marked
     ratio = torch.exp(seq_log_ratio + (log_probs - log_probs.detach()))
-    unclipped = ratio * adv
-    clipped = _clipped(ratio, batch, config) * adv
-    objective = torch.minimum(unclipped, clipped)
-    return -objective, {
-        "ratio": ratio.detach(),
-        "clip_frac": (clipped < unclipped).to(log_probs.dtype).detach(),
-    }
+    return _clipped_objective(ratio, adv, batch, config)
 
 
 _NEEDS = ("advantages", "old_log_probs")

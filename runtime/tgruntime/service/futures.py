@@ -34,14 +34,19 @@ class _Entry:
     event: asyncio.Event = field(default_factory=asyncio.Event)
     outcome: Outcome | None = None
     done_at: float | None = None
+    delivered_at: float | None = None  # when a retrieve_future first answered its outcome
     owner: str = "default"
 
 
 class FutureStore:
-    def __init__(self, *, keep_s: float = 3600.0) -> None:
+    def __init__(self, *, keep_s: float = 3600.0, delivered_keep_s: float = 30.0) -> None:
+        """A finished future is kept ``keep_s`` for a client to fetch, and ``delivered_keep_s``
+        once fetched (for a client whose answer was lost on the way and asks again): a long
+        training loop holds its last seconds of outputs, not its last hour."""
         self.boot = uuid.uuid4().hex[:12]
         self._entries: dict[str, _Entry] = {}
         self._keep_s = keep_s
+        self._delivered_keep_s = delivered_keep_s
         self._queued: collections.Counter[str] = collections.Counter()  # owner -> pending
 
     def new(self, owner: str = "default") -> str:
@@ -77,7 +82,8 @@ class FutureStore:
         old = [
             k
             for k, e in self._entries.items()
-            if e.done_at is not None and now - e.done_at > self._keep_s
+            if (e.done_at is not None and now - e.done_at > self._keep_s)
+            or (e.delivered_at is not None and now - e.delivered_at > self._delivered_keep_s)
         ]
         for k in old:
             del self._entries[k]
@@ -106,4 +112,6 @@ class FutureStore:
                 await asyncio.wait_for(entry.event.wait(), timeout_s)
             except TimeoutError:
                 return None
+        if entry.delivered_at is None:
+            entry.delivered_at = time.monotonic()
         return entry.outcome

@@ -230,13 +230,20 @@ def _held(port: int, *, listen: bool) -> socket.socket:
     return sock
 
 
+def _is_free(port: int) -> bool:
+    try:
+        return first_free_port(port, port + 1) == port
+    except RuntimeError:  # taken by another process: look for another run
+        return False
+
+
 def _free_run(n: int) -> int:
     """A port p with p .. p+n-1 all free now."""
     for _ in range(50):
         with socket.socket() as s:
             s.bind(("", 0))
             low = int(s.getsockname()[1])
-        if low + n < 65536 and all(first_free_port(p, p + 1) == p for p in range(low, low + n)):
+        if low + n < 65536 and all(_is_free(p) for p in range(low, low + n)):
             return low
     raise AssertionError("no run of free ports")
 

@@ -43,9 +43,15 @@ spec:
   template:
     metadata: {labels: {app: redis}}
     spec:
+      securityContext:  # the "restricted" Pod Security Standard (tests/e2e/run.sh enforces it)
+        runAsNonRoot: true
+        runAsUser: 999
+        runAsGroup: 999
+        seccompProfile: {type: RuntimeDefault}
       containers:
         - name: redis
           image: $tag
+          securityContext: {allowPrivilegeEscalation: false, capabilities: {drop: [ALL]}}
           imagePullPolicy: Never
           ports: [{containerPort: 6379}]
           readinessProbe: {tcpSocket: {port: 6379}, periodSeconds: 2}

@@ -282,6 +282,22 @@ fi
 
 log "TrainerGroup chart"
 k apply -f manifests/namespace.yaml   # Pod Security "restricted" for the operator
+# The whole flow runs where the "restricted" Pod Security Standard is enforced (issue 36): Ray
+# pods, client Jobs, probe pods, Redis. E2E_PSS=privileged (or baseline) relaxes it, e.g. to
+# compare; a pod that breaks the standard is refused at creation, so its controller's events
+# name the field.
+PSS="${E2E_PSS:-restricted}"
+k label ns "$TG_NS" --overwrite "pod-security.kubernetes.io/enforce=$PSS" \
+  "pod-security.kubernetes.io/enforce-version=latest" "pod-security.kubernetes.io/warn=$PSS" >/dev/null
+if [[ "$PSS" == restricted ]]; then  # the label is enforced: a root, privileged pod is refused
+  if out="$(k -n "$TG_NS" run tg-pss-check --image="$RUNTIME_IMAGE" --restart=Never \
+      --privileged --dry-run=server -o name 2>&1)"; then
+    die "namespace $TG_NS accepted a privileged pod under enforce=restricted: $out"
+  fi
+  grep -q 'violates PodSecurity "restricted' <<<"$out" \
+    || die "a privileged pod in $TG_NS was refused, but not by Pod Security: $out"
+  log "namespace $TG_NS enforces Pod Security \"restricted\" (a privileged pod is refused)"
+fi
 h install trainergroup charts/trainergroup --namespace "$OP_NS" --wait --timeout 5m \
   --set image.repository="${OPERATOR_IMAGE%:*}" --set image.tag="${OPERATOR_IMAGE##*:}" \
   --set image.pullPolicy=Never \

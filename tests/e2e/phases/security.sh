@@ -52,8 +52,10 @@ if e["LABEL"] == "1":
     labels["trainergroup.io/client"] = e["TGNAME"]
 print(json.dumps({"apiVersion": "v1", "kind": "Pod",
   "metadata": {"name": e["NAME"], "namespace": e["PODNS"], "labels": labels},
-  "spec": {"restartPolicy": "Never", "containers": [{
-      "name": "probe", "image": os.environ["RUNTIME_IMAGE"], "imagePullPolicy": "Never",
+  "spec": {"restartPolicy": "Never", "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 100, "seccompProfile": {"type": "RuntimeDefault"}},
+    "containers": [{
+      "name": "probe", "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+      "image": os.environ["RUNTIME_IMAGE"], "imagePullPolicy": "Never",
       "command": ["python", "/probe/ray_probe.py"], "env": env,
       "resources": {"requests": {"cpu": "50m", "memory": "256Mi"}, "limits": {"memory": "2Gi"}},
       "volumeMounts": [{"name": "probe", "mountPath": "/probe"}]}],

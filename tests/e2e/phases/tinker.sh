@@ -135,8 +135,10 @@ if e["LABEL"] == "1":
     labels["trainergroup.io/client"] = e["TGNAME"]
 print(json.dumps({"apiVersion": "v1", "kind": "Pod",
   "metadata": {"name": e["NAME"], "namespace": e["PODNS"], "labels": labels},
-  "spec": {"restartPolicy": "Never", "automountServiceAccountToken": False, "containers": [{
-      "name": "probe", "image": e["RUNTIME_IMAGE"], "imagePullPolicy": "Never",
+  "spec": {"restartPolicy": "Never", "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 100, "seccompProfile": {"type": "RuntimeDefault"}},
+    "automountServiceAccountToken": False, "containers": [{
+      "name": "probe", "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+      "image": e["RUNTIME_IMAGE"], "imagePullPolicy": "Never",
       "command": ["python", "/probe/tinker_probe.py"], "env": env,
       "resources": {"requests": {"cpu": "50m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
       "volumeMounts": [{"name": "probe", "mountPath": "/probe"}]}],

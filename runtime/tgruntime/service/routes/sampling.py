@@ -24,13 +24,13 @@ class SamplingRoutes(ServiceCore):
         self, model_path: str | None, base_model: str | None, who: str
     ) -> str | None:
         if model_path:
-            _, kind, _, d = self.paths.parse(str(model_path), who)
-            if kind != "sampler_weights":
+            at = self._locate(str(model_path), who)
+            if at.kind != "sampler_weights":
                 raise ServiceError(
                     f"{model_path} is a training state; sample from a "
                     "tinker://.../sampler_weights/... path (save_weights_for_sampler)"
                 )
-            return str(d)
+            return str(at.dir)
         self._base(base_model)
         return self.base_sampler
 

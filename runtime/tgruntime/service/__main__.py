@@ -71,10 +71,18 @@ class Running:
     """A server on its own event loop in a thread (``tgctl serve`` in the foreground, tests);
     HTTPS when given ``tls`` (service.tls)."""
 
-    def __init__(self, service: Any, host: str, port: int, tls: TlsFiles | None = None) -> None:
+    def __init__(
+        self,
+        service: Any,
+        host: str,
+        port: int,
+        tls: TlsFiles | None = None,
+        *,
+        tls_reload_s: float = tls_flags.RELOAD_S,
+    ) -> None:
         self.service = service
         self.host, self.port = host, port
-        self.tls = tls
+        self.tls, self._tls_reload_s = tls, tls_reload_s
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._stop: asyncio.Event | None = None
@@ -105,7 +113,7 @@ class Running:
         site = web.TCPSite(runner, self.host, self.port, ssl_context=ctx)
         await site.start()
         if ctx is not None and self.tls is not None:
-            self.service._spawn(tls_flags.reload_loop(ctx, self.tls))
+            self.service._spawn(tls_flags.reload_loop(ctx, self.tls, self._tls_reload_s))
         server = getattr(site, "_server", None)
         sockets = getattr(server, "sockets", None) or []
         if sockets:

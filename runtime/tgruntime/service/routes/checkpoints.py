@@ -155,8 +155,9 @@ class CheckpointRoutes(ServiceCore):
         self._checkpoint(request)
         raise ServiceError(
             "publishing a checkpoint is not supported by this server: checkpoints are their "
-            "principal's alone (docs/tinker.md, 'Principals'); copy the files out of "
-            "{checkpointDir}/tinker/principals/<principal>/ to share them"
+            "principal's alone; share one with a principal by name instead: PUT "
+            ".../checkpoints/{kind}/{name}/readers/<principal> (docs/security.md, 'Sharing a "
+            "checkpoint')"
         )
 
     async def weights_info(self, request: web.Request) -> web.Response:
@@ -203,8 +204,8 @@ class CheckpointRoutes(ServiceCore):
         ):
             raise ServiceError(
                 "copy_weights with a weights_access_token (another account's weights) is not "
-                "supported: this server shares no checkpoint between principals; copy your "
-                "own checkpoints only"
+                "supported: its owner shares the checkpoint with you by name (PUT "
+                ".../readers/<principal>, docs/security.md), then copy it with your own key"
             )
         src = str(body.get("source_path"))
         ttl = check_ttl(body.get("ttl_seconds"))

@@ -75,7 +75,7 @@ def _share(g: dict[str, Any], path: str, reader: str, key: str = KA) -> dict[str
 
 
 def _sample(sc: Any, path: str) -> list[int]:
-    got = sc.create_sampling_client(model_path=path).sample(
+    got = sc.create_sampling_client(model_path=path).result(timeout=WAIT).sample(
         T.ModelInput.from_ints(PROMPT), num_samples=1,
         sampling_params=T.SamplingParams(max_tokens=4, stop=[], seed=7),
     ).result(timeout=WAIT)

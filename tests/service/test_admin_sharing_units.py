@@ -254,3 +254,61 @@ def test_grants_refuse_what_the_owner_could_not_name(tmp_path: Path) -> None:
         access.locate(f"tinker://{RUN_A}/sampler_weights/nope", "p1")
     assert info.value.status == 404
     assert access.locate(s1, "p1").owner == "team-a"
+
+
+def test_a_key_removed_from_a_secret_volume_stops_within_the_recheck(tmp_path: Path) -> None:
+    """The kubelet's layout of a Secret volume (``..data`` -> a timestamped directory, one
+    symlink per key) and its atomic update: the removed principal is refused on the first
+    request after the recheck interval, the others go on."""
+    import os
+    import time
+
+    from tgruntime.service.auth import KeyStore
+
+    def publish(stamp: str, keys: dict[str, str]) -> None:
+        d = tmp_path / f"..{stamp}"
+        d.mkdir()
+        for name, key in keys.items():
+            (d / name).write_text(key)
+        tmp = tmp_path / "..data_tmp"
+        os.symlink(d.name, tmp)
+        os.replace(tmp, tmp_path / "..data")  # the kubelet's atomic swap
+        for name in keys:
+            if not (tmp_path / name).is_symlink():
+                os.symlink(f"..data/{name}", tmp_path / name)
+        for link in tmp_path.iterdir():
+            if not link.name.startswith(".") and link.name not in keys:
+                link.unlink()  # a key gone from the Secret
+
+    publish("2026_12_05_01", {"default": "tml-d", "team-a": "tml-aaa", "ops": "tml-ops"})
+    store = KeyStore(keys_dir=str(tmp_path), recheck_s=0.3)
+    assert store.resolve("tml-aaa") == ("team-a", None)
+    publish("2026_12_05_02", {"default": "tml-d", "ops": "tml-ops"})
+    t0 = time.monotonic()
+    while store.resolve("tml-aaa")[0] is not None:
+        assert time.monotonic() - t0 < 0.3 + 1.0, "the removed key still works"
+        time.sleep(0.02)
+    assert time.monotonic() - t0 <= 0.3 + 0.1
+    who, why = store.resolve("tml-aaa")
+    assert who is None and why is not None and "was it removed?" in why
+    assert store.resolve("tml-ops") == ("ops", None)
+
+
+def test_bad_admin_or_tls_flags_stop_the_server_naming_the_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tgruntime.entrypoints.cli import main as tgctl
+    from tgruntime.service.__main__ import main as server
+
+    cert = tmp_path / "c.pem"
+    cert.write_text("not a certificate")
+    cases = [
+        (["--tls-cert", str(cert)], "--tls-cert needs --tls-key"),
+        (["--tls-cert", str(cert), "--tls-key", str(cert)], "cannot load them as a PEM"),
+        (["--admin-principals", "ops,../x"], "'../x' is not a principal name"),
+    ]
+    for flags, want in cases:
+        assert server(["--spec", "tg.yaml", *flags]) == 2
+        assert want in capsys.readouterr().err
+        assert tgctl(["serve", "-f", "tg.yaml", *flags]) == 2
+        assert want in capsys.readouterr().err

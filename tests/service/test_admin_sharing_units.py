@@ -228,6 +228,12 @@ def test_a_shared_checkpoint_is_readable_by_its_reader_only(
                 assert code == 200 and left["readers"] == []
                 assert (await sampler("tml-bbb", s1))[0] == 404
                 assert (await call("GET", f"{one}/readers", "tml-aaa"))[1]["readers"] == []
+                # and the sampler B made while it was shared samples no more
+                code, gone = await call("POST", "asample", "tml-bbb", {
+                    "sampling_session_id": made["sampling_session_id"], "num_samples": 1,
+                    "prompt": {"chunks": [{"type": "encoded_text", "tokens": [5, 6]}]},
+                    "sampling_params": {"max_tokens": 1}})
+                assert code == 404 and gone["error"] == f"no checkpoint at {s1}"
 
     with caplog.at_level(logging.INFO, logger="tgruntime.service.audit"):
         asyncio.run(main(_service(tmp_path), before_restart=True))

@@ -98,7 +98,10 @@ class SamplingRoutes(ServiceCore):
         body = await self._body(request)
         who = self._who(request)
         if body.get("sampling_session_id"):
-            weights = self.registry.sampler(str(body["sampling_session_id"]), who).weights
+            ss = self.registry.sampler(str(body["sampling_session_id"]), who)
+            if ss.model_path:  # its checkpoint deleted, or its grant revoked, since: 404
+                self._locate(ss.model_path, who)
+            weights = ss.weights
         else:
             weights = self._weights_for(body.get("model_path"), body.get("base_model"), who)
         for key in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):

@@ -143,8 +143,19 @@ def test_an_admin_lists_reads_deletes_and_finishes_everyones_and_is_audited(
             assert not service.registry.sessions[sid].finished
             assert (await call("POST", f"sessions/{sid}/finish", "tml-ops", {}))[0] == 200
             assert service.registry.sessions[sid].finished
-            # the admin's own listing acts on nobody else's: not marked
+            # the owner's own listing: an ordinary read, not audited
             assert (await call("GET", "checkpoints", "tml-aaa"))[0] == 200
+            # a model of A's: the admin reads its info, but cannot train it
+            sid = (await call("POST", "create_session", "tml-aaa", {"tags": []}))[1]["session_id"]
+            code, model = await call("POST", "create_model", "tml-aaa",
+                                     {"session_id": sid, "model_seq_id": 0, "base_model": "tiny"})
+            assert code == 200, model
+            mid = model["model_id"]
+            code, info = await call("POST", "get_info", "tml-ops", {"model_id": mid})
+            assert code == 200 and info["model_id"] == mid
+            assert (await call("POST", "get_info", "tml-bbb", {"model_id": mid}))[0] == 404
+            step = {"model_id": mid, "seq_id": 1, "adam_params": {"learning_rate": 0.1}}
+            assert (await call("POST", "optim_step", "tml-ops", step))[0] == 404
 
     with caplog.at_level(logging.INFO, logger="tgruntime.service.audit"):
         asyncio.run(main())
@@ -160,7 +171,11 @@ def test_an_admin_lists_reads_deletes_and_finishes_everyones_and_is_audited(
         ("team-a", "create_session", 200, None, None),
         ("team-b", "finish", 404, None, None),
         ("ops", "finish", 200, True, ["team-a"]),
-    ]  # B's listing, the admin's refused heartbeat and A's own reads: not audited
+        ("team-a", "create_session", 200, None, None),
+        ("team-a", "create_model", 200, None, None),
+        ("ops", "get_info", 200, True, ["team-a"]),
+        ("ops", "optim_step", 404, None, None),
+    ]  # B's listing and get_info, the admin's refused heartbeat, A's own reads: not audited
 
 
 def test_a_shared_checkpoint_is_readable_by_its_reader_only(

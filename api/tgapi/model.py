@@ -827,6 +827,25 @@ class TinkerServerSpec:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class ApiTlsSpec:
+    """HTTPS for the Tinker API from a certificate Secret (docs/security.md)."""
+
+    secret_name: str = spec_field(
+        name="secretName",
+        description="A Secret in the group's namespace with tls.crt and tls.key (the "
+        "kubernetes.io/tls layout; e.g. a cert-manager Certificate's secretName) for the "
+        "Service's DNS name <name>-tinker.<namespace>.svc. The server then speaks only HTTPS "
+        "and status.apiURL starts with https://; a renewed certificate is picked up without a "
+        "restart.",
+        pattern=_DNS_SUBDOMAIN,
+        max_length=253,
+    )
+
+
+_PRINCIPAL = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ApiSpec:
     tinker: bool = spec_field(
         name="tinker",
@@ -856,6 +875,21 @@ class ApiSpec:
         "on its next call; 0 never parks.",
         default=600,
         minimum=0,
+    )
+    admin_principals: list[str] = spec_field(
+        name="adminPrincipals",
+        description="Principals (entry names of the keys Secret <name>-tinker-keys) that may "
+        "list every principal's runs and checkpoints, read and delete any checkpoint and finish "
+        "any session; each such act is in the audit log, marked admin. Empty: no admin.",
+        default_factory=list,
+        pattern=_PRINCIPAL,
+        max_length=64,
+    )
+    tls: ApiTlsSpec | None = spec_field(
+        name="tls",
+        description="Serve the Tinker API over HTTPS with the certificate of a Secret; absent: "
+        "plain HTTP (inside the NetworkPolicy).",
+        default=None,
     )
 
 

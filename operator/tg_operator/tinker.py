@@ -22,6 +22,13 @@ is; the Deployment, made last, is what a pass looks for):
 
 ``status.apiURL`` (``http://NAME-tinker.NS.svc:PORT``) is published once the Deployment is
 available (:func:`api_url`).
+
+``spec.api.adminPrincipals`` reaches the server as ``--admin-principals a,b``. With
+``spec.api.tls.secretName`` the pod mounts that Secret (``tls.crt``/``tls.key``, the
+kubernetes.io/tls layout, e.g. a cert-manager Certificate's) at :data:`TLS_DIR`, the server
+gets ``--tls-cert``/``--tls-key`` and speaks only HTTPS, its probes use HTTPS, and
+``status.apiURL`` starts with ``https://``. The operator never reads that Secret; a pod whose
+Secret does not exist yet waits in ContainerCreating (the kubelet's event names it).
 """
 
 from __future__ import annotations
@@ -52,6 +59,8 @@ KEY_PREFIX = "tml-"
 KEYS_DIR = "/etc/tinker/keys"
 """Where the server pod mounts the keys Secret (``--keys-dir``; also ``TG_TINKER_KEYS_DIR``)."""
 KEYS_DIR_ENV = "TG_TINKER_KEYS_DIR"
+TLS_DIR = "/etc/tinker/tls"
+"""Where the server pod mounts ``spec.api.tls.secretName`` (tls.crt, tls.key)."""
 SERVICE_MODULE = "tgruntime.service"
 PORT_NAME = "http"
 
@@ -75,7 +84,12 @@ def port(tg: TrainerGroup) -> int:
 
 def base_url(tg: TrainerGroup) -> str:
     """``TINKER_BASE_URL`` inside the cluster: the Service's DNS name."""
-    return f"http://{server_name(tg)}.{tg.namespace}.svc:{port(tg)}"
+    return f"{scheme(tg)}://{server_name(tg)}.{tg.namespace}.svc:{port(tg)}"
+
+
+def scheme(tg: TrainerGroup) -> str:
+    """``https`` with ``spec.api.tls``, else ``http``."""
+    return "https" if tg.spec.api.tls is not None else "http"
 
 
 def new_api_key() -> str:
@@ -235,7 +249,32 @@ def server_args(tg: TrainerGroup, *, python: str) -> list[str]:
         str(port(tg)),
         "--keys-dir",
         KEYS_DIR,
+        *access_args(tg),
     ]
+
+
+def access_args(tg: TrainerGroup) -> list[str]:
+    """``--admin-principals`` and ``--tls-cert``/``--tls-key`` from ``spec.api``."""
+    api = tg.spec.api
+    out: list[str] = []
+    if api.admin_principals:
+        out += ["--admin-principals", ",".join(api.admin_principals)]
+    if api.tls is not None:
+        out += ["--tls-cert", f"{TLS_DIR}/tls.crt", "--tls-key", f"{TLS_DIR}/tls.key"]
+    return out
+
+
+def _healthy(tg: TrainerGroup, *, python: str) -> str:
+    """The startup probe's check: healthz answers 200 (with TLS through the runtime's Python,
+    the certificate not verified: it is the pod's own loopback)."""
+    if tg.spec.api.tls is None:
+        return probes.http_200(port=port(tg), path="/healthz")
+    code = (
+        "import ssl,urllib.request as u;c=ssl.create_default_context();c.check_hostname=False;"
+        f"c.verify_mode=ssl.CERT_NONE;u.urlopen('https://127.0.0.1:{port(tg)}/healthz',"
+        "context=c,timeout=5)"
+    )
+    return f'"{python}" -c "{code}" >/dev/null 2>&1'
 
 
 def _pod_spec(tg: TrainerGroup, *, python: str) -> dict[str, Any]:
@@ -248,8 +287,10 @@ def _pod_spec(tg: TrainerGroup, *, python: str) -> dict[str, Any]:
         {"name": "TG_K8S_NAMESPACE", "value": tg.namespace},
         *ray_token.token_env(tg),
     ]
+    tls = tg.spec.api.tls
     mounts = [
         {"name": "keys", "mountPath": KEYS_DIR, "readOnly": True},
+        *([{"name": "tls", "mountPath": TLS_DIR, "readOnly": True}] if tls else []),
         {"name": "tmp", "mountPath": "/tmp"},
         {"name": "dshm", "mountPath": "/dev/shm"},
         *platform.checkpoint_mount(tg),
@@ -258,6 +299,7 @@ def _pod_spec(tg: TrainerGroup, *, python: str) -> dict[str, Any]:
         # 0444: the files are root's and the runtime image runs as uid 1000 (only this pod
         # mounts the Secret; 0440 would need an fsGroup on pods without the checkpoint claim)
         {"name": "keys", "secret": {"secretName": keys_secret_name(tg), "defaultMode": 0o444}},
+        *([_tls_volume(tls.secret_name)] if tls else []),
         {"name": "tmp", "emptyDir": {}},
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": pods.half(server.memory)}},
         *platform.checkpoint_volume(tg),
@@ -269,7 +311,7 @@ def _pod_spec(tg: TrainerGroup, *, python: str) -> dict[str, Any]:
         "env": env,
         "ports": [{"name": PORT_NAME, "containerPort": port(tg), "protocol": "TCP"}],
         "readinessProbe": {
-            "httpGet": {"path": "/healthz", "port": PORT_NAME},
+            "httpGet": _http_get(tg),
             "periodSeconds": 5,
             "timeoutSeconds": 5,  # healthz reads the group's record from Ray (slow under load)
             "failureThreshold": 3,
@@ -279,13 +321,13 @@ def _pod_spec(tg: TrainerGroup, *, python: str) -> dict[str, Any]:
         # CPU share, and a liveness probe running then restarts a server that only waits. It
         # waits in one exec rather than polling, so a normal start posts no Unhealthy event.
         "startupProbe": probes.startup_wait(
-            probes.http_200(port=port(tg), path="/healthz"),
+            _healthy(tg, python=python),
             limit_s=STARTUP_LIMIT_S,
             every_s=STARTUP_PERIOD_S,
         ),
         # Then: restart a server whose group was re-created (healthz 503 "stale", 2 min).
         "livenessProbe": {
-            "httpGet": {"path": "/healthz", "port": PORT_NAME},
+            "httpGet": _http_get(tg),
             "periodSeconds": 20,
             "timeoutSeconds": 10,
             "failureThreshold": 6,
@@ -313,6 +355,20 @@ def _pod_spec(tg: TrainerGroup, *, python: str) -> dict[str, Any]:
     if rc is not None and rc.priority_class_name:
         spec["priorityClassName"] = rc.priority_class_name
     return spec
+
+
+def _http_get(tg: TrainerGroup) -> dict[str, Any]:
+    """The kubelet's healthz probe (HTTPS with spec.api.tls: the kubelet skips verification)."""
+    out: dict[str, Any] = {"path": "/healthz", "port": PORT_NAME}
+    if tg.spec.api.tls is not None:
+        out["scheme"] = "HTTPS"
+    return out
+
+
+def _tls_volume(secret: str) -> dict[str, Any]:
+    # 0444, as the keys: the runtime image runs as uid 1000 and only this pod mounts it
+    items = [{"key": k, "path": k} for k in ("tls.crt", "tls.key")]
+    return {"name": "tls", "secret": {"secretName": secret, "defaultMode": 0o444, "items": items}}
 
 
 def build_deployment(tg: TrainerGroup, *, python: str) -> dict[str, Any]:

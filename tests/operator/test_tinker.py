@@ -157,6 +157,71 @@ def test_the_deployment_runs_the_server_entrypoint_from_the_runtime_image() -> N
     assert dep["metadata"]["annotations"][tinker.HASH_ANNOTATION]
 
 
+def test_tls_and_admin_principals_reach_the_pod_and_the_api_url() -> None:
+    """spec.api.tls: the Secret mounted read-only, the flags, HTTPS probes and an https://
+    apiURL; spec.api.adminPrincipals: --admin-principals. The server's own parser takes the
+    command line the operator builds."""
+    tg = _tg(adminPrincipals=["ops", "sre"], tls={"secretName": "demo-tls"})
+    args = tinker.server_args(tg, python=PY)
+    assert args[-6:] == [
+        "--admin-principals", "ops,sre",
+        "--tls-cert", "/etc/tinker/tls/tls.crt", "--tls-key", "/etc/tinker/tls/tls.key",
+    ]
+    dep = tinker.build_deployment(tg, python=PY)
+    ps = dep["spec"]["template"]["spec"]
+    (c,) = ps["containers"]
+    assert c["command"][4:] == args
+    volumes = {v["name"]: v for v in ps["volumes"]}
+    assert volumes["tls"]["secret"] == {
+        "secretName": "demo-tls",
+        "defaultMode": 0o444,
+        "items": [{"key": "tls.crt", "path": "tls.crt"}, {"key": "tls.key", "path": "tls.key"}],
+    }
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert mounts["tls"] == {"name": "tls", "mountPath": tinker.TLS_DIR, "readOnly": True}
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert c[probe]["httpGet"] == {"path": "/healthz", "port": "http", "scheme": "HTTPS"}
+    script = c["startupProbe"]["exec"]["command"][-1]
+    assert "https://127.0.0.1:8000/healthz" in script and script.count(f'"{PY}" -c') == 1
+    assert "/dev/tcp" not in script  # bash cannot speak TLS
+    assert tinker.base_url(tg) == "https://demo-tinker.team-a.svc:8000"
+    assert tinker.api_url(tg, _available(tg)) == "https://demo-tinker.team-a.svc:8000"
+    assert tinker.api_url(tg, None) == ""
+    # a pod of another spec: turning TLS on replaces the template (the hash differs)
+    plain = tinker.build_deployment(TG, python=PY)
+    ann = tinker.HASH_ANNOTATION
+    assert plain["metadata"]["annotations"][ann] != dep["metadata"]["annotations"][ann]
+    assert tinker.outdated(tg, plain, python=PY)
+    (pc,) = plain["spec"]["template"]["spec"]["containers"]
+    assert "tls" not in {m["name"] for m in pc["volumeMounts"]}
+    assert not {"--tls-cert", "--admin-principals"} & set(pc["command"])
+    assert "scheme" not in pc["readinessProbe"]["httpGet"]
+    # the server's flags take them (the light modules: the operator's tests load no Ray)
+    import argparse
+
+    from tgruntime.service import policy, tls
+
+    parser = argparse.ArgumentParser()
+    policy.add_flags(parser)
+    tls.add_flags(parser)
+    parsed, _ = parser.parse_known_args(args[3:])
+    assert (parsed.admin_principals, parsed.tls_cert, parsed.tls_key) == (
+        "ops,sre", "/etc/tinker/tls/tls.crt", "/etc/tinker/tls/tls.key",
+    )
+    assert policy.from_args(parsed).admins == {"ops", "sre"}
+
+
+def test_tls_and_admin_names_are_checked_naming_the_field() -> None:
+    from tgapi import SpecErrors
+
+    with pytest.raises(SpecErrors, match=r"spec\.api\.adminPrincipals\[0\]: '\.\./x'"):
+        _tg(adminPrincipals=["../x"])
+    with pytest.raises(SpecErrors, match=r"spec\.api\.tls\.secretName: is required"):
+        _tg(tls={})
+    with pytest.raises(SpecErrors, match=r"spec\.api\.tls\.secretName"):
+        _tg(tls={"secretName": "Not_A_Name"})
+
+
 def test_a_group_on_a_referenced_cluster_gets_a_server_without_a_claim() -> None:
     """rayClusterRef: the referenced cluster's volumes are not the operator's to know (the
     builder raised ValueError here, and the reconcile of such a group never got past it)."""

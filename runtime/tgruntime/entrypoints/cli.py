@@ -587,10 +587,16 @@ def serve_checkpoint_dir(args: argparse.Namespace, tg: Any) -> str:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from tgruntime.driver.trainer_client import TrainerClient
+    from tgruntime.service import policy, tls
     from tgruntime.service.__main__ import group_info, serve
     from tgruntime.service.auth import KeyStore
     from tgruntime.service.limits import from_args
 
+    try:
+        access, tls_files = policy.from_args(args), tls.from_args(args)
+    except ValueError as exc:
+        print(f"tgctl serve: {exc}", file=sys.stderr)
+        return 2
     tg = _load(args.file)
     address = _known_address(args)
     if address is None:
@@ -609,7 +615,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         tg.name, tg.spec, eos_token_ids=tuple(args.eos_token_id), checkpoint_dir=ckpt
     )
     keys = KeyStore(keys=[key], keys_file=args.keys_file)  # the generated key: principal default
-    running = serve(client, info, keys, host=args.host, port=args.port, limits=from_args(args))
+    running = serve(
+        client, info, keys, host=args.host, port=args.port, limits=from_args(args),
+        policy=access, tls=tls_files,
+    )
     out = {
         "baseUrl": running.url, "keyFile": where, "baseModel": info.base_model,
         "checkpointDir": ckpt,
@@ -700,6 +709,10 @@ def build_parser() -> argparse.ArgumentParser:
     from tgruntime.service.limits import add_flags
 
     add_flags(sv)  # quotas and limits (docs/tinker.md)
+    from tgruntime.service import policy, tls
+
+    policy.add_flags(sv)  # --admin-principals (docs/security.md)
+    tls.add_flags(sv)  # --tls-cert, --tls-key
     dn = add("down", "tear the group down")
     dn.add_argument(
         "--stop-ray", action="store_true", help="also stop the local Ray head tgctl started"

@@ -3,7 +3,9 @@
 Modules: ``app`` (aiohttp routes), ``auth`` (API keys, re-read on change), ``sessions``
 (sessions, models, seq_id ordering), ``futures`` (request ids, long-poll), ``codec`` (the
 SDK's own protobuf messages), ``datum`` (Datum -> TrainerClient tensors), ``paths``
-(``tinker://`` paths -> the checkpoint directory), ``sampling`` (the batching queue).
+(``tinker://`` paths -> the checkpoint directory), ``sampling`` (the batching queue),
+``policy`` (who may do what: owners, admins, readers), ``sharing`` (checkpoints reached through
+an admin's right or a read grant), ``tls`` (HTTPS), ``limits``, ``audit``.
 The group is driven only through :class:`tgruntime.TrainerClient`.
 """
 

@@ -14,9 +14,13 @@ from typing import Any, TypeVar
 
 import tgapi
 from tgruntime.driver.trainer_client import TrainerClient
+from tgruntime.service import policy as policy_flags
+from tgruntime.service import tls as tls_flags
 from tgruntime.service.auth import KeyStore, env_keys
 from tgruntime.service.backend import Backend, GroupInfo
 from tgruntime.service.limits import Limits, add_flags, from_args
+from tgruntime.service.policy import Policy
+from tgruntime.service.tls import TlsFiles
 
 T = TypeVar("T")
 
@@ -52,19 +56,33 @@ def group_info(
 
 
 def build_service(
-    client: TrainerClient, info: GroupInfo, keys: KeyStore, limits: Limits | None = None
+    client: TrainerClient,
+    info: GroupInfo,
+    keys: KeyStore,
+    limits: Limits | None = None,
+    policy: Policy | None = None,
 ) -> Any:
     from tgruntime.service.app import TinkerService
 
-    return TinkerService(Backend(client, info), keys, limits)
+    return TinkerService(Backend(client, info), keys, limits, policy=policy)
 
 
 class Running:
-    """A server on its own event loop in a thread (``tgctl serve`` in the foreground, tests)."""
+    """A server on its own event loop in a thread (``tgctl serve`` in the foreground, tests);
+    HTTPS when given ``tls`` (service.tls)."""
 
-    def __init__(self, service: Any, host: str, port: int) -> None:
+    def __init__(
+        self,
+        service: Any,
+        host: str,
+        port: int,
+        tls: TlsFiles | None = None,
+        *,
+        tls_reload_s: float = tls_flags.RELOAD_S,
+    ) -> None:
         self.service = service
         self.host, self.port = host, port
+        self.tls, self._tls_reload_s = tls, tls_reload_s
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._stop: asyncio.Event | None = None
@@ -73,7 +91,7 @@ class Running:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
 
     def _main(self) -> None:
         asyncio.set_event_loop(self._loop)
@@ -91,8 +109,11 @@ class Running:
         await self.service.prepare()
         runner = web.AppRunner(create_app(self.service), access_log=None)
         await runner.setup()
-        site = web.TCPSite(runner, self.host, self.port)
+        ctx = tls_flags.server_context(self.tls) if self.tls is not None else None
+        site = web.TCPSite(runner, self.host, self.port, ssl_context=ctx)
         await site.start()
+        if ctx is not None and self.tls is not None:
+            self.service._spawn(tls_flags.reload_loop(ctx, self.tls, self._tls_reload_s))
         server = getattr(site, "_server", None)
         sockets = getattr(server, "sockets", None) or []
         if sockets:
@@ -137,8 +158,11 @@ def serve(
     port: int = 8000,
     on_ready: Callable[[Running], None] | None = None,
     limits: Limits | None = None,
+    policy: Policy | None = None,
+    tls: TlsFiles | None = None,
 ) -> Running:
-    running = Running(build_service(client, info, keys, limits), host, port).start()
+    service = build_service(client, info, keys, limits, policy)
+    running = Running(service, host, port, tls).start()
     if on_ready is not None:
         on_ready(running)
     return running
@@ -163,6 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eos-token-id", type=int, action="append", default=[])
     p.add_argument("--log-level", default="WARNING")
     add_flags(p)
+    policy_flags.add_flags(p)
+    tls_flags.add_flags(p)
     return p
 
 
@@ -180,6 +206,11 @@ def main(argv: list[str] | None = None) -> int:
     handler.setFormatter(_JsonFormatter())
     logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
     keys = KeyStore(keys=env_keys(), keys_file=args.keys_file, keys_dir=args.keys_dir)
+    try:
+        policy, tls = policy_flags.from_args(args), tls_flags.from_args(args)
+    except ValueError as exc:
+        print(f"tgruntime.service: {exc}", file=sys.stderr)
+        return 2
     if keys.empty():
         print(
             "tgruntime.service: no API key configured (--keys-file, --keys-dir or "
@@ -221,7 +252,10 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint_dir=args.checkpoint_dir,
         eos_token_ids=tuple(args.eos_token_id),
     )
-    running = serve(client, info, keys, host=args.host, port=args.port, limits=from_args(args))
+    running = serve(
+        client, info, keys, host=args.host, port=args.port, limits=from_args(args),
+        policy=policy, tls=tls,
+    )
     print(
         json.dumps({"event": "serving", "url": running.url, "base_model": info.base_model}),
         flush=True,

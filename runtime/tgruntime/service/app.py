@@ -1,11 +1,6 @@
-"""The aiohttp application: the Tinker API (SDK 0.38.0) over one trainer group.
-
-Training work of a model runs in seq_id order: a request is admitted when its seq_id is the
-next one, its group call is submitted (TrainerClient calls run in submission order), and the
-next seq_id may go. Anything the server cannot do faithfully is refused at once: a bad
-request body answers 4xx; a well-formed request that is refused still takes its seq_id
-turn (so the client's next request is not stuck behind it) and its future fails with the
-reason."""
+"""The aiohttp application: the Tinker API (SDK 0.38.0) over one trainer group: the routes of
+each resource (service.routes) over one :class:`ServiceCore` (service.core says how training
+work is ordered), behind one middleware: keys, errors, limits and the audit line."""
 
 from __future__ import annotations
 
@@ -17,19 +12,22 @@ from aiohttp import web
 from tgruntime.service import audit
 from tgruntime.service.core import ServiceCore, _json_log, log
 from tgruntime.service.limits import LimitError
+from tgruntime.service.policy import track_admin_uses
 from tgruntime.service.routes.checkpoints import CheckpointRoutes
 from tgruntime.service.routes.futures import FutureRoutes
 from tgruntime.service.routes.info import InfoRoutes
 from tgruntime.service.routes.models import ModelRoutes
 from tgruntime.service.routes.sampling import SamplingRoutes
 from tgruntime.service.routes.sessions import SessionRoutes
+from tgruntime.service.routes.sharing import SharingRoutes
 from tgruntime.service.sessions import ServiceError
 
 __all__ = ["ServiceCore", "TinkerService", "create_app"]
 
 
 class TinkerService(
-    SessionRoutes, ModelRoutes, SamplingRoutes, FutureRoutes, CheckpointRoutes, InfoRoutes
+    SessionRoutes, ModelRoutes, SamplingRoutes, FutureRoutes, CheckpointRoutes, SharingRoutes,
+    InfoRoutes,
 ):
     """The whole API: the routes of each resource over one :class:`ServiceCore`."""
 
@@ -38,10 +36,10 @@ class TinkerService(
 async def _errors(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
-    started = time.monotonic()
+    started, admin_on = time.monotonic(), track_admin_uses()  # service.policy fills it
     response = await _answer(request, handler)
     try:
-        await audit.record(request, request.get("principal"), response, started)
+        await audit.record(request, request.get("principal"), response, started, admin_on)
     except Exception as exc:  # the audit line must never fail the request
         log.warning("audit record of %s failed: %s", request.path, exc)
     return response
@@ -128,6 +126,7 @@ def create_app(service: TinkerService) -> web.Application:
     app.router.add_put(f"{one}/ttl", s.set_checkpoint_ttl)
     app.router.add_post(f"{one}/publish", s.publish_checkpoint)
     app.router.add_delete(f"{one}/publish", s.publish_checkpoint)
+    s.add_sharing_routes(app)
     app.router.add_get("/healthz", s.healthz)
 
     async def on_startup(_: web.Application) -> None:

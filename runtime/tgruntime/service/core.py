@@ -24,10 +24,12 @@ from tgruntime.service.backend import Backend
 from tgruntime.service.futures import FutureStore, Outcome
 from tgruntime.service.limits import Limits, TokenRate
 from tgruntime.service.paths import Paths
+from tgruntime.service.policy import Act, Policy
 from tgruntime.service.runs import LoraRuns
 from tgruntime.service.sampler_weights import EphemeralWeights
 from tgruntime.service.sampling import SampleQueue
 from tgruntime.service.sessions import Model, Registry, SamplingSession, ServiceError, new_id
+from tgruntime.service.sharing import CheckpointAccess, Located
 from tgruntime.service.stops import Tokenizer
 
 log = logging.getLogger("tgruntime.service")
@@ -49,15 +51,24 @@ Submit = Callable[[], Awaitable[Outcome]]
 class ServiceCore:
     """Stores (registries, futures, paths) and the plumbing every route uses."""
 
-    def __init__(self, backend: Backend, keys: KeyStore, limits: Limits | None = None) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        keys: KeyStore,
+        limits: Limits | None = None,
+        *,
+        policy: Policy | None = None,
+    ) -> None:
         self.backend = backend
         self.info = backend.info
         self.keys = keys
         self.limits = limits if limits is not None else Limits()
         self.rate = TokenRate(self.limits.sampled_tokens_per_minute)
         self.futures = FutureStore()
-        self.registry = Registry()
+        self.policy = policy if policy is not None else Policy()
+        self.registry = Registry(policy=self.policy)
         self.paths = Paths(backend.info.checkpoint_dir)
+        self.access = CheckpointAccess(paths=self.paths, policy=self.policy)
         self.samples = SampleQueue(backend, multi_lora=backend.info.lora_rank is not None)
         self.ephemeral = EphemeralWeights()  # save_weights_and_get_sampling_client's copies
         self._tasks: set[asyncio.Task[None]] = set()
@@ -148,6 +159,11 @@ class ServiceCore:
         who = request.get("principal")
         assert isinstance(who, str), "a route that names an object needs a principal"
         return who
+
+    def _locate(self, uri: str, who: str, act: Act = Act.READ) -> Located:
+        """A checkpoint ``who`` may ``act`` on (its own, shared with it, or any as an admin);
+        else the 404 of a missing one (service.sharing)."""
+        return self.access.locate(str(uri), who, act)
 
     @staticmethod
     def _failure(exc: BaseException) -> Outcome:

@@ -333,5 +333,46 @@ class Paths:
         os.replace(tmp, dst)
         return dst
 
+    # -- owners and readers (issue 37: admins, sharing) -------------------------------------
+    def principals(self) -> list[str]:
+        """The principals with a folder (and ``default`` when saves from before principals
+        exist): whose runs an admin's listing walks."""
+        if self.root is None or not self.root.is_dir():
+            return []
+        top = self.root / PRINCIPALS
+        out = (
+            [p.name for p in sorted(top.iterdir()) if valid_principal(p.name) and p.is_dir()]
+            if top.is_dir() and _under(top, self.root)
+            else []
+        )
+        if DEFAULT not in out and self._run_dirs(DEFAULT):
+            out.append(DEFAULT)
+        return out
+
+    def owner_of(self, model_id: str) -> str | None:
+        """The principal whose folder holds run ``model_id`` (model ids are unique: 128
+        random bits of a session id, or ``copy-`` and 128 random bits), else None."""
+        check_model_id(model_id)
+        if self.root is None or model_id == PRINCIPALS or model_id.startswith("_"):
+            return None
+        for principal in self.principals():
+            top = self.folder(principal)
+            if (top / model_id).is_dir() and _under(top / model_id, top):
+                return principal
+        old = self.root / model_id  # saves from before principals: the default principal's
+        return DEFAULT if old.is_dir() and _under(old, self.root) else None
+
+    def readers(self, d: Path) -> frozenset[str]:
+        """The principals checkpoint ``d`` is shared with (its sidecar's ``readers``)."""
+        got = _read_json(meta_path(d)).get("readers")
+        if not isinstance(got, list):
+            return frozenset()
+        return frozenset(r for r in got if isinstance(r, str))
+
+    def set_readers(self, d: Path, readers: frozenset[str]) -> None:
+        doc = _read_json(meta_path(d))
+        doc["readers"] = sorted(readers)
+        _write_json(meta_path(d), doc)
+
     def runs(self, principal: str = DEFAULT) -> list[str]:
         return sorted({p.name for p in self._run_dirs(principal)})

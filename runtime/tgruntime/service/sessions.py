@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tgapi.errors import PicklableError
+from tgruntime.service.policy import POLICY, Act, Policy
 
 DEFAULT_OWNER = "default"
 
@@ -111,13 +112,13 @@ class SamplingSession:
 
 
 class Registry:
-    def __init__(self, *, session_ttl_s: float = 120.0, forget_s: float = 600.0) -> None:
-        from tgruntime.service.policy import POLICY
-
+    def __init__(
+        self, *, session_ttl_s: float = 120.0, forget_s: float = 600.0, policy: Policy | None = None
+    ) -> None:
         self.sessions: dict[str, Session] = {}
         self.models: dict[str, Model] = {}
         self.samplers: dict[str, SamplingSession] = {}
-        self.policy = POLICY
+        self.policy: Policy = POLICY if policy is None else policy
         self._ttl = session_ttl_s
         self._forget_s = forget_s
 
@@ -129,7 +130,10 @@ class Registry:
         self.sessions[sid] = s
         return s
 
-    def session(self, sid: str, principal: str = DEFAULT_OWNER) -> Session:
+    def session(
+        self, sid: str, principal: str = DEFAULT_OWNER, act: Act = Act.USE
+    ) -> Session:
+        """The session (kept alive by the lookup, unless an admin acts on another's)."""
         s = self.policy.get(
             principal,
             self.sessions.get(sid),
@@ -138,8 +142,10 @@ class Registry:
                 "create a new ServiceClient)",
                 status=404,
             ),
+            act,
         )
-        s.last_seen = time.monotonic()
+        if s.owner == principal:
+            s.last_seen = time.monotonic()
         return s
 
     def alive(self, s: Session) -> bool:
@@ -186,13 +192,7 @@ class Registry:
 
     def model(self, model_id: str, principal: str = DEFAULT_OWNER) -> Model:
         m = self.policy.get(
-            principal,
-            self.models.get(model_id),
-            lambda: ServiceError(
-                f"unknown model id {model_id!r}: create it with create_model (or "
-                "create_training_client_from_state) first; the server may have restarted",
-                status=404,
-            ),
+            principal, self.models.get(model_id), lambda: self._no_model(model_id)
         )
         if m.retired is not None:
             raise ServiceError(
@@ -200,6 +200,14 @@ class Registry:
             )
         self.session(m.session_id, principal)
         return m
+
+    @staticmethod
+    def _no_model(model_id: str) -> ServiceError:
+        return ServiceError(
+            f"unknown model id {model_id!r}: create it with create_model (or "
+            "create_training_client_from_state) first; the server may have restarted",
+            status=404,
+        )
 
     def owned_model(self, model_id: str, principal: str) -> Model | None:
         """A model of ``principal`` (retired or not) for reading, else None."""
@@ -217,8 +225,17 @@ class Registry:
             ),
         )
 
+    def readable_model(self, model_id: str, principal: str) -> Model:
+        """A model for reading (``get_info``): its owner's as :meth:`model` gives it, and
+        another's to an admin (its session untouched); else the 404 of a missing one."""
+        m = self.models.get(model_id)
+        if m is None or m.owner == principal:
+            return self.model(model_id, principal)
+        return self.policy.get(principal, m, lambda: self._no_model(model_id), Act.READ)
+
     def finish(self, sid: str, principal: str = DEFAULT_OWNER) -> None:
-        s = self.session(sid, principal)
+        """Its owner, or an admin, ends the session."""
+        s = self.session(sid, principal, Act.FINISH)
         s.finished = True
         for m in self.models.values():
             if m.session_id == sid and m.retired is None:

@@ -15,6 +15,7 @@ from aiohttp import web
 
 from tgruntime.service.core import BASE, RUN_SETTINGS, ServiceCore, _json_log, log
 from tgruntime.service.paths import check_ttl, parse_uri
+from tgruntime.service.policy import Act
 from tgruntime.service.sessions import ServiceError
 
 SWEEP_TICK_S = 60.0  # how often expired checkpoints are looked for
@@ -23,20 +24,30 @@ COPY_KEYS_KEPT = 1024  # X-Idempotency-Key answers of copy_weights remembered
 
 
 class CheckpointRoutes(ServiceCore):
-    def _run_ids(self, who: str) -> set[str]:
-        """The runs ``who`` may see: on disk in its folder, or in the registry as its own."""
-        mine = self.registry.policy.visible(who, self.registry.models.values())
-        return set(self.paths.runs(who)) - {BASE} | {m.model_id for m in mine}
+    def _runs(self, who: str) -> dict[str, str]:
+        """The runs ``who`` may see, with their owners: its own, on disk in its folder or in
+        the registry; an admin's hold every principal's (service.policy)."""
+        out: dict[str, str] = {}
+        owners = [who]
+        if self.policy.is_admin(who):
+            owners += [p for p in self.paths.principals() if p != who]
+        for owner in owners:
+            runs = [r for r in self.paths.runs(owner) if r != BASE]
+            if runs and self.policy.may(who, owner, Act.READ):
+                out |= {r: owner for r in runs if r not in out}
+        for m in self.policy.visible(who, self.registry.models.values(), Act.READ):
+            out.setdefault(m.model_id, m.owner)
+        return out
 
-    def _run_json(self, run_id: str, who: str) -> dict[str, Any]:
-        cps = self.paths.listing(who, run_id)
-        m = self.registry.owned_model(run_id, who)
+    def _run_json(self, run_id: str, owner: str) -> dict[str, Any]:
+        cps = self.paths.listing(owner, run_id)
+        m = self.registry.owned_model(run_id, owner)
         last = {t: [c for c in cps if c["checkpoint_type"] == t] for t in ("training", "sampler")}
         stamp = max([c["time"] for c in cps], default=None)
         return {
             "training_run_id": run_id,
             "base_model": self.info.base_model,
-            "model_owner": "trainergroup",
+            "model_owner": owner,
             "is_lora": self.lora is not None,
             "lora_rank": m.lora_rank if m is not None and self.lora is not None else None,
             "corrupted": False,
@@ -46,7 +57,7 @@ class CheckpointRoutes(ServiceCore):
             "last_sampler_checkpoint": last["sampler"][-1] if last["sampler"] else None,
             "user_metadata": m.user_metadata
             if m is not None
-            else self.paths.run_metadata(who, run_id),
+            else self.paths.run_metadata(owner, run_id),
         }
 
     @staticmethod
@@ -64,10 +75,10 @@ class CheckpointRoutes(ServiceCore):
         return got["offset"], got["limit"]
 
     async def training_runs(self, request: web.Request) -> web.Response:
-        who = self._who(request)
-        ids = sorted(self._run_ids(who))
+        runs_of = self._runs(self._who(request))
+        ids = sorted(runs_of)
         offset, limit = self._page(request, len(ids))
-        runs = [self._run_json(i, who) for i in ids[offset : offset + limit]]
+        runs = [self._run_json(i, runs_of[i]) for i in ids[offset : offset + limit]]
         return web.json_response(
             {
                 "training_runs": runs,
@@ -76,11 +87,12 @@ class CheckpointRoutes(ServiceCore):
         )
 
     def _own_run(self, request: web.Request) -> tuple[str, str]:
-        """(run id, principal) of a run the caller may see; else the 404 of a missing one."""
+        """(run id, owner) of a run the caller may see; else the 404 of a missing one."""
         who, run_id = self._who(request), request.match_info["run_id"]
-        if run_id not in self._run_ids(who):
+        owner = self._runs(who).get(run_id)
+        if owner is None:
             raise ServiceError(f"unknown training run {run_id!r}", status=404)
-        return run_id, who
+        return run_id, owner
 
     async def training_run(self, request: web.Request) -> web.Response:
         run_id, who = self._own_run(request)
@@ -92,8 +104,16 @@ class CheckpointRoutes(ServiceCore):
 
     async def checkpoints(self, request: web.Request) -> web.Response:
         """The caller's checkpoints of every run, newest first (as the SDK documents
-        ``list_user_checkpoints``), a page of them when ``limit``/``offset`` are given."""
-        cps = [c for c in self.paths.listing(self._who(request)) if c["training_run_id"] != BASE]
+        ``list_user_checkpoints``), a page of them when ``limit``/``offset`` are given; an
+        admin's hold every principal's."""
+        who = self._who(request)
+        owners = set(self._runs(who).values()) if self.policy.is_admin(who) else {who}
+        cps = [
+            c
+            for owner in sorted(owners)
+            for c in self.paths.listing(owner)
+            if c["training_run_id"] != BASE
+        ]
         cps.sort(key=lambda c: str(c["time"]), reverse=True)
         offset, limit = self._page(request, len(cps))
         return web.json_response(
@@ -104,15 +124,15 @@ class CheckpointRoutes(ServiceCore):
         )
 
     # -- lifecycle (issue 38) -----------------------------------------------------------
-    def _checkpoint(self, request: web.Request) -> tuple[str, Any]:
-        """(tinker path, directory) of the caller's checkpoint named by the route; another
-        principal's answers the 404 of a missing one."""
+    def _checkpoint(self, request: web.Request, act: Act = Act.DELETE) -> tuple[str, Any]:
+        """(tinker path, directory) of the checkpoint named by the route, when the caller may
+        ``act`` on it (its own; any, for an admin); else the 404 of a missing one."""
         run_id, kind = request.match_info["run_id"], request.match_info["kind"]
         uri = f"tinker://{run_id}/{kind}/{request.match_info['name']}"
         if kind == "external_weights":
             raise ServiceError(f"no checkpoint at {uri}", status=404)  # never made here
-        _, _, _, d = self.paths.parse(uri, self._who(request))
-        return uri, d
+        at = self._locate(uri, self._who(request), act)
+        return uri, at.dir
 
     async def delete_checkpoint(self, request: web.Request) -> web.Response:
         """``DELETE training_runs/{run}/checkpoints/{kind}/{name}`` (the SDK's
@@ -135,8 +155,9 @@ class CheckpointRoutes(ServiceCore):
         self._checkpoint(request)
         raise ServiceError(
             "publishing a checkpoint is not supported by this server: checkpoints are their "
-            "principal's alone (docs/tinker.md, 'Principals'); copy the files out of "
-            "{checkpointDir}/tinker/principals/<principal>/ to share them"
+            "principal's alone; share one with a principal by name instead: PUT "
+            ".../checkpoints/{kind}/{name}/readers/<principal> (docs/security.md, 'Sharing a "
+            "checkpoint')"
         )
 
     async def weights_info(self, request: web.Request) -> web.Response:
@@ -144,12 +165,13 @@ class CheckpointRoutes(ServiceCore):
         (the SDK's ``get_weights_info_by_tinker_path``)."""
         who = self._who(request)
         uri = str((await self._body(request)).get("tinker_path"))
-        model_id, kind, _, d = self.paths.parse(uri, who)
+        at = self._locate(uri, who)
+        kind, d = at.kind, at.dir
         meta = self.paths.meta(d)
         lora = meta.get("lora")
         if kind == "weights" and (d / RUN_SETTINGS).is_file():
             lora = json.loads((d / RUN_SETTINGS).read_text())
-        m = self.registry.owned_model(model_id, who)
+        m = self.registry.owned_model(at.model_id, at.owner)
         if lora is None and m is not None and self.lora is not None:
             lora = m.lora_settings
         if not isinstance(lora, dict):
@@ -182,13 +204,13 @@ class CheckpointRoutes(ServiceCore):
         ):
             raise ServiceError(
                 "copy_weights with a weights_access_token (another account's weights) is not "
-                "supported: this server shares no checkpoint between principals; copy your "
-                "own checkpoints only"
+                "supported: its owner shares the checkpoint with you by name (PUT "
+                ".../readers/<principal>, docs/security.md), then copy it with your own key"
             )
         src = str(body.get("source_path"))
         ttl = check_ttl(body.get("ttl_seconds"))
         _, kind, name = parse_uri(src)
-        _, _, _, d = self.paths.parse(src, who)
+        d = self._locate(src, who).dir
         run_id = f"copy-{secrets.token_hex(16)}"
         dst = await asyncio.to_thread(self.paths.copy, d, who, run_id, kind, name)
         meta = self.paths.meta(d)

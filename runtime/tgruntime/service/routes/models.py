@@ -257,7 +257,7 @@ class ModelRoutes(ServiceCore):
 
     async def get_info(self, request: web.Request) -> web.Response:
         body = await self._body(request)
-        m = self.registry.model(str(body.get("model_id")), self._who(request))
+        m = self.registry.readable_model(str(body.get("model_id")), self._who(request))
         return web.json_response(
             {
                 "type": "get_info",
@@ -444,8 +444,9 @@ class ModelRoutes(ServiceCore):
             self._admit(who, m, body.get("seq_id"))
         else:
             self._admit(who)
-        _, kind, _, d = self.paths.parse(uri, who)
-        if kind != "weights":
+        at = self._locate(uri, who)
+        d = at.dir
+        if at.kind != "weights":
             raise ServiceError(
                 f"{uri} holds sampler weights (for sampling); load a tinker://.../weights/... "
                 "path saved by save_state"

@@ -24,13 +24,13 @@ class SamplingRoutes(ServiceCore):
         self, model_path: str | None, base_model: str | None, who: str
     ) -> str | None:
         if model_path:
-            _, kind, _, d = self.paths.parse(str(model_path), who)
-            if kind != "sampler_weights":
+            at = self._locate(str(model_path), who)
+            if at.kind != "sampler_weights":
                 raise ServiceError(
                     f"{model_path} is a training state; sample from a "
                     "tinker://.../sampler_weights/... path (save_weights_for_sampler)"
                 )
-            return str(d)
+            return str(at.dir)
         self._base(base_model)
         return self.base_sampler
 
@@ -98,7 +98,10 @@ class SamplingRoutes(ServiceCore):
         body = await self._body(request)
         who = self._who(request)
         if body.get("sampling_session_id"):
-            weights = self.registry.sampler(str(body["sampling_session_id"]), who).weights
+            ss = self.registry.sampler(str(body["sampling_session_id"]), who)
+            if ss.model_path:  # its checkpoint deleted, or its grant revoked, since: 404
+                self._locate(ss.model_path, who)
+            weights = ss.weights
         else:
             weights = self._weights_for(body.get("model_path"), body.get("base_model"), who)
         for key in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):

@@ -62,6 +62,10 @@ def main() -> int:
     ap.add_argument("--time-limit", type=float, default=0,
                     help="stop iterating after this many seconds (0: none), then the big call")
     ap.add_argument("--print-every", type=int, default=5)
+    ap.add_argument("--compare-client", action="store_true",
+                    help="each iteration, sample the same rows once more through the group's "
+                         "own TrainerClient.sample (one call, every prompt): the SDK's "
+                         "sampling tokens/s against the engine's, in the same run")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
@@ -130,6 +134,17 @@ def main() -> int:
                                     (w * float(g.normal())).astype(np.float32)),
                             },
                         ))
+                direct: dict[str, Any] = {}
+                if args.compare_client:
+                    c0 = time.perf_counter()
+                    got = client.sample(prompts, max_tokens=args.max_tokens, temperature=1.0,
+                                        num_samples=args.group, stop=[]).result(timeout=1200)
+                    c_s = time.perf_counter() - c0
+                    c_tok = sum(len(q["tokens"]) for r in got for q in r["sequences"])
+                    direct = {"client_sample_s": round(c_s, 3),
+                              "client_tok_s": round(c_tok / max(c_s, 1e-9)),
+                              "sdk_over_client": round((sampled / max(t2 - t1, 1e-9))
+                                                       / max(c_tok / max(c_s, 1e-9), 1e-9), 3)}
                 fb = tc.forward_backward(data, "importance_sampling").result(timeout=1200)
                 t3 = time.perf_counter()
                 tc.optim_step(adam).result(timeout=1200)
@@ -148,13 +163,16 @@ def main() -> int:
                     "fb_tokens": sum(len(d.model_input.to_ints()) for d in data),
                     "step_s": round(t4 - t3, 3),
                     "loss": fb.metrics.get("loss:sum"),
+                    **direct,
                 }
                 rows.append(row)
                 if (it + 1) % args.print_every == 0 or it + 1 == args.iters or it == 0:
                     print(f"{row['iter']:>4} {row['gpu_used_gib']!s:>8} {row['copies']:>6} "
                           f"{row['copy_gib']:>8} {row['save_s']:>7} {row['sample_s']:>8} "
                           f"{row['sample_tok_s']:>8} {row['fb_s']:>6} {row['fb_tokens']:>9} "
-                          f"{row['step_s']:>6}", flush=True)
+                          f"{row['step_s']:>6}"
+                          + (f" sdk/client {row['sdk_over_client']}" if direct else ""),
+                          flush=True)
             # the 256 x ~400-token case, at --big-len tokens per row
             length = min(args.big_len, limit)
             big = [
@@ -192,6 +210,16 @@ def main() -> int:
             "loop_s": round(sum(r["save_s"] + r["sample_s"] + r["fb_s"] + r["step_s"]
                                 for r in rows), 1),
             "max_copies": max(r["copies"] for r in rows),
+            "median_s": {k: float(np.median([r[k] for r in rows[1:] or rows]))
+                         for k in ("save_s", "sample_s", "fb_s", "step_s")},
+            "first_over_median_iteration": round(
+                (rows[0]["save_s"] + rows[0]["sample_s"] + rows[0]["fb_s"] + rows[0]["step_s"])
+                / max(float(np.median([r["save_s"] + r["sample_s"] + r["fb_s"] + r["step_s"]
+                                       for r in rows[1:] or rows])), 1e-9), 2),
+            "median_sample_tok_s": float(np.median([r["sample_tok_s"] for r in rows[1:] or rows])),
+            "median_sdk_over_client": (
+                float(np.median([r["sdk_over_client"] for r in rows[1:] or rows]))
+                if args.compare_client else None),
             "big_forward_backward": {"rows": args.big_rows, "tokens_per_row": length,
                                      "tokens": args.big_rows * length, "seconds": round(big_s, 2),
                                      "tokens_per_s": round(args.big_rows * length / big_s),

@@ -40,7 +40,7 @@ _IMPORT_PATH = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$"
 _DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 _DNS_SUBDOMAIN_OR_EMPTY = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?)?$"
 _ABSOLUTE_DIR = r"^(/[^/]+)+$"
-_HF_MODEL_ID = r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$"
+HF_MODEL_ID = r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$"
 """An absolute directory, no trailing slash and no empty step: ``/checkpoints``."""
 
 USE_GPU_AUTO = "auto"
@@ -659,7 +659,7 @@ class ModelSpec:
         "own name and the pretrained directory stay aliases. Absent: the pretrained directory, "
         "else the TrainerGroup's name.",
         default=None,
-        pattern=_HF_MODEL_ID,
+        pattern=HF_MODEL_ID,
         max_length=200,
     )
     seed: int = spec_field(

@@ -74,11 +74,11 @@ def test_math_rl_unmodified_through_tgctl_serve(ray_cluster: RayCluster, tmp_pat
     shape = {"vocabSize": 128, "hiddenSize": 64, "numLayers": 2, "numAttentionHeads": 4,
              "ffnHiddenSize": 128, "maxSequenceLength": 128, "positionEmbedding": "rope"}
     pretrained = tiny_llama(tmp_path / "tiny-llama", shape)
-    path, _ = write_spec(
-        tmp_path, **{"model.pretrained": str(pretrained), "model.positionEmbedding": "rope",
-                     "model.maxSequenceLength": 128,
-                     "training.checkpointDir": str(tmp_path / "ckpt")},
-    )
+    overrides: dict[str, Any] = {
+        "model.pretrained": str(pretrained), "model.positionEmbedding": "rope",
+        "model.maxSequenceLength": 128, "training.checkpointDir": str(tmp_path / "ckpt"),
+    }
+    path, _ = write_spec(tmp_path, **overrides)
     env = ray_cluster.env({"XDG_CACHE_HOME": str(tmp_path / "cache")})
     cli = [sys.executable, "-m", "tgruntime.entrypoints.cli"]
     addr = ["--address", ray_cluster.gcs_address]

@@ -95,6 +95,7 @@ def test_math_rl_unmodified_through_tgctl_serve(ray_cluster: RayCluster, tmp_pat
         assert line, serve.stderr.read()[-4000:] if serve.stderr else "tgctl serve exited"
         out = json.loads(line)
         assert out["baseModel"] == str(pretrained)
+        assert 1 in out["eosTokenIds"]  # <eos>, read from the tokenizer (stop=None)
         key = Path(out["keyFile"]).read_text().strip()
         log = tmp_path / "run"
         cb_env = {**os.environ, "TINKER_API_KEY": key, "TINKER_TELEMETRY": "0",

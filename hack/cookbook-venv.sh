@@ -13,7 +13,7 @@ uv="${UV:-uv}"
   tinker-cookbook==0.5.8 tml-renderers==0.2.1 transformers==5.5.4 tokenizers==0.22.2 \
   blobfile==3.3.0 chz==0.4.0 datasets==5.2.0 dill==0.4.1 huggingface-hub==1.33.0 lxml==6.1.3 \
   multiprocess==0.70.19 pandas==3.1.1 pyarrow==26.0.1 pycryptodomex==3.24.2 pyrage==1.4.0 \
-  termcolor==3.3.0 tiktoken==0.14.0 xxhash==4.1.0
+  termcolor==3.3.0 tiktoken==0.14.0 xxhash==4.1.0 pylatexenc==2.10  # pylatexenc: math_rl (sympy comes from .venv)
 site="$("$dir/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 base="$("$base_venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 echo "$base" > "$site/_tg_base_venv.pth"

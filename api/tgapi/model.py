@@ -40,6 +40,7 @@ _IMPORT_PATH = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$"
 _DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 _DNS_SUBDOMAIN_OR_EMPTY = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?)?$"
 _ABSOLUTE_DIR = r"^(/[^/]+)+$"
+HF_MODEL_ID = r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$"
 """An absolute directory, no trailing slash and no empty step: ``/checkpoints``."""
 
 USE_GPU_AUTO = "auto"
@@ -649,6 +650,18 @@ class ModelSpec:
         pattern=_ABSOLUTE_DIR,
         max_length=1024,
     )
+    name: str | None = spec_field(
+        name="name",
+        description="The base model's Hugging Face id in org/model form (e.g. Qwen/Qwen3-0.6B, "
+        "meta-llama/Llama-3.2-1B): the Tinker API serves the group under this name "
+        "(create_lora_training_client(base_model=...), get_info, get_server_capabilities), "
+        "and clients choose the tokenizer and the cookbook's renderer from it. The group's "
+        "own name and the pretrained directory stay aliases. Absent: the pretrained directory, "
+        "else the TrainerGroup's name.",
+        default=None,
+        pattern=HF_MODEL_ID,
+        max_length=200,
+    )
     seed: int = spec_field(
         name="seed",
         description="Initialisation seed (numpy takes seeds below 2**32; each pipeline stage "
@@ -730,6 +743,18 @@ class TrainingSpec:
         default=0,
         minimum=0,
         maximum=MAX_SIZE,
+    )
+    keep_checkpoints: int = spec_field(
+        name="keepCheckpoints",
+        description="Keep only the newest N complete step_* checkpoints under checkpointDir "
+        "(those saved without an explicit path, e.g. tgctl train --save-checkpoint default or "
+        "TrainerClient.save_checkpoint()): after each such save rank 0 removes the older ones "
+        "and interrupted saves. 0 keeps all (the TG_KEEP_CHECKPOINTS environment variable "
+        "then applies, if set). Other directories there (the Tinker API's tinker/) are never "
+        "touched.",
+        default=0,
+        minimum=0,
+        maximum=1_000_000,
     )
     stall_seconds: int = spec_field(
         name="stallSeconds",

@@ -80,6 +80,7 @@ def test_the_group_hash_of_a_spec_before_stall_seconds_existed_is_unchanged() ->
     wire = to_wire(spec.training)
     wire.pop("stallSeconds")
     wire.pop("microBatchTokens")
+    wire.pop("keepCheckpoints")  # added later too (issue 38)
     before = _digest(
         {
             # placementStrategy's default was PACK before auto existed
@@ -143,3 +144,14 @@ def test_the_default_memory_is_hashed_as_the_old_default() -> None:
     old = body()
     old["spec"]["rayCluster"]["workers"]["memory"] = "32Gi"
     assert cluster_hash(parse_resource(unset).spec) == cluster_hash(parse_resource(old).spec)
+
+
+def test_keep_checkpoints_is_hashed_only_when_set() -> None:
+    """``training.keepCheckpoints`` (issue 38): the default keeps the hash of a group made
+    before it existed; a set value re-creates the workers (their engine prunes by it)."""
+    plain = parse_resource(body()).spec
+    b_ = body()
+    b_["spec"].setdefault("training", {})["keepCheckpoints"] = 0
+    assert group_hash(parse_resource(b_).spec) == group_hash(plain)
+    b_["spec"]["training"]["keepCheckpoints"] = 3
+    assert group_hash(parse_resource(b_).spec) != group_hash(plain)

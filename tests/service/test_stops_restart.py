@@ -5,6 +5,7 @@ an old future fails with a retryable error)."""
 from __future__ import annotations
 
 import json
+import urllib.error
 import urllib.request
 from typing import Any
 
@@ -132,8 +133,11 @@ def test_restart_reattaches_weights_readable_old_future_fails(served: dict[str, 
     second = start()
     try:
         with tinker.ServiceClient(base_url=second.url, api_key=served["key"]) as sc2:
-            # the old future: a retryable (server) error at once, not a hang
-            out = _post(second.url, served["key"], "retrieve_future", {"request_id": rid})
+            # the old future: 410 (gone, retryable) at once, not a hang
+            with pytest.raises(urllib.error.HTTPError) as gone:
+                _post(second.url, served["key"], "retrieve_future", {"request_id": rid})
+            out = json.loads(gone.value.read())
+            assert gone.value.code == 410, out
             assert out.get("category") == "server" and "restarted" in out["error"], out
             # the saved sampler weights, through the new server
             got = sc2.create_sampling_client(model_path=spath).result(timeout=WAIT).sample(

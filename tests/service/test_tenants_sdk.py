@@ -169,7 +169,7 @@ def test_b_can_touch_nothing_of_a(tenants: dict[str, Any]) -> None:
                              key=KEY_B)
         code2, missing = _post(tenants, "retrieve_future",
                                json.dumps({"request_id": fake_rid}).encode(), key=KEY_B)
-        assert code == code2 == 200 and theirs["category"] == missing["category"] == "user"
+        assert code == code2 == 410 and theirs["category"] == missing["category"] == "server"
         assert theirs["error"].replace(rid, "ID") == missing["error"].replace(fake_rid, "ID")
         # listings
         run_a = model_a

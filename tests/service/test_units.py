@@ -57,8 +57,17 @@ def test_futures_long_poll_and_restart() -> None:
         store.resolve(rid, Outcome(body={"ok": 1}))
         out = await store.wait(rid, 0.01)
         assert out is not None and out.body == {"ok": 1}
-        old = await store.wait("deadbeef0000-7", 0.01)  # from before a restart
-        assert old is not None and old.category == "server" and "restarted" in (old.error or "")
+        old = f"deadbeef0000-{'7' * 32}"  # well-formed, from before a restart: 410 (gone)
+        with pytest.raises(ServiceError, match="restarted") as gone:
+            await store.wait(old, 0.01)
+        assert gone.value.status == 410 and gone.value.category == "server"
+        with pytest.raises(ServiceError, match="no longer held") as expired:
+            await store.wait(f"{store.boot}-{'0' * 32}", 0.01)  # this boot's, not held
+        assert expired.value.status == 410
+        for odd in ("deadbeef0000-7", "x", "", "../etc"):  # other shapes: 404
+            with pytest.raises(ServiceError, match="unknown request id") as nf:
+                await store.wait(odd, 0.01)
+            assert nf.value.status == 404
 
     asyncio.run(run())
 

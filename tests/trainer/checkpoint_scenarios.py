@@ -135,3 +135,37 @@ def __getattr__(name: str) -> Any:
     PerNodeDiskTrainer.__module__ = __name__
     globals()[name] = PerNodeDiskTrainer
     return PerNodeDiskTrainer
+
+
+def save_with_spec_keep(*, root: str, steps: int, keep: int) -> dict[str, Any]:
+    """One rank, ``spec.training.keepCheckpoints = keep`` (TG_KEEP_CHECKPOINTS unset): a save
+    into checkpointDir after every step; the step_* names and the bytes under ``root`` after
+    each save."""
+    _quiet()
+    import dataclasses
+
+    from tgruntime.trainer import TrainEngine
+    from tgruntime.trainer.distributed import init_process_group
+    from tgruntime.trainer.settings import resolve_settings
+
+    os.environ.pop("TG_KEEP_CHECKPOINTS", None)
+    base = tiny_spec(tp=1, world=1, checkpoint_dir=root)
+    spec = dataclasses.replace(
+        base, training=dataclasses.replace(base.training, keep_checkpoints=keep)
+    )
+    init_process_group(resolve_settings(spec))
+    try:
+        engine = TrainEngine.create(spec=spec)
+        left: list[list[str]] = []
+        sizes: list[int] = []
+        try:
+            for _ in range(steps):
+                engine.train_step(fixed_batch())
+                engine.save_checkpoint()
+                left.append(sorted(p.name for p in Path(root).iterdir()))
+                sizes.append(sum(f.stat().st_size for f in Path(root).rglob("*") if f.is_file()))
+        finally:
+            engine.shutdown()
+        return {"left": left, "sizes": sizes}
+    finally:
+        dist.destroy_process_group()

@@ -228,3 +228,28 @@ def test_every_rank_resumes_from_rank_0s_choice_or_the_group_fails(
         assert b["node"] == socket.gethostname() and b["node"] in b["message"]
         assert missing in b["message"]
     assert not any(p.exists() for p in strays)
+
+
+def test_spec_keep_checkpoints_parses_and_reaches_the_pruner() -> None:
+    import tgapi
+
+    spec = tgapi.parse_spec({"training": {"keepCheckpoints": 2}}, local=True)
+    assert spec.training.keep_checkpoints == 2 and ckpt.keep_checkpoints(spec) == 2
+    with pytest.raises(tgapi.SpecErrors, match=r"spec\.training\.keepCheckpoints"):
+        tgapi.parse_spec({"training": {"keepCheckpoints": -1}}, local=True)
+
+
+@pytest.mark.megatron
+def test_spec_keep_checkpoints_bounds_the_disk(tmp_path: Path) -> None:
+    """spec.training.keepCheckpoints 2 (no environment variable), a save after each of 4 steps
+    by one gloo rank: the directory holds the newest two, and its bytes stop growing after the
+    second save (measured after each save)."""
+    root = tmp_path / "ck"
+    (r,) = launch(
+        checkpoint_scenarios.save_with_spec_keep, world_size=1,
+        kwargs={"root": str(root), "steps": 4, "keep": 2}, timeout_s=300,
+    )
+    names = [step_dirname(s) for s in (1, 2, 3, 4)]
+    assert r["left"] == [names[:1], names[:2], names[1:3], names[2:4]]
+    one, two, three, four = r["sizes"]
+    assert two > 1.9 * one and abs(three - two) < 0.05 * two and abs(four - two) < 0.05 * two

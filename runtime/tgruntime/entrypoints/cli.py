@@ -621,7 +621,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     out = {
         "baseUrl": running.url, "keyFile": where, "baseModel": info.base_model,
-        "checkpointDir": ckpt,
+        "checkpointDir": ckpt, "eosTokenIds": list(info.eos_token_ids),
     }
     if args.json:
         _emit_json(out)
@@ -630,6 +630,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"key: {where}  (TINKER_API_KEY)")
         print(f"base model: {info.base_model}")
         print(f"checkpoints: {ckpt}")
+        print(f"EOS ids (stop=None): {list(info.eos_token_ids) or 'none'}")
+        if info.tokenizer_name and info.tokenizer_name != info.tokenizer_id:
+            print(f"tokenizer: HF_ENDPOINT={running.url}/hf HF_TOKEN=<key>  (offline)")
     sys.stdout.flush()
     try:
         running.wait()
@@ -693,7 +696,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--host", default="127.0.0.1", help="listen address (default loopback only)"
     )
     sv.add_argument(
-        "--eos-token-id", type=int, action="append", default=[], help="EOS for stop=None"
+        "--eos-token-id", type=int, action="append", default=[],
+        help="EOS for stop=None (default: read from the tokenizer: its eos_token_id and "
+        "generation_config.json's)",
     )
     sv.add_argument(
         "--keys-file",

@@ -10,6 +10,7 @@ import logging
 import sys
 import threading
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any, TypeVar
 
 import tgapi
@@ -20,6 +21,7 @@ from tgruntime.service.auth import KeyStore, env_keys
 from tgruntime.service.backend import Backend, GroupInfo
 from tgruntime.service.limits import Limits, add_flags, from_args
 from tgruntime.service.policy import Policy
+from tgruntime.service.stops import eos_from_dir
 from tgruntime.service.tls import TlsFiles
 
 T = TypeVar("T")
@@ -36,18 +38,26 @@ def group_info(
     checkpoint_dir: str | None = None,
     eos_token_ids: tuple[int, ...] = (),
 ) -> GroupInfo:
-    """The base model is ``spec.model.pretrained`` (its directory, also the tokenizer) when set,
-    else the TrainerGroup's name; ``--base-model`` overrides it."""
+    """The served base model id: ``--base-model``, else ``spec.model.name`` (a Hugging Face
+    id), else ``spec.model.pretrained`` (its directory, also the tokenizer), else the
+    TrainerGroup's name; the others that are set stay aliases. The EOS ids for ``stop=None``:
+    ``eos_token_ids`` when given, else read from the tokenizer directory
+    (:func:`tgruntime.service.stops.eos_token_ids`)."""
     pretrained = spec.model.pretrained
-    name = base_model or pretrained or tg_name
+    name = base_model or spec.model.name or pretrained or tg_name
+    tok_dir = tokenizer or pretrained
+    if not eos_token_ids and tok_dir and Path(tok_dir).is_dir():
+        eos_token_ids = eos_from_dir(tok_dir)
     return GroupInfo(
         base_model=name,
         vocab_size=spec.model.vocab_size,
         max_sequence_length=spec.model.max_sequence_length,
         checkpoint_dir=spec.training.checkpoint_dir if checkpoint_dir is None else checkpoint_dir,
-        tokenizer_id=tokenizer or pretrained,
+        tokenizer_id=tok_dir,
         eos_token_ids=eos_token_ids,
-        aliases=tuple(a for a in (tg_name, pretrained) if a and a != name),
+        aliases=tuple(
+            dict.fromkeys(a for a in (spec.model.name, tg_name, pretrained) if a and a != name)
+        ),
         lora_rank=spec.lora.rank if spec.lora is not None else None,
         lora_alpha=spec.lora.alpha if spec.lora is not None else None,
         max_runs=spec.api.max_runs,

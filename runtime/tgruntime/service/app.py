@@ -13,6 +13,7 @@ from tgruntime.service import audit
 from tgruntime.service.core import ServiceCore, _json_log, log
 from tgruntime.service.limits import LimitError
 from tgruntime.service.policy import track_admin_uses
+from tgruntime.service.routes import hub
 from tgruntime.service.routes.checkpoints import CheckpointRoutes
 from tgruntime.service.routes.futures import FutureRoutes
 from tgruntime.service.routes.info import InfoRoutes
@@ -128,6 +129,7 @@ def create_app(service: TinkerService) -> web.Application:
     app.router.add_delete(f"{one}/publish", s.publish_checkpoint)
     s.add_sharing_routes(app)
     app.router.add_get("/healthz", s.healthz)
+    hub.add_routes(app, s)  # the tokenizer for HF_ENDPOINT=<base>/hf (routes/hub.py)
 
     async def on_startup(_: web.Application) -> None:
         s.samples.start()

@@ -6,9 +6,11 @@ routes admit them) and awaited in a thread with a timeout."""
 from __future__ import annotations
 
 import asyncio
+import re
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from tgapi.model import HF_MODEL_ID
 from tgruntime.driver.trainer_client import TrainerClient, TrainerFuture
 
 T = TypeVar("T")
@@ -34,6 +36,15 @@ class GroupInfo:
     """``spec.api.maxRuns``: runs a LoRA group holds at once."""
     idle_run_seconds: float = 600.0
     """``spec.api.idleRunSeconds``: a LoRA run idle this long is parked (0: never)."""
+
+    @property
+    def tokenizer_name(self) -> str | None:
+        """What ``get_info`` names as ``tokenizer_id`` (the SDK's ``get_tokenizer`` loads it):
+        the served ``org/model`` id (``spec.model.name``; over ``HF_ENDPOINT=<base>/hf`` when
+        the client has no hub, service.routes.hub), else the tokenizer directory."""
+        if re.fullmatch(HF_MODEL_ID, self.base_model):
+            return self.base_model
+        return self.tokenizer_id
 
     def accepts(self, name: str | None) -> bool:
         return name is None or name == self.base_model or name in self.aliases

@@ -15,6 +15,7 @@ import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -30,7 +31,7 @@ from tgruntime.service.sampler_weights import EphemeralWeights
 from tgruntime.service.sampling import SampleQueue
 from tgruntime.service.sessions import Model, Registry, SamplingSession, ServiceError, new_id
 from tgruntime.service.sharing import CheckpointAccess, Located
-from tgruntime.service.stops import Tokenizer
+from tgruntime.service.stops import Tokenizer, load_tokenizer
 
 log = logging.getLogger("tgruntime.service")
 
@@ -76,6 +77,8 @@ class ServiceCore:
         self.base_sampler: str | None = None
         self._tok: Tokenizer | None = None
         self._tok_tried = False
+        self._tok_error: str | None = None  # why the tokenizer did not load
+        self._tok_lock = asyncio.Lock()  # concurrent first uses wait for the one load
         info = backend.info
         self.lora: LoraRuns | None = None
         if info.lora_rank is not None:  # a LoRA group: many runs (service.runs)
@@ -83,7 +86,9 @@ class ServiceCore:
 
     # -- start-up ---------------------------------------------------------------------
     async def prepare(self) -> None:
-        """Keep the group's base weights once on disk (a model starts from them)."""
+        """Load the tokenizer; keep the group's base weights once on disk (a model starts
+        from them)."""
+        await self._tokenizer()
         await asyncio.to_thread(self.backend.dp)
         await asyncio.to_thread(self.backend.client.vocab_size)  # cached: no blocking later
         if self.paths.root is None or self.lora is not None:
@@ -97,6 +102,26 @@ class ServiceCore:
             sampler.mkdir(parents=True, exist_ok=True)
             await self.backend.call("save_sampler_weights", str(sampler), str(sampler))
         self.base_state, self.base_sampler = str(state), str(sampler)
+
+    async def _tokenizer(self) -> Tokenizer | None:
+        """The base model's tokenizer (``spec.model.pretrained`` or ``--tokenizer``), loaded
+        once (at start-up, by :meth:`prepare`); None when the server knows no local tokenizer
+        directory or it failed to load (``_tok_error`` says why). Requests that come while it
+        loads wait for that one load (issue 38: math_rl's concurrent first samples were
+        refused while the first one loaded it)."""
+        async with self._tok_lock:
+            if self._tok is None and not self._tok_tried:
+                self._tok_tried = True
+                path = self.info.tokenizer_id
+                if path and Path(path).is_dir():
+                    try:
+                        self._tok = await asyncio.to_thread(load_tokenizer, path)
+                    except Exception as exc:
+                        self._tok_error = f"loading the tokenizer at {path} failed: {exc}"
+                        log.warning("%s", self._tok_error)
+                elif path:
+                    self._tok_error = f"the tokenizer {path!r} is not a directory here"
+        return self._tok
 
     # -- plumbing ---------------------------------------------------------------------
     def _spawn(self, coro: Awaitable[None]) -> None:

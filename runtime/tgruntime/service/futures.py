@@ -1,15 +1,18 @@
 """Request ids and their futures; ``retrieve_future`` long-polls them.
 
-Ids carry this server's boot id, so an id from before a restart is recognised and fails
-with a retryable server error instead of hanging, and 128 random bits, so that one's own id
-tells nothing of another's. Each future records its owner: another principal's id is
-answered like an unknown one.
+Ids are ``<boot>-<128 random bits>`` (hex): the boot id of the server that made them, and
+bits that make one's own id tell nothing of another's. A well-formed id the store does not
+hold (made before a restart, expired after it was kept, or another principal's: all
+answered alike) is *gone*: HTTP 410, which SDK 0.38 turns into a ``RetryableException`` (a
+sampling client re-sends the sample by itself; a training call reports it). An id of any
+other shape is a 404.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import re
 import secrets
 import time
 import uuid
@@ -17,6 +20,25 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tgruntime.service.policy import POLICY
+from tgruntime.service.sessions import ServiceError
+
+REQUEST_ID = re.compile(r"[0-9a-f]{12}-[0-9a-f]{32}")
+"""The shape of every request id a server makes (:meth:`FutureStore.new`)."""
+
+
+def lost(rid: str, boot: str) -> ServiceError:
+    """The error for a request id the store does not hold: 410 when it is well-formed, with
+    the likely reason; 404 otherwise."""
+    if REQUEST_ID.fullmatch(rid) is None:
+        return ServiceError(f"unknown request id {rid[:80]!r}: not an id this server makes",
+                            status=404)
+    if not rid.startswith(boot + "-"):
+        why = ("was made before the Tinker server restarted; its result is lost (the group and "
+               "saved weights are intact): retry it")
+    else:
+        why = ("is no longer held (its result was kept an hour, or 30 s after it was fetched): "
+               "retry it")
+    return ServiceError(f"request {rid} {why}", status=410, category="server")
 
 
 @dataclass
@@ -100,13 +122,7 @@ class FutureStore:
         if entry is not None and not POLICY.may_see(principal, entry.owner):
             entry = None  # another principal's: answered as an unknown id
         if entry is None:
-            if not rid.startswith(self.boot + "-"):
-                return Outcome(
-                    error=f"request {rid} was made before the Tinker server restarted; its "
-                    "result is lost (the group and saved weights are intact): retry it",
-                    category="server",
-                )
-            return Outcome(error=f"unknown request id {rid!r}", category="user")
+            raise lost(rid, self.boot)
         if entry.outcome is None:
             try:
                 await asyncio.wait_for(entry.event.wait(), timeout_s)

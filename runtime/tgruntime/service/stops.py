@@ -6,8 +6,13 @@ decoding completes a stop string. The stop string's tokens are kept and ``stop_r
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Protocol
+
+log = logging.getLogger("tgruntime.service")
 
 
 class Tokenizer(Protocol):
@@ -21,6 +26,37 @@ def load_tokenizer(path: str) -> Tokenizer:
 
     tok: Any = AutoTokenizer.from_pretrained(path)
     return tok  # type: ignore[no-any-return]
+
+
+def eos_token_ids(tok: Any, directory: str | Path | None = None) -> tuple[int, ...]:
+    """The ids that end a sequence for ``stop=None``: the tokenizer's ``eos_token_id`` and
+    every id of ``generation_config.json``'s ``eos_token_id`` in ``directory`` (an int or a
+    list, as Llama 3 and Qwen3 instruct checkpoints list several), in that order."""
+    ids: list[int] = []
+    eos = getattr(tok, "eos_token_id", None)
+    if isinstance(eos, int) and not isinstance(eos, bool):
+        ids.append(eos)
+    gen = Path(directory) / "generation_config.json" if directory is not None else None
+    if gen is not None and gen.is_file():
+        try:
+            value = json.loads(gen.read_text(encoding="utf-8")).get("eos_token_id")
+        except (OSError, ValueError, AttributeError):
+            value = None
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+                ids.append(v)
+    return tuple(dict.fromkeys(ids))
+
+
+def eos_from_dir(directory: str | Path) -> tuple[int, ...]:
+    """:func:`eos_token_ids` of the tokenizer in ``directory`` (loaded here); () when it does
+    not load (the server then says so on the first stop-string request)."""
+    try:
+        tok = load_tokenizer(str(directory))
+    except Exception as exc:
+        log.warning("cannot read EOS ids from the tokenizer at %s: %s", directory, exc)
+        return ()
+    return eos_token_ids(tok, directory)
 
 
 def _decode(tok: Tokenizer, ids: Sequence[int]) -> str:

@@ -268,7 +268,7 @@ class ModelRoutes(ServiceCore):
                 "model_data": {
                     "arch": "llama",
                     "model_name": self.info.base_model,
-                    "tokenizer_id": self.info.tokenizer_id,
+                    "tokenizer_id": self.info.tokenizer_name,
                 },
             }
         )

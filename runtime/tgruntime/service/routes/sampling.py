@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -11,12 +9,12 @@ from aiohttp import web
 from tgruntime.service.codec import (
     encode_sample,
 )
-from tgruntime.service.core import ServiceCore, log
+from tgruntime.service.core import ServiceCore
 from tgruntime.service.futures import Outcome
 from tgruntime.service.sampler_weights import FreedWeights
 from tgruntime.service.sampling import SampleJob
 from tgruntime.service.sessions import ServiceError
-from tgruntime.service.stops import Tokenizer, cut_sequences, load_tokenizer, token_stops
+from tgruntime.service.stops import cut_sequences, token_stops
 
 
 class SamplingRoutes(ServiceCore):
@@ -55,19 +53,6 @@ class SamplingRoutes(ServiceCore):
             }
         )
 
-    async def _tokenizer(self) -> Tokenizer | None:
-        """The base model's tokenizer (``spec.model.pretrained`` or ``--tokenizer``), loaded
-        once on first use; None when the server knows no local tokenizer directory."""
-        if self._tok is None and not self._tok_tried:
-            self._tok_tried = True
-            path = self.info.tokenizer_id
-            if path and Path(path).is_dir():
-                try:
-                    self._tok = await asyncio.to_thread(load_tokenizer, path)
-                except Exception as exc:
-                    log.warning("cannot load the tokenizer at %s: %s", path, exc)
-        return self._tok
-
     async def _stop(self, stop: Any) -> tuple[tuple[tuple[int, ...], ...], tuple[str, ...]]:
         """(token stop sequences for the sampler, stop strings to cut at after decoding)."""
         if stop is None:
@@ -85,8 +70,8 @@ class SamplingRoutes(ServiceCore):
             if tok is None:
                 raise ServiceError(
                     "stop strings need the base model's tokenizer, and this server has none "
-                    "(spec.model.pretrained or --tokenizer): pass stop token ids, e.g. the "
-                    "renderer's get_stop_sequences() as ints"
+                    f"({self._tok_error or 'spec.model.pretrained or --tokenizer'}): pass stop "
+                    "token ids, e.g. the renderer's get_stop_sequences() as ints"
                 )
             eos = tuple((e,) for e in self.info.eos_token_ids)
             return eos + token_stops(tok, strings), strings

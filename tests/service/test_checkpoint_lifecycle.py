@@ -16,7 +16,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from tgruntime.service.limits import Limits
+from tests.service.fake_service import fake_service
 from tgruntime.service.paths import disk_bytes, meta_path
 
 MB = 1 << 20
@@ -71,12 +71,6 @@ class _DiskClient:
 
 
 def _service(root: Path, *, lora: bool = False) -> Any:
-    import tgapi
-    from tgruntime.service.__main__ import group_info
-    from tgruntime.service.app import TinkerService
-    from tgruntime.service.auth import KeyStore
-    from tgruntime.service.backend import Backend
-
     root.mkdir(parents=True, exist_ok=True)
     keys = root / "keys"
     keys.write_text(f"team-a {A}\nteam-b {B}\n")
@@ -86,20 +80,7 @@ def _service(root: Path, *, lora: bool = False) -> Any:
     }
     if lora:
         wire["lora"] = {"rank": 4, "alpha": 8}
-    info = group_info("tiny", tgapi.parse_spec(wire, local=True), checkpoint_dir=str(root))
-
-    class FakeBackend(Backend):
-        def dp(self) -> int:
-            return 1
-
-        async def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
-            return 0
-
-    return TinkerService(
-        FakeBackend(client=_DiskClient(), info=info),  # type: ignore[arg-type]
-        KeyStore(keys_file=str(keys), recheck_s=0.0),
-        Limits(),
-    )
+    return fake_service(client=_DiskClient(), wire=wire, root=root, keys_file=keys)
 
 
 class _Api:

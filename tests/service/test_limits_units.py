@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tests.service.fake_service import fake_service
 from tgruntime.service.futures import FutureStore, Outcome
 from tgruntime.service.limits import LimitError, Limits, TokenRate, flag, from_env
 
@@ -116,12 +117,6 @@ class _FakeClient:
 
 
 def _service(tmp_path: Path, limits: Limits, *, lora: bool = False) -> Any:
-    import tgapi
-    from tgruntime.service.__main__ import group_info
-    from tgruntime.service.app import TinkerService
-    from tgruntime.service.auth import KeyStore
-    from tgruntime.service.backend import Backend
-
     keys = tmp_path / "keys"
     keys.write_text("team-a tml-aaa\nteam-b tml-bbb\n")
     wire: dict[str, Any] = {
@@ -131,23 +126,8 @@ def _service(tmp_path: Path, limits: Limits, *, lora: bool = False) -> Any:
     if lora:
         wire["lora"] = {"rank": 4, "alpha": 8}
         wire["api"] = {"maxRuns": 8}
-    info = group_info("tiny", tgapi.parse_spec(wire, local=True), checkpoint_dir=str(tmp_path))
-
-    class FakeBackend(Backend):
-        calls: list[str] = []
-
-        def dp(self) -> int:
-            return 1
-
-        async def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
-            self.calls.append(name)
-            return 0
-
-    return TinkerService(
-        FakeBackend(client=_FakeClient(), info=info),  # type: ignore[arg-type]
-        KeyStore(keys_file=str(keys), recheck_s=0.0),
-        limits,
-    )
+    return fake_service(client=_FakeClient(), wire=wire, root=tmp_path, keys_file=keys,
+                        limits=limits)
 
 
 def _sample(n: int = 1, max_tokens: int = 4) -> dict[str, Any]:

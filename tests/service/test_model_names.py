@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from tests.service.fake_service import fake_service
 from tests.service.test_checkpoint_lifecycle import A, _DiskClient, _Done
 from tests.service.test_cookbook import COOKBOOK_PY
 
@@ -72,32 +73,12 @@ def build_named_tokenizer(path: Path) -> Path:
 
 
 def _service(root: Path, tok: Path) -> Any:
-    import tgapi
-    from tgruntime.service.__main__ import group_info
-    from tgruntime.service.app import TinkerService
-    from tgruntime.service.auth import KeyStore
-    from tgruntime.service.backend import Backend
-    from tgruntime.service.limits import Limits
-
     root.mkdir(parents=True, exist_ok=True)
     (root / "keys").write_text(f"team-a {A}\n")
     wire = {"model": {"maxSequenceLength": 128, "name": NAME},
             "training": {"sequenceLength": 128}}
-    info = group_info("tiny", tgapi.parse_spec(wire, local=True), checkpoint_dir=str(root),
-                      tokenizer=str(tok))
-
-    class FakeBackend(Backend):
-        def dp(self) -> int:
-            return 1
-
-        async def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
-            return 0
-
-    return TinkerService(
-        FakeBackend(client=_Sampler(), info=info),  # type: ignore[arg-type]
-        KeyStore(keys_file=str(root / "keys"), recheck_s=0.0),
-        Limits(),
-    )
+    return fake_service(client=_Sampler(), wire=wire, root=root, keys_file=root / "keys",
+                        tokenizer=str(tok))
 
 
 @pytest.fixture(scope="module")

@@ -298,9 +298,7 @@ class SlotEngine:
     def _advance(self, b: int, cache: KVCache, top_k: bool, top_p: bool) -> None:
         """One decode step over slots ``[0, b)`` (device work only: capturable)."""
         logits = self.decoder.decode(self.tokens[:b], self.pos[:b], cache)
-        token, logprob = next_token_rows(
-            logits, self.settings.narrow(b), top_k=top_k, top_p=top_p
-        )
+        token, logprob = next_token_rows(logits, self.settings.narrow(b), top_k=top_k, top_p=top_p)
         token = _agree(token, self.decoder.tp_size)
         self.last_token[:b].copy_(token)
         self.last_logprob[:b].copy_(logprob)

@@ -140,7 +140,7 @@ class _FakeGroup:
                 failed[a["id"]] = "prompt 0: refused"
             else:
                 self.rows[a["id"]] = a["max_tokens"]
-        finished = {}
+        finished: dict[str, Any] = {}
         for rid in list(self.rows):
             self.rows[rid] -= k
             if self.rows[rid] <= 0:

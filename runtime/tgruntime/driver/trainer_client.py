@@ -49,6 +49,8 @@ _PRIMITIVES = (
     "get_mesh",
     "save_sampler_weights",
     "sample",
+    "sample_step",
+    "sampler_pool",
     "sample_batch",
     "drop_sampler_weights",
     "sampler_weights_info",

@@ -73,7 +73,13 @@ def _summary(
     }
 
 
-def _one_shot(sampler: Any, work: list[tuple[float, list[int]]], params: Any, device: str) -> Any:
+def _one_shot(
+    sampler: Any,
+    work: list[tuple[float, list[int]]],
+    params: Any,
+    device: str,
+    keep: dict[int, Any] | None = None,
+) -> Any:
     done: dict[int, float] = {}
     tokens, calls, nxt = 0, 0, 0
     _sync(device)
@@ -92,6 +98,8 @@ def _one_shot(sampler: Any, work: list[tuple[float, list[int]]], params: Any, de
         calls += 1
         end = time.perf_counter() - t0
         for i, r in zip(batch, res, strict=True):
+            if keep is not None:
+                keep[i] = r
             done[i] = end - work[i][0]
             tokens += sum(len(s["tokens"]) for s in r["sequences"])
     wall = time.perf_counter() - t0
@@ -99,7 +107,12 @@ def _one_shot(sampler: Any, work: list[tuple[float, list[int]]], params: Any, de
 
 
 def _continuous(
-    engine: Any, work: list[tuple[float, list[int]]], params: Any, device: str, chunk: int
+    engine: Any,
+    work: list[tuple[float, list[int]]],
+    params: Any,
+    device: str,
+    chunk: int,
+    keep: dict[int, Any] | None = None,
 ) -> Any:
     done: dict[int, float] = {}
     tokens, nxt = 0, 0
@@ -116,6 +129,8 @@ def _continuous(
             nxt += 1
         for rid, r in engine.run(chunk):
             i = int(rid)
+            if keep is not None:
+                keep[i] = r
             done[i] = time.perf_counter() - t0 - work[i][0]
             tokens += sum(len(s["tokens"]) for s in r["sequences"])
     _sync(device)
@@ -173,9 +188,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "pool": {"slots": size.slots, "length": size.length, "bytes": size.nbytes},
         "runs": [],
     }
-    # warm-up: both paths once (graph captures, allocator), not timed
-    _one_shot(sampler, [(0.0, p) for _, p in work], params, device)
-    _continuous(slots, [(0.0, p) for _, p in work], params, device, args.chunk)
+    # warm-up: both paths once (graph captures, allocator), not timed; their results are
+    # compared row by row (the same seeds: the same tokens unless rounding flips a near-tie)
+    a: dict[int, Any] = {}
+    b: dict[int, Any] = {}
+    _one_shot(sampler, [(0.0, p) for _, p in work], params, device, a)
+    _continuous(slots, [(0.0, p) for _, p in work], params, device, args.chunk, b)
+    same, rows, worst = 0, 0, 0.0
+    for i in a:
+        for x, y in zip(a[i]["sequences"], b[i]["sequences"], strict=True):
+            rows += 1
+            same += x["tokens"] == y["tokens"]
+            n = 0
+            while n < min(len(x["tokens"]), len(y["tokens"])) and x["tokens"][n] == y["tokens"][n]:
+                n += 1
+            diffs = [abs(p - q) for p, q in zip(x["logprobs"][:n], y["logprobs"][:n], strict=True)]
+            worst = max([worst, *diffs])
+    out["agreement"] = {
+        "rows": rows,
+        "rows_with_identical_tokens": same,
+        "max_logprob_diff_on_common_prefix": worst,
+    }
     for rep in range(args.reps):
         for fn in ("one-shot", "continuous"):
             if fn == "one-shot":
@@ -190,11 +223,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def _table(res: dict[str, Any]) -> str:
     a = res["args"]
+    g = res["agreement"]
     lines = [
         f"{res['preset']} on {res['device']}: {a['requests']} requests x {a['samples']} samples, "
         f"prompts {a['prompt_min']}-{a['prompt_max']}, new <= {a['new']}, stop id "
         f"{a['stop_id']}, arrivals every {a['gap']} s, chunk {a['chunk']} steps; pool "
         f"{res['pool']['slots']} slots x {res['pool']['length']}",
+        f"continuous vs one-shot, same seeds: {g['rows_with_identical_tokens']}/{g['rows']} rows "
+        f"with identical tokens, max |logprob diff| on the common prefix "
+        f"{g['max_logprob_diff_on_common_prefix']:.2e}",
         "| rep | path | tokens | seconds | tokens/s | latency p50 s | latency p99 s | calls | "
         "decode steps |",
         "|---|---|---|---|---|---|---|---|---|",

@@ -21,6 +21,7 @@ import torch
 
 from tgruntime.service.continuous import ContinuousJob, ContinuousScheduler
 from tgruntime.service.sessions import ServiceError
+from tgruntime.trainer.sampling.continuous import bucket
 from tgruntime.trainer.sampling.params import SamplingParams, row_keys
 from tgruntime.trainer.sampling.pool import PoolConfig, PoolSize
 from tgruntime.trainer.sampling.rows import RowSettings, next_token_rows
@@ -75,6 +76,11 @@ def test_filters_off_when_no_row_uses_them() -> None:
     a = next_token_rows(logits, rows)
     b = next_token_rows(logits, rows, top_k=False, top_p=False)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_graph_buckets() -> None:
+    assert [bucket(n, 64) for n in (1, 3, 5, 9, 13, 33, 64)] == [1, 4, 8, 12, 16, 48, 64]
+    assert bucket(40, 40) == 40 and bucket(600, 1024) == 640 and bucket(513, 1024) == 640
 
 
 def _size(**config: int | None) -> PoolSize:
@@ -146,7 +152,42 @@ class _FakeGroup:
             if self.rows[rid] <= 0:
                 del self.rows[rid]
                 finished[rid] = {"sequences": [], "prompt_logprobs": None}
-        return {"finished": finished, "failed": failed, "active_rows": len(self.rows)}
+        return {
+            "finished": finished,
+            "failed": failed,
+            "active_rows": len(self.rows),
+            "slots": 4,
+            "length": 50,
+        }
+
+
+def test_scheduler_sends_what_the_pool_cannot_hold_to_the_one_shot_path() -> None:
+    async def main() -> tuple[list[int], list[int], list[Any]]:
+        group = _FakeGroup()
+        overflowed: list[int] = []
+        served: list[int] = []
+        sched = ContinuousScheduler(
+            group.step, overflow=lambda job: overflowed.append(job.request["prompt"][0])
+        )
+        sched.start()
+
+        def job(first: int, n: int, max_tokens: int) -> ContinuousJob:
+            request = {"prompt": [first] * 10, "max_tokens": max_tokens, "num_samples": n}
+            return ContinuousJob(None, request, lambda r, e: served.append(first))
+
+        for j in (job(1, 4, 40), job(2, 5, 4), job(3, 1, 41), job(4, 2, 4)):
+            sched.put(j)
+        for _ in range(3000):
+            await asyncio.sleep(0.001)
+            if len(served) == 2:
+                break
+        await sched.stop()
+        return overflowed, served, group.calls
+
+    overflowed, served, calls = asyncio.run(main())
+    assert overflowed == [2, 3]  # 5 rows > 4 slots; 10 + 41 > 50 positions
+    assert sorted(served) == [1, 4]
+    assert calls[0] == ([], 0, None, False)  # the pool's size is read first
 
 
 def test_scheduler_order_weights_and_failures() -> None:

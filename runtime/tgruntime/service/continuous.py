@@ -46,6 +46,12 @@ class ContinuousJob:
     weights: str | None
     request: dict[str, Any]  # sample_step's fields but ``id`` (prompt, max_tokens, ...)
     done: Done
+    origin: Any = None  # the caller's own record of the request (for ``overflow``)
+
+    def fits(self, slots: int, length: int) -> bool:
+        r = self.request
+        rows = int(r.get("num_samples", 1))
+        return rows <= slots and len(r["prompt"]) + int(r["max_tokens"]) <= length
 
 
 class ContinuousScheduler:
@@ -56,6 +62,7 @@ class ContinuousScheduler:
         steps: int = 16,
         steps_busy: int = 4,
         gather_s: float = 0.002,
+        overflow: Callable[[ContinuousJob], None] | None = None,
     ) -> None:
         if steps < 1 or steps_busy < 1:
             raise ValueError("steps and steps_busy must be >= 1")
@@ -73,6 +80,11 @@ class ContinuousScheduler:
         self.calls = 0  # sample_step calls
         self.prompts = 0  # requests admitted
         self.last: dict[str, Any] = {}  # the last call's pool info
+        self.overflow = overflow  # takes the requests the pool can never hold (or all, when
+        # the group has no continuous engine); None: they fail with the workers' reason
+        self.pool: tuple[int, int] | None = None  # (slots, length), read at the first call
+        self.disabled = False
+        self.overflowed = 0
 
     def start(self) -> None:
         if self._task is None:
@@ -93,12 +105,35 @@ class ContinuousScheduler:
     def put(self, job: ContinuousJob) -> None:
         self._queue.put_nowait(job)
 
+    def _take(self, job: ContinuousJob) -> bool:
+        """Queue ``job`` for the engine (True), or hand it to ``overflow`` (False)."""
+        if self.overflow is not None and (
+            self.disabled or (self.pool is not None and not job.fits(*self.pool))
+        ):
+            self.overflowed += 1
+            self.overflow(job)
+            return False
+        self._pending.append(job)
+        return True
+
     def _drain(self) -> bool:
         arrived = False
         while not self._queue.empty():
-            self._pending.append(self._queue.get_nowait())
-            arrived = True
+            arrived = self._take(self._queue.get_nowait()) or arrived
         return arrived
+
+    async def _learn_pool(self) -> None:
+        """Read the pool's size once (an empty call), so requests it can never hold go to
+        ``overflow``; a group without the engine (LoRA) sends everything there."""
+        if self.pool is not None or self.disabled or self.overflow is None:
+            return
+        try:
+            out = await self.step([], 0, None, False)
+        except Exception as exc:
+            log.warning("no continuous batching on this group (%s): one-shot sampling", exc)
+            self.disabled = True
+            return
+        self.pool = (int(out["slots"]), int(out["length"]))
 
     def _choose(self) -> list[tuple[str, ContinuousJob]]:
         if not self._inflight and self._pending:
@@ -116,9 +151,13 @@ class ContinuousScheduler:
         arrived = False
         while True:
             if not self._inflight and not self._pending:
-                self._pending.append(await self._queue.get())
+                first = await self._queue.get()
+                await self._learn_pool()
                 await asyncio.sleep(self.gather_s)  # requests sent together arrive together
+                arrived = self._take(first) or arrived
             arrived = self._drain() or arrived
+            if not self._inflight and not self._pending:
+                continue
             chosen = self._choose()
             for rid, job in chosen:
                 self._inflight[rid] = job

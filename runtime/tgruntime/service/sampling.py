@@ -52,7 +52,9 @@ class SampleQueue:
             continuous = os.environ.get("TG_CONTINUOUS_BATCHING", "1") != "0"
         self.continuous: ContinuousScheduler | None = None
         if continuous and not multi_lora:
-            self.continuous = ContinuousScheduler(self._step, gather_s=gather_s)
+            self.continuous = ContinuousScheduler(
+                self._step, gather_s=gather_s, overflow=self._one_shot
+            )
 
     @property
     def calls(self) -> int:
@@ -62,6 +64,11 @@ class SampleQueue:
     @property
     def prompts(self) -> int:
         return self._prompts + (self.continuous.prompts if self.continuous else 0)
+
+    def _one_shot(self, job: ContinuousJob) -> None:
+        """A request the continuous pool can never hold (num_samples over its slots, or
+        longer than a slot): the one-shot path, as before."""
+        self._queue.put_nowait(job.origin)
 
     async def _step(
         self, admit: list[dict[str, Any]], max_steps: int, weights: str | None, reset: bool
@@ -102,7 +109,7 @@ class SampleQueue:
             "num_samples": n,
             "prompt_logprobs": plp,
         }
-        self.continuous.put(ContinuousJob(weights, request, job.done))
+        self.continuous.put(ContinuousJob(weights, request, job.done, origin=job))
 
     async def _run(self) -> None:
         while True:

@@ -36,9 +36,16 @@ from tgruntime.trainer.sampling.params import SamplingParams, row_keys
 from tgruntime.trainer.sampling.pool import PoolSize
 from tgruntime.trainer.sampling.rows import RowSettings, next_token_rows
 
-__all__ = ["BUCKETS", "SlotEngine"]
+__all__ = ["BUCKETS", "SlotEngine", "bucket"]
 
 BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+"""Graph batch sizes; above 512, multiples of 128."""
+
+
+def bucket(rows: int, slots: int) -> int:
+    """The graph batch size that serves ``rows`` active rows in a pool of ``slots``."""
+    b = next((x for x in BUCKETS if x >= rows), -(-rows // 128) * 128)
+    return min(b, slots)
 
 
 @dataclasses.dataclass
@@ -312,8 +319,7 @@ class SlotEngine:
         active = [row for row in self.rows[:n] if row is not None]
         flags = self._filters([row.request.params for row in active])
         if self.cuda_graphs:
-            b = next((x for x in BUCKETS if x >= n), n)
-            b = min(b, self.size.slots)
+            b = bucket(n, self.size.slots)
             self._graph(b, flags["top_k"], flags["top_p"]).replay()
         else:  # attend only the live prefix of the cache
             span = max(row.pos for row in active) + 1

@@ -89,8 +89,9 @@ class ContinuousSamplingMixin:
         allocate: bool = True,
     ) -> dict[str, Any]:
         """Size the continuous engine's KV pool (None: ``TG_SAMPLER_*`` or the default) and
-        allocate it now (``allocate=False``: at the first ``sample_step``); refused while
-        rows decode. The value: the pool's ``info`` (slots, length, kv_bytes, budget, ...)."""
+        allocate it now (``allocate=False``: free the pool now; the next ``sample_step``
+        allocates it again); refused while rows decode. The value: the pool's ``info``
+        (slots, length, kv_bytes, budget, ...)."""
         engine = self._engine()
         current = self._slot_engine
         if current is not None and current.busy:

@@ -77,5 +77,10 @@ def test_eight_concurrent_clients(served: dict[str, Any]) -> None:
     calls = service.samples.calls - calls0
     prompts = service.samples.prompts - prompts0
     assert prompts == 32 and calls < prompts, (calls, prompts)  # batched
+    # through the continuous engine (the default on a full-weight group): its pool served
+    # the rows of several requests together
+    cont = service.samples.continuous
+    assert cont is not None and cont.pool is not None and cont.overflowed == 0
+    assert cont.last["admitted_rows"] >= 64 and cont.last["active_rows"] == 0, cont.last
     assert service.futures.pending() == 0
     assert np.isfinite(losses).all()

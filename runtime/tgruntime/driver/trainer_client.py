@@ -49,6 +49,8 @@ _PRIMITIVES = (
     "get_mesh",
     "save_sampler_weights",
     "sample",
+    "sample_step",
+    "sampler_pool",
     "sample_batch",
     "drop_sampler_weights",
     "sampler_weights_info",
@@ -402,6 +404,36 @@ class TrainerClient:
             seed=seed, stop=stop, num_samples=num_samples, prompt_logprobs=prompt_logprobs,
         )
         return self._all_call("sample_batch", [list(p) for p in prompts], list(weights), **params)
+
+    def sampler_pool(
+        self,
+        *,
+        slots: int | None = None,
+        length: int | None = None,
+        kv_bytes: int | None = None,
+        allocate: bool = True,
+    ) -> TrainerFuture[dict[str, Any]]:
+        """Size the continuous-batching KV pool (``slots`` rows of ``length`` positions
+        within ``kv_bytes``; None: ``TG_SAMPLER_*`` on the workers, else the defaults) and
+        allocate it; refused while rows decode (docs/sampling.md)."""
+        return self._all_call(
+            "sampler_pool", slots=slots, length=length, kv_bytes=kv_bytes, allocate=allocate
+        )
+
+    def sample_step(
+        self,
+        admit: list[dict[str, Any]],
+        *,
+        max_steps: int,
+        weights: str | None = None,
+        reset: bool = False,
+    ) -> TrainerFuture[dict[str, Any]]:
+        """One chunk of continuous batching (docs/sampling.md): queue ``admit`` (dicts of
+        ``id``, ``prompt`` and ``sample``'s parameters), run up to ``max_steps`` decode steps,
+        and get ``{"finished": {id: result}, "failed": {id: message}, ...pool info}``."""
+        return self._all_call(
+            "sample_step", list(admit), max_steps=max_steps, weights=weights, reset=reset
+        )
 
     # -- many LoRA runs on a LoRA group (docs/lora.md) -------------------------------------
     def create_run(self, run_id: str, lora: Mapping[str, Any]) -> TrainerFuture[dict[str, Any]]:

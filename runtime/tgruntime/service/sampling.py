@@ -1,17 +1,23 @@
-"""The sampling queue: concurrent ``asample`` requests with the same weights and parameters
-go to the group as one ``TrainerClient.sample`` call. On a LoRA group (``multi_lora``) the
-requests with the same parameters go as one ``sample_batch`` call whatever their adapters:
-one forward pass serves every adapter (docs/lora.md)."""
+"""The sampling queue. On a full-weight group, by default, requests go to the continuous-
+batching scheduler (``continuous.py``): a request joins the rows decoding in the workers at
+their next chunk, whatever its parameters (``TG_CONTINUOUS_BATCHING=0`` turns it off).
+Otherwise (and on a LoRA group) concurrent ``asample`` requests with the same weights and
+parameters go to the group as one ``TrainerClient.sample`` call that runs to completion; on
+a LoRA group (``multi_lora``) the requests with the same parameters go as one
+``sample_batch`` call whatever their adapters: one forward pass serves every adapter
+(docs/lora.md)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from tgruntime.service.backend import Backend
+from tgruntime.service.continuous import ContinuousJob, ContinuousScheduler
 
 log = logging.getLogger("tgruntime.service.sampling")
 
@@ -28,28 +34,82 @@ class SampleJob:
 
 class SampleQueue:
     def __init__(
-        self, backend: Backend, *, multi_lora: bool = False, gather_s: float = 0.002
+        self,
+        backend: Backend,
+        *,
+        multi_lora: bool = False,
+        gather_s: float = 0.002,
+        continuous: bool | None = None,
     ) -> None:
         self.backend = backend
         self.multi_lora = multi_lora
         self.gather_s = gather_s  # how long the first request waits for others to join it
         self._queue: asyncio.Queue[SampleJob] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
-        self.calls = 0
-        self.prompts = 0
+        self._calls = 0
+        self._prompts = 0
+        if continuous is None:
+            continuous = os.environ.get("TG_CONTINUOUS_BATCHING", "1") != "0"
+        self.continuous: ContinuousScheduler | None = None
+        if continuous and not multi_lora:
+            self.continuous = ContinuousScheduler(
+                self._step, gather_s=gather_s, overflow=self._one_shot
+            )
+
+    @property
+    def calls(self) -> int:
+        """Group calls made (``sample`` / ``sample_batch``, or ``sample_step`` chunks)."""
+        return self._calls + (self.continuous.calls if self.continuous else 0)
+
+    @property
+    def prompts(self) -> int:
+        return self._prompts + (self.continuous.prompts if self.continuous else 0)
+
+    def _one_shot(self, job: ContinuousJob) -> None:
+        """A request the continuous pool can never hold (num_samples over its slots, or
+        longer than a slot): the one-shot path, as before."""
+        self._queue.put_nowait(job.origin)
+
+    async def _step(
+        self, admit: list[dict[str, Any]], max_steps: int, weights: str | None, reset: bool
+    ) -> dict[str, Any]:
+        future = self.backend.client.sample_step(
+            admit, max_steps=max_steps, weights=weights, reset=reset
+        )
+        out: dict[str, Any] = await self.backend.wait(future)
+        return out
 
     def start(self) -> None:
+        if self.continuous is not None:
+            self.continuous.start()
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
+        if self.continuous is not None:
+            await self.continuous.stop()
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
 
     def put(self, job: SampleJob) -> None:
-        self._queue.put_nowait(job)
+        if self.continuous is None:
+            self._queue.put_nowait(job)
+            return
+        weights, max_tokens, temperature, top_k, top_p, seed, stop, n, plp = job.key
+        request = {
+            "prompt": job.prompt,
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "top_k": top_k,
+            "top_p": top_p,
+            "seed": seed,
+            "stop": None if stop is None else [list(s) for s in stop],
+            "num_samples": n,
+            "prompt_logprobs": plp,
+        }
+        self.continuous.put(ContinuousJob(weights, request, job.done, origin=job))
 
     async def _run(self) -> None:
         while True:
@@ -66,8 +126,8 @@ class SampleQueue:
 
     async def _one_call(self, key: Key, jobs: list[SampleJob]) -> None:
         weights, max_tokens, temperature, top_k, top_p, seed, stop, n, plp = key
-        self.calls += 1
-        self.prompts += len(jobs)
+        self._calls += 1
+        self._prompts += len(jobs)
         params: dict[str, Any] = {
             "max_tokens": max_tokens,
             "temperature": temperature,

@@ -27,12 +27,14 @@ from tgruntime.trainer.sampling.decoder import unwrap_gpt
 from tgruntime.trainer.sampling.generate import Sampler
 from tgruntime.trainer.sampling.params import SamplingParams, check_prompts
 from tgruntime.trainer.sampling.snapshots import AdapterSnapshotStore, SnapshotStore
+from tgruntime.trainer.sampling.stepping import ContinuousSamplingMixin
 
 __all__ = ["SamplingMixin"]
 
 
-class SamplingMixin:
-    """Sampling group methods for a worker that owns a ``TrainEngine``."""
+class SamplingMixin(ContinuousSamplingMixin):
+    """Sampling group methods for a worker that owns a ``TrainEngine`` (continuous batching:
+    ``ContinuousSamplingMixin``)."""
 
     _multi_cache: tuple[Any, MultiLora] | None = None  # the last multi-adapter stack, its key
 

@@ -41,9 +41,13 @@ def _mix(z: torch.Tensor) -> torch.Tensor:
 
 
 def uniform_noise(keys: torch.Tensor, step: torch.Tensor | int, vocab: int) -> torch.Tensor:
-    """``u`` in (0, 1), float32 ``[R, vocab]``, from int64 ``keys [R]`` and the decode step."""
+    """``u`` in (0, 1), float32 ``[R, vocab]``, from int64 ``keys [R]`` and the decode step
+    (one for every row, or ``[R]``: each row at its own step, as in continuous batching)."""
     ids = torch.arange(1, vocab + 1, dtype=torch.int64, device=keys.device)
-    z = _mix(keys.unsqueeze(1) + (torch.as_tensor(step, device=keys.device) + 1) * _STEP)
+    steps = torch.as_tensor(step, device=keys.device)
+    if steps.dim() == 1:
+        steps = steps.unsqueeze(1)
+    z = _mix(keys.unsqueeze(1) + (steps + 1) * _STEP)
     z = _mix(z + ids.unsqueeze(0) * _GOLDEN)
     # top 24 bits -> (0, 1), never exactly 0 or 1
     return (_shr(z, 40).to(torch.float32) + 0.5) * (1.0 / (1 << 24))

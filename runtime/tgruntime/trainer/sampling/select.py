@@ -18,7 +18,10 @@ __all__ = ["filter_logits", "next_token"]
 
 def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """``logits / temperature`` with tokens outside top-k / the top-p nucleus at -inf."""
-    z = logits / params.temperature
+    # a device tensor, not a Python scalar: CUDA divides by a host scalar as a multiplication
+    # by its reciprocal, and the per-row path (``filter_rows``) divides by a tensor; both must
+    # give the same bits. ``new_full`` is a fill kernel (no host copy: capturable in a graph)
+    z = logits / logits.new_full((1,), params.temperature)
     vocab = z.shape[-1]
     if 0 < params.top_k < vocab:
         kth = torch.topk(z, params.top_k, dim=-1).values[..., -1:]

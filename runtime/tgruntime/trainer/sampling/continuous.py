@@ -1,0 +1,410 @@
+"""``SlotEngine``: continuous batching over a KV pool of fixed slots (docs/sampling.md).
+
+The pool (``slots`` rows x ``length`` positions, every layer's keys and values of this
+rank) is allocated once. A request becomes ``num_samples`` rows; rows are admitted into free
+slots when there is room (the prompts of the newly admitted rows only are prefilled, into
+their slots), then every decode step advances all active rows, each at its own position and
+step, each with its own temperature / top-k / top-p / noise key (``rows.py``). After every
+step the chosen tokens come to the host, which checks each row's stop sequences and
+``max_tokens``: a finished row leaves at once (the last active row moves into its slot, so
+the active rows are always slots ``[0, n)`` and a step computes exactly them; on a GPU, the
+graph bucket just above ``n``). Admission happens between steps, so a request submitted
+while others decode joins them at the next step.
+
+Every decision (admission order, slots, when a row finishes) is a function of the calls'
+arguments and of the chosen tokens, which the tensor-parallel ranks agree on (broadcast from
+the first tensor rank each step), so the ranks can never diverge.
+
+CUDA graphs (GPU, tensor parallel 1, as the one-shot path): one graph per (batch bucket,
+filters in use), captured the first time that bucket runs and replayed from then on; the
+buckets are a fixed list, so in steady state no request shape captures anything. Capture
+runs its warm-up steps on a scratch column (the last position of every slot, which no row
+ever reads or writes: a row's last token is never fed), so it can happen while rows decode.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Any
+
+import torch
+
+from tgruntime.trainer.sampling.decoder import CachedDecoder, KVCache
+from tgruntime.trainer.sampling.generate import _agree
+from tgruntime.trainer.sampling.params import SamplingParams, row_keys
+from tgruntime.trainer.sampling.pool import PoolSize
+from tgruntime.trainer.sampling.rows import RowSettings, next_token_rows
+
+__all__ = ["BUCKETS", "SlotEngine", "bucket"]
+
+BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+"""Graph batch sizes; above 512, multiples of 128."""
+
+
+def bucket(rows: int, slots: int) -> int:
+    """The graph batch size that serves ``rows`` active rows in a pool of ``slots``."""
+    b = next((x for x in BUCKETS if x >= rows), -(-rows // 128) * 128)
+    return min(b, slots)
+
+
+@dataclasses.dataclass
+class _Request:
+    rid: str
+    prompt: list[int]
+    params: SamplingParams
+    keys: list[int]
+    sequences: list[dict[str, Any] | None]
+    left: int
+    submitted_step: int
+    admitted_step: int = -1
+    reported: bool = False
+    prompt_logprobs: list[float | None] | None = None
+
+
+@dataclasses.dataclass
+class _Row:
+    request: _Request
+    index: int  # sample index within the request
+    pos: int  # position of the token fed next (host copy)
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+
+    def add(self, token: int, logprob: float) -> bool:
+        """Record a chosen token; True when the row is finished (stop or max_tokens)."""
+        self.tokens.append(token)
+        self.logprobs.append(logprob)
+        self.pos += 1
+        for stop in self.request.params.stop:
+            if len(stop) <= len(self.tokens) and tuple(self.tokens[-len(stop) :]) == stop:
+                self._finish("stop")
+                return True
+        if len(self.tokens) >= self.request.params.max_tokens:
+            self._finish("length")
+            return True
+        return False
+
+    def _finish(self, reason: str) -> None:
+        self.request.sequences[self.index] = {
+            "tokens": self.tokens,
+            "logprobs": self.logprobs,
+            "stop_reason": reason,
+        }
+        self.request.left -= 1
+
+
+class SlotEngine:
+    """Continuous batching on one rank; every rank of the group runs the same calls."""
+
+    def __init__(self, decoder: CachedDecoder, size: PoolSize, *, cuda_graphs: bool) -> None:
+        self.decoder = decoder
+        self.size = size
+        slots, dev = size.slots, decoder.device
+        self.cache: KVCache = decoder.allocate(slots, size.length)
+
+        def ints() -> torch.Tensor:
+            return torch.zeros(slots, dtype=torch.int64, device=dev)
+
+        def floats() -> torch.Tensor:
+            return torch.zeros(slots, dtype=torch.float32, device=dev)
+
+        self.tokens, self.pos, self.live = ints(), ints(), ints()
+        self.settings = RowSettings(
+            temperature=floats(), top_k=ints(), top_p=floats(), keys=ints(), step=ints()
+        )
+        self.last_token, self.last_logprob = ints(), floats()
+        self._slot_tensors = (
+            self.tokens,
+            self.pos,
+            self.live,
+            self.settings.temperature,
+            self.settings.top_k,
+            self.settings.top_p,
+            self.settings.keys,
+            self.settings.step,
+        )
+        self.rows: list[_Row | None] = [None] * slots
+        self.n = 0  # active rows: slots [0, n)
+        self.waiting: collections.deque[_Request] = collections.deque()
+        self.steps = 0  # decode steps run since the pool was made
+        self.calls = 0
+        self.admitted_rows = 0
+        self.weights: str | None = None  # the weights the active rows decode with
+        self.cuda_graphs = cuda_graphs
+        self._graphs: dict[tuple[int, bool, bool], torch.cuda.CUDAGraph] = {}
+        self._graph_pool: Any = None
+
+    # -- requests ----------------------------------------------------------------------
+    @property
+    def busy(self) -> bool:
+        return self.n > 0 or bool(self.waiting)
+
+    def request_ids(self) -> set[str]:
+        ids = {r.rid for r in self.waiting}
+        ids.update(row.request.rid for row in self.rows[: self.n] if row is not None)
+        return ids
+
+    def submit(self, rid: str, prompt: list[int], params: SamplingParams) -> None:
+        """Queue a checked request (``check_prompts`` / ``SamplingParams.build`` done) for
+        admission; refuses what the pool can never hold, naming the limit."""
+        n, slots, length = params.num_samples, self.size.slots, self.size.length
+        if n > slots:
+            raise ValueError(
+                f"num_samples {n} is over the sampler's row limit: its KV pool has {slots} "
+                f"slots (sampler_pool(slots=...), TG_SAMPLER_SLOTS, within the KV budget)"
+            )
+        if len(prompt) + params.max_tokens > length:
+            raise ValueError(
+                f"{len(prompt)} prompt tokens + max_tokens {params.max_tokens} = "
+                f"{len(prompt) + params.max_tokens} exceeds the sampler's slot length of "
+                f"{length} positions (sampler_pool(length=...), TG_SAMPLER_SLOT_LENGTH)"
+            )
+        if rid in self.request_ids():
+            raise ValueError(f"request id {rid!r} is already in the sampler")
+        keys = row_keys([prompt], seed=params.seed, num_samples=n)
+        self.waiting.append(
+            _Request(
+                rid=rid,
+                prompt=prompt,
+                params=params,
+                keys=keys,
+                sequences=[None] * n,
+                left=n,
+                submitted_step=self.steps,
+            )
+        )
+
+    def reset(self) -> None:
+        """Drop every row and queued request (after a failed step)."""
+        self.waiting.clear()
+        self.rows = [None] * self.size.slots
+        self.n = 0
+        self.live.zero_()
+        self.pos.zero_()
+        self.weights = None
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "slots": self.size.slots,
+            "length": self.size.length,
+            "kv_bytes": self.cache.nbytes(),
+            "budget": self.size.budget,
+            "active_rows": self.n,
+            "waiting_requests": len(self.waiting),
+            "steps": self.steps,
+            "calls": self.calls,
+            "admitted_rows": self.admitted_rows,
+            "graphs": len(self._graphs),
+        }
+
+    # -- the loop ------------------------------------------------------------------------
+    @torch.no_grad()
+    def run(self, max_steps: int) -> list[tuple[str, dict[str, Any]]]:
+        """Admit what fits, then up to ``max_steps`` decode steps (admitting between steps);
+        the requests whose rows have all finished, in the order they finished."""
+        self.calls += 1
+        finished: list[tuple[str, dict[str, Any]]] = []
+        self._admit(finished)
+        for _ in range(max_steps):
+            if self.n == 0:
+                break
+            self._step(finished)
+            self._admit(finished)
+        return finished
+
+    def _admit(self, finished: list[tuple[str, dict[str, Any]]]) -> None:
+        batch: list[_Request] = []
+        room = self.size.slots - self.n
+        while self.waiting and self.waiting[0].params.num_samples <= room:
+            req = self.waiting.popleft()
+            room -= req.params.num_samples
+            batch.append(req)
+        if batch:
+            self._prefill(batch, finished)
+
+    def _prefill(self, batch: list[_Request], finished: list[tuple[str, dict[str, Any]]]) -> None:
+        d = self.decoder
+        rows = [(req, j) for req in batch for j in range(req.params.num_samples)]
+        m, start = len(rows), self.n
+        end = start + m
+        lens = [len(req.prompt) for req, _ in rows]
+        width = max(lens)
+        padded = torch.zeros(m, width, dtype=torch.int64)
+        for i, (req, _) in enumerate(rows):
+            padded[i, : len(req.prompt)] = torch.tensor(req.prompt, dtype=torch.int64)
+        padded = padded.to(d.device)
+        lengths = torch.tensor(lens, dtype=torch.int64, device=d.device)
+        s = self.settings
+        vocab = d.vocab_size
+
+        def column(values: list[Any], dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype).to(d.device)
+
+        params = [req.params for req, _ in rows]
+        s.temperature[start:end] = column([p.temperature for p in params], torch.float32)
+        s.top_k[start:end] = column(
+            [vocab if p.top_k == -1 else min(p.top_k, vocab) for p in params], torch.int64
+        )
+        s.top_p[start:end] = column([p.top_p for p in params], torch.float32)
+        s.keys[start:end] = column([req.keys[j] for req, j in rows], torch.int64)
+        s.step[start:end] = 0
+        view = KVCache(
+            keys=[k[start:end] for k in self.cache.keys],
+            values=[v[start:end] for v in self.cache.values],
+        )
+        hidden = d.prefill(padded, view)  # [W, m, h]
+        last = hidden[lengths - 1, torch.arange(m, device=d.device)]
+        logits = d.logits(last.unsqueeze(0))[0]
+        sub = RowSettings(
+            *(t[start:end] for t in (s.temperature, s.top_k, s.top_p, s.keys, s.step))
+        )
+        token, logprob = next_token_rows(logits, sub, **self._filters(params))
+        token = _agree(token, d.tp_size)
+        self.tokens[start:end] = token
+        self.pos[start:end] = lengths
+        s.step[start:end] = 1
+        self.live[start:end] = 1
+        first = 0
+        for req in batch:
+            req.admitted_step = self.steps
+            if req.params.prompt_logprobs:
+                req.prompt_logprobs = self._prompt_logprobs(hidden, padded, first, req.prompt)
+            first += req.params.num_samples
+        del hidden, last, logits
+        host = torch.stack((token.double(), logprob.double())).cpu().tolist()
+        done: list[int] = []
+        for i, (req, j) in enumerate(rows):
+            row = _Row(request=req, index=j, pos=lens[i])
+            self.rows[start + i] = row
+            if row.add(int(host[0][i]), float(host[1][i])):
+                done.append(start + i)
+        self.n = end
+        self.admitted_rows += m
+        self._retire(done, finished)
+
+    def _prompt_logprobs(
+        self, hidden: torch.Tensor, padded: torch.Tensor, r: int, prompt: list[int]
+    ) -> list[float | None]:
+        """None, then log p(token t | tokens < t) for t >= 1, from the prefill's hidden."""
+        m = len(prompt)
+        values: list[float | None] = [None]
+        if m > 1:
+            logits = self.decoder.logits(hidden[: m - 1, r : r + 1])[:, 0]
+            targets = padded[r, 1:m].unsqueeze(-1)
+            lp = torch.log_softmax(logits, dim=-1).gather(-1, targets).squeeze(-1)
+            values.extend(float(v) for v in lp.cpu().tolist())
+        return values
+
+    def _filters(self, params: list[SamplingParams]) -> dict[str, bool]:
+        vocab = self.decoder.vocab_size
+        return {
+            "top_k": any(0 < p.top_k < vocab for p in params),
+            "top_p": any(p.top_p < 1.0 for p in params),
+        }
+
+    def _advance(self, b: int, cache: KVCache, top_k: bool, top_p: bool) -> None:
+        """One decode step over slots ``[0, b)`` (device work only: capturable)."""
+        logits = self.decoder.decode(self.tokens[:b], self.pos[:b], cache)
+        token, logprob = next_token_rows(logits, self.settings.narrow(b), top_k=top_k, top_p=top_p)
+        token = _agree(token, self.decoder.tp_size)
+        self.last_token[:b].copy_(token)
+        self.last_logprob[:b].copy_(logprob)
+        self.tokens[:b].copy_(token)
+        live = self.live[:b]
+        self.pos[:b].add_(live)
+        self.settings.step[:b].add_(live)
+
+    def _step(self, finished: list[tuple[str, dict[str, Any]]]) -> None:
+        n = self.n
+        active = [row for row in self.rows[:n] if row is not None]
+        flags = self._filters([row.request.params for row in active])
+        if self.cuda_graphs:
+            b = bucket(n, self.size.slots)
+            self._graph(b, flags["top_k"], flags["top_p"]).replay()
+        else:  # attend only the live prefix of the cache
+            span = max(row.pos for row in active) + 1
+            view = KVCache(
+                keys=[k[:n, :, :span] for k in self.cache.keys],
+                values=[v[:n, :, :span] for v in self.cache.values],
+            )
+            self._advance(n, view, flags["top_k"], flags["top_p"])
+        host = torch.stack((self.last_token[:n].double(), self.last_logprob[:n].double()))
+        tokens, logprobs = host.cpu().tolist()
+        self.steps += 1
+        done = [r for r, row in enumerate(active) if row.add(int(tokens[r]), logprobs[r])]
+        self._retire(done, finished)
+
+    def _retire(self, slots: list[int], finished: list[tuple[str, dict[str, Any]]]) -> None:
+        """Free finished rows' slots; keep the active rows in ``[0, n)``."""
+        if not slots:
+            return
+        for s in slots:
+            row = self.rows[s]
+            assert row is not None
+            req = row.request
+            if req.left == 0 and not req.reported:  # two of its rows may end in one step
+                req.reported = True
+                finished.append((req.rid, self._result(req)))
+        n, gone = self.n, set(slots)
+        n_new = n - len(gone)
+        holes = sorted(s for s in gone if s < n_new)
+        movers = [s for s in range(n_new, n) if s not in gone]
+        if holes:
+            dst = torch.tensor(holes, dtype=torch.int64, device=self.decoder.device)
+            src = torch.tensor(movers, dtype=torch.int64, device=self.decoder.device)
+            for t in (*self.cache.keys, *self.cache.values, *self._slot_tensors):
+                t.index_copy_(0, dst, t.index_select(0, src))
+            for h, m in zip(holes, movers, strict=True):
+                self.rows[h] = self.rows[m]
+        for s in range(n_new, n):
+            self.rows[s] = None
+        self.live[n_new:n] = 0
+        self.pos[n_new:n] = 0
+        self.n = n_new
+        if self.n == 0 and not self.waiting:
+            self.weights = None
+
+    def _result(self, req: _Request) -> dict[str, Any]:
+        return {
+            "sequences": list(req.sequences),
+            "prompt_logprobs": req.prompt_logprobs,
+            "engine": {
+                "submitted_step": req.submitted_step,
+                "admitted_step": req.admitted_step,
+                "finished_step": self.steps,
+            },
+        }
+
+    # -- CUDA graphs ---------------------------------------------------------------------
+    def _graph(self, b: int, top_k: bool, top_p: bool) -> torch.cuda.CUDAGraph:
+        key = (b, top_k, top_p)
+        graph = self._graphs.get(key)
+        if graph is None:
+            graph = self._capture(b, top_k, top_p)
+            self._graphs[key] = graph
+        return graph
+
+    def _capture(self, b: int, top_k: bool, top_p: bool) -> torch.cuda.CUDAGraph:
+        """Capture ``_advance`` over slots ``[0, b)`` and the whole slot length. The warm-up
+        and the capture write keys/values at the scratch column (``length - 1``) only, with
+        ``live`` 0, and the row state is put back afterwards."""
+        saved = [t.clone() for t in self._slot_tensors]
+        self.pos[:b] = self.size.length - 1
+        self.live[:b] = 0
+        view = KVCache(
+            keys=[k[:b] for k in self.cache.keys], values=[v[:b] for v in self.cache.values]
+        )
+        side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self._advance(b, view, top_k, top_p)
+        torch.cuda.current_stream().wait_stream(side)
+        if self._graph_pool is None:
+            self._graph_pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._graph_pool):
+            self._advance(b, view, top_k, top_p)
+        for live, old in zip(self._slot_tensors, saved, strict=True):
+            live.copy_(old)
+        return graph

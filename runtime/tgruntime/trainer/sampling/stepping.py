@@ -1,0 +1,187 @@
+"""``ContinuousSamplingMixin``: the ``sampler_pool`` and ``sample_step`` group methods.
+
+Continuous batching driven in chunks (docs/sampling.md, "Continuous batching"): the caller
+(the service's scheduler) calls ``sample_step(admit, max_steps)`` on every rank
+(``ONE_TO_ALL``): the new requests are queued, the ``SlotEngine`` admits what fits, runs up to
+``max_steps`` decode steps and returns the requests that finished; the rows still decoding
+stay in the workers' pool for the next call. Ray runs an actor's calls one at a time, so
+training calls interleave between chunks, never inside one.
+
+Full-weight groups only; a LoRA group samples through ``sample`` / ``sample_batch``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from tgruntime.controller import Dispatch, register
+from tgruntime.trainer.engine import TrainEngine
+from tgruntime.trainer.sampling.continuous import SlotEngine
+from tgruntime.trainer.sampling.generate import Sampler
+from tgruntime.trainer.sampling.params import SamplingParams, check_prompts
+from tgruntime.trainer.sampling.pool import PoolConfig, PoolSize
+from tgruntime.trainer.sampling.snapshots import SnapshotStore
+
+__all__ = ["ContinuousSamplingMixin"]
+
+_REQUEST_FIELDS = frozenset(
+    {
+        "id",
+        "prompt",
+        "max_tokens",
+        "temperature",
+        "top_k",
+        "top_p",
+        "seed",
+        "stop",
+        "num_samples",
+        "prompt_logprobs",
+    }
+)
+
+
+class ContinuousSamplingMixin:
+    """Continuous-batching group methods for a worker that owns a ``TrainEngine``."""
+
+    _slot_engine: SlotEngine | None = None
+    _pool_config: PoolConfig = PoolConfig()
+
+    def _engine(self) -> TrainEngine:  # MegatronTrainer provides the real one
+        raise NotImplementedError
+
+    def _sampling(self) -> tuple[Sampler, SnapshotStore]:  # SamplingMixin provides it
+        raise NotImplementedError
+
+    def _continuous(self, engine: TrainEngine) -> SlotEngine:
+        if engine.adapters is not None:
+            raise ValueError(
+                "sample_step: continuous batching serves full-weight groups; a LoRA group "
+                "samples through sample / sample_batch (docs/sampling.md)"
+            )
+        slot_engine = self._slot_engine
+        if slot_engine is None:
+            sampler, _ = self._sampling()
+            d = sampler.decoder
+            per_position = 2 * len(d.layers) * d.groups * d.head_dim * d.dtype.itemsize
+            free = torch.cuda.mem_get_info()[0] if d.device.type == "cuda" else None
+            size = PoolSize.resolve(
+                self._pool_config.merged(PoolConfig.from_env()),
+                max_sequence_length=d.max_sequence_length,
+                bytes_per_position=per_position,
+                free_bytes=free,
+            )
+            graphs = os.environ.get("TG_SAMPLER_CUDA_GRAPHS", "1") != "0"
+            slot_engine = SlotEngine(
+                d, size, cuda_graphs=graphs and d.device.type == "cuda" and d.tp_size == 1
+            )
+            self._slot_engine = slot_engine
+        return slot_engine
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def sampler_pool(
+        self,
+        slots: int | None = None,
+        length: int | None = None,
+        kv_bytes: int | None = None,
+        allocate: bool = True,
+    ) -> dict[str, Any]:
+        """Size the continuous engine's KV pool (None: ``TG_SAMPLER_*`` or the default) and
+        allocate it now (``allocate=False``: free the pool now; the next ``sample_step``
+        allocates it again); refused while rows decode. The value: the pool's ``info``
+        (slots, length, kv_bytes, budget, ...)."""
+        engine = self._engine()
+        current = self._slot_engine
+        if current is not None and current.busy:
+            raise ValueError(
+                "sampler_pool: the sampler's pool has rows decoding; resize it when idle"
+            )
+        config = PoolConfig(slots=slots, length=length, kv_bytes=kv_bytes)
+        old = (self._slot_engine, self._pool_config)
+        self._slot_engine, self._pool_config = None, config
+        if not allocate:
+            return {"allocated": False}
+        try:
+            slot_engine = self._continuous(engine)
+        except Exception:
+            self._slot_engine, self._pool_config = old  # a refused size keeps the old pool
+            raise
+        del old
+        return {"allocated": True, **slot_engine.info()}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def sample_step(
+        self,
+        admit: list[dict[str, Any]],
+        *,
+        max_steps: int,
+        weights: str | None = None,
+        reset: bool = False,
+    ) -> dict[str, Any]:
+        """Queue ``admit`` (dicts: ``id`` and ``sample``'s parameters, one prompt each), run
+        up to ``max_steps`` decode steps for every active row, and return ``{"finished":
+        {id: sample's per-prompt dict + "engine": steps}, "failed": {id: message}, ...the
+        pool's info}``. ``weights`` as ``sample``'s; one weights at a time: a call with other
+        weights while rows decode is refused. ``reset``: drop every row first."""
+        engine = self._engine()
+        slot_engine = self._continuous(engine)
+        if reset:
+            slot_engine.reset()
+        if not isinstance(max_steps, int) or max_steps < 0:
+            raise ValueError(f"sample_step: max_steps must be an integer >= 0, not {max_steps!r}")
+        if slot_engine.busy and slot_engine.weights != weights:
+            raise ValueError(
+                f"sample_step: the sampler is decoding rows of weights {slot_engine.weights!r}; "
+                f"requests for {weights!r} wait until they finish (the scheduler's job)"
+            )
+        failed: dict[str, str] = {}
+        _, store = self._sampling()
+        snapshot = None
+        if weights is not None and (admit or slot_engine.busy):
+            try:
+                snapshot = store.resolve(weights, engine.mesh_info, engine.device)
+            except (KeyError, ValueError, FileNotFoundError) as exc:
+                if slot_engine.busy:
+                    raise
+                why = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
+                return {"finished": {}, "failed": {str(r.get("id")): why for r in admit}}
+        for request in admit:
+            rid = str(request.get("id"))
+            try:
+                self._submit(engine, slot_engine, request)
+            except (ValueError, TypeError) as exc:
+                failed[rid] = str(exc)
+        if slot_engine.busy:
+            slot_engine.weights = weights
+        try:
+            if snapshot is None:
+                done = slot_engine.run(max_steps)
+            else:
+                with store.swapped_in(engine.state.module, snapshot):
+                    done = slot_engine.run(max_steps)
+        except BaseException:
+            slot_engine.reset()  # the rows' state is unknown now; the caller fails them
+            raise
+        return {"finished": dict(done), "failed": failed, **slot_engine.info()}
+
+    @staticmethod
+    def _submit(engine: TrainEngine, slot_engine: SlotEngine, request: Any) -> None:
+        if not isinstance(request, dict) or "id" not in request or "prompt" not in request:
+            raise ValueError("sample_step: each request is a dict with 'id' and 'prompt'")
+        unknown = set(request) - _REQUEST_FIELDS
+        if unknown:
+            raise ValueError(f"sample_step: unknown request fields {sorted(unknown)}")
+        model = engine.spec.model
+        kwargs = {k: v for k, v in request.items() if k not in ("id", "prompt")}
+        if "max_tokens" not in kwargs:
+            raise ValueError("sample_step: max_tokens is required")
+        params = SamplingParams.build(vocab_size=model.vocab_size, **kwargs)
+        (prompt,) = check_prompts(
+            [request["prompt"]],
+            vocab_size=model.vocab_size,
+            max_sequence_length=model.max_sequence_length,
+            max_tokens=params.max_tokens,
+        )
+        slot_engine.submit(str(request["id"]), prompt, params)

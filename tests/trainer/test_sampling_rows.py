@@ -1,0 +1,242 @@
+"""Continuous batching's pure pieces (no Ray, no model): the per-row token choice equals the
+one-shot choice row by row, the KV pool's sizing and refusals, and the scheduler's admission
+order (fake ``sample_step``: pure decision logic).
+
+* ``next_token_rows`` over a batch whose rows each carry other settings (temperature 0 / 0.7 /
+  1 / 1.3, top-k, top-p, both, seeds, steps) gives, for every row, the bits that
+  ``select.next_token`` gives for that row alone with its own ``SamplingParams``;
+* ``PoolSize.resolve``: defaults, the budget cutting slots, a budget holding no row refused
+  with the numbers, bad sizes refused naming the field;
+* ``ContinuousScheduler``: one weights at a time, arrival order kept (nothing overtakes a
+  request for other weights), refusals and a failed call reach the right requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+import torch
+
+from tgruntime.service.continuous import ContinuousJob, ContinuousScheduler
+from tgruntime.service.sessions import ServiceError
+from tgruntime.trainer.sampling.continuous import bucket
+from tgruntime.trainer.sampling.params import SamplingParams, row_keys
+from tgruntime.trainer.sampling.pool import PoolConfig, PoolSize
+from tgruntime.trainer.sampling.rows import RowSettings, next_token_rows
+from tgruntime.trainer.sampling.select import next_token
+
+VOCAB = 50
+SETTINGS: list[dict[str, Any]] = [
+    {"temperature": 1.0},
+    {"temperature": 0.0},
+    {"temperature": 0.7, "top_k": 5},
+    {"temperature": 1.3, "top_p": 0.6},
+    {"temperature": 1.0, "top_k": 8, "top_p": 0.9},
+    {"temperature": 0.5, "top_p": 0.3},
+    {"temperature": 1.0, "top_k": 1},
+    {"temperature": 2.0, "top_k": VOCAB + 7},  # k beyond the vocabulary: off
+]
+
+
+@pytest.mark.parametrize("step", [0, 3, 17])
+def test_rows_choose_what_each_row_alone_chooses(step: int) -> None:
+    gen = torch.Generator().manual_seed(step)
+    for trial in range(20):
+        logits = torch.randn(len(SETTINGS), VOCAB, generator=gen) * 2.0
+        params = [SamplingParams.build(max_tokens=4, vocab_size=VOCAB, **s) for s in SETTINGS]
+        keys = [row_keys([[trial, i]], seed=trial, num_samples=1)[0] for i in range(len(params))]
+        steps = [step + i for i in range(len(params))]  # each row at its own step
+        rows = RowSettings(
+            temperature=torch.tensor([p.temperature for p in params]),
+            top_k=torch.tensor([VOCAB if p.top_k == -1 else min(p.top_k, VOCAB) for p in params]),
+            top_p=torch.tensor([p.top_p for p in params]),
+            keys=torch.tensor(keys),
+            step=torch.tensor(steps),
+        )
+        token, logprob = next_token_rows(logits, rows)
+        for r, p in enumerate(params):
+            want_t, want_lp = next_token(
+                logits[r : r + 1], torch.tensor(keys[r : r + 1]), steps[r], p
+            )
+            assert int(token[r]) == int(want_t[0]), (trial, r, p)
+            assert torch.equal(logprob[r], want_lp[0]), (trial, r)
+
+
+def test_filters_off_when_no_row_uses_them() -> None:
+    logits = torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(1))
+    rows = RowSettings(
+        temperature=torch.tensor([1.0, 0.8, 0.0]),
+        top_k=torch.full((3,), VOCAB),
+        top_p=torch.ones(3),
+        keys=torch.tensor([1, 2, 3]),
+        step=torch.tensor([0, 1, 2]),
+    )
+    a = next_token_rows(logits, rows)
+    b = next_token_rows(logits, rows, top_k=False, top_p=False)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_graph_buckets() -> None:
+    assert [bucket(n, 64) for n in (1, 3, 5, 9, 13, 33, 64)] == [1, 4, 8, 12, 16, 48, 64]
+    assert bucket(40, 40) == 40 and bucket(600, 1024) == 640 and bucket(513, 1024) == 640
+
+
+def _size(**config: int | None) -> PoolSize:
+    return PoolSize.resolve(
+        PoolConfig(**config), max_sequence_length=64, bytes_per_position=100, free_bytes=None
+    )
+
+
+def test_pool_size_defaults_budget_and_refusals() -> None:
+    size = _size()
+    assert (size.slots, size.length, size.row_bytes, size.budget) == (64, 64, 6400, None)
+    assert _size(slots=10, length=16).nbytes == 10 * 16 * 100
+    assert _size(slots=10, length=16, kv_bytes=3 * 1600 + 5).slots == 3  # the budget cuts
+    gpu = PoolSize.resolve(
+        PoolConfig(), max_sequence_length=64, bytes_per_position=100, free_bytes=4 * 6400 * 4
+    )
+    assert gpu.budget == 4 * 6400 and gpu.slots == 4  # a quarter of the free memory
+    with pytest.raises(ValueError, match=r"KV budget of 1,000 bytes holds no row.*6,400 bytes"):
+        _size(kv_bytes=1000)
+    with pytest.raises(ValueError, match="slots must be an integer >= 1"):
+        _size(slots=0)
+    with pytest.raises(ValueError, match=r"length .* must be in \[2, model.maxSequenceLength 64\]"):
+        _size(length=65)
+
+
+def test_pool_config_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TG_SAMPLER_SLOTS", "12")
+    monkeypatch.setenv("TG_SAMPLER_KV_BYTES", "")
+    assert PoolConfig.from_env() == PoolConfig(slots=12)
+    assert PoolConfig(slots=3).merged(PoolConfig.from_env()).slots == 3
+    monkeypatch.setenv("TG_SAMPLER_SLOT_LENGTH", "many")
+    with pytest.raises(ValueError, match="TG_SAMPLER_SLOT_LENGTH='many' must be an integer"):
+        PoolConfig.from_env()
+
+
+class _FakeGroup:
+    """A ``sample_step`` stand-in: finishes each request ``steps[prompt[0]]`` steps after
+    admission, refuses prompts starting with 99, fails the call once on request."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[list[str], int, str | None, bool]] = []
+        self.rows: dict[str, int] = {}
+        self.weights: str | None = None
+        self.fail_next = False
+
+    async def step(
+        self, admit: list[dict[str, Any]], k: int, weights: str | None, reset: bool
+    ) -> dict[str, Any]:
+        self.calls.append(([a["prompt"][0] for a in admit], k, weights, reset))
+        await asyncio.sleep(0.002)  # a chunk takes time: requests arrive during it
+        if reset:
+            self.rows.clear()
+        if self.fail_next:
+            self.fail_next = False
+            self.rows.clear()
+            raise RuntimeError("boom")
+        assert not self.rows or weights == self.weights, "two weights in one batch"
+        self.weights = weights
+        failed = {}
+        for a in admit:
+            assert isinstance(a["seed"], int)  # the scheduler fixes a seed for every rank
+            if a["prompt"][0] == 99:
+                failed[a["id"]] = "prompt 0: refused"
+            else:
+                self.rows[a["id"]] = a["max_tokens"]
+        finished: dict[str, Any] = {}
+        for rid in list(self.rows):
+            self.rows[rid] -= k
+            if self.rows[rid] <= 0:
+                del self.rows[rid]
+                finished[rid] = {"sequences": [], "prompt_logprobs": None}
+        return {
+            "finished": finished,
+            "failed": failed,
+            "active_rows": len(self.rows),
+            "slots": 4,
+            "length": 50,
+        }
+
+
+def test_scheduler_sends_what_the_pool_cannot_hold_to_the_one_shot_path() -> None:
+    async def main() -> tuple[list[int], list[int], list[Any]]:
+        group = _FakeGroup()
+        overflowed: list[int] = []
+        served: list[int] = []
+        sched = ContinuousScheduler(
+            group.step, overflow=lambda job: overflowed.append(job.request["prompt"][0])
+        )
+        sched.start()
+
+        def job(first: int, n: int, max_tokens: int) -> ContinuousJob:
+            request = {"prompt": [first] * 10, "max_tokens": max_tokens, "num_samples": n}
+            return ContinuousJob(None, request, lambda r, e: served.append(first))
+
+        for j in (job(1, 4, 40), job(2, 5, 4), job(3, 1, 41), job(4, 2, 4)):
+            sched.put(j)
+        for _ in range(3000):
+            await asyncio.sleep(0.001)
+            if len(served) == 2:
+                break
+        await sched.stop()
+        return overflowed, served, group.calls
+
+    overflowed, served, calls = asyncio.run(main())
+    assert overflowed == [2, 3]  # 5 rows > 4 slots; 10 + 41 > 50 positions
+    assert sorted(served) == [1, 4]
+    assert calls[0] == ([], 0, None, False)  # the pool's size is read first
+
+
+def test_scheduler_order_weights_and_failures() -> None:
+    async def main() -> dict[str, Any]:
+        group = _FakeGroup()
+        sched = ContinuousScheduler(group.step, steps=8, steps_busy=2)
+        sched.start()
+        order: list[int] = []
+        errors: dict[int, BaseException] = {}
+
+        def job(first: int, weights: str | None, max_tokens: int) -> ContinuousJob:
+            def done(result: dict[str, Any] | None, exc: BaseException | None) -> None:
+                order.append(first)
+                if exc is not None:
+                    errors[first] = exc
+
+            request = {"prompt": [first], "max_tokens": max_tokens, "seed": None}
+            return ContinuousJob(weights, request, done)
+
+        sched.put(job(1, "w1", 120))  # long
+        await asyncio.sleep(0.01)
+        sched.put(job(2, "w1", 2))  # joins the running batch, finishes first
+        sched.put(job(3, "w2", 2))  # other weights: waits for w1 to drain
+        sched.put(job(4, "w1", 2))  # behind 3: does not overtake it
+        sched.put(job(99, "w2", 2))  # refused by the group (after 4: arrival order)
+        for _ in range(3000):
+            await asyncio.sleep(0.001)
+            if len(order) == 5:
+                break
+        group.fail_next = True
+        sched.put(job(5, "w1", 4))
+        for _ in range(3000):
+            await asyncio.sleep(0.001)
+            if len(order) == 6:
+                break
+        sched.put(job(6, "w1", 4))  # after a failed call: reset, then served
+        for _ in range(3000):
+            await asyncio.sleep(0.001)
+            if len(order) == 7:
+                break
+        await sched.stop()
+        return {"order": order, "errors": errors, "calls": group.calls}
+
+    out = asyncio.run(main())
+    assert out["order"] == [2, 1, 3, 4, 99, 5, 6], out
+    assert isinstance(out["errors"][99], ServiceError) and "refused" in str(out["errors"][99])
+    assert str(out["errors"][5]) == "boom" and 6 not in out["errors"]
+    calls = out["calls"]
+    assert [c[0] for c in calls if c[0]] == [[1], [2], [3], [4], [99], [5], [6]]
+    # the call after the failure resets the workers' rows; no other call does
+    assert [c[0] for c in calls if c[3]] == [[6]]
+    assert {c[2] for c in calls if 3 in c[0]} == {"w2"}

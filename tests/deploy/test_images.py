@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 import tomllib
+import types
 from pathlib import Path
 from typing import cast
 
@@ -295,7 +296,7 @@ def test_runtime_versions_line_up() -> None:
     ray_version = m.group(1)
     assert pins["ray"] == ray_version == tgapi.model.DEFAULT_RAY_VERSION
     assert yaml.safe_load(EXAMPLE_TG.read_text())["spec"]["rayVersion"] == ray_version
-    assert pins["megatron-core"] == "0.16.1"
+    assert pins["megatron-core"] == "0.19.2"
     assert pins["torch"] == "2.15.0" and "tensordict" in pins
     runtime_in = (IMAGES / "runtime.in").read_text()
     assert f"torch=={pins['torch']}" in runtime_in
@@ -308,6 +309,28 @@ def test_runtime_versions_line_up() -> None:
     assert _base_arg(DOCKERFILES["operator"]).startswith("python:3.12.")
     for lock in LOCKS.values():
         assert "python_full_version < '3.12'" not in lock.read_text()
+
+
+def test_runtime_megatron_check_survives_a_git_suffix() -> None:
+    """The runtime image's version check compares megatron-core's release only: 0.19 appends
+    ``+<sha>`` to ``__version__`` when ``git rev-parse`` works next to its files (a venv in a
+    git checkout gives e.g. ``0.19.2+200963b``)."""
+    text = DOCKERFILES["runtime"].read_text()
+    found = re.search(r"(assert megatron\.core\.__version__[^;\"]*)", text)
+    assert found, "runtime.Dockerfile: no megatron-core version check"
+    check = found.group(1)
+    pin = _lock("runtime")["megatron-core"]
+
+    def passes(version: str) -> bool:
+        megatron = types.SimpleNamespace(core=types.SimpleNamespace(__version__=version))
+        try:
+            exec(check, {"megatron": megatron})
+        except AssertionError:
+            return False
+        return True
+
+    assert passes(pin) and passes(f"{pin}+200963b") and passes(f"{pin}+0123456789ab")
+    assert not passes("0.16.1") and not passes(f"{pin}1") and not passes("0.16.1+200963b")
 
 
 def test_images_line_up_with_the_chart_and_examples() -> None:

@@ -21,8 +21,8 @@
 # writable by uid 1000, bash, wget.
 ARG BASE_IMAGE=rayproject/ray:2.60.0-py312-gpu
 # gpu (default): torch with its CUDA libraries, for GPU nodes. cpu: the same lock without the
-# CUDA libraries (nvidia-*, triton: 4 GB), with small stand-ins that let torch's CUDA build
-# import and run on CPU (images/cuda_stubs.py): 2.3 GB instead of 6.3 GB, for CPU-only pods
+# CUDA libraries (nvidia-*: 3 GB; triton stays, megatron-core 0.19 imports it), with small
+# stand-ins that let torch's CUDA build import and run on CPU (images/cuda_stubs.py), for CPU-only pods
 # (the kind suite: `hack/images/build.sh runtime-cpu`, tagged <runtime image>-cpu).
 ARG VARIANT=gpu
 

@@ -55,11 +55,11 @@ images-local: ## Build operator, runtime and KubeRay-operator images FROM the st
 images-test: ## Build (or reuse) the images here and run them as a cluster would (pytest -m docker)
 	$(PYTHON) -m pytest tests/deploy/test_images.py -m docker -v
 
-images-lock: ## Re-pin the images' Python dependencies (hash-checked, universal: one lock serves Python 3.11 (stand-in bases) and 3.12 (production))
-	uv pip compile pyproject.toml images/operator.in --extra operator --universal --python-version 3.11 \
+images-lock: ## Re-pin the images' Python dependencies (hash-checked, universal: one lock for Python >= 3.12: production bases and the stand-ins)
+	uv pip compile pyproject.toml images/operator.in --extra operator --universal --python-version 3.12 \
 	  --generate-hashes --no-header \
 	  --custom-compile-command "make images-lock" -o images/requirements-operator.txt
-	uv pip compile pyproject.toml images/runtime.in --extra runtime --extra client --universal --python-version 3.11 \
+	uv pip compile pyproject.toml images/runtime.in --extra runtime --extra client --universal --python-version 3.12 \
 	  --generate-hashes --no-header \
 	  --custom-compile-command "make images-lock" -o images/requirements-runtime.txt
 	@# tinker needs httpx[http2]: pin the extra itself, or the stand-in base's pip (Debian's

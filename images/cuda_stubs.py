@@ -178,7 +178,11 @@ def left_out(package: str) -> bool:
     name = package.lower().replace("_", "-")
     if name.startswith("nvidia-"):
         return name not in KEPT_REAL
-    return name in ("triton", "cuda-toolkit")
+    # triton stays (about 1 GB installed): megatron-core 0.19 imports it unconditionally
+    # (megatron.core.pipeline_parallel.schedules -> transformer.moe.paged_stash -> triton
+    # kernels decorated at import), so `import megatron.core` fails without it. Its libtriton
+    # links no CUDA library.
+    return name == "cuda-toolkit"
 
 
 def filter_lock(text: str) -> tuple[str, list[str]]:

@@ -12,7 +12,7 @@
 # nothing is pulled (RUN --mount needs Docker >= 20.10 with DOCKER_BUILDKIT=1).
 #
 # Dependencies come from a hash-checked lock (images/requirements-operator.txt, `make
-# images-lock`; universal: Python 3.11 and 3.12); our own package is installed without
+# images-lock`; universal, Python >= 3.12); our own package is installed without
 # dependencies on top of it.
 
 # Production base; a build argument so it can be swapped for a locally built stand-in.

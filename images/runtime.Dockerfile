@@ -21,8 +21,8 @@
 # writable by uid 1000, bash, wget.
 ARG BASE_IMAGE=rayproject/ray:2.60.0-py312-gpu
 # gpu (default): torch with its CUDA libraries, for GPU nodes. cpu: the same lock without the
-# CUDA libraries (nvidia-*, triton: 4 GB), with small stand-ins that let torch's CUDA build
-# import and run on CPU (images/cuda_stubs.py): 2.3 GB instead of 6.3 GB, for CPU-only pods
+# CUDA libraries (nvidia-*: 3 GB; triton stays, megatron-core 0.19 imports it), with small
+# stand-ins that let torch's CUDA build import and run on CPU (images/cuda_stubs.py), for CPU-only pods
 # (the kind suite: `hack/images/build.sh runtime-cpu`, tagged <runtime image>-cpu).
 ARG VARIANT=gpu
 
@@ -85,11 +85,13 @@ COPY --chown=1000:100 api/ api/
 COPY --chown=1000:100 operator/ operator/
 COPY --chown=1000:100 runtime/ runtime/
 # --no-deps: every dependency is in the lock above; the versions are checked right after.
+# megatron-core >= 0.19 appends `+<git sha>` to __version__ when `git rev-parse` succeeds
+# next to its files (a venv inside a git checkout): the check compares the release part only.
 RUN pip install --no-cache-dir --no-deps --no-build-isolation . \
  && python -c "import ray, torch, tensordict, megatron.core, tgruntime, tgapi; \
 assert ray.__version__ == '2.60.0', ray.__version__; \
 assert torch.__version__.startswith('2.15.0'), torch.__version__; \
-assert megatron.core.__version__ == '0.16.1', megatron.core.__version__" \
+assert megatron.core.__version__.split('+')[0] == '0.19.2', megatron.core.__version__" \
  && python -c "import tgapi.kube_view, tgruntime.entrypoints.client_job" \
  && ! python -c "import kopf" 2>/dev/null \
  && rm -rf /tmp/trainergroup-src

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build .whl/carry/site-py312.tar.xz: the Python packages the lent GPU machine's image lacks
-# (ray[default] 2.60.0, megatron-core 0.16.1, tensordict and their missing dependencies),
+# (ray[default] 2.60.0, megatron-core 0.19.2, tensordict and their missing dependencies),
 # as one xz tarball that bench/gpu/run_on_device.sh unpacks into /tmp/tgsite; and
 # .whl/carry/tinker-py312.tar.xz: the tinker 0.38.0 SDK and what of its closure the image lacks
 # (bench/gpu/tinker_overhead.sh unpacks both). Two tarballs so that adding the SDK does not
@@ -32,7 +32,7 @@ OUT=.whl/carry/site-py312.tar.xz
 # The runtime's heavy requirements (pyproject.toml) ...
 TOP=(
   ray==2.60.0
-  megatron-core==0.16.1
+  megatron-core==0.19.2
   tensordict==0.15.3
 )
 # ... and the dependencies of ray[default], megatron-core and tensordict that the image lacks.

@@ -7,7 +7,7 @@
 # operator  images/operator.Dockerfile -> $OPERATOR_IMAGE (ghcr.io/trainergroup/operator:<appVersion>)
 # runtime   images/runtime.Dockerfile  -> $RUNTIME_IMAGE  (ghcr.io/trainergroup/runtime:<appVersion>)
 # runtime-cpu  the same, --build-arg VARIANT=cpu -> $RUNTIME_CPU_IMAGE ($RUNTIME_IMAGE-cpu): no
-#           CUDA libraries (2.3 GB instead of 6.3), for CPU-only pods; the kind suite uses it
+#           CUDA libraries (3.6 GB instead of 6.4), for CPU-only pods; the kind suite uses it
 # kuberay   images/go-manager.Dockerfile with hack/build-tools.sh's ray-operator binary
 #           -> $KUBERAY_IMAGE (trainergroup.local/kuberay-operator:<KUBERAY_VERSION>)
 # kueue     images/go-manager.Dockerfile with hack/kueue/build.sh's manager binary

@@ -47,7 +47,9 @@ def test_the_cpu_lock_keeps_everything_but_the_cuda_libraries() -> None:
     assert set(dropped) == _pins(full) - kept
     assert {"torch", "ray", "megatron-core", "tensordict"} <= kept
     assert set(cuda_stubs.KEPT_REAL) <= kept
-    assert "triton" in dropped and "nvidia-cublas" in dropped and "nvidia-nccl-cu13" in dropped
+    assert "nvidia-cublas" in dropped and "nvidia-nccl-cu13" in dropped
+    # megatron-core 0.19 imports triton at `import megatron.core` (moe paged_stash kernels)
+    assert "triton" in kept and "triton" not in dropped
     assert not [p for p in kept if p.startswith("nvidia-") and p not in cuda_stubs.KEPT_REAL]
     # every kept entry still carries its hashes (pip --require-hashes)
     for entry in re.split(r"\n(?=\S)", text):

@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 import tomllib
+import types
 from pathlib import Path
 from typing import cast
 
@@ -295,18 +296,41 @@ def test_runtime_versions_line_up() -> None:
     ray_version = m.group(1)
     assert pins["ray"] == ray_version == tgapi.model.DEFAULT_RAY_VERSION
     assert yaml.safe_load(EXAMPLE_TG.read_text())["spec"]["rayVersion"] == ray_version
-    assert pins["megatron-core"] == "0.16.1"
+    assert pins["megatron-core"] == "0.19.2"
     assert pins["torch"] == "2.15.0" and "tensordict" in pins
     runtime_in = (IMAGES / "runtime.in").read_text()
     assert f"torch=={pins['torch']}" in runtime_in
-    # Both locks are universal from Python 3.11 up: one lock serves the production bases
-    # (3.12) and the Debian stand-ins (3.11), so both carry every wheel's hash and markers.
+    # Both locks are universal from Python 3.12 up (requires-python; megatron-core >= 0.17
+    # needs 3.12): one lock for the production bases (3.12) and any stand-in base, every
+    # platform's wheel hashes in it, and no fork for an older Python left.
     makefile = (REPO / "Makefile").read_text()
-    assert makefile.count("--universal --python-version 3.11") == 2
+    assert makefile.count("--universal --python-version 3.12") == 2
     assert f"py{m.group(2)}{m.group(3)}" == "py312"
     assert _base_arg(DOCKERFILES["operator"]).startswith("python:3.12.")
-    text = LOCKS["runtime"].read_text()
-    assert "python_full_version < '3.12'" in text and "python_full_version >= '3.12'" in text
+    for lock in LOCKS.values():
+        assert "python_full_version < '3.12'" not in lock.read_text()
+
+
+def test_runtime_megatron_check_survives_a_git_suffix() -> None:
+    """The runtime image's version check compares megatron-core's release only: 0.19 appends
+    ``+<sha>`` to ``__version__`` when ``git rev-parse`` works next to its files (a venv in a
+    git checkout gives e.g. ``0.19.2+200963b``)."""
+    text = DOCKERFILES["runtime"].read_text()
+    found = re.search(r"(assert megatron\.core\.__version__[^;\"]*)", text)
+    assert found, "runtime.Dockerfile: no megatron-core version check"
+    check = found.group(1)
+    pin = _lock("runtime")["megatron-core"]
+
+    def passes(version: str) -> bool:
+        megatron = types.SimpleNamespace(core=types.SimpleNamespace(__version__=version))
+        try:
+            exec(check, {"megatron": megatron})
+        except AssertionError:
+            return False
+        return True
+
+    assert passes(pin) and passes(f"{pin}+200963b") and passes(f"{pin}+0123456789ab")
+    assert not passes("0.16.1") and not passes(f"{pin}1") and not passes("0.16.1+200963b")
 
 
 def test_images_line_up_with_the_chart_and_examples() -> None:
@@ -375,6 +399,101 @@ def test_go_manager_image_is_a_drop_in_for_kuberays_and_kueues_own() -> None:
             check=False,
         )
         assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# ---- The stand-in bases' CPython 3.12 (hack/images/build-bases.sh; no Docker needed) --------
+
+# The CPython this venv runs on: a relocatable 3.12 build (pyenv's here), as the bases copy.
+HOST_PYTHON = Path(sys.base_prefix)
+
+
+def _bases(*args: str, python: Path = HOST_PYTHON) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "TG_IMAGE_PYTHON": str(python)}
+    return subprocess.run(
+        [str(BASES_SH), *args], capture_output=True, text=True, env=env, timeout=120, check=False
+    )
+
+
+def _host_python_reason() -> str | None:
+    if sys.version_info[:2] != (3, 12) or str(HOST_PYTHON) in ("/", "/usr", "/usr/local"):
+        return f"this venv's base Python ({HOST_PYTHON}) is not a dedicated CPython 3.12 prefix"
+    return None
+
+
+def test_bases_refuse_a_missing_cpython_312(tmp_path: Path) -> None:
+    """No CPython 3.12 to copy: exit 2 naming where it looked and the fix; a system prefix is
+    refused too (the whole prefix is copied)."""
+    proc = _bases("--print", python=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"there is none at {tmp_path}" in proc.stderr, proc.stderr
+    assert "pyenv install 3.12" in proc.stderr and "TG_IMAGE_PYTHON" in proc.stderr
+    assert proc.stdout == ""
+    if Path("/usr/bin/python3.12").exists():
+        system = _bases("--print", python=Path("/usr"))
+        assert system.returncode == 2 and "system directory" in system.stderr, system.stderr
+
+
+def test_bases_tag_follows_the_cpython(tmp_path: Path) -> None:
+    """The bases' recipe hash covers the copied CPython: another build (here the same binary
+    with a different file tree) gives new base tags; the Debian rootfs tag stays."""
+    reason = _host_python_reason()
+    if reason:
+        pytest.skip(reason)
+    real = dict(line.split("=", 1) for line in _bases("--print").stdout.split())
+    other = tmp_path / "py"
+    (other / "bin").mkdir(parents=True)
+    (other / "bin" / "python3.12").symlink_to(HOST_PYTHON / "bin" / "python3.12")
+    (other / "lib").symlink_to(HOST_PYTHON / "lib")
+    proc = _bases("--print", python=other)
+    assert proc.returncode == 0, proc.stderr
+    moved = dict(line.split("=", 1) for line in proc.stdout.split())
+    assert set(real) == set(moved) == {"debian", "operator", "runtime"}
+    assert moved["debian"] == real["debian"]
+    assert moved["operator"] != real["operator"] and moved["runtime"] != real["runtime"]
+
+
+def test_staged_cpython_is_trimmed_and_relocated(tmp_path: Path) -> None:
+    """What the bases get in /usr/local: the interpreter and its standard library, nothing of
+    the host's site-packages (pip comes back through ensurepip in the image), no test suites,
+    byte code, static libpython or Tk, and no file naming the build prefix but binaries."""
+    reason = _host_python_reason()
+    if reason:
+        pytest.skip(reason)
+    stage = tmp_path / "usr-local"
+    proc = _bases("--stage", str(stage))
+    assert proc.returncode == 0, proc.stderr
+    lib = stage / "lib" / "python3.12"
+    assert (stage / "bin" / "python3.12").is_file() and (lib / "os.py").is_file()
+    assert (lib / "ensurepip" / "_bundled").is_dir() and (lib / "lib-dynload").is_dir()
+    assert list((lib / "site-packages").iterdir()) == []
+    names = {p.name for p in stage.rglob("*")}
+    for gone in ("test", "tests", "__pycache__", "idlelib", "tkinter", "pip", "pip3"):
+        assert gone not in names, gone
+    assert not [n for n in names if n.endswith((".a", ".pth", ".pyc")) or n.startswith("_tkinter")]
+    build_prefix = (
+        subprocess.run(
+            [
+                str(HOST_PYTHON / "bin" / "python3.12"),
+                "-c",
+                "import sysconfig; print(sysconfig.get_config_var('LIBDIR'))",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        .stdout.strip()
+        .removesuffix("/lib")
+    )
+    for path in stage.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            data = path.read_bytes()
+            if not data.startswith(b"\x7fELF"):
+                assert build_prefix.encode() not in data, path
+    assert (stage / "bin" / "pydoc3.12").read_text().startswith("#!/usr/local/bin/python3.12\n")
+    sysconfigdata = next(lib.glob("_sysconfigdata_*.py")).read_text()
+    assert "'LIBDIR': '/usr/local/lib'" in sysconfigdata
+    size = sum(p.stat().st_size for p in stage.rglob("*") if p.is_file() and not p.is_symlink())
+    assert size < 80_000_000, size
 
 
 # ---- Built images, run as a cluster runs them ----------------------------------------------
@@ -484,16 +603,24 @@ def test_bases_are_cached_by_recipe_hash() -> None:
         "bash",
         "-lc",
         "id -u; id -g; echo $HOME; command -v python pip wget; "
+        "python -c 'import sys; print(\"%d.%d\" % sys.version_info[:2])'; "
         "test -w $(python -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])') "
         "&& echo writable",
     ).stdout.split()
     assert out[:3] == ["1000", "100", "/home/ray"], out
     assert out[3].startswith("/home/ray/") and out[4].startswith("/home/ray/"), out
     assert out[5].endswith("/wget") and out[-1] == "writable", out
+    assert out[6] == "3.12", out  # megatron-core 0.19 needs 3.12 (the copied host CPython)
     found = _docker(
-        "run", "--rm", tags["operator"], "sh", "-c", "command -v python; command -v pip"
-    ).stdout
-    assert len(found.split()) == 2, found
+        "run",
+        "--rm",
+        tags["operator"],
+        "sh",
+        "-c",
+        "command -v python; command -v pip; python -V",
+    ).stdout.split()
+    assert found[:2] == ["/usr/local/bin/python", "/usr/local/bin/pip"], found
+    assert found[2:3] == ["Python"] and found[3].startswith("3.12."), found
 
 
 @pytest.mark.docker
@@ -608,8 +735,11 @@ def test_runtime_image_starts_ray_and_imports_the_trainer() -> None:
     _docker("run", "--rm", image, "bash", "-c", "command -v wget grep bash ray")
     _no_ca_bundle_left(image)
     variant = _docker(
-        "image", "inspect", "--format",
-        '{{index .Config.Labels "io.trainergroup.runtime-variant"}}', image,
+        "image",
+        "inspect",
+        "--format",
+        '{{index .Config.Labels "io.trainergroup.runtime-variant"}}',
+        image,
     ).stdout.strip()
     assert variant == ("cpu" if RUNTIME_TARGET == "runtime-cpu" else "gpu"), variant
     if variant == "cpu":

@@ -75,6 +75,31 @@ def test_client_namespace_defaults_to_the_pods(tmp_path: Path) -> None:
     assert client.build_parser().parse_args([]).k8s_namespace is None  # resolved when waiting
 
 
+def test_server_output_folds_megatron_notices(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """megatron-core's fallback lines (and 0.19's absl and GPTModel-deprecation lines, a
+    decision of ours: docs/trainer.md) fold into one note; real warnings still show."""
+    import io
+
+    from tgruntime.entrypoints.cli import ServerOutput
+
+    lines = [
+        "x/optimizer.py:29: UserWarning: Transformer Engine and Apex are not installed.\n",
+        "  warnings.warn(\n",
+        "x/hyper_comm_grid.py:20: UserWarning: absl.logging is not installed. Using logging\n",
+        "[WARNING  | megatron.core.models.gpt.gpt_model]: GPTModel IS DEPRECATED. GPTModel is\n",
+        "WARNING tgruntime.trainer: something a person must see\n",
+    ]
+    out = ServerOutput(io.StringIO("".join(lines)), tmp_path / "up.log", verbose=False)
+    out.join(10)
+    assert out.notices == 4
+    assert "4 such lines hidden" in out.note()
+    err = capsys.readouterr().err
+    assert "something a person must see" in err and "DEPRECATED" not in err
+    assert (tmp_path / "up.log").read_text() == "".join(lines)
+
+
 def test_client_wait_needs_a_trainergroup(capsys: pytest.CaptureFixture[str]) -> None:
     assert client.main(["wait", "--print-address"]) == 2
     assert "--trainergroup NAME is required" in capsys.readouterr().err

@@ -86,8 +86,11 @@ def _known_address(args: argparse.Namespace) -> str | None:
 # ============================================================================ output filter
 # Lines that megatron-core prints on every import when Transformer Engine / Apex are not
 # installed (the CPU and stand-in images), and Megatron-FSDP's info lines: shown as one note.
+# megatron-core 0.19 adds two: absl-py is not installed (a logging fallback), and GPTModel's
+# deprecation, which we keep on purpose (docs/trainer.md, "GPTModel, not HybridModel").
 _NOTICE = re.compile(
-    r"Transformer Engine|\bApex\b|Megatron-FSDP|megatron_fsdp|^\s*warnings\.warn\(",
+    r"Transformer Engine|\bApex\b|Megatron-FSDP|megatron_fsdp|^\s*warnings\.warn\("
+    r"|absl\.logging is not installed|GPTModel IS DEPRECATED",
 )
 _RAY_CONNECT = re.compile(r"Connecting to existing Ray cluster|Connected to Ray cluster")
 _OWN_INFO = re.compile(r" INFO tgruntime\.")
@@ -128,7 +131,8 @@ class ServerOutput:
             return ""
         return (
             "note: megatron-core runs without Transformer Engine/Apex here (its PyTorch "
-            f"fallbacks); {self.notices} such lines hidden (--verbose shows them; full log "
+            "fallbacks; GPTModel kept though deprecated, docs/trainer.md); "
+            f"{self.notices} such lines hidden (--verbose shows them; full log "
             f"{self._log_path})"
         )
 

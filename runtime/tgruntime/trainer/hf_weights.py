@@ -4,7 +4,8 @@
 The trainer's model (``model.py``) is a Llama: RMSNorm, SwiGLU, RoPE (base ``ropeTheta``), no
 biases, grouped-query attention through ``num_query_groups``, embeddings tied or not. Qwen2
 adds a bias to the query/key/value projections, Qwen3 an RMSNorm over each query and key
-head (``model.architecture``; docs/models.md). Its megatron-core 0.16 parameters map onto
+head (``model.architecture``; docs/models.md). Its megatron-core ``GPTModel`` parameters (the
+same names from 0.16 to 0.19) map onto
 transformers' as follows (``i`` a global layer index; megatron names with tensor-parallel
 size 1, ``L = decoder.layers.i``, ``M = model.layers.i``)::
 

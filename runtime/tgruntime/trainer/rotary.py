@@ -1,7 +1,8 @@
 """A CPU-safe rotary position embedding for megatron-core's ``GPTModel``.
 
-megatron-core 0.16's ``RotaryEmbedding.get_emb`` moves its inverse frequencies to
-``torch.cuda.current_device()`` on first use, which fails on a machine without a GPU.
+megatron-core's ``RotaryEmbedding.get_emb`` (0.16 through 0.19.2) moves its inverse
+frequencies to ``torch.cuda.current_device()`` on first use, which fails on a machine without
+a GPU.
 :func:`make_rotary_cpu_safe` swaps the class of a built model's rotary module for a subclass
 that keeps the frequencies on whatever device they were created on; the arithmetic is
 unchanged, so a CPU run with ``position_embedding: rope`` computes the same model as a GPU

@@ -70,7 +70,7 @@ PINNED_KUBERAY="$(sed -n 's/^KUBERAY_VERSION=//p' hack/versions.env)"
 KUBERAY_VERSION="${KUBERAY_VERSION:-$PINNED_KUBERAY}"
 OPERATOR_IMAGE="${OPERATOR_IMAGE:-ghcr.io/trainergroup/operator:$APP_VERSION}"
 # Fake mode's pods have no GPU: they run the CPU variant of the runtime image (no CUDA
-# libraries: 2.3 GB instead of 6.3 GB into each node; images/runtime.Dockerfile, VARIANT=cpu).
+# libraries: 3.6 GB instead of 6.55 GB into each node; images/runtime.Dockerfile, VARIANT=cpu).
 RUNTIME_VARIANT_SUFFIX=""; [[ "$MODE" == fake ]] && RUNTIME_VARIANT_SUFFIX=-cpu
 RUNTIME_IMAGE="${RUNTIME_IMAGE:-ghcr.io/trainergroup/runtime:$APP_VERSION$RUNTIME_VARIANT_SUFFIX}"
 KUBERAY_IMAGE="${KUBERAY_IMAGE:-trainergroup.local/kuberay-operator:$KUBERAY_VERSION}"

@@ -97,19 +97,8 @@ class SampleQueue:
         if self.continuous is None:
             self._queue.put_nowait(job)
             return
-        weights, max_tokens, temperature, top_k, top_p, seed, stop, n, plp = job.key
-        request = {
-            "prompt": job.prompt,
-            "max_tokens": max_tokens,
-            "temperature": temperature,
-            "top_k": top_k,
-            "top_p": top_p,
-            "seed": seed,
-            "stop": None if stop is None else [list(s) for s in stop],
-            "num_samples": n,
-            "prompt_logprobs": plp,
-        }
-        self.continuous.put(ContinuousJob(weights, request, job.done, origin=job))
+        request = {"prompt": job.prompt, **_params(job.key)}
+        self.continuous.put(ContinuousJob(job.key[0], request, job.done, origin=job))
 
     async def _run(self) -> None:
         while True:
@@ -125,19 +114,10 @@ class SampleQueue:
             await asyncio.gather(*(self._one_call(k, g) for k, g in groups.items()))
 
     async def _one_call(self, key: Key, jobs: list[SampleJob]) -> None:
-        weights, max_tokens, temperature, top_k, top_p, seed, stop, n, plp = key
+        weights = key[0]
         self._calls += 1
         self._prompts += len(jobs)
-        params: dict[str, Any] = {
-            "max_tokens": max_tokens,
-            "temperature": temperature,
-            "top_k": top_k,
-            "top_p": top_p,
-            "seed": seed,
-            "stop": None if stop is None else [list(s) for s in stop],
-            "num_samples": n,
-            "prompt_logprobs": plp,
-        }
+        params = _params(key)
         prompts = [j.prompt for j in jobs]
         client = self.backend.client
         try:
@@ -152,3 +132,19 @@ class SampleQueue:
             return
         for j, r in zip(jobs, results, strict=True):
             j.done(r, None)
+
+
+def _params(key: Key) -> dict[str, Any]:
+    """The sampling parameters of a queue key (everything but its weights), as the workers'
+    ``sample`` / ``sample_step`` take them."""
+    _, max_tokens, temperature, top_k, top_p, seed, stop, n, plp = key
+    return {
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "top_k": top_k,
+        "top_p": top_p,
+        "seed": seed,
+        "stop": None if stop is None else [list(s) for s in stop],
+        "num_samples": n,
+        "prompt_logprobs": plp,
+    }

@@ -23,6 +23,7 @@ commit ``RevisionNotFound``. The commit is a hash of the files' names and bytes.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import re
 from pathlib import Path
@@ -72,6 +73,9 @@ class TokenizerHub:
     def __init__(self, service: Any) -> None:
         self.service = service
         self._commit: str | None = None
+        # name -> (bytes, ETag): read and hashed once, like the commit id (the tokenizer is
+        # loaded once at start too), not on the event loop at every download
+        self._blobs: dict[str, tuple[bytes, str]] = {}
 
     @property
     def info(self) -> GroupInfo:
@@ -127,13 +131,17 @@ class TokenizerHub:
         if err is not None:
             return err
         name = request.match_info["file"]
-        path = self.files().get(name)
-        if path is None:
-            return _error(404, "EntryNotFound", f"{repo} has no file {name!r} here")
-        data = path.read_bytes()
+        blob = self._blobs.get(name)
+        if blob is None:
+            path = self.files().get(name)
+            if path is None:
+                return _error(404, "EntryNotFound", f"{repo} has no file {name!r} here")
+            data = await asyncio.to_thread(path.read_bytes)
+            blob = self._blobs[name] = (data, f'"{hashlib.sha256(data).hexdigest()}"')
+        data, etag = blob
         headers = {
             "X-Repo-Commit": self.commit(),
-            "ETag": f'"{hashlib.sha256(data).hexdigest()}"',
+            "ETag": etag,
             "Content-Length": str(len(data)),
         }
         if request.method == "HEAD":

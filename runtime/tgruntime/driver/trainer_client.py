@@ -125,7 +125,7 @@ def _as_proto(data: DataProto | Mapping[str, Any], meta: Mapping[str, Any]) -> D
     raise TypeError(f"data must be a DataProto or a dict of tensors, got {type(data).__name__}")
 
 
-def _sampling_params(
+def sampling_params(
     *,
     max_tokens: int,
     temperature: float,
@@ -399,7 +399,7 @@ class TrainerClient:
     ) -> TrainerFuture[list[dict[str, Any]]]:
         """A LoRA group: one batch, one adapter snapshot per prompt (``weights[i]``, None for
         the base), in one forward pass (docs/lora.md); the value is ``sample``'s."""
-        params = _sampling_params(
+        params = sampling_params(
             max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
             seed=seed, stop=stop, num_samples=num_samples, prompt_logprobs=prompt_logprobs,
         )
@@ -501,7 +501,7 @@ class TrainerClient:
     ) -> TrainerFuture[list[dict[str, Any]]]:
         """Generate from the group's model: one dict per prompt, ``{"sequences": [{"tokens",
         "logprobs", "stop_reason"}] * num_samples, "prompt_logprobs"}`` (docs/sampling.md)."""
-        params = _sampling_params(
+        params = sampling_params(
             max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
             seed=seed, stop=stop, num_samples=num_samples, prompt_logprobs=prompt_logprobs,
         )

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tgruntime.driver.trainer_client import sampling_params
 from tgruntime.service.backend import Backend
 from tgruntime.service.continuous import ContinuousJob, ContinuousScheduler
 
@@ -138,13 +139,7 @@ def _params(key: Key) -> dict[str, Any]:
     """The sampling parameters of a queue key (everything but its weights), as the workers'
     ``sample`` / ``sample_step`` take them."""
     _, max_tokens, temperature, top_k, top_p, seed, stop, n, plp = key
-    return {
-        "max_tokens": max_tokens,
-        "temperature": temperature,
-        "top_k": top_k,
-        "top_p": top_p,
-        "seed": seed,
-        "stop": None if stop is None else [list(s) for s in stop],
-        "num_samples": n,
-        "prompt_logprobs": plp,
-    }
+    return sampling_params(
+        max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+        stop=stop, num_samples=n, prompt_logprobs=plp,
+    )

@@ -39,7 +39,9 @@ if ! command -v uv >/dev/null 2>&1; then
   log "installing uv from PyPI"
   "$PY" -m pip install -q --disable-pip-version-check uv
 fi
-UV="$(command -v uv || echo "$("$PY" -m site --user-base)/bin/uv")"
+# pip puts uv in the interpreter's scripts folder (pyenv's versions/X/bin, not on PATH until a
+# rehash) or, for --user installs, the user base's bin: ask the uv package where its binary is.
+UV="$(command -v uv || "$PY" -c 'import uv; print(uv.find_uv_bin())')"
 
 # A venv on another Python (an old 3.11 .venv, or a different 3.12.x) is replaced, not reused:
 # its interpreter and every compiled wheel in it belong to that version.

@@ -24,7 +24,18 @@
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 
-PY="${PYTHON:-python3}"
+# A Python 3.12 with pip: pip checks each wheel's requires-python against the interpreter it
+# runs on even with --target, and megatron-core 0.19 requires >= 3.12. PYTHON wins; else
+# python3.12 on PATH, pyenv's 3.12 build, or python3.
+PY="${PYTHON:-}"
+if [ -z "$PY" ]; then
+  for c in "$(command -v python3.12 || true)" "$(pyenv root 2>/dev/null || echo /nonexistent)"/versions/3.12*/bin/python3.12 python3; do
+    if [ -n "$c" ] && "$c" -c 'import sys, pip; raise SystemExit(sys.version_info[:2] != (3, 12))' 2>/dev/null; then
+      PY="$c"; break
+    fi
+  done
+fi
+[ -n "$PY" ] || { echo "device-carry: needs a Python 3.12 with pip (set PYTHON=...)" >&2; exit 2; }
 WHEELS=.whl/wheels          # downloaded wheels (kept: a re-run downloads nothing new)
 BUILD=.whl/build/site       # unpacked site-packages
 OUT=.whl/carry/site-py312.tar.xz

@@ -101,15 +101,19 @@ def last_steps(cluster: RayCluster, group: str, namespace: str) -> list[dict[str
 
 
 @pytest.mark.flow
-def test_up_then_another_process_attaches_by_name_trains_and_tears_down(
+def test_up_attach_train_checkpoint_resume_in_a_new_generation_and_tear_down(
     ray_cluster: RayCluster, tmp_path: Path
 ) -> None:
     """`tgctl up` (its server process creates the detached TP=2 group and exits) -> status ->
     a different OS process, knowing only the group's name and namespace, attaches and trains
-    -> `tgctl train` -> teardown's report -> nothing left; a second teardown finds nothing.
-    (One group for what were two tests: the server-exits flow and tgctl's up/status/train/down.)
+    -> `tgctl train` -> a checkpoint -> teardown's report -> generation 1 (new workers, new
+    names) resumes from the checkpoint -> `tgctl down` -> nothing left; a second teardown finds
+    nothing. One group generation pair for what were two flows (up/attach/train/down and
+    checkpoint resume across generations): each started its own group, and a group is two
+    Megatron processes (~14 CPU s of imports each) plus the client and server processes.
     """
-    path, doc = write_spec(tmp_path)
+    ckpt = tmp_path / "ckpt"
+    path, doc = write_spec(tmp_path, **{"training.checkpointDir": str(ckpt)})
     name, ns = doc["metadata"]["name"], doc["spec"]["workers"]["rayNamespace"]
     addr = ["--address", ray_cluster.gcs_address]
     names = [f"{name}MegatronTrainer_0:0", f"{name}MegatronTrainer_0:1"]
@@ -125,6 +129,7 @@ def test_up_then_another_process_attaches_by_name_trains_and_tears_down(
     assert [w["name"] for w in st["workers"]] == names
     assert st["mesh"] == {"tp": 2, "pp": 1, "cp": 1, "dp": 1} and st["rayNamespace"] == ns
 
+    # The spec's batch shape and seed, given as flags: this client knows no spec file.
     client = run(
         ray_cluster,
         "-m",
@@ -143,58 +148,51 @@ def test_up_then_another_process_attaches_by_name_trains_and_tears_down(
         "5",
         "--no-progress",
     )
-    losses = [s["loss"] for s in tagged("TG_STEP", client.stdout)]
-    assert len(losses) == 5
-    assert losses[-1] < losses[0], losses
+    before = [s["loss"] for s in tagged("TG_STEP", client.stdout)]
+    assert len(before) == 5
+    assert before[-1] < before[0], before
 
     ranks = last_steps(ray_cluster, name, ns)
     assert [r["tp_rank"] for r in ranks] == [0, 1]
     assert ranks[0]["loss"] == pytest.approx(ranks[1]["loss"], rel=1e-6), ranks
-    assert ranks[0]["loss"] == pytest.approx(losses[-1], rel=1e-5)
+    assert ranks[0]["loss"] == pytest.approx(before[-1], rel=1e-5)
 
     train = run(ray_cluster, *cli, "train", "-f", str(path), "--steps", "2", "--json", *addr)
     assert len(tagged("TG_STEP", train.stdout)) == 2
 
-    down = run(ray_cluster, "-m", TEARDOWN, "--group", name, "--ray-namespace", ns)
-    (report,) = tagged("TG_TEARDOWN", down.stdout)
-    assert sorted(report["actorsKilled"]) == sorted(names)
-    assert leftovers(ray_cluster, ns) == {"actors": [], "pgs": []}
-    # Idempotent: a second teardown (tgctl's) finds nothing and still succeeds.
-    again = json.loads(run(ray_cluster, *cli, "down", "-f", str(path), "--json", *addr).stdout)
-    assert again["teardown"]["actorsKilled"] == [], again
-
-
-@pytest.mark.flow
-def test_checkpoint_resumes_in_a_recreated_generation(
-    ray_cluster: RayCluster, tmp_path: Path
-) -> None:
-    ckpt = tmp_path / "ckpt"
-    path, doc = write_spec(tmp_path, **{"training.checkpointDir": str(ckpt)})
-    name, ns = doc["metadata"]["name"], doc["spec"]["workers"]["rayNamespace"]
-    train = ["-m", "tgruntime.entrypoints.client_job", "-f", str(path), "--no-progress"]
-
-    run(ray_cluster, "-m", "tgruntime.entrypoints.server", "-f", str(path), "--generation", "0")
-    before = [s["loss"] for s in tagged("TG_STEP", run(ray_cluster, *train, "--steps", "3").stdout)]
     ray_cluster.run_python(f"""
         from tgruntime.controller import WorkerGroup
         from tgruntime.controller.connect import connect
         connect(ray_namespace={ns!r})
         print(WorkerGroup.attach(group_name={name!r}, ray_namespace={ns!r}).save_checkpoint())
     """)
+    one_step = ["-m", "tgruntime.entrypoints.client_job", "-f", str(path), "--no-progress"]
     (continued,) = [
-        s["loss"] for s in tagged("TG_STEP", run(ray_cluster, *train, "--steps", "1").stdout)
+        s["loss"] for s in tagged("TG_STEP", run(ray_cluster, *one_step, "--steps", "1").stdout)
     ]
-    run(ray_cluster, "-m", "tgruntime.entrypoints.teardown", "--group", name, "--ray-namespace", ns)
+
+    down = run(ray_cluster, "-m", TEARDOWN, "--group", name, "--ray-namespace", ns)
+    (report,) = tagged("TG_TEARDOWN", down.stdout)
+    assert sorted(report["actorsKilled"]) == sorted(names)
+    assert leftovers(ray_cluster, ns) == {"actors": [], "pgs": []}
 
     # Generation 1: new workers, new names; init_model loads the newest checkpoint.
     server = run(ray_cluster, "-m", SERVER, "-f", str(path), "--generation", "1")
     (ready,) = tagged("TG_GROUP_READY", server.stdout)
     assert ready["generation"] == 1
-    assert ready["workerNames"][0] == f"{name}-g1-MegatronTrainer_0:0"
+    g1 = [f"{name}-g1-MegatronTrainer_0:0", f"{name}-g1-MegatronTrainer_0:1"]
+    assert ready["workerNames"] == g1
     (resumed,) = [
-        s["loss"] for s in tagged("TG_STEP", run(ray_cluster, *train, "--steps", "1").stdout)
+        s["loss"] for s in tagged("TG_STEP", run(ray_cluster, *one_step, "--steps", "1").stdout)
     ]
-    run(ray_cluster, "-m", "tgruntime.entrypoints.teardown", "--group", name, "--ray-namespace", ns)
+
+    gone = json.loads(run(ray_cluster, *cli, "down", "-f", str(path), "--json", *addr).stdout)
+    assert sorted(gone["teardown"]["actorsKilled"]) == sorted(g1), gone
+    assert leftovers(ray_cluster, ns) == {"actors": [], "pgs": []}
+    # Idempotent: a second teardown finds nothing and still succeeds.
+    again = run(ray_cluster, "-m", TEARDOWN, "--group", name, "--ray-namespace", ns)
+    (report,) = tagged("TG_TEARDOWN", again.stdout)
+    assert report["actorsKilled"] == [], report
 
     assert before[-1] > continued  # still learning the memorised batch
     # The re-created group's next step is the step the old group took after the checkpoint,

@@ -79,7 +79,16 @@ class _Server:
             time.sleep(0.01)
         raise AssertionError(f"no answer for {got}")
 
+    def finish_all(self) -> None:
+        """Finish every live session (a full-weight group trains one run at a time)."""
+        keys = {"team-a": A, "team-b": B, "team-c": C}
+        for sid, sess in list(self.running.service.registry.sessions.items()):
+            if not sess.finished:
+                self.api("POST", f"sessions/{sid}/finish", keys[sess.owner], {})
+
     def model(self, key: str) -> str:
+        """A new session and run (earlier sessions finished first)."""
+        self.finish_all()
         _, made = self.api("POST", "create_session", key, {"tags": []})
         body = {"session_id": made["session_id"], "model_seq_id": 0, "base_model": "tiny",
                 "lora_config": {"rank": 4}}
@@ -231,10 +240,12 @@ def test_keep_checkpoints_prunes_named_checkpoints(tmp_path: Path) -> None:
     run's and another principal's are untouched."""
     server = _Server(tmp_path / "keep", keep=2)
     try:
-        m1, m2, mb = server.model(A), server.model(A), server.model(B)
         folder = server.root / "tinker" / "principals"
+        m2 = server.model(A)
         server.save(A, m2, 1, "other")
+        mb = server.model(B)
         server.save(B, mb, 1, "b1")
+        m1 = server.model(A)
         used = [disk_bytes(folder)]
         for i in range(1, 5):
             server.save(A, m1, 2 * i - 1, f"step-{i}")
@@ -253,3 +264,40 @@ def test_keep_checkpoints_prunes_named_checkpoints(tmp_path: Path) -> None:
         assert abs(used[4] - used[2]) < 4096 and abs(used[3] - used[2]) < 4096, used
     finally:
         server.stop()
+
+
+def test_sdk_save_weights_external_and_its_urls(server: _Server, tmp_path: Path) -> None:
+    """SDK 0.38's own calls: ``save_weights_external`` (the group's ``export_hf`` files),
+    ``get_external_weights_urls``, each link fetched with no key; listed as ``external``;
+    another principal gets a 404; deleted, its links answer 404."""
+    import tinker
+
+    server.finish_all()
+    sc = tinker.ServiceClient(base_url=server.url, api_key=A)
+    tc = sc.create_lora_training_client("tiny", rank=4).result()
+    path = tc.save_weights_external("hf", ttl_seconds=3600).result().path
+    run = path.removeprefix("tinker://").split("/")[0]
+    assert path == f"tinker://{run}/external_weights/hf"
+    d = server.root / "tinker" / "principals" / "team-a" / run / "external_weights" / "hf"
+    rc = sc.create_rest_client()
+    got = rc.get_external_weights_urls(path).result()
+    assert sorted(got.urls) == ["config.json", "model.safetensors"]
+    assert 800 < (got.expires.timestamp() - time.time()) <= 900
+    for name, url in got.urls.items():
+        urllib.request.urlretrieve(url, str(tmp_path / name))
+        assert (tmp_path / name).read_bytes() == (d / name).read_bytes()
+    (cp,) = [c for c in rc.list_checkpoints(run).result().checkpoints]
+    assert cp.checkpoint_type == "external" and cp.expires_at is not None
+    # a file link opens that file only: another file, or the archive route, breaks the signature
+    base, query = got.urls["config.json"].split("?", 1)
+    q = dict(urllib.parse.parse_qsl(query))
+    assert _get(f"{base}?{urllib.parse.urlencode({**q, 'file': 'model.safetensors'})}")[0] == 403
+    assert _get(f"{server.url}/signed/archive?{query}")[0] == 403
+    rb = tinker.RestClient(base_url=server.url, api_key=B)
+    with pytest.raises(tinker.NotFoundError):
+        rb.get_external_weights_urls(path).result()
+    with pytest.raises(tinker.BadRequestError, match="Hugging Face files"):
+        sc.create_training_client_from_state(path)
+    rc.delete_checkpoint_from_tinker_path(path).result()
+    assert not d.exists() and _get(got.urls["config.json"])[0] == 404
+    server.finish_all()

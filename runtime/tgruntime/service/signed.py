@@ -1,4 +1,5 @@
-"""Expiring signed links to a checkpoint's archive (issue 38: ``weights.download``).
+"""Expiring signed links to a checkpoint's archive, or to one file of an external-weights
+checkpoint (issue 38: what ``tinker_cookbook.weights.download`` fetches).
 
 A link names what it opens and until when, and carries an HMAC-SHA256 of exactly that under a
 secret only the server knows, so it needs no API key: whoever holds the link may fetch that one
@@ -7,8 +8,11 @@ may read the checkpoint (its owner, a reader it was shared with, an admin: servi
 service.sharing); the link names the folder (the owner) it was issued for, so a link cannot be
 bent to another principal's checkpoint of the same path.
 
-The query of a link: ``owner``, ``path`` (the ``tinker://`` path), ``expires`` (epoch seconds,
-an integer) and ``signature`` (64 hex digits). Changing any of them breaks the signature.
+The query of a link: ``owner``, ``path`` (the ``tinker://`` path), ``file`` (a file link only:
+the file's path inside the checkpoint), ``expires`` (epoch seconds, an integer) and
+``signature`` (64 hex digits). Changing any of them breaks the signature; the signature also
+covers the link's scope (``archive`` or ``file``), so a link of one route opens nothing on the
+other.
 
 The secret is ``TG_TINKER_LINK_SECRET`` (any text, e.g. from a Secret; every replica and restart
 that shares it honours the others' links), else 32 random bytes drawn when the server starts
@@ -30,6 +34,8 @@ ENV_SECRET = "TG_TINKER_LINK_SECRET"
 LINK_TTL_S = 900  # how long a link is valid: 15 minutes, as hosted Tinker's archive links
 MAX_LINK_TTL_S = 7 * 24 * 3600
 ARCHIVE_ROUTE = "/signed/archive"  # outside /api/v1: the signature is the credential
+FILE_ROUTE = "/signed/file"
+SCOPES = ("archive", "file")
 
 
 def _secret_from_env() -> bytes:
@@ -39,11 +45,13 @@ def _secret_from_env() -> bytes:
 
 @dataclass(frozen=True, kw_only=True)
 class Link:
-    """What a valid link opens: ``path`` in ``owner``'s folder, until ``expires``."""
+    """What a valid link opens: ``path`` in ``owner``'s folder (its ``file``, for a file
+    link), until ``expires``."""
 
     owner: str
     path: str
     expires: int
+    file: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,27 +70,35 @@ class LinkSigner:
         if not 1 <= self.ttl_s <= MAX_LINK_TTL_S:
             raise ValueError(f"link ttl_s must be 1 to {MAX_LINK_TTL_S} seconds, not {self.ttl_s}")
 
-    def _mac(self, *, owner: str, path: str, expires: int) -> str:
-        msg = "\n".join(("tg-archive-v1", owner, path, str(expires))).encode()
+    def _mac(self, *, scope: str, owner: str, path: str, file: str, expires: int) -> str:
+        msg = "\n".join(("tg-link-v1", scope, owner, path, file, str(expires))).encode()
         return hmac.new(self.secret, msg, hashlib.sha256).hexdigest()
 
-    def sign(self, *, owner: str, path: str, now: float | None = None) -> tuple[str, int]:
-        """(the link's query string, its expiry in epoch seconds)."""
+    def sign(
+        self, *, owner: str, path: str, file: str = "", now: float | None = None
+    ) -> tuple[str, int]:
+        """(the link's query string, its expiry in epoch seconds): an archive link, or with
+        ``file`` a link to that one file."""
         expires = int(time.time() if now is None else now) + self.ttl_s
-        query = urllib.parse.urlencode(
-            {
-                "owner": owner,
-                "path": path,
-                "expires": expires,
-                "signature": self._mac(owner=owner, path=path, expires=expires),
-            }
+        scope = "file" if file else "archive"
+        fields: dict[str, str | int] = {"owner": owner, "path": path}
+        if file:
+            fields["file"] = file
+        fields["expires"] = expires
+        fields["signature"] = self._mac(
+            scope=scope, owner=owner, path=path, file=file, expires=expires
         )
-        return query, expires
+        return urllib.parse.urlencode(fields), expires
 
-    def check(self, query: dict[str, str], now: float | None = None) -> Link:
-        """The link the query opens; a 403 naming what is wrong (tampered, expired, not a
-        link of this server) otherwise."""
-        missing = [k for k in ("owner", "path", "expires", "signature") if not query.get(k)]
+    def check(
+        self, query: dict[str, str], *, scope: str = "archive", now: float | None = None
+    ) -> Link:
+        """The link the query opens on a ``scope`` route; a 403 naming what is wrong
+        (tampered, expired, not a link of this server or of this route) otherwise."""
+        if scope not in SCOPES:
+            raise ValueError(f"scope must be one of {SCOPES}, not {scope!r}")
+        need = ("owner", "path", "expires", "signature") + (("file",) if scope == "file" else ())
+        missing = [k for k in need if not query.get(k)]
         if missing:
             raise ServiceError(
                 f"not a signed link of this server: it lacks {', '.join(missing)}; ask for a "
@@ -90,11 +106,12 @@ class LinkSigner:
                 status=403,
             )
         owner, path, raw = query["owner"], query["path"], query["expires"]
+        file = query.get("file", "") if scope == "file" else ""
         try:
             expires = int(raw)
         except ValueError:
             expires = -1
-        want = self._mac(owner=owner, path=path, expires=expires)
+        want = self._mac(scope=scope, owner=owner, path=path, file=file, expires=expires)
         if expires < 0 or not hmac.compare_digest(want, query["signature"]):
             raise ServiceError(
                 "the link's signature does not match what it names (it was altered, or "
@@ -109,4 +126,4 @@ class LinkSigner:
                 "for a new link",
                 status=403,
             )
-        return Link(owner=owner, path=path, expires=expires)
+        return Link(owner=owner, path=path, expires=expires, file=file)

@@ -21,7 +21,6 @@ from aiohttp import web
 from tgruntime.service.archive import tar_chunks
 from tgruntime.service.core import ServiceCore, _json_log, log
 from tgruntime.service.policy import Act
-from tgruntime.service.sessions import ServiceError
 from tgruntime.service.signed import ARCHIVE_ROUTE, LinkSigner
 
 ISSUE_ROUTE = "/api/v1/training_runs/{run_id}/checkpoints/{kind}/{name}/archive"
@@ -47,8 +46,6 @@ class ArchiveRoutes(ServiceCore):
     async def checkpoint_archive(self, request: web.Request) -> web.Response:
         m = request.match_info
         uri = f"tinker://{m['run_id']}/{m['kind']}/{m['name']}"
-        if m["kind"] == "external_weights":
-            raise ServiceError(f"no checkpoint at {uri}", status=404)  # never made here
         at = self._locate(uri, self._who(request), Act.READ)
         query, expires = self.links.sign(owner=at.owner, path=at.uri)
         _json_log("archive_link", path=at.uri, owner=at.owner, expires=expires)

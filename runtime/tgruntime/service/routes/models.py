@@ -458,9 +458,11 @@ class ModelRoutes(ServiceCore):
         at = self._locate(uri, who)
         d = at.dir
         if at.kind != "weights":
+            what = "sampler weights (for sampling)" if at.kind == "sampler_weights" else (
+                "Hugging Face files (save_weights_external, for download)"
+            )
             raise ServiceError(
-                f"{uri} holds sampler weights (for sampling); load a tinker://.../weights/... "
-                "path saved by save_state"
+                f"{uri} holds {what}; load a tinker://.../weights/... path saved by save_state"
             )
         optimizer = bool(body.get("optimizer", False))
         self._check_state_kind(uri, d)

@@ -14,7 +14,10 @@ starts at ln 2 (the policy is its reference) and falls; the chosen answer ends u
 SDK 0.38 dropped ``RestClient.get_checkpoint_archive_url_from_tinker_path``, which this
 cookbook's ``weights.download`` calls for ``sampler_weights`` paths: the script puts tinker
 0.34's call back (the same GET of ``.../archive``) and runs ``weights.download`` unmodified; the
-unpacked files equal the server's checkpoint files byte for byte."""
+unpacked files equal the server's checkpoint files byte for byte. Then SDK 0.38's own way, all
+unmodified: ``create_training_client_from_state`` of the final state, ``save_weights_external``
+and ``weights.download`` of its ``external_weights`` path: the Hugging Face files the group
+exported, byte for byte."""
 
 from __future__ import annotations
 
@@ -104,6 +107,25 @@ SCRIPT = textwrap.dedent(
 )
 
 
+# SDK 0.38 and the cookbook unmodified: the run's final state into a new training client,
+# save_weights_external (the group's export_hf), then weights.download of that path
+EXTERNAL = textwrap.dedent(
+    """
+    import sys
+    import tinker
+    from tinker_cookbook import weights
+
+    url, state, out = sys.argv[1:4]
+    sc = tinker.ServiceClient(base_url=url)
+    tc = sc.create_training_client_from_state(state)
+    ext = tc.save_weights_external("hf", ttl_seconds=3600).result().path
+    weights.download(tinker_path=ext, output_dir=out, base_url=url)
+    sc.close("success").result()
+    print("EXTERNAL=" + ext)
+    """
+)
+
+
 def _finish_lingering(served: dict[str, Any]) -> None:
     """``train_dpo.main`` exits without ``sessions/{id}/finish``; its heartbeat would hold the
     group's one training run for the session TTL: finish it as the SDK's ``with`` would."""
@@ -147,3 +169,18 @@ def test_cookbook_dpo_loss_falls_and_download_unpacks(
     want = {str(p.relative_to(d)): p.read_bytes() for p in d.rglob("*") if p.is_file()}
     got = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
     assert want and got == want, (sorted(got), sorted(want))
+    # weights.download of save_weights_external's path: the Hugging Face files, as exported
+    state = json.loads((log / "checkpoints.jsonl").read_text().splitlines()[-1])["state_path"]
+    hf = tmp_path / "hf"
+    proc = subprocess.run(
+        [str(COOKBOOK_PY), "-c", EXTERNAL, served["url"], state, str(hf)],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+    _finish_lingering(served)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    ext = next(x for x in proc.stdout.splitlines() if x.startswith("EXTERNAL="))[9:]
+    run, kind, name = ext.removeprefix("tinker://").split("/")
+    d = served["root"] / "ckpt" / "tinker" / "principals" / "default" / run / kind / name
+    want = {str(p.relative_to(d)): p.read_bytes() for p in d.rglob("*") if p.is_file()}
+    got = {str(p.relative_to(hf)): p.read_bytes() for p in hf.rglob("*") if p.is_file()}
+    assert "config.json" in want and got == want, (sorted(got), sorted(want))

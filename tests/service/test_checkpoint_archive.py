@@ -301,3 +301,52 @@ def test_sdk_save_weights_external_and_its_urls(server: _Server, tmp_path: Path)
     rc.delete_checkpoint_from_tinker_path(path).result()
     assert not d.exists() and _get(got.urls["config.json"])[0] == 404
     server.finish_all()
+
+
+def test_age_files_decrypt_with_pyrage(tmp_path: Path) -> None:
+    """service.age's files, for two recipients, decrypt with pyrage (rage, in the cookbook venv:
+    what ``weights.download`` decrypts with) to the original bytes: empty, one byte, exactly one
+    64 KiB chunk, one byte more, several chunks. Bad recipients are refused by name."""
+    import hashlib
+    import subprocess
+
+    from tests.service.test_cookbook import COOKBOOK_PY
+    from tgruntime.service import age
+    from tgruntime.service.sessions import ServiceError
+
+    with pytest.raises(ServiceError, match="not an age X25519 recipient"):
+        age.recipient_key("ssh-ed25519 AAAAC3Nza")
+    good = "age1ql3z7hjy54pw3hyww5ayyfg7zqgvc7w3j2elw8zmrj2kg5sfn9aqmcac8p"  # age's spec example
+    assert len(age.recipient_key(good)) == 32
+    with pytest.raises(ServiceError, match="not an age X25519 recipient"):
+        age.recipient_key(good[:-1] + ("q" if good[-1] != "q" else "p"))  # checksum broken
+    if not COOKBOOK_PY.exists():
+        pytest.skip(f"no cookbook venv (pyrage) at {COOKBOOK_PY}: hack/cookbook-venv.sh builds it")
+    keys = subprocess.run(
+        [str(COOKBOOK_PY), "-c", "import pyrage\nfor _ in range(2):\n"
+         " i = pyrage.x25519.Identity.generate(); print(i, i.to_public())"],
+        capture_output=True, text=True, check=True, timeout=60,
+    ).stdout.split()
+    secrets_, publics = keys[0::2], keys[1::2]
+    recipients = [age.recipient_key(p) for p in publics]
+    sizes = [0, 1, age.CHUNK, age.CHUNK + 1, 3 * age.CHUNK + 7]
+    want = {}
+    for n in sizes:
+        src = tmp_path / f"f{n}"
+        src.write_bytes(bytes(range(256)) * (n // 256) + bytes(n % 256))
+        age.encrypt_file(src, tmp_path / f"f{n}.age", recipients)
+        want[n] = hashlib.sha256(src.read_bytes()).hexdigest()
+    script = (
+        "import hashlib, sys, pyrage\n"
+        "ident = pyrage.x25519.Identity.from_str(sys.argv[1])\n"
+        "for f in sys.argv[2:]:\n"
+        " print(hashlib.sha256(pyrage.decrypt(open(f, 'rb').read(), [ident])).hexdigest())\n"
+    )
+    for secret in secrets_:
+        out = subprocess.run(
+            [str(COOKBOOK_PY), "-c", script, secret,
+             *[str(tmp_path / f"f{n}.age") for n in sizes]],
+            capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"},
+        )
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert out.stdout.split() == [want[n] for n in sizes]

@@ -2,8 +2,8 @@
 write real bytes: DELETE as the SDK 0.38 sends it (owner-checked: another principal's answers
 like a missing one), ``ttl_seconds`` kept beside the checkpoint and expired by the sweeper (and
 at start-up), ``user_metadata`` of a run back in ``training_runs``, ``weights_info``,
-``copy_weights``, ``save_weights_external`` with encryption refused without holding up the next
-seq_id (the export itself: test_checkpoint_archive.py), an
+``copy_weights``, ``save_weights_external`` with a bad recipient refused without holding up the
+next seq_id (the export itself: test_checkpoint_archive.py), an
 unknown run is a 404, and ``tgctl serve``'s default checkpoint directory. Disk use is measured
 before and after each delete and expiry."""
 
@@ -342,12 +342,12 @@ def test_copy_weights_and_save_weights_external(tmp_path: Path) -> None:
         assert (await api.call("DELETE", _one(src), A))[0] == 204
         code, got = await api.post("weights_info", A, {"tinker_path": copy})
         assert code == 200 and got["base_model"] == "tiny"
-        # save_weights_external with encryption: 400 naming the field; the next seq_id is not
-        # held up
+        # save_weights_external with a bad recipient: 400 naming the field; the next seq_id is
+        # not held up
         code, got = await api.post("save_weights_external", A,
                                    {"model_id": m, "path": "hf", "seq_id": 2,
                                     "age_encryption_recipients": ["age1xyz"]})
-        assert code == 400 and "age_encryption_recipients is not supported" in got["error"]
+        assert code == 400 and "is not an age X25519 recipient" in got["error"]
         t = time.monotonic()
         await api.save(A, m, 3, "s3")
         assert time.monotonic() - t < 5.0
@@ -402,7 +402,7 @@ def test_the_unmodified_sdk_drives_the_lifecycle(tmp_path: Path) -> None:
             rc.delete_checkpoint_from_tinker_path(path).result()
         with pytest.raises(tinker.NotFoundError):
             rc.get_training_run("nope:train:0").result()
-        with pytest.raises(tinker.BadRequestError, match="age_encryption_recipients is not"):
+        with pytest.raises(tinker.BadRequestError, match="not an age X25519 recipient"):
             tc.save_weights_external("hf", age_encryption_recipients=["age1xyz"]).result()
         t = time.monotonic()
         assert tc.save_state("s2").result().path.endswith("/weights/s2")  # not held up

@@ -14,10 +14,12 @@ starts at ln 2 (the policy is its reference) and falls; the chosen answer ends u
 SDK 0.38 dropped ``RestClient.get_checkpoint_archive_url_from_tinker_path``, which this
 cookbook's ``weights.download`` calls for ``sampler_weights`` paths: the script puts tinker
 0.34's call back (the same GET of ``.../archive``) and runs ``weights.download`` unmodified; the
-unpacked files equal the server's checkpoint files byte for byte. Then SDK 0.38's own way, all
+unpacked files equal the server's checkpoint files byte for byte. Then SDK 0.38's own ways, all
 unmodified: ``create_training_client_from_state`` of the final state, ``save_weights_external``
-and ``weights.download`` of its ``external_weights`` path: the Hugging Face files the group
-exported, byte for byte."""
+and ``weights.download`` of its ``external_weights`` path; and ``weights.download`` of the
+``weights`` (state) path, which exports encrypted to an age key it generates
+(``age_encryption_recipients``), fetches, decrypts with pyrage and deletes the export: both give
+the Hugging Face files the group exported, byte for byte."""
 
 from __future__ import annotations
 
@@ -108,7 +110,9 @@ SCRIPT = textwrap.dedent(
 
 
 # SDK 0.38 and the cookbook unmodified: the run's final state into a new training client,
-# save_weights_external (the group's export_hf), then weights.download of that path
+# save_weights_external (the group's export_hf), weights.download of that external path; then
+# weights.download of the state path itself (the cookbook exports it encrypted to a key it makes,
+# downloads, decrypts with pyrage and deletes the export)
 EXTERNAL = textwrap.dedent(
     """
     import sys
@@ -119,8 +123,9 @@ EXTERNAL = textwrap.dedent(
     sc = tinker.ServiceClient(base_url=url)
     tc = sc.create_training_client_from_state(state)
     ext = tc.save_weights_external("hf", ttl_seconds=3600).result().path
-    weights.download(tinker_path=ext, output_dir=out, base_url=url)
     sc.close("success").result()
+    weights.download(tinker_path=ext, output_dir=out + "/plain", base_url=url)
+    weights.download(tinker_path=state, output_dir=out + "/state", base_url=url)
     print("EXTERNAL=" + ext)
     """
 )
@@ -169,7 +174,8 @@ def test_cookbook_dpo_loss_falls_and_download_unpacks(
     want = {str(p.relative_to(d)): p.read_bytes() for p in d.rglob("*") if p.is_file()}
     got = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
     assert want and got == want, (sorted(got), sorted(want))
-    # weights.download of save_weights_external's path: the Hugging Face files, as exported
+    # weights.download of save_weights_external's path, and of the state path (encrypted
+    # export): both the Hugging Face files the group exported, byte for byte
     state = json.loads((log / "checkpoints.jsonl").read_text().splitlines()[-1])["state_path"]
     hf = tmp_path / "hf"
     proc = subprocess.run(
@@ -182,5 +188,11 @@ def test_cookbook_dpo_loss_falls_and_download_unpacks(
     run, kind, name = ext.removeprefix("tinker://").split("/")
     d = served["root"] / "ckpt" / "tinker" / "principals" / "default" / run / kind / name
     want = {str(p.relative_to(d)): p.read_bytes() for p in d.rglob("*") if p.is_file()}
-    got = {str(p.relative_to(hf)): p.read_bytes() for p in hf.rglob("*") if p.is_file()}
-    assert "config.json" in want and got == want, (sorted(got), sorted(want))
+    assert "config.json" in want and any(k.endswith(".safetensors") for k in want), sorted(want)
+    for sub in ("plain", "state"):
+        got = {str(p.relative_to(hf / sub)): p.read_bytes()
+               for p in (hf / sub).rglob("*") if p.is_file()}
+        assert got == want, (sub, sorted(got), sorted(want))
+    # the cookbook deleted its temporary encrypted export
+    exports = served["root"] / "ckpt" / "tinker" / "principals" / "default"
+    assert sorted(p.name for p in exports.glob("*/external_weights/*")) == [".hf.meta.json", "hf"]

@@ -7,8 +7,9 @@ paths.
   into ``tinker://<model>/external_weights/<path>``, in the model's ``seq_id`` turn like any
   save. Its sidecar keeps the TTL; it lists, expires, is deleted and copied like the other
   kinds; it cannot be loaded or sampled from (it is a Hugging Face folder, not a state).
-  Refused with 400 (the ``seq_id`` turn still taken): ``age_encryption_recipients`` (this
-  server encrypts nothing: the files are only served through links signed for the caller),
+  With ``age_encryption_recipients`` (``age1...`` keys) every file is stored encrypted to
+  them as ``<file>.age`` (service.age; the export is written to a hidden folder first and
+  removed once encrypted). Refused with 400 (the ``seq_id`` turn still taken): bad recipients,
   and a LoRA group (its runs' adapters have no Hugging Face export yet).
 - ``GET training_runs/{run}/checkpoints/external_weights/{name}/external_weights_urls``:
   ``{urls: {file: signed link}, expires}`` for a checkpoint the caller may read (owner,
@@ -20,10 +21,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import shutil
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 from aiohttp import web
 
+from tgruntime.service import age
 from tgruntime.service.archive import members
 from tgruntime.service.core import ServiceCore, _json_log
 from tgruntime.service.futures import Outcome
@@ -37,6 +41,22 @@ KIND = "external_weights"
 URLS_ROUTE = (
     "/api/v1/training_runs/{run_id}/checkpoints/external_weights/{name}/external_weights_urls"
 )
+
+
+def _encrypt_all(plain: Path, d: Path, recipients: list[bytes]) -> None:
+    """Every file of the export ``plain`` into ``d`` as ``<file>.age``; ``plain`` removed."""
+    try:
+        if d.exists():
+            shutil.rmtree(d)
+        for p in members(plain):
+            rel = p.relative_to(plain)
+            if p.is_dir():
+                (d / rel).mkdir(parents=True, exist_ok=True)
+                continue
+            (d / rel).parent.mkdir(parents=True, exist_ok=True)
+            age.encrypt_file(p, d / rel.with_name(rel.name + ".age"), recipients)
+    finally:
+        shutil.rmtree(plain, ignore_errors=True)
 
 
 class ExternalRoutes(ArchiveRoutes, ServiceCore):
@@ -57,13 +77,8 @@ class ExternalRoutes(ArchiveRoutes, ServiceCore):
         model = self.registry.model(str(body.get("model_id")), self._who(request))
         seq = body.get("seq_id")
         try:
-            if body.get("age_encryption_recipients"):
-                raise ServiceError(
-                    "save_weights_external: age_encryption_recipients is not supported by this "
-                    "server (it encrypts nothing; the files are served only through links "
-                    "signed for principals that may read the checkpoint). Leave "
-                    "age_encryption_recipients unset"
-                )
+            raw = body.get("age_encryption_recipients")
+            recipients = None if raw is None else age.check_recipients(raw)
             if self.lora is not None:
                 raise ServiceError(
                     "save_weights_external is not supported on a LoRA group yet (a run's "
@@ -79,12 +94,16 @@ class ExternalRoutes(ArchiveRoutes, ServiceCore):
         self._admit(model.owner, model, seq)
         uri = self.paths.uri(model.model_id, KIND, name)
 
+        plain = d if recipients is None else d.with_name(f".{name}.export")
+
         def prepare() -> Callable[[], Awaitable[Outcome]]:
-            d.mkdir(parents=True, exist_ok=True)
-            future = self.backend.client.export_hf(str(d))
+            plain.mkdir(parents=True, exist_ok=True)
+            future = self.backend.client.export_hf(str(plain))
 
             async def wait() -> Outcome:
                 await self.backend.wait(future)
+                if recipients is not None:
+                    await asyncio.to_thread(_encrypt_all, plain, d, recipients)
                 self.paths.saved(
                     d, ttl=ttl, user_metadata=None, base_model=self.info.base_model,
                     run_metadata=model.user_metadata,

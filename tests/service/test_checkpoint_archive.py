@@ -297,7 +297,7 @@ def test_sdk_save_weights_external_and_its_urls(server: _Server, tmp_path: Path)
     with pytest.raises(tinker.NotFoundError):
         rb.get_external_weights_urls(path).result()
     with pytest.raises(tinker.BadRequestError, match="Hugging Face files"):
-        sc.create_training_client_from_state(path)
+        sc.create_training_client_from_state(path).result()
     rc.delete_checkpoint_from_tinker_path(path).result()
     assert not d.exists() and _get(got.urls["config.json"])[0] == 404
     server.finish_all()

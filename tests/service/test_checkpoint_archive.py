@@ -279,7 +279,7 @@ def test_sdk_save_weights_external_and_its_urls(server: _Server, tmp_path: Path)
     run = path.removeprefix("tinker://").split("/")[0]
     assert path == f"tinker://{run}/external_weights/hf"
     d = server.root / "tinker" / "principals" / "team-a" / run / "external_weights" / "hf"
-    rc = sc.create_rest_client()
+    rc = tinker.RestClient(base_url=server.url, api_key=A)
     got = rc.get_external_weights_urls(path).result()
     assert sorted(got.urls) == ["config.json", "model.safetensors"]
     assert 800 < (got.expires.timestamp() - time.time()) <= 900

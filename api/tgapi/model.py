@@ -750,8 +750,9 @@ class TrainingSpec:
         "(those saved without an explicit path, e.g. tgctl train --save-checkpoint default or "
         "TrainerClient.save_checkpoint()): after each such save rank 0 removes the older ones "
         "and interrupted saves. 0 keeps all (the TG_KEEP_CHECKPOINTS environment variable "
-        "then applies, if set). Other directories there (the Tinker API's tinker/) are never "
-        "touched.",
+        "then applies, if set). The Tinker API keeps the newest N named checkpoints of each "
+        "training run, counting save_state and save_weights_for_sampler apart, after each "
+        "save (docs/tinker.md, 'Checkpoint lifecycle').",
         default=0,
         minimum=0,
         maximum=1_000_000,

@@ -2,7 +2,8 @@
 write real bytes: DELETE as the SDK 0.38 sends it (owner-checked: another principal's answers
 like a missing one), ``ttl_seconds`` kept beside the checkpoint and expired by the sweeper (and
 at start-up), ``user_metadata`` of a run back in ``training_runs``, ``weights_info``,
-``copy_weights``, ``save_weights_external`` refused without holding up the next seq_id, an
+``copy_weights``, ``save_weights_external`` with a bad recipient refused without holding up the
+next seq_id (the export itself: test_checkpoint_archive.py), an
 unknown run is a 404, and ``tgctl serve``'s default checkpoint directory. Disk use is measured
 before and after each delete and expiry."""
 
@@ -51,6 +52,12 @@ class _DiskClient:
     def save_run(self, path: str) -> _Done:
         self._write(path, "adapter.pt", MB)
         return _Done(path)
+
+    def export_hf(self, path: str) -> _Done:
+        """Hugging Face files, as the workers' export_hf leaves them."""
+        self._write(path, "model.safetensors", MB // 2)
+        (Path(path) / "config.json").write_text('{"model_type": "llama"}')
+        return _Done({"path": path})
 
     def save_sampler_weights(self, name: str, path: str | None = None) -> _Done:
         if path:
@@ -335,11 +342,12 @@ def test_copy_weights_and_save_weights_external(tmp_path: Path) -> None:
         assert (await api.call("DELETE", _one(src), A))[0] == 204
         code, got = await api.post("weights_info", A, {"tinker_path": copy})
         assert code == 200 and got["base_model"] == "tiny"
-        # save_weights_external: 400 naming why; the next seq_id is not held up
+        # save_weights_external with a bad recipient: 400 naming the field; the next seq_id is
+        # not held up
         code, got = await api.post("save_weights_external", A,
-                                   {"model_id": m, "path": "hf", "seq_id": 2})
-        assert code == 400 and "save_weights_external is not supported" in got["error"]
-        assert "export_hf" in got["error"]
+                                   {"model_id": m, "path": "hf", "seq_id": 2,
+                                    "age_encryption_recipients": ["age1xyz"]})
+        assert code == 400 and "is not an age X25519 recipient" in got["error"]
         t = time.monotonic()
         await api.save(A, m, 3, "s3")
         assert time.monotonic() - t < 5.0
@@ -394,8 +402,8 @@ def test_the_unmodified_sdk_drives_the_lifecycle(tmp_path: Path) -> None:
             rc.delete_checkpoint_from_tinker_path(path).result()
         with pytest.raises(tinker.NotFoundError):
             rc.get_training_run("nope:train:0").result()
-        with pytest.raises(tinker.BadRequestError, match="save_weights_external is not"):
-            tc.save_weights_external("hf").result()
+        with pytest.raises(tinker.BadRequestError, match="not an age X25519 recipient"):
+            tc.save_weights_external("hf", age_encryption_recipients=["age1xyz"]).result()
         t = time.monotonic()
         assert tc.save_state("s2").result().path.endswith("/weights/s2")  # not held up
         assert time.monotonic() - t < 10.0
@@ -429,7 +437,9 @@ def test_audit_names_the_lifecycle_actions() -> None:
     assert action_of(one) == "delete_checkpoint"
     assert action_of(f"{one}/ttl") == "set_checkpoint_ttl"
     assert action_of(f"{one}/publish") == "publish_checkpoint"
-    assert action_of(f"{one}/external_weights_urls") is None
+    assert action_of(f"{one}/archive") == "checkpoint_archive_link"
+    hf = "/api/v1/training_runs/tg-1:train:0/checkpoints/external_weights/hf"
+    assert action_of(f"{hf}/external_weights_urls") == "external_weights_urls"
     assert action_of("/api/v1/training_runs/tg-1:train:0/checkpoints") is None  # a listing
     assert action_of("/api/v1/copy_weights") == "copy_weights"
     assert action_of("/api/v1/save_weights_external") == "save_weights_external"

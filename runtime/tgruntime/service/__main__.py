@@ -62,6 +62,7 @@ def group_info(
         lora_alpha=spec.lora.alpha if spec.lora is not None else None,
         max_runs=spec.api.max_runs,
         idle_run_seconds=spec.api.idle_run_seconds,
+        keep_checkpoints=spec.training.keep_checkpoints,
     )
 
 

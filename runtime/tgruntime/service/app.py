@@ -15,6 +15,7 @@ from tgruntime.service.limits import LimitError
 from tgruntime.service.policy import track_admin_uses
 from tgruntime.service.routes import hub
 from tgruntime.service.routes.checkpoints import CheckpointRoutes
+from tgruntime.service.routes.external import ExternalRoutes
 from tgruntime.service.routes.futures import FutureRoutes
 from tgruntime.service.routes.info import InfoRoutes
 from tgruntime.service.routes.models import ModelRoutes
@@ -28,7 +29,7 @@ __all__ = ["ServiceCore", "TinkerService", "create_app"]
 
 class TinkerService(
     SessionRoutes, ModelRoutes, SamplingRoutes, FutureRoutes, CheckpointRoutes, SharingRoutes,
-    InfoRoutes,
+    InfoRoutes, ExternalRoutes,
 ):
     """The whole API: the routes of each resource over one :class:`ServiceCore`."""
 
@@ -128,6 +129,8 @@ def create_app(service: TinkerService) -> web.Application:
     app.router.add_post(f"{one}/publish", s.publish_checkpoint)
     app.router.add_delete(f"{one}/publish", s.publish_checkpoint)
     s.add_sharing_routes(app)
+    s.add_archive_routes(app)  # archive links of checkpoints (routes/archive.py)
+    s.add_external_routes(app)  # external weights' file links (routes/external.py)
     app.router.add_get("/healthz", s.healthz)
     hub.add_routes(app, s)  # the tokenizer for HF_ENDPOINT=<base>/hf (routes/hub.py)
 

@@ -51,10 +51,17 @@ def action_of(path: str, method: str = "POST") -> str | None:
     if len(parts) == 7 and parts[0] == "training_runs" and parts[5] == "readers":
         return {"PUT": "share_checkpoint", "DELETE": "unshare_checkpoint"}.get(method)
     if parts[0] == "training_runs" and len(parts) in (5, 6) and parts[2] == "checkpoints":
-        # only DELETE, PUT .../ttl and .../publish have these paths (the listings are shorter)
+        # only DELETE, PUT .../ttl, .../publish and GET .../archive or
+        # .../external_weights_urls (signed links are credentials: who got one is logged)
+        # have these paths (the listings are shorter)
         if len(parts) == 5:
             return "delete_checkpoint"
-        return {"ttl": "set_checkpoint_ttl", "publish": "publish_checkpoint"}.get(parts[5])
+        return {
+            "ttl": "set_checkpoint_ttl",
+            "publish": "publish_checkpoint",
+            "archive": "checkpoint_archive_link",
+            "external_weights_urls": "external_weights_urls",
+        }.get(parts[5])
     return route if route in MUTATING else None
 
 

@@ -36,6 +36,9 @@ class GroupInfo:
     """``spec.api.maxRuns``: runs a LoRA group holds at once."""
     idle_run_seconds: float = 600.0
     """``spec.api.idleRunSeconds``: a LoRA run idle this long is parked (0: never)."""
+    keep_checkpoints: int = 0
+    """``spec.training.keepCheckpoints``: named checkpoints kept per run and kind (0: all;
+    service.retention)."""
 
     @property
     def tokenizer_name(self) -> str | None:

@@ -32,14 +32,15 @@ from typing import Any
 from tgruntime.service.auth import DEFAULT, valid_principal
 from tgruntime.service.sessions import ServiceError
 
-KINDS = {"weights": "training", "sampler_weights": "sampler"}
+KINDS = {"weights": "training", "sampler_weights": "sampler", "external_weights": "external"}
 RUN_META = "run.json"  # {checkpointDir}/tinker/principals/<p>/<model_id>/run.json
 MAX_TTL_S = 10 * 365 * 24 * 3600  # the SDK documents 1 hour to 10 years
 PRINCIPALS = "principals"  # {checkpointDir}/tinker/principals/<principal>/
 _NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$")
 _MODEL = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._:-]{0,127}$")
 _SHAPE = (
-    "expected tinker://<model_id>/weights/<name> or tinker://<model_id>/sampler_weights/<name>"
+    "expected tinker://<model_id>/weights/<name>, tinker://<model_id>/sampler_weights/<name> "
+    "or tinker://<model_id>/external_weights/<name>"
 )
 
 

@@ -1,11 +1,10 @@
 """Routes of training runs and checkpoints: listings, and the lifecycle (issue 38): delete,
 TTL (set at save, changed later, expired by :meth:`CheckpointRoutes.sweep`), weights_info,
-copy_weights; save_weights_external is refused with the reason."""
+copy_weights (save_weights_external: routes/external.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import secrets
 import time
@@ -129,8 +128,6 @@ class CheckpointRoutes(ServiceCore):
         ``act`` on it (its own; any, for an admin); else the 404 of a missing one."""
         run_id, kind = request.match_info["run_id"], request.match_info["kind"]
         uri = f"tinker://{run_id}/{kind}/{request.match_info['name']}"
-        if kind == "external_weights":
-            raise ServiceError(f"no checkpoint at {uri}", status=404)  # never made here
         at = self._locate(uri, self._who(request), act)
         return uri, at.dir
 
@@ -232,27 +229,6 @@ class CheckpointRoutes(ServiceCore):
             done[(who, key)] = uri
         _json_log("copy_weights", source=src, path=uri)
         return web.json_response({"tinker_path": uri})
-
-    async def save_weights_external(self, request: web.Request) -> web.Response:
-        """Refused (400): no external (Hugging Face) export through the API yet. The model's
-        ``seq_id`` turn is still taken, so its next request is not held up behind it."""
-        body = await self._body(request)
-        model = self.registry.model(str(body.get("model_id")), self._who(request))
-        seq = body.get("seq_id")
-        if isinstance(seq, int) and seq >= model.order.next:
-
-            async def skip() -> None:
-                with contextlib.suppress(ServiceError):
-                    await model.order.admit(seq)
-                await model.order.done(seq)
-
-            self._spawn(skip())
-        raise ServiceError(
-            "save_weights_external is not supported by this server: it keeps no external "
-            "weights store and signs no download URLs. Use save_state (tinker://.../weights/) "
-            "or save_weights_for_sampler; for Hugging Face files export them on the group with "
-            "TrainerClient.export_hf (docs/trainer.md)"
-        )
 
     def sweep(self, now: float | None = None) -> list[tuple[str, int]]:
         """Delete the checkpoints whose TTL has passed (at most ``SWEEP_LIMIT``)."""

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from aiohttp import web
 
+from tgruntime.service import retention
 from tgruntime.service.codec import (
     FwdBwdIn,
     decode_forward_backward,
@@ -58,6 +59,14 @@ class ModelRoutes(ServiceCore):
             d, ttl=ttl, user_metadata=meta, base_model=self.info.base_model,
             run_metadata=model.user_metadata, lora=self._run_of(model),
         )
+
+    async def _retain(self, d: Path) -> None:
+        """``spec.training.keepCheckpoints``: the run's older checkpoints of ``d``'s kind go
+        (service.retention), before the save's future resolves."""
+        keep = self.info.keep_checkpoints
+        if keep > 0:
+            for gone, freed in await asyncio.to_thread(retention.prune, self.paths, d, keep):
+                _json_log("checkpoint_pruned", path=str(gone), bytes=freed, keep=keep)
 
     def _run_of(self, model: Model) -> dict[str, Any] | None:
         """A LoRA run's settings (None on a full-weight group)."""
@@ -387,6 +396,7 @@ class ModelRoutes(ServiceCore):
                 if run is not None:  # what a load without a model creates the run from
                     (d / RUN_SETTINGS).write_text(json.dumps(run, indent=2))
                 self._saved(model, d, ttl, meta)
+                await self._retain(d)
                 uri = self.paths.uri(model.model_id, "weights", name)
                 return Outcome(body={"type": "save_weights", "path": uri})
 
@@ -419,6 +429,7 @@ class ModelRoutes(ServiceCore):
                 await self.backend.wait(future)
                 if name:
                     self._saved(model, Path(disk or ""), ttl, meta)
+                    await self._retain(Path(disk or ""))
                     uri = self.paths.uri(model.model_id, "sampler_weights", str(name))
                     return Outcome(body={"type": "save_weights_for_sampler", "path": uri})
                 self._ephemeral_saved(model.model_id, weights)
@@ -447,9 +458,11 @@ class ModelRoutes(ServiceCore):
         at = self._locate(uri, who)
         d = at.dir
         if at.kind != "weights":
+            what = "sampler weights (for sampling)" if at.kind == "sampler_weights" else (
+                "Hugging Face files (save_weights_external, for download)"
+            )
             raise ServiceError(
-                f"{uri} holds sampler weights (for sampling); load a tinker://.../weights/... "
-                "path saved by save_state"
+                f"{uri} holds {what}; load a tinker://.../weights/... path saved by save_state"
             )
         optimizer = bool(body.get("optimizer", False))
         self._check_state_kind(uri, d)

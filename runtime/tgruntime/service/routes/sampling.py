@@ -25,7 +25,7 @@ class SamplingRoutes(ServiceCore):
             at = self._locate(str(model_path), who)
             if at.kind != "sampler_weights":
                 raise ServiceError(
-                    f"{model_path} is a training state; sample from a "
+                    f"{model_path} is not sampler weights ({at.kind}); sample from a "
                     "tinker://.../sampler_weights/... path (save_weights_for_sampler)"
                 )
             return str(at.dir)

@@ -24,6 +24,7 @@ import datetime as dt
 import shutil
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -43,7 +44,7 @@ URLS_ROUTE = (
 )
 
 
-def _encrypt_all(plain: Path, d: Path, recipients: list[bytes]) -> None:
+def _encrypt_all(plain: Path, d: Path, recipients: list[Any]) -> None:
     """Every file of the export ``plain`` into ``d`` as ``<file>.age``; ``plain`` removed."""
     try:
         if d.exists():

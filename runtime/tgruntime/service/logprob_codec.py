@@ -17,6 +17,7 @@ indices when sparse), 0.0 where the request has -1; ``prompt_alt_tokens`` two de
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -89,7 +90,7 @@ def _target_rows(raw: Any, prompt_len: int) -> tuple[list[list[int]], Any]:
         or crow[0] != 0
         or crow[-1] != len(col)
         or len(col) != len(data)
-        or any(b < a for a, b in zip(crow, crow[1:], strict=False))
+        or any(b < a for a, b in itertools.pairwise(crow))
         or any(not 0 <= c < k for c in col)
     ):
         raise ServiceError(
@@ -140,7 +141,7 @@ def _topk(rows: Sequence[Sequence[Sequence[float]] | None], k: int) -> pb.TopkLo
     )
 
 
-def _tensor(values: np.ndarray, dtype: int, shape: Sequence[int]) -> pb.Tensor:
+def _tensor(values: np.ndarray, dtype: pb.DType.ValueType, shape: Sequence[int]) -> pb.Tensor:
     return pb.Tensor(dense=values.tobytes(), dtype=dtype, shape=list(shape))
 
 

@@ -21,11 +21,11 @@ from tgruntime.service.codec import (
 )
 from tgruntime.service.core import PROTO, RUN_SETTINGS, ServiceCore, _json_log, log
 from tgruntime.service.datum import forward_loss, metrics, outputs, to_tensors
-from tgruntime.service.soft_targets import expand, fold
 from tgruntime.service.futures import Outcome
 from tgruntime.service.paths import check_metadata, check_ttl
 from tgruntime.service.runs import RunState
 from tgruntime.service.sessions import Model, ServiceError
+from tgruntime.service.soft_targets import expand, fold
 from tgruntime.trainer.tinker_losses import tinker_loss_name
 
 

@@ -373,3 +373,60 @@ def test_cross_entropy_with_soft_targets_against_transformers(served: dict[str, 
             assert shapes == [[n, k], [n], [n, k]]
             for o, lp in zip(out.loss_fn_outputs, (lp_soft, lp_plain, lp_sparse), strict=True):
                 np.testing.assert_allclose(o["logprobs"].to_numpy(), lp, atol=TOL)
+
+
+@pytest.mark.megatron  # prompt_scores lives in the sampler's package, which imports megatron
+def test_scores_compute_only_the_positions_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``prompt_logprobs_last_n`` skips the prefix's output layer (the calls cover the last N
+    positions only, in chunks); a target starts at its first named row; values and seeded
+    alternative draws are read off the same logits."""
+    import torch
+
+    from tgruntime.trainer.sampling import prompt_scores
+    from tgruntime.trainer.sampling.params import SamplingParams
+
+    monkeypatch.setattr(prompt_scores, "CHUNK", 8)
+    g = torch.Generator().manual_seed(0)
+    m = 40
+    logits = torch.randn(m, VOCAB, generator=g)
+    prompt = torch.randint(0, VOCAB, (m,), generator=g).tolist()
+    calls: list[tuple[int, int]] = []
+
+    def logits_of(a: int, b: int) -> torch.Tensor:
+        calls.append((a, b))
+        return logits[a:b]
+
+    def score(*, plp: bool = True, temperature: float = 1.0, **kw: Any) -> dict[str, Any]:
+        calls.clear()
+        params = SamplingParams.build(
+            max_tokens=1,
+            temperature=temperature,
+            prompt_logprobs=plp,
+            vocab_size=VOCAB,
+            logprob_options=kw,
+        )
+        return prompt_scores.score_prompt(logits_of, prompt, params, seed=3)
+
+    lsm = torch.log_softmax(logits, -1)
+    out = score(prompt_logprobs_last_n=3, topk_prompt_logprobs=2)
+    assert calls == [(36, 39)]  # positions 36..38 predict the last 3 tokens
+    assert out["prompt_logprobs"][:37] == [None] * 37
+    want = [float(lsm[t - 1, prompt[t]]) for t in range(37, m)]
+    np.testing.assert_allclose(out["prompt_logprobs"][37:], want, rtol=1e-6)
+    assert out["topk_prompt_logprobs"][36] is None
+    assert [i for i, _ in out["topk_prompt_logprobs"][39]] == lsm[38].topk(2).indices.tolist()
+
+    target = [[-1]] * 10 + [[5]] * (m - 11)
+    out = score(plp=False, target_prompt_logprobs=target)
+    assert calls == [(10, 18), (18, 26), (26, 34), (34, 39)]
+    assert out["target_prompt_logprobs"][9] == [0.0]
+    assert abs(out["target_prompt_logprobs"][20][0] - float(lsm[20, 5])) < 1e-6
+
+    a = score(plp=False, prompt_alt_tokens_k=4)["prompt_alt_tokens"]
+    assert calls[0] == (0, 8) and a == score(plp=False, prompt_alt_tokens_k=4)["prompt_alt_tokens"]
+    tokens = torch.tensor(a["tokens"])
+    assert tokens.shape == (m - 1, 4) and len(set(tokens.flatten().tolist())) > 20
+    lp = torch.tensor(a["logprobs"], dtype=torch.float32)
+    torch.testing.assert_close(lp, lsm[: m - 1].gather(-1, tokens))
+    greedy = score(plp=False, temperature=0.0, prompt_alt_tokens_k=2)["prompt_alt_tokens"]
+    assert greedy["tokens"] == [[int(i)] * 2 for i in logits[: m - 1].argmax(-1)]

@@ -135,8 +135,11 @@ def sampling_params(
     stop: list[list[int]] | None,
     num_samples: int,
     prompt_logprobs: bool,
+    logprob_options: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The keyword arguments of the workers' ``sample`` and ``sample_batch`` (plain lists)."""
+    """The keyword arguments of the workers' ``sample`` and ``sample_batch`` (plain lists);
+    ``logprob_options``: the SDK-named logprob fields (``trainer/logprob_options.py``)."""
+    extra = {} if logprob_options is None else {"logprob_options": dict(logprob_options)}
     return {
         "max_tokens": max_tokens,
         "temperature": temperature,
@@ -146,6 +149,7 @@ def sampling_params(
         "stop": None if stop is None else [list(s) for s in stop],
         "num_samples": num_samples,
         "prompt_logprobs": prompt_logprobs,
+        **extra,
     }
 
 
@@ -396,12 +400,14 @@ class TrainerClient:
         stop: list[list[int]] | None = None,
         num_samples: int = 1,
         prompt_logprobs: bool = False,
+        logprob_options: Mapping[str, Any] | None = None,
     ) -> TrainerFuture[list[dict[str, Any]]]:
         """A LoRA group: one batch, one adapter snapshot per prompt (``weights[i]``, None for
         the base), in one forward pass (docs/lora.md); the value is ``sample``'s."""
         params = sampling_params(
             max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
             seed=seed, stop=stop, num_samples=num_samples, prompt_logprobs=prompt_logprobs,
+            logprob_options=logprob_options,
         )
         return self._all_call("sample_batch", [list(p) for p in prompts], list(weights), **params)
 
@@ -498,11 +504,15 @@ class TrainerClient:
         num_samples: int = 1,
         prompt_logprobs: bool = False,
         weights: str | None = None,
+        logprob_options: Mapping[str, Any] | None = None,
     ) -> TrainerFuture[list[dict[str, Any]]]:
         """Generate from the group's model: one dict per prompt, ``{"sequences": [{"tokens",
-        "logprobs", "stop_reason"}] * num_samples, "prompt_logprobs"}`` (docs/sampling.md)."""
+        "logprobs", "stop_reason"}] * num_samples, "prompt_logprobs"}`` (docs/sampling.md);
+        ``logprob_options`` (top-k, target ids, alternative draws, last_n) add their keys
+        (docs/tinker.md, "Logprob options")."""
         params = sampling_params(
             max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
             seed=seed, stop=stop, num_samples=num_samples, prompt_logprobs=prompt_logprobs,
+            logprob_options=logprob_options,
         )
         return self._all_call("sample", [list(p) for p in prompts], weights=weights, **params)

@@ -39,8 +39,8 @@ def _tensor(name: str, msg: pb.Tensor) -> np.ndarray:
     dtype = _NP.get(int(msg.dtype))
     if dtype is None:
         raise ServiceError(f"loss_fn_inputs[{name!r}]: unsupported dtype {msg.dtype}")
-    if msg.HasField("sparse_csr"):
-        raise ServiceError(f"loss_fn_inputs[{name!r}]: sparse tensors are not supported")
+    if msg.HasField("sparse_csr"):  # the SDK sends 2-D torch inputs so ([N, K] soft targets)
+        return _csr_dense(name, msg, dtype)
     if len(msg.dense) % dtype.itemsize:
         raise ServiceError(
             f"loss_fn_inputs[{name!r}]: {len(msg.dense)} bytes is not a whole "
@@ -53,6 +53,38 @@ def _tensor(name: str, msg: pb.Tensor) -> np.ndarray:
             f"loss_fn_inputs[{name!r}]: shape {shape} does not hold {arr.size} values"
         )
     out: np.ndarray = arr.reshape(shape).copy()
+    return out
+
+
+def _csr_dense(name: str, msg: pb.Tensor, dtype: np.dtype[Any]) -> np.ndarray:
+    """A sparse CSR tensor densified, 0 in every unlisted cell (the SDK's ``pad_value``)."""
+    csr = msg.sparse_csr
+    shape = list(msg.shape)
+    parts = (csr.values, csr.crow_indices, csr.col_indices)
+    sizes = (dtype.itemsize, 8, 8)
+    if len(shape) != 2 or any(len(b) % size for b, size in zip(parts, sizes, strict=True)):
+        raise ServiceError(
+            f"loss_fn_inputs[{name!r}]: a sparse CSR tensor must be 2-D with whole values "
+            f"and int64 indices (shape {shape})"
+        )
+    values = np.frombuffer(csr.values, dtype=dtype)
+    crow = np.frombuffer(csr.crow_indices, dtype=np.int64)
+    col = np.frombuffer(csr.col_indices, dtype=np.int64)
+    rows, cols = shape
+    if (
+        crow.size != rows + 1
+        or (crow.size and (crow[0] != 0 or crow[-1] != col.size))
+        or col.size != values.size
+        or bool((np.diff(crow) < 0).any())
+        or bool(((col < 0) | (col >= cols)).any())
+    ):
+        raise ServiceError(
+            f"loss_fn_inputs[{name!r}]: malformed sparse CSR tensor (shape {shape}, "
+            f"{crow.size} row offsets, {col.size} columns, {values.size} values)"
+        )
+    out = np.zeros((rows, cols), dtype=dtype)
+    row_of = np.repeat(np.arange(rows), np.diff(crow))
+    out[row_of, col] = values
     return out
 
 
@@ -101,16 +133,38 @@ def encode_forward_backward(
     msg = pb.ForwardBackwardOutput(loss_fn_output_type="ArrayRecord")
     for k, v in metrics.items():
         msg.metrics[k] = float(v)
-    rec = msg.loss_fn_outputs.add()
-    rec.num_datums = len(outputs)
-    for name in outputs[0] if outputs else []:
-        rec.fields[name].CopyFrom(_batched([o[name] for o in outputs], pb.DTYPE_FLOAT32))
+    # one ArrayRecord per run of datums whose outputs have the same trailing shape (a [N, K]
+    # soft-target datum's logprobs: [K]); the SDK joins the records in order
+    runs: list[tuple[Any, list[dict[str, np.ndarray]]]] = []
+    for o in outputs:
+        sig = tuple((name, a.shape[1:]) for name, a in o.items())
+        if runs and runs[-1][0] == sig:
+            runs[-1][1].append(o)
+        else:
+            runs.append((sig, [o]))
+    if not runs:
+        msg.loss_fn_outputs.add().num_datums = 0
+    for _, group in runs:
+        rec = msg.loss_fn_outputs.add()
+        rec.num_datums = len(group)
+        for name, first in group[0].items():
+            bt = _batched([o[name] for o in group], pb.DTYPE_FLOAT32)
+            bt.trailing_shape.extend(first.shape[1:])
+            rec.fields[name].CopyFrom(bt)
     return bytes(msg.SerializeToString())
 
 
 def encode_sample(
     sequences: list[dict[str, Any]], prompt_logprobs: list[float | None] | None
 ) -> bytes:
+    return bytes(sample_message(sequences, prompt_logprobs).SerializeToString())
+
+
+def sample_message(
+    sequences: list[dict[str, Any]], prompt_logprobs: list[float | None] | None
+) -> pb.SampleResponse:
+    """The ``SampleResponse`` of sampled sequences and prompt log-probs (NaN where None);
+    ``logprob_codec`` adds the logprob options' fields."""
     msg = pb.SampleResponse()
     for s in sequences:
         seq = msg.sequences.add()
@@ -122,4 +176,4 @@ def encode_sample(
     if prompt_logprobs is not None:
         vals = [math.nan if v is None else float(v) for v in prompt_logprobs]
         msg.prompt_logprobs = np.asarray(vals, dtype=np.float32).tobytes()
-    return bytes(msg.SerializeToString())
+    return msg

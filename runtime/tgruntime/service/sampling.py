@@ -22,7 +22,8 @@ from tgruntime.service.continuous import ContinuousJob, ContinuousScheduler
 
 log = logging.getLogger("tgruntime.service.sampling")
 
-# (weights, max_tokens, temperature, top_k, top_p, seed, stop, num_samples, prompt_logprobs)
+# (weights, max_tokens, temperature, top_k, top_p, seed, stop, num_samples, prompt_logprobs,
+#  LogprobOptions)
 Key = tuple[Any, ...]
 
 
@@ -138,8 +139,8 @@ class SampleQueue:
 def _params(key: Key) -> dict[str, Any]:
     """The sampling parameters of a queue key (everything but its weights), as the workers'
     ``sample`` / ``sample_step`` take them."""
-    _, max_tokens, temperature, top_k, top_p, seed, stop, n, plp = key
+    _, max_tokens, temperature, top_k, top_p, seed, stop, n, plp, scoring = key
     return sampling_params(
         max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-        stop=stop, num_samples=n, prompt_logprobs=plp,
+        stop=stop, num_samples=n, prompt_logprobs=plp, logprob_options=scoring.as_request(),
     )

@@ -102,19 +102,20 @@ def stop_at(tok: Tokenizer, tokens: Sequence[int], strings: Sequence[str]) -> in
 def cut_sequences(
     tok: Tokenizer, sequences: list[dict[str, Any]], strings: Sequence[str]
 ) -> list[dict[str, Any]]:
-    """Each sequence cut at its first stop string: tokens and logprobs together."""
+    """Each sequence cut at its first stop string: tokens, logprobs (and top-k) together."""
     out = []
     for s in sequences:
         n = stop_at(tok, s["tokens"], strings)
         if n is None:
             out.append(s)
             continue
-        out.append(
-            {
-                **s,
-                "tokens": list(s["tokens"])[:n],
-                "logprobs": list(s["logprobs"])[:n],
-                "stop_reason": "stop",
-            }
-        )
+        cut = {
+            **s,
+            "tokens": list(s["tokens"])[:n],
+            "logprobs": list(s["logprobs"])[:n],
+            "stop_reason": "stop",
+        }
+        if "topk_logprobs" in s:  # topk_sample_logprobs: one row per token
+            cut["topk_logprobs"] = list(s["topk_logprobs"])[:n]
+        out.append(cut)
     return out

@@ -26,6 +26,7 @@ from tgruntime.service.futures import Outcome
 from tgruntime.service.paths import check_metadata, check_ttl
 from tgruntime.service.runs import RunState
 from tgruntime.service.sessions import Model, ServiceError
+from tgruntime.service.soft_targets import expand, fold
 from tgruntime.trainer.tinker_losses import tinker_loss_name
 
 
@@ -313,8 +314,9 @@ class ModelRoutes(ServiceCore):
             loss = tinker_loss_name(fb.loss_fn)
         except ValueError as exc:
             raise ServiceError(str(exc)) from None
+        data, widths = expand(fb.data, loss=fb.loss_fn)  # [N, K] soft targets: K rows
         batch, lengths = to_tensors(
-            fb.data,
+            data,
             loss=fb.loss_fn,
             vocab_size=self.info.vocab_size,
             max_len=self.info.max_sequence_length,
@@ -336,7 +338,8 @@ class ModelRoutes(ServiceCore):
             meta = dict(result.meta_info)
             if fb.forward_only:  # no loss ran on the group: the same loss, on its log-probs
                 meta = {"loss": forward_loss(loss, lp, batch, dict(fb.loss_config))}
-            return Outcome(proto=encode_forward_backward(outputs(lp, lengths), metrics(meta)))
+            per_datum = fold(outputs(lp, lengths), widths)
+            return Outcome(proto=encode_forward_backward(per_datum, metrics(meta)))
 
         return wait
 

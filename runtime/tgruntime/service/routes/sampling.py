@@ -6,11 +6,9 @@ from typing import Any
 
 from aiohttp import web
 
-from tgruntime.service.codec import (
-    encode_sample,
-)
 from tgruntime.service.core import ServiceCore
 from tgruntime.service.futures import Outcome
+from tgruntime.service.logprob_codec import encode_sample_with_options, parse_logprob_request
 from tgruntime.service.sampler_weights import FreedWeights
 from tgruntime.service.sampling import SampleJob
 from tgruntime.service.sessions import ServiceError
@@ -89,11 +87,6 @@ class SamplingRoutes(ServiceCore):
             weights = ss.weights
         else:
             weights = self._weights_for(body.get("model_path"), body.get("base_model"), who)
-        for key in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
-            if body.get(key):
-                raise ServiceError(f"{key} is not supported by this server")
-        if body.get("target_prompt_logprobs") is not None:
-            raise ServiceError("target_prompt_logprobs is not supported by this server")
         tokens: list[int] = []
         for chunk in (body.get("prompt") or {}).get("chunks") or []:
             if chunk.get("type", "encoded_text") != "encoded_text":
@@ -125,6 +118,7 @@ class SamplingRoutes(ServiceCore):
             )
         if n < 1:
             raise ServiceError(f"num_samples must be >= 1, got {n}")
+        scoring = parse_logprob_request(body, prompt_len=len(tokens), vocab_size=vocab)
         token_seqs, strings = await self._stop(p.get("stop"))
         self._admit(who)  # the principal's quotas, last: nothing is created when they refuse
         self.rate.admit(who)
@@ -138,6 +132,7 @@ class SamplingRoutes(ServiceCore):
             token_seqs,
             n,
             bool(body.get("prompt_logprobs")),
+            scoring.options,
         )
         try:
             self.ephemeral.begin(weights)  # ended in done(), whatever happens
@@ -160,7 +155,8 @@ class SamplingRoutes(ServiceCore):
                 except Exception as err:
                     self.futures.resolve(rid, self._failure(err))
                     return
-            self.futures.resolve(rid, Outcome(proto=encode_sample(seqs, result["prompt_logprobs"])))
+            proto = encode_sample_with_options(seqs, result, scoring)
+            self.futures.resolve(rid, Outcome(proto=proto))
 
         self.samples.put(SampleJob(job_key, tokens, done))
         return web.json_response(

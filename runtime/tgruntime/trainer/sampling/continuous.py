@@ -30,16 +30,26 @@ from typing import Any
 
 import torch
 
+from tgruntime.trainer.logprob_options import MAX_WIDTH
 from tgruntime.trainer.sampling.decoder import CachedDecoder, KVCache
 from tgruntime.trainer.sampling.generate import _agree
 from tgruntime.trainer.sampling.params import SamplingParams, row_keys
 from tgruntime.trainer.sampling.pool import PoolSize
+from tgruntime.trainer.sampling.prompt_scores import score_prompt, topk_rows
 from tgruntime.trainer.sampling.rows import RowSettings, next_token_rows
 
-__all__ = ["BUCKETS", "SlotEngine", "bucket"]
+__all__ = ["BUCKETS", "SlotEngine", "bucket", "topk_width"]
 
 BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 """Graph batch sizes; above 512, multiples of 128."""
+
+
+def topk_width(widths: list[int], vocab: int) -> int:
+    """The top-k width a step computes for rows asking ``widths`` (``topk_sample_logprobs``,
+    each at most ``min(MAX_WIDTH, vocab)``; 0: none asks): the next power of two within that
+    bound, so few graphs serve every width."""
+    k = max(widths, default=0)
+    return 0 if k == 0 else min(MAX_WIDTH, vocab, 1 << (k - 1).bit_length())
 
 
 def bucket(rows: int, slots: int) -> int:
@@ -59,7 +69,7 @@ class _Request:
     submitted_step: int
     admitted_step: int = -1
     reported: bool = False
-    prompt_logprobs: list[float | None] | None = None
+    scores: dict[str, Any] = dataclasses.field(default_factory=dict)  # prompt_scores' keys
 
 
 @dataclasses.dataclass
@@ -69,11 +79,16 @@ class _Row:
     pos: int  # position of the token fed next (host copy)
     tokens: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
+    topk: list[list[list[float]]] = dataclasses.field(default_factory=list)
 
-    def add(self, token: int, logprob: float) -> bool:
-        """Record a chosen token; True when the row is finished (stop or max_tokens)."""
+    def add(self, token: int, logprob: float, topk: list[list[float]] | None = None) -> bool:
+        """Record a chosen token (and its position's top-k pairs when the request asks for
+        them); True when the row is finished (stop or max_tokens)."""
         self.tokens.append(token)
         self.logprobs.append(logprob)
+        k = self.request.params.logprobs.topk_sample
+        if k and topk is not None:
+            self.topk.append(topk[:k])
         self.pos += 1
         for stop in self.request.params.stop:
             if len(stop) <= len(self.tokens) and tuple(self.tokens[-len(stop) :]) == stop:
@@ -85,11 +100,14 @@ class _Row:
         return False
 
     def _finish(self, reason: str) -> None:
-        self.request.sequences[self.index] = {
+        seq: dict[str, Any] = {
             "tokens": self.tokens,
             "logprobs": self.logprobs,
             "stop_reason": reason,
         }
+        if self.request.params.logprobs.topk_sample:
+            seq["topk_logprobs"] = self.topk
+        self.request.sequences[self.index] = seq
         self.request.left -= 1
 
 
@@ -113,6 +131,9 @@ class SlotEngine:
             temperature=floats(), top_k=ints(), top_p=floats(), keys=ints(), step=ints()
         )
         self.last_token, self.last_logprob = ints(), floats()
+        width = min(MAX_WIDTH, decoder.vocab_size)  # topk_sample_logprobs of the last step
+        self.last_topk_ids = torch.zeros(slots, width, dtype=torch.int64, device=dev)
+        self.last_topk_lps = torch.zeros(slots, width, dtype=torch.float32, device=dev)
         self._slot_tensors = (
             self.tokens,
             self.pos,
@@ -131,7 +152,7 @@ class SlotEngine:
         self.admitted_rows = 0
         self.weights: str | None = None  # the weights the active rows decode with
         self.cuda_graphs = cuda_graphs
-        self._graphs: dict[tuple[int, bool, bool], torch.cuda.CUDAGraph] = {}
+        self._graphs: dict[tuple[int, bool, bool, int], torch.cuda.CUDAGraph] = {}
         self._graph_pool: Any = None
 
     # -- requests ----------------------------------------------------------------------
@@ -267,33 +288,31 @@ class SlotEngine:
         first = 0
         for req in batch:
             req.admitted_step = self.steps
-            if req.params.prompt_logprobs:
-                req.prompt_logprobs = self._prompt_logprobs(hidden, padded, first, req.prompt)
+            if req.params.prompt_logprobs or req.params.logprobs.scores_prompt:
+                req.scores = self._prompt_scores(hidden, first, req)
             first += req.params.num_samples
+        kw = topk_width([p.logprobs.topk_sample for p in params], vocab)
+        topk = topk_rows(torch.log_softmax(logits, dim=-1), kw) if kw else None
         del hidden, last, logits
         host = torch.stack((token.double(), logprob.double())).cpu().tolist()
         done: list[int] = []
         for i, (req, j) in enumerate(rows):
             row = _Row(request=req, index=j, pos=lens[i])
             self.rows[start + i] = row
-            if row.add(int(host[0][i]), float(host[1][i])):
+            if row.add(int(host[0][i]), float(host[1][i]), None if topk is None else topk[i]):
                 done.append(start + i)
         self.n = end
         self.admitted_rows += m
         self._retire(done, finished)
 
-    def _prompt_logprobs(
-        self, hidden: torch.Tensor, padded: torch.Tensor, r: int, prompt: list[int]
-    ) -> list[float | None]:
-        """None, then log p(token t | tokens < t) for t >= 1, from the prefill's hidden."""
-        m = len(prompt)
-        values: list[float | None] = [None]
-        if m > 1:
-            logits = self.decoder.logits(hidden[: m - 1, r : r + 1])[:, 0]
-            targets = padded[r, 1:m].unsqueeze(-1)
-            lp = torch.log_softmax(logits, dim=-1).gather(-1, targets).squeeze(-1)
-            values.extend(float(v) for v in lp.cpu().tolist())
-        return values
+    def _prompt_scores(self, hidden: torch.Tensor, r: int, req: _Request) -> dict[str, Any]:
+        """The request's prompt scores (``prompt_scores.score_prompt``) from the prefill's
+        hidden states of its first row ``r``."""
+
+        def logits_of(a: int, b: int) -> torch.Tensor:
+            return self.decoder.logits(hidden[a:b, r : r + 1])[:, 0]
+
+        return score_prompt(logits_of, req.prompt, req.params, seed=req.params.seed)
 
     def _filters(self, params: list[SamplingParams]) -> dict[str, bool]:
         vocab = self.decoder.vocab_size
@@ -302,13 +321,18 @@ class SlotEngine:
             "top_p": any(p.top_p < 1.0 for p in params),
         }
 
-    def _advance(self, b: int, cache: KVCache, top_k: bool, top_p: bool) -> None:
-        """One decode step over slots ``[0, b)`` (device work only: capturable)."""
+    def _advance(self, b: int, cache: KVCache, top_k: bool, top_p: bool, kw: int = 0) -> None:
+        """One decode step over slots ``[0, b)`` (device work only: capturable); ``kw``: the
+        top-k width to record (0: none)."""
         logits = self.decoder.decode(self.tokens[:b], self.pos[:b], cache)
         token, logprob = next_token_rows(logits, self.settings.narrow(b), top_k=top_k, top_p=top_p)
         token = _agree(token, self.decoder.tp_size)
         self.last_token[:b].copy_(token)
         self.last_logprob[:b].copy_(logprob)
+        if kw:
+            values, ids = torch.topk(torch.log_softmax(logits, dim=-1), kw, dim=-1)
+            self.last_topk_ids[:b, :kw].copy_(ids)
+            self.last_topk_lps[:b, :kw].copy_(values)
         self.tokens[:b].copy_(token)
         live = self.live[:b]
         self.pos[:b].add_(live)
@@ -318,20 +342,31 @@ class SlotEngine:
         n = self.n
         active = [row for row in self.rows[:n] if row is not None]
         flags = self._filters([row.request.params for row in active])
+        kw = topk_width(
+            [row.request.params.logprobs.topk_sample for row in active], self.decoder.vocab_size
+        )
         if self.cuda_graphs:
             b = bucket(n, self.size.slots)
-            self._graph(b, flags["top_k"], flags["top_p"]).replay()
+            self._graph(b, flags["top_k"], flags["top_p"], kw).replay()
         else:  # attend only the live prefix of the cache
             span = max(row.pos for row in active) + 1
             view = KVCache(
                 keys=[k[:n, :, :span] for k in self.cache.keys],
                 values=[v[:n, :, :span] for v in self.cache.values],
             )
-            self._advance(n, view, flags["top_k"], flags["top_p"])
+            self._advance(n, view, flags["top_k"], flags["top_p"], kw)
         host = torch.stack((self.last_token[:n].double(), self.last_logprob[:n].double()))
         tokens, logprobs = host.cpu().tolist()
+        topk: list[list[list[float]]] | list[None] = [None] * n
+        if kw:
+            pairs = torch.stack(
+                (self.last_topk_ids[:n, :kw].double(), self.last_topk_lps[:n, :kw].double()), -1
+            )
+            topk = [[[int(i), float(v)] for i, v in row] for row in pairs.cpu().tolist()]
         self.steps += 1
-        done = [r for r, row in enumerate(active) if row.add(int(tokens[r]), logprobs[r])]
+        done = [
+            r for r, row in enumerate(active) if row.add(int(tokens[r]), logprobs[r], topk[r])
+        ]
         self._retire(done, finished)
 
     def _retire(self, slots: list[int], finished: list[tuple[str, dict[str, Any]]]) -> None:
@@ -367,7 +402,8 @@ class SlotEngine:
     def _result(self, req: _Request) -> dict[str, Any]:
         return {
             "sequences": list(req.sequences),
-            "prompt_logprobs": req.prompt_logprobs,
+            "prompt_logprobs": None,
+            **req.scores,
             "engine": {
                 "submitted_step": req.submitted_step,
                 "admitted_step": req.admitted_step,
@@ -376,15 +412,15 @@ class SlotEngine:
         }
 
     # -- CUDA graphs ---------------------------------------------------------------------
-    def _graph(self, b: int, top_k: bool, top_p: bool) -> torch.cuda.CUDAGraph:
-        key = (b, top_k, top_p)
+    def _graph(self, b: int, top_k: bool, top_p: bool, kw: int = 0) -> torch.cuda.CUDAGraph:
+        key = (b, top_k, top_p, kw)
         graph = self._graphs.get(key)
         if graph is None:
-            graph = self._capture(b, top_k, top_p)
+            graph = self._capture(b, top_k, top_p, kw)
             self._graphs[key] = graph
         return graph
 
-    def _capture(self, b: int, top_k: bool, top_p: bool) -> torch.cuda.CUDAGraph:
+    def _capture(self, b: int, top_k: bool, top_p: bool, kw: int = 0) -> torch.cuda.CUDAGraph:
         """Capture ``_advance`` over slots ``[0, b)`` and the whole slot length. The warm-up
         and the capture write keys/values at the scratch column (``length - 1``) only, with
         ``live`` 0, and the row state is put back afterwards."""
@@ -398,13 +434,13 @@ class SlotEngine:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
-                self._advance(b, view, top_k, top_p)
+                self._advance(b, view, top_k, top_p, kw)
         torch.cuda.current_stream().wait_stream(side)
         if self._graph_pool is None:
             self._graph_pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._graph_pool):
-            self._advance(b, view, top_k, top_p)
+            self._advance(b, view, top_k, top_p, kw)
         for live, old in zip(self._slot_tensors, saved, strict=True):
             live.copy_(old)
         return graph

@@ -34,6 +34,7 @@ from megatron.core import parallel_state
 
 from tgruntime.trainer.sampling.decoder import CachedDecoder, KVCache
 from tgruntime.trainer.sampling.params import SamplingParams, row_keys
+from tgruntime.trainer.sampling.prompt_scores import score_prompt
 from tgruntime.trainer.sampling.select import next_token
 from tgruntime.trainer.sampling.stops import first_stop
 
@@ -59,10 +60,12 @@ class DecodeState:
     out_tokens: torch.Tensor  # [R, T] int64
     out_logprobs: torch.Tensor  # [R, T] float32
     cache: KVCache
+    out_topk_ids: torch.Tensor | None = None  # [R, T, k] int64 (topk_sample_logprobs k)
+    out_topk_lps: torch.Tensor | None = None  # [R, T, k] float32
 
     @classmethod
     def allocate(
-        cls, decoder: CachedDecoder, rows: int, length: int, max_tokens: int
+        cls, decoder: CachedDecoder, rows: int, length: int, max_tokens: int, topk: int = 0
     ) -> DecodeState:
         dev = decoder.device
 
@@ -77,6 +80,12 @@ class DecodeState:
             out_tokens=ints(rows, max_tokens),
             out_logprobs=torch.zeros(rows, max_tokens, dtype=torch.float32, device=dev),
             cache=decoder.allocate(rows, length),
+            out_topk_ids=ints(rows, max_tokens, topk) if topk else None,
+            out_topk_lps=(
+                torch.zeros(rows, max_tokens, topk, dtype=torch.float32, device=dev)
+                if topk
+                else None
+            ),
         )
 
 
@@ -98,6 +107,10 @@ def advance(decoder: CachedDecoder, state: DecodeState, params: SamplingParams) 
     column = state.step.view(1)
     state.out_tokens.index_copy_(1, column, token.view(-1, 1))
     state.out_logprobs.index_copy_(1, column, logprob.view(-1, 1))
+    if state.out_topk_ids is not None and state.out_topk_lps is not None:
+        values, ids = torch.topk(torch.log_softmax(logits, dim=-1), state.out_topk_ids.shape[-1])
+        state.out_topk_ids.index_copy_(1, column, ids.unsqueeze(1))
+        state.out_topk_lps.index_copy_(1, column, values.unsqueeze(1))
     state.tokens.copy_(token)
     state.pos.add_(1)
     state.step.add_(1)
@@ -173,8 +186,10 @@ class Sampler:
     def _state(
         self, rows: int, length: int, params: SamplingParams, hooks: object | None
     ) -> tuple[DecodeState, _GraphedStep | None]:
+        topk = params.logprobs.topk_sample
         if not self.cuda_graphs:
-            return DecodeState.allocate(self.decoder, rows, length, params.max_tokens), None
+            state = DecodeState.allocate(self.decoder, rows, length, params.max_tokens, topk)
+            return state, None
         key = (
             rows,
             length,
@@ -182,13 +197,14 @@ class Sampler:
             params.temperature,
             params.top_k,
             params.top_p,
+            topk,
             None if hooks is None else id(hooks),  # unique: the entry keeps ``hooks`` alive
         )
         step = self._graphs.pop(key, None)
         if step is None:
             while len(self._graphs) >= self.max_graphs:
                 self._graphs.popitem(last=False)
-            state = DecodeState.allocate(self.decoder, rows, length, params.max_tokens)
+            state = DecodeState.allocate(self.decoder, rows, length, params.max_tokens, topk)
             step = _GraphedStep(self.decoder, state, params, hooks)
         self._graphs[key] = step
         return step.state, step
@@ -233,12 +249,17 @@ class Sampler:
         token = _agree(token, d.tp_size)
         state.out_tokens[:, 0] = token
         state.out_logprobs[:, 0] = logprob
+        if state.out_topk_ids is not None and state.out_topk_lps is not None:
+            k = params.logprobs.topk_sample
+            values, ids = torch.topk(torch.log_softmax(logits, dim=-1), k)
+            state.out_topk_ids[:, 0] = ids
+            state.out_topk_lps[:, 0] = values
         state.tokens.copy_(token)
         state.pos.copy_(lengths)
         state.step.fill_(1)
-        prompt_lps = None
-        if params.prompt_logprobs:
-            prompt_lps = self._prompt_logprobs(hidden, prompts, padded, scope or _whole_batch)
+        scores: list[dict[str, Any]] = [{} for _ in prompts]
+        if params.prompt_logprobs or params.logprobs.scores_prompt:
+            scores = self._prompt_scores(hidden, prompts, params, scope or _whole_batch)
         del hidden, last, logits
 
         ends: list[int | None] = [None] * r_count
@@ -258,6 +279,14 @@ class Sampler:
             self._scan(state, params, ends, scanned, produced)
         out_tokens = state.out_tokens[:, :produced].cpu().tolist()
         out_lps = state.out_logprobs[:, :produced].cpu().tolist()
+        out_topk: list[list[list[list[float]]]] | None = None
+        if state.out_topk_ids is not None and state.out_topk_lps is not None:
+            ids = state.out_topk_ids[:, :produced].double()
+            pairs = torch.stack((ids, state.out_topk_lps[:, :produced].double()), dim=-1)
+            out_topk = [  # [R][produced][k] of [id, logprob]
+                [[[int(i), float(v)] for i, v in pos] for pos in row]
+                for row in pairs.cpu().tolist()
+            ]
 
         results: list[dict[str, Any]] = []
         for i in range(len(prompts)):
@@ -267,18 +296,16 @@ class Sampler:
                 end = ends[r]
                 stop = end is not None
                 keep = end if end is not None else t_max
-                sequences.append(
-                    {
-                        "tokens": out_tokens[r][:keep],
-                        "logprobs": out_lps[r][:keep],
-                        "stop_reason": "stop" if stop else "length",
-                    }
-                )
-            results.append(
-                {
-                    "sequences": sequences,
-                    "prompt_logprobs": None if prompt_lps is None else prompt_lps[i],
+                seq: dict[str, Any] = {
+                    "tokens": out_tokens[r][:keep],
+                    "logprobs": out_lps[r][:keep],
+                    "stop_reason": "stop" if stop else "length",
                 }
+                if out_topk is not None:
+                    seq["topk_logprobs"] = out_topk[r][:keep]
+                sequences.append(seq)
+            results.append(
+                {"sequences": sequences, "prompt_logprobs": None, **scores[i]}
             )
         return results
 
@@ -297,25 +324,23 @@ class Sampler:
                     ends[r] = start + hit
         return upto
 
-    def _prompt_logprobs(
+    def _prompt_scores(
         self,
         hidden: torch.Tensor,
         prompts: list[list[int]],
-        padded: torch.Tensor,
+        params: SamplingParams,
         scope: RowScope,
-    ) -> list[list[float | None]]:
-        """Per prompt: None, then log p(token t | tokens < t) for t >= 1 (one prompt at a time)."""
-        n = len(padded) // len(prompts)
-        out: list[list[float | None]] = []
+    ) -> list[dict[str, Any]]:
+        """Per prompt, the scores ``params`` asks for (``prompt_scores.score_prompt``), from
+        the prefill's hidden states of the prompt's first row (one prompt at a time)."""
+        n = params.num_samples
+        out: list[dict[str, Any]] = []
         for i, prompt in enumerate(prompts):
             r = i * n
-            m = len(prompt)
-            values: list[float | None] = [None]
-            if m > 1:
+
+            def logits_of(a: int, b: int, r: int = r) -> torch.Tensor:
                 with scope(r, r + 1):
-                    logits = self.decoder.logits(hidden[: m - 1, r : r + 1])[:, 0]  # [m-1, V]
-                targets = padded[r, 1:m].unsqueeze(-1)
-                lp = torch.log_softmax(logits, dim=-1).gather(-1, targets).squeeze(-1)
-                values.extend(float(v) for v in lp.cpu().tolist())
-            out.append(values)
+                    return self.decoder.logits(hidden[a:b, r : r + 1])[:, 0]
+
+            out.append(score_prompt(logits_of, prompt, params, seed=params.seed))
         return out

@@ -80,6 +80,7 @@ class SamplingMixin(ContinuousSamplingMixin):
             vocab_size=model.vocab_size,
             max_sequence_length=model.max_sequence_length,
             max_tokens=params.max_tokens,
+            logprobs=params.logprobs,
         )
         return rows, params
 
@@ -168,6 +169,7 @@ class SamplingMixin(ContinuousSamplingMixin):
         num_samples: int = 1,
         prompt_logprobs: bool = False,
         weights: str | None = None,
+        logprob_options: dict[str, Any] | None = None,
     ) -> list[dict[str, Any]]:
         """Generate from the training weights (``weights=None``; on a LoRA group: the base
         with the active run's adapters) or a saved snapshot (a name or its directory)."""
@@ -183,6 +185,7 @@ class SamplingMixin(ContinuousSamplingMixin):
             stop=stop,
             num_samples=num_samples,
             prompt_logprobs=prompt_logprobs,
+            logprob_options=logprob_options,
         )
         if engine.adapters is not None:
             sampler = self._sampler_for(engine)
@@ -212,6 +215,7 @@ class SamplingMixin(ContinuousSamplingMixin):
         stop: list[list[int]] | None = None,
         num_samples: int = 1,
         prompt_logprobs: bool = False,
+        logprob_options: dict[str, Any] | None = None,
     ) -> list[dict[str, Any]]:
         """One batch, one adapter per prompt (a LoRA group): ``weights[i]`` is the adapter
         snapshot (a name or a directory, as ``sample``'s ``weights``) prompt ``i`` is sampled
@@ -234,6 +238,7 @@ class SamplingMixin(ContinuousSamplingMixin):
             stop=stop,
             num_samples=num_samples,
             prompt_logprobs=prompt_logprobs,
+            logprob_options=logprob_options,
         )
         if isinstance(weights, str) or not isinstance(weights, list | tuple):
             raise ValueError(

@@ -10,7 +10,10 @@ import dataclasses
 import hashlib
 import os
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tgruntime.trainer.logprob_options import LogprobOptions
 
 __all__ = ["SamplingParams", "check_prompts", "row_keys"]
 
@@ -25,6 +28,7 @@ class SamplingParams:
     stop: tuple[tuple[int, ...], ...] = ()
     num_samples: int = 1
     prompt_logprobs: bool = False
+    logprobs: LogprobOptions = LogprobOptions()  # top-k, targets, alternatives, last_n
 
     @classmethod
     def build(
@@ -38,6 +42,7 @@ class SamplingParams:
         stop: Sequence[Sequence[int]] | None = None,
         num_samples: int = 1,
         prompt_logprobs: bool = False,
+        logprob_options: Mapping[str, Any] | None = None,
         vocab_size: int,
     ) -> SamplingParams:
         if not isinstance(max_tokens, int) or max_tokens < 1:
@@ -77,13 +82,22 @@ class SamplingParams:
             stop=tuple(stops),
             num_samples=num_samples,
             prompt_logprobs=bool(prompt_logprobs),
+            logprobs=LogprobOptions.build(
+                logprob_options, vocab_size=vocab_size, prompt_logprobs=bool(prompt_logprobs)
+            ),
         )
 
 
 def check_prompts(
-    prompts: Sequence[Sequence[int]], *, vocab_size: int, max_sequence_length: int, max_tokens: int
+    prompts: Sequence[Sequence[int]],
+    *,
+    vocab_size: int,
+    max_sequence_length: int,
+    max_tokens: int,
+    logprobs: LogprobOptions | None = None,
 ) -> list[list[int]]:
-    """The prompts as lists of ints; refuses empty ones, foreign ids and too-long requests."""
+    """The prompts as lists of ints; refuses empty ones, foreign ids, too-long requests and
+    logprob options that do not fit a prompt (``LogprobOptions.check_prompt``)."""
     if not isinstance(prompts, Sequence) or isinstance(prompts, str | bytes) or not prompts:
         raise ValueError("prompts must be a non-empty list of token-id lists")
     out: list[list[int]] = []
@@ -104,6 +118,8 @@ def check_prompts(
                 f"{len(tokens) + max_tokens} exceeds the model's maxSequenceLength "
                 f"{max_sequence_length}"
             )
+        if logprobs is not None:
+            logprobs.check_prompt(len(tokens), index=i)
         out.append(tokens)
     return out
 

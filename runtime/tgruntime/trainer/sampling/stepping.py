@@ -39,6 +39,7 @@ _REQUEST_FIELDS = frozenset(
         "stop",
         "num_samples",
         "prompt_logprobs",
+        "logprob_options",
     }
 )
 
@@ -183,5 +184,6 @@ class ContinuousSamplingMixin:
             vocab_size=model.vocab_size,
             max_sequence_length=model.max_sequence_length,
             max_tokens=params.max_tokens,
+            logprobs=params.logprobs,
         )
         slot_engine.submit(str(request["id"]), prompt, params)

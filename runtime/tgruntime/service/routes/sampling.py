@@ -14,6 +14,7 @@ from tgruntime.service.futures import Outcome
 from tgruntime.service.sampler_weights import FreedWeights
 from tgruntime.service.sampling import SampleJob
 from tgruntime.service.sessions import ServiceError
+from tgruntime.service.stability import check_recordable, sampled_from
 from tgruntime.service.stops import cut_sequences, token_stops
 
 
@@ -82,8 +83,10 @@ class SamplingRoutes(ServiceCore):
     async def asample(self, request: web.Request) -> web.Response:
         body = await self._body(request)
         who = self._who(request)
+        session: str | None = None  # the sampling session's Tinker session
         if body.get("sampling_session_id"):
             ss = self.registry.sampler(str(body["sampling_session_id"]), who)
+            session = ss.session_id
             if ss.model_path:  # its checkpoint deleted, or its grant revoked, since: 404
                 self._locate(ss.model_path, who)
             weights = ss.weights
@@ -126,6 +129,14 @@ class SamplingRoutes(ServiceCore):
         if n < 1:
             raise ServiceError(f"num_samples must be >= 1, got {n}")
         token_seqs, strings = await self._stop(p.get("stop"))
+        recorded: str | None = None  # the session a stable_reinforce record belongs to
+        if body.get("record_stability_info"):  # (service.stability)
+            recorded = check_recordable(
+                session_id=session, temperature=float(p.get("temperature", 1.0)),
+                top_k=int(p.get("top_k", -1)), top_p=float(p.get("top_p", 1.0)), vocab=vocab,
+            )
+            self.stability.check_fits(prompt_tokens=len(tokens), num_samples=n,
+                                      max_tokens=max_tokens)
         self._admit(who)  # the principal's quotas, last: nothing is created when they refuse
         self.rate.admit(who)
         job_key: tuple[Any, ...] = (
@@ -160,6 +171,9 @@ class SamplingRoutes(ServiceCore):
                 except Exception as err:
                     self.futures.resolve(rid, self._failure(err))
                     return
+            if recorded is not None:
+                self.stability.record(rid, sampled_from(
+                    owner=who, session_id=recorded, prompt=tokens, sequences=seqs))
             self.futures.resolve(rid, Outcome(proto=encode_sample(seqs, result["prompt_logprobs"])))
 
         self.samples.put(SampleJob(job_key, tokens, done))

@@ -22,8 +22,8 @@ from tgruntime.service.stability import (
 )
 
 PROMPT = [5, 6, 7]
-SEQS = [{"tokens": [9, 10, 11], "logprobs": [-0.5, -1.5, -2.5]},
-        {"tokens": [12, 13], "logprobs": [-0.25, -0.75]}]
+SEQS: list[dict[str, Any]] = [{"tokens": [9, 10, 11], "logprobs": [-0.5, -1.5, -2.5]},
+                              {"tokens": [12, 13], "logprobs": [-0.25, -0.75]}]
 
 
 class Clock:
@@ -91,7 +91,7 @@ def test_recording_needs_a_session_and_the_reported_distribution() -> None:
     with pytest.raises(ServiceError, match="needs a sampling session"):
         check_recordable(session_id=None, **kw)
     for bad in ({"temperature": 0.7}, {"top_k": 5}, {"top_p": 0.9}):
-        with pytest.raises(ServiceError, match="temperature 1.0, top_k -1 and top_p 1.0"):
+        with pytest.raises(ServiceError, match=r"temperature 1\.0, top_k -1 and top_p 1\.0"):
             check_recordable(session_id="s1", **{**kw, **bad})
 
 

@@ -92,7 +92,7 @@ def test_stable_reinforce_refusals(served: dict[str, Any]) -> None:
         tc = sc.create_lora_training_client(base_model=served["base"], rank=4).result()
         recorded = tc.save_weights_and_get_sampling_client(record_stability_info=True)
         hot = T.SamplingParams(max_tokens=2, seed=5, stop=[], temperature=0.5)
-        with pytest.raises(Exception, match="temperature 1.0, top_k -1 and top_p 1.0"):
+        with pytest.raises(Exception, match=r"temperature 1\.0, top_k -1 and top_p 1\.0"):
             recorded.sample(prompt, num_samples=1, sampling_params=hot).result(timeout=WAIT)
         plain = tc.save_weights_and_get_sampling_client()
         seq = plain.sample(prompt, num_samples=1, sampling_params=params).result(

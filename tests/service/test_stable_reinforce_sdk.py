@@ -54,7 +54,7 @@ def test_stable_reinforce_reward_rises(served: dict[str, Any]) -> None:
     with _sc(served) as sc:
         tc = sc.create_lora_training_client(base_model=served["base"], rank=4).result()
         for it in range(16):
-            sampler = tc.save_weights_and_get_sampling_client(record_stability_info=True)
+            sampler = tc.save_weights_and_get_sampling_client(record_stability_info=True).result()
             data, rs, on_policy, scale = [], [], 0.0, 0.0
             for d in rng.integers(0, 10, size=4):
                 prompt = [2, int(d)]
@@ -90,15 +90,17 @@ def test_stable_reinforce_refusals(served: dict[str, Any]) -> None:
     params = T.SamplingParams(max_tokens=2, seed=5, stop=[])
     with _sc(served) as sc:
         tc = sc.create_lora_training_client(base_model=served["base"], rank=4).result()
-        recorded = tc.save_weights_and_get_sampling_client(record_stability_info=True)
+        # a sampling client's in-memory weights last until the next one is saved: unrecorded
+        # first, then recorded
+        plain = tc.save_weights_and_get_sampling_client().result()
+        unrecorded = plain.sample(prompt, num_samples=1, sampling_params=params).result(
+            timeout=WAIT).sequences[0]
+        recorded = tc.save_weights_and_get_sampling_client(record_stability_info=True).result()
         hot = T.SamplingParams(max_tokens=2, seed=5, stop=[], temperature=0.5)
         with pytest.raises(Exception, match=r"temperature 1\.0, top_k -1 and top_p 1\.0"):
             recorded.sample(prompt, num_samples=1, sampling_params=hot).result(timeout=WAIT)
-        plain = tc.save_weights_and_get_sampling_client()
-        seq = plain.sample(prompt, num_samples=1, sampling_params=params).result(
-            timeout=WAIT).sequences[0]
         with pytest.raises(Exception, match="has no stability record"):
-            tc.forward_backward([_datum([2, 3], seq, 1.0)], "stable_reinforce").result(
+            tc.forward_backward([_datum([2, 3], unrecorded, 1.0)], "stable_reinforce").result(
                 timeout=WAIT)
         seq = recorded.sample(prompt, num_samples=1, sampling_params=params).result(
             timeout=WAIT).sequences[0]

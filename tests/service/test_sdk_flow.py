@@ -139,7 +139,7 @@ def test_each_loss_matches_its_definition_on_policy(served: dict[str, Any]) -> N
             assert abs(out.metrics["loss:sum"] - want) < 1e-4, (loss, out.metrics, want)
             got = out.loss_fn_outputs[0]["logprobs"].to_numpy()
             np.testing.assert_allclose(got, lp, atol=1e-5)
-        with pytest.raises(Exception, match="record_stability_info"):  # no sampling record
+        with pytest.raises(Exception, match="record_stability_info"):  # no provenance
             tc.forward_backward([d], "stable_reinforce").result(timeout=WAIT)
         tc.optim_step(T.AdamParams(learning_rate=1e-3)).result(timeout=WAIT)
 

@@ -10,6 +10,7 @@ import numpy as np
 from google.protobuf.message import DecodeError
 from tinker.proto import tinker_public_pb2 as pb
 
+from tgruntime.service.provenance import Span, decode_spans
 from tgruntime.service.sessions import ServiceError
 
 _NP: dict[int, np.dtype[Any]] = {
@@ -23,6 +24,9 @@ _NP: dict[int, np.dtype[Any]] = {
 class DatumIn:
     tokens: np.ndarray  # int64 [N]
     inputs: dict[str, np.ndarray] = field(default_factory=dict)  # name -> array, shape kept
+    # provenance (Datum.with_provenance): runs tiling model_input / target_tokens, or None
+    input_spans: tuple[Span, ...] | None = None
+    target_spans: tuple[Span, ...] | None = None
 
 
 @dataclass
@@ -112,7 +116,13 @@ def decode_forward_backward(body: bytes) -> FwdBwdIn:
             parts.append(np.frombuffer(raw, dtype=np.int32).astype(np.int64))
         tokens = np.concatenate(parts) if parts else np.zeros(0, np.int64)
         inputs = {name: _tensor(name, t) for name, t in d.loss_fn_inputs.items()}
-        data.append(DatumIn(tokens, inputs))
+        datum = DatumIn(tokens, inputs)
+        if len(d.model_input_spans) or len(d.loss_fn_input_spans):
+            datum.input_spans = decode_spans(d.model_input_spans, datum=i, field="model_input")
+            datum.target_spans = decode_spans(
+                d.loss_fn_input_spans, datum=i, field="loss_fn_inputs"
+            )
+        data.append(datum)
     return FwdBwdIn(msg.model_id, int(msg.seq_id), msg.loss_fn, config, msg.forward_only, data)
 
 

@@ -31,6 +31,7 @@ from tgruntime.service.sampler_weights import EphemeralWeights
 from tgruntime.service.sampling import SampleQueue
 from tgruntime.service.sessions import Model, Registry, SamplingSession, ServiceError, new_id
 from tgruntime.service.sharing import CheckpointAccess, Located
+from tgruntime.service.stability import StabilityStore, max_bytes_from_env
 from tgruntime.service.stops import Tokenizer, load_tokenizer
 
 log = logging.getLogger("tgruntime.service")
@@ -72,6 +73,7 @@ class ServiceCore:
         self.access = CheckpointAccess(paths=self.paths, policy=self.policy)
         self.samples = SampleQueue(backend, multi_lora=backend.info.lora_rank is not None)
         self.ephemeral = EphemeralWeights()  # save_weights_and_get_sampling_client's copies
+        self.stability = StabilityStore(max_bytes=max_bytes_from_env())  # stable_reinforce
         self._tasks: set[asyncio.Task[None]] = set()
         self.base_state: str | None = None
         self.base_sampler: str | None = None
@@ -161,6 +163,7 @@ class ServiceCore:
         models forgotten; the session ids forgotten."""
         held = set(self.lora.runs) if self.lora is not None else set()
         gone = self.registry.expire(held)
+        self.stability.forget_sessions(set(gone))
         drops: list[str] = []
         for other in list(self.ephemeral.newest):  # only models forgotten, not just retired
             if other not in self.registry.models:

@@ -26,6 +26,8 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "cispo": ("target_tokens", "logprobs", "advantages"),
     "dro": ("target_tokens", "logprobs", "advantages"),
     "gspo": ("target_tokens", "logprobs", "advantages", "sequence_ratio_mask"),
+    # the sampler's log-probs come from the server's records (service.stability), not the datum
+    "stable_reinforce": ("target_tokens", "advantages"),
 }
 PER_TOKEN = ("target_tokens", "weights", "logprobs", "advantages", "sequence_ratio_mask")
 # ppo/cispo/gspo bounds per datum: one value ([1] or a scalar) or one per token ([N]); they

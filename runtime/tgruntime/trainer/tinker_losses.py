@@ -27,9 +27,20 @@ gradient, ``s_t = sg(s) * exp(logp - sg(logp))``, then PPO's clipped objective p
 row whose mask marks nothing has ``s = 1``. One row is one datum (the trainer never splits a
 row across micro-batches), so the mean is over the whole sequence.
 
-``stable_reinforce`` needs stability information recorded at sampling time (a sampling client
-with ``record_stability_info=True``, datums whose provenance names each token's ``sequence_id``):
-the server records none yet, so :func:`tinker_loss_name` refuses it, naming that and the fix.
+``stable_reinforce`` (Tinker's StableReinforce, alpha) is a REINFORCE whose importance weight
+comes from what the server recorded at sampling time (:mod:`tgruntime.service.stability`), not
+from the datum: ``q`` = the recorded sampler log-prob of each target a sampled provenance run
+names (``stability_log_probs``; ``stability_mask`` marks those targets). With
+``log_r = clamp(logp - q, -20, 20)`` on marked targets (0 elsewhere) and ``r = exp(log_r)``::
+
+    loss_t = -sg(min(r, c)) * A * logp  +  kl_coeff * (r - 1 - log_r)
+
+a truncated importance weight (``c`` = ``loss_config["max_ratio"]``, default 1: a token the
+learner already favours more than the sampler did is not pushed harder; one it disfavours
+fades out) times the REINFORCE term, plus an optional penalty (``kl_coeff``, default 0: the
+k3 estimate of KL(sampler || learner), zero on-policy). On-policy (``r = 1``) its gradient is
+``importance_sampling``'s. This is our reading of Tinker's page (the formula there could not
+be read when this was written): docs/tinker.md says so in its differences table.
 
 ``lo``/``hi`` are ``loss_config["clip_low_threshold"]`` / ``["clip_high_threshold"]``: bounds
 on the ratio itself (defaults 0.8 and 1.2: Tinker's epsilon 0.2), or per-token / per-sample
@@ -57,6 +68,7 @@ __all__ = [
     "tinker_importance_sampling",
     "tinker_loss_name",
     "tinker_ppo",
+    "tinker_stable_reinforce",
 ]
 
 # Tinker's loss name -> the registered loss.
@@ -67,6 +79,7 @@ TINKER_LOSSES: dict[str, str] = {
     "cispo": "tinker_cispo",
     "dro": "tinker_dro",
     "gspo": "tinker_gspo",
+    "stable_reinforce": "tinker_stable_reinforce",
 }
 # Datum.loss_fn_inputs key -> DataProto key (model_input -> input_ids).
 TINKER_INPUTS: dict[str, str] = {
@@ -79,12 +92,6 @@ TINKER_INPUTS: dict[str, str] = {
     "sequence_ratio_mask": "sequence_ratio_mask",
 }
 UNSUPPORTED: dict[str, str] = {
-    "stable_reinforce": (
-        "it needs stability information recorded at sampling time, which this server does not "
-        "record: its samplers ignore record_stability_info=True and it keeps no sequence_id "
-        "records for a datum's provenance to name. Train with 'importance_sampling', 'ppo', "
-        "'cispo' or 'gspo' (each takes the sampler's logprobs in loss_fn_inputs) instead"
-    ),
     "custom": "forward_backward_custom is built on forward + cross_entropy: use those",
 }
 
@@ -208,6 +215,43 @@ def tinker_gspo(
     return _clipped_objective(ratio, adv, batch, config)
 
 
+def _number(config: Mapping[str, Any], key: str, default: float, *, positive: bool) -> float:
+    raw = config.get(key, default)
+    ok = isinstance(raw, int | float) and not isinstance(raw, bool)
+    if not ok or not (raw > 0 if positive else raw >= 0):
+        what = "> 0" if positive else ">= 0"
+        raise ValueError(f"loss_config[{key!r}] must be a number {what}, got {raw!r}")
+    return float(raw)
+
+
+MAX_LOG_RATIO = 20.0  # |logp - q| beyond this is clamped: exp stays finite
+
+
+def tinker_stable_reinforce(
+    log_probs: torch.Tensor, batch: TokenTensors, config: Mapping[str, Any]
+) -> tuple[torch.Tensor, Metrics]:
+    """``-sg(min(r, c)) * A * logp + kl_coeff * (r - 1 - log r)`` per token, ``r`` against
+    the sampler's recorded log-probs on the targets ``stability_mask`` marks (module doc)."""
+    cap = _number(config, "max_ratio", 1.0, positive=True)
+    kl_coeff = _number(config, "kl_coeff", 0.0, positive=False)
+    adv = batch["advantages"].to(log_probs.dtype)
+    q = batch["stability_log_probs"].to(log_probs.dtype)
+    marked = batch["stability_mask"] != 0
+    delta = (log_probs - q).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+    log_ratio = torch.where(marked, delta, torch.zeros_like(delta))
+    ratio = torch.exp(log_ratio)
+    weight = torch.clamp(ratio.detach(), max=cap)
+    per_token = -weight * adv * log_probs
+    k3 = ratio - 1.0 - log_ratio
+    if kl_coeff:
+        per_token = per_token + kl_coeff * k3
+    return per_token, {
+        "ratio": ratio.detach(),
+        "clip_frac": (marked & (ratio.detach() > cap)).to(log_probs.dtype),
+        "kl": k3.detach(),
+    }
+
+
 _NEEDS = ("advantages", "old_log_probs")
 register_loss("tinker_cross_entropy", tinker_cross_entropy)
 register_loss("tinker_importance_sampling", tinker_importance_sampling, required=_NEEDS)
@@ -215,3 +259,8 @@ register_loss("tinker_ppo", tinker_ppo, required=_NEEDS)
 register_loss("tinker_cispo", tinker_cispo, required=_NEEDS)
 register_loss("tinker_dro", tinker_dro, required=_NEEDS)
 register_loss("tinker_gspo", tinker_gspo, required=(*_NEEDS, "sequence_ratio_mask"))
+register_loss(
+    "tinker_stable_reinforce",
+    tinker_stable_reinforce,
+    required=("advantages", "stability_log_probs", "stability_mask"),
+)

@@ -27,6 +27,7 @@ from tgruntime.service.paths import check_metadata, check_ttl
 from tgruntime.service.runs import RunState
 from tgruntime.service.sessions import Model, ServiceError
 from tgruntime.service.soft_targets import expand, fold
+from tgruntime.service.stability import stability_inputs
 from tgruntime.trainer.tinker_losses import tinker_loss_name
 
 
@@ -303,12 +304,12 @@ class ModelRoutes(ServiceCore):
         self._admit(model.owner, model, fb.seq_id or None)
 
         def prepare() -> Callable[[], Awaitable[Outcome]]:
-            return self._fwdbwd(fb)
+            return self._fwdbwd(fb, model)
 
         rid = self._ordered(model, fb.seq_id or None, prepare)
         return web.json_response({"request_id": rid, "model_id": model.model_id})
 
-    def _fwdbwd(self, fb: FwdBwdIn) -> Callable[[], Awaitable[Outcome]]:
+    def _fwdbwd(self, fb: FwdBwdIn, model: Model) -> Callable[[], Awaitable[Outcome]]:
         self.limits.check_datums(len(fb.data))  # in its seq_id turn: the future fails
         try:
             loss = tinker_loss_name(fb.loss_fn)
@@ -322,6 +323,12 @@ class ModelRoutes(ServiceCore):
             max_len=self.info.max_sequence_length,
             dp=self.backend.dp(),
         )
+        if fb.loss_fn == "stable_reinforce":  # the sampler's records (service.stability)
+            rows, width = (int(x) for x in batch["input_ids"].shape)
+            batch.update(stability_inputs(
+                self.stability, fb.data, owner=model.owner, session_id=model.session_id,
+                rows=rows, width=width,
+            ))
         client = self.backend.client
         if fb.forward_only:
             keys = ("input_ids", "attention_mask", "target_ids")

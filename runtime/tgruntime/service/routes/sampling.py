@@ -12,6 +12,7 @@ from tgruntime.service.logprob_codec import encode_sample_with_options, parse_lo
 from tgruntime.service.sampler_weights import FreedWeights
 from tgruntime.service.sampling import SampleJob
 from tgruntime.service.sessions import ServiceError
+from tgruntime.service.stability import check_recordable, sampled_from
 from tgruntime.service.stops import cut_sequences, token_stops
 
 
@@ -80,8 +81,10 @@ class SamplingRoutes(ServiceCore):
     async def asample(self, request: web.Request) -> web.Response:
         body = await self._body(request)
         who = self._who(request)
+        session: str | None = None  # the sampling session's Tinker session
         if body.get("sampling_session_id"):
             ss = self.registry.sampler(str(body["sampling_session_id"]), who)
+            session = ss.session_id
             if ss.model_path:  # its checkpoint deleted, or its grant revoked, since: 404
                 self._locate(ss.model_path, who)
             weights = ss.weights
@@ -120,6 +123,14 @@ class SamplingRoutes(ServiceCore):
             raise ServiceError(f"num_samples must be >= 1, got {n}")
         scoring = parse_logprob_request(body, prompt_len=len(tokens), vocab_size=vocab)
         token_seqs, strings = await self._stop(p.get("stop"))
+        recorded: str | None = None  # the session a stable_reinforce record belongs to
+        if body.get("record_stability_info"):  # (service.stability)
+            recorded = check_recordable(
+                session_id=session, temperature=float(p.get("temperature", 1.0)),
+                top_k=int(p.get("top_k", -1)), top_p=float(p.get("top_p", 1.0)), vocab=vocab,
+            )
+            self.stability.check_fits(prompt_tokens=len(tokens), num_samples=n,
+                                      max_tokens=max_tokens)
         self._admit(who)  # the principal's quotas, last: nothing is created when they refuse
         self.rate.admit(who)
         job_key: tuple[Any, ...] = (
@@ -155,6 +166,9 @@ class SamplingRoutes(ServiceCore):
                 except Exception as err:
                     self.futures.resolve(rid, self._failure(err))
                     return
+            if recorded is not None:
+                self.stability.record(rid, sampled_from(
+                    owner=who, session_id=recorded, prompt=tokens, sequences=seqs))
             proto = encode_sample_with_options(seqs, result, scoring)
             self.futures.resolve(rid, Outcome(proto=proto))
 

@@ -226,8 +226,35 @@ class KubeApi:
             "RoleBinding": self._rbac.create_namespaced_role_binding,
             "NetworkPolicy": self._net.create_namespaced_network_policy,
             "Deployment": self._apps.create_namespaced_deployment,
+            "ConfigMap": self._core.create_namespaced_config_map,
         }
         return await self._create(methods[str(body["kind"])], body)
+
+    async def apply_configmap(self, body: dict[str, Any]) -> str:
+        """Create the ConfigMap, or merge its ``data`` and owner references into the one that
+        exists (the Tinker gateway's group list, tg_operator.gateway); its uid."""
+        meta = body["metadata"]
+        patch = {
+            "metadata": {"ownerReferences": meta.get("ownerReferences") or None},
+            "data": body["data"],
+        }
+
+        def call() -> str:
+            try:
+                made = self._core.create_namespaced_config_map(
+                    meta["namespace"], body, _request_timeout=self._timeout
+                )
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+                made = self._core.patch_namespaced_config_map(
+                    meta["name"], meta["namespace"], patch,
+                    _content_type="application/merge-patch+json",
+                    _request_timeout=self._timeout,
+                )
+            return str(made.metadata.uid)
+
+        return await asyncio.to_thread(call)
 
     async def update_deployment(self, body: dict[str, Any]) -> None:
         meta = body["metadata"]

@@ -12,7 +12,8 @@ is; the Deployment, made last, is what a pass looks for):
   Secret stops working once the kubelet syncs the volume;
 * Service ``NAME-tinker`` (the API's port, 8000 by default);
 * NetworkPolicy ``NAME-tinker``: the server pod admits pods labelled
-  ``trainergroup.io/client=NAME`` on the API's port, and the group's Ray pods (the server is a
+  ``trainergroup.io/client=NAME`` and the Tinker gateway's pods (``trainergroup.io/gateway``,
+  tg_operator.gateway) on the API's port, and the group's Ray pods (the server is a
   Ray driver: workers call back into it), nothing else;
 * Deployment ``NAME-tinker``: one pod from the group's runtime image running
   ``python -m tgruntime.service --trainergroup NAME --k8s-namespace NS --host 0.0.0.0 --port
@@ -41,6 +42,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tg_operator import names, owners, platform, pods, probes, ray_token
+from tg_operator.gateway import GATEWAY_LABEL
 from tg_operator.networkpolicy import CLIENT_LABEL
 from tgapi import TrainerGroup
 
@@ -197,7 +199,14 @@ def build_networkpolicy(tg: TrainerGroup) -> dict[str, Any]:
             "policyTypes": ["Ingress"],
             "ingress": [
                 {
-                    "from": [{"podSelector": {"matchLabels": {CLIENT_LABEL: tg.name}}}],
+                    "from": [
+                        {"podSelector": {"matchLabels": {CLIENT_LABEL: tg.name}}},
+                        # the Tinker gateway (tg_operator.gateway), of any namespace
+                        {
+                            "podSelector": {"matchLabels": {GATEWAY_LABEL: "true"}},
+                            "namespaceSelector": {},
+                        },
+                    ],
                     "ports": [{"protocol": "TCP", "port": port(tg)}],
                 },
                 {

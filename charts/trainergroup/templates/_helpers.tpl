@@ -134,6 +134,12 @@ ConfigMaps, no create/delete of TrainerGroups, read-only Pods. Proven on a real 
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
   verbs: ["create"]
+# The Tinker gateway's group list (ConfigMap tinker-gateway: created, then patched when a
+# group's URL or model names change); its Deployment, Service, ServiceAccount and
+# NetworkPolicy are created once by the rules above. The gateway itself reads no API.
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["create", "patch"]
 {{- end }}
 
 {{/*

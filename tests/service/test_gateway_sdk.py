@@ -170,8 +170,10 @@ def test_one_client_trains_one_group_and_samples_another(gateway: dict[str, Any]
             assert status == 404 and err["error"].startswith(f"unknown model id {mid!r}")
         status, _ = _get(gw.url, f"samplers/{sampler}", KB)
         assert status == 404
-        status, err = _post(gw.url, "weights_info", {"tinker_path": path}, KB)
-        assert status == 404 and "unknown checkpoint" in err["error"]
+        made_up = path.replace(tc.model_id, f"{sid}:train:99")
+        got = [_post(gw.url, "weights_info", {"tinker_path": p}, KB) for p in (path, made_up)]
+        assert got[0][0] == got[1][0] == 404
+        assert got[0][1]["error"].replace(path, "P") == got[1][1]["error"].replace(made_up, "P")
         status, runs = _get(gw.url, "training_runs", KB)
         assert status == 200 and runs["training_runs"] == []
         status, runs = _get(gw.url, "training_runs", KA)

@@ -168,3 +168,21 @@ def test_owners_are_bounded_and_forget_a_group() -> None:
     assert o.owner("model", "m2") is None and o.owner("model", "m1") == "a"
     o.forget_group("a")
     assert o.owner("model", "m1") is None and o.owner("sampler", "s") is None
+
+
+def test_a_group_server_takes_the_gateways_session_id() -> None:
+    from tgruntime.service.sessions import Registry, ServiceError
+
+    reg = Registry()
+    s = reg.new_session([], None, "alice", session_id=SID)
+    assert s.session_id == SID
+    assert reg.new_session(["again"], None, "alice", session_id=SID) is s  # after a restart
+    with pytest.raises(ServiceError) as taken:
+        reg.new_session([], None, "bob", session_id=SID)
+    assert taken.value.status == 409
+    for bad in ("tg-xyz", "../etc", SID.upper(), "tg-" + "a" * 33):
+        with pytest.raises(ServiceError, match="not a session id"):
+            reg.new_session([], None, "alice", session_id=bad)
+    reg.finish(SID, "alice")
+    with pytest.raises(ServiceError):  # a finished session's id is not reopened
+        reg.new_session([], None, "alice", session_id=SID)

@@ -310,7 +310,9 @@ class Gateway:
         """Heartbeat and finish: every group that holds the session (all, when not known)."""
         entry = self.owners.session(r.key) if r.key else None
         groups = [g for g in self.groups() if entry is None or g.name in entry.groups]
-        sent = {**headers, "Content-Type": request.headers.get("Content-Type", "")}
+        sent = dict(headers)
+        if request.content_type:
+            sent["Content-Type"] = request.content_type
         answers = await asyncio.gather(*(
             self.upstream.call(g, request.method, request.path, headers=sent, data=data)
             for g in groups or self.groups()
@@ -351,8 +353,13 @@ class Gateway:
         finally:
             for t in pending:
                 t.cancel()
-        gone = [a for a in answers if a.status == 410]
-        return (gone[0] if gone else _first_error(answers)).response()
+        if any(a.status == 410 for a in answers):  # the SDK retries a 410
+            return json_error(
+                f"request {r.key} is held by no group behind this gateway (made before a "
+                "group's server restarted, or no longer kept): retry it", status=410,
+                category="server",
+            )
+        return _first_error(answers).response()
 
     async def _resolve(self, r: Route, headers: dict[str, str]) -> Group | web.Response:
         if r.how in (How.BASE, How.HUB):
@@ -380,11 +387,10 @@ class Gateway:
                 f"{kind} {r.key!r} is held by no group that answered; groups {down} did not "
                 "answer: retry", status=503, category="server",
             )
-        what = {"model": "model id", "sampler": "sampler"}.get(kind, "checkpoint")
-        return json_error(
-            f"unknown {what} {r.key!r}: no TrainerGroup behind this gateway holds it (create "
-            "it first; a group may have restarted)", status=404,
-        )
+        # held by none (or not the caller's): the first group answers, with the same 404 a
+        # group gives for a missing id as for another principal's, whether or not this
+        # gateway has seen the id (its answer must not tell)
+        return self.groups()[0]
 
     @staticmethod
     def _id_of(r: Route) -> str:

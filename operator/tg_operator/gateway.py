@@ -22,7 +22,7 @@ The gateway holds no key: it forwards each caller's ``X-API-Key`` and the groups
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from tg_operator import names, pods
@@ -81,7 +81,7 @@ def tg_owner(entry: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def build_configmap(
-    namespace: str, entries: list[Mapping[str, Any]], *, cluster: bool = False
+    namespace: str, entries: Sequence[Mapping[str, Any]], *, cluster: bool = False
 ) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": NAME, "namespace": namespace, "labels": _labels()}
     if not cluster:
@@ -181,7 +181,7 @@ def build_deployment(
     }
 
 
-def image_of(entries: list[Mapping[str, Any]], configured: str) -> str:
+def image_of(entries: Sequence[Mapping[str, Any]], configured: str) -> str:
     """The gateway's image: the chart's ``gateway.image`` (TG_GATEWAY_IMAGE), else the runtime
     image of the first group by name (the gateway's code ships in it)."""
     if configured:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from tg_operator import gateway
@@ -30,7 +30,7 @@ def index_key(*, mode: str, namespace: str) -> str | None:
 
 
 async def sync(
-    kube: GatewayKube, *, namespace: str, entries: list[Mapping[str, Any]], cluster: bool,
+    kube: GatewayKube, *, namespace: str, entries: Sequence[Mapping[str, Any]], cluster: bool,
     image: str, python: str, done: dict[str, str],
 ) -> bool:
     """Write the namespace's group list when it differs from the last one written (``done``:

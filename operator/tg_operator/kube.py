@@ -239,15 +239,17 @@ class KubeApi:
             "data": body["data"],
         }
 
+        core: Any = self._core  # the client takes dict bodies (its stubs say models)
+
         def call() -> str:
             try:
-                made = self._core.create_namespaced_config_map(
+                made = core.create_namespaced_config_map(
                     meta["namespace"], body, _request_timeout=self._timeout
                 )
             except ApiException as exc:
                 if exc.status != 409:
                     raise
-                made = self._core.patch_namespaced_config_map(
+                made = core.patch_namespaced_config_map(
                     meta["name"], meta["namespace"], patch,
                     _content_type="application/merge-patch+json",
                     _request_timeout=self._timeout,

@@ -112,7 +112,7 @@ class Recorder:
 
 
 def test_sync_writes_only_changes() -> None:
-    kube, done = Recorder(), {}
+    kube, done = Recorder(), dict[str, str]()
     entries = _entries(_tg("a", url="http://a-tinker.ml.svc:8000", model="org/a"))
 
     def sync(entries: list[dict[str, Any]]) -> bool:

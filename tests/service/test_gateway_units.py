@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tgruntime.gateway import routing
-from tgruntime.gateway.groups import GroupSource, GroupsError, from_document, from_flags
+from tgruntime.gateway.groups import GroupsError, GroupSource, from_document, from_flags
 from tgruntime.gateway.owners import Owners
 from tgruntime.gateway.routing import How, Route, route
 
@@ -131,7 +131,8 @@ def test_merged_capabilities_and_listings() -> None:
     assert cps == {"checkpoints": [{"time": "2026-01-03"}],
                    "cursor": {"offset": 1, "limit": 1, "total_count": 3}}
     runs = routing.merge_listing(
-        [{"training_runs": [{"training_run_id": "b"}]}, {"training_runs": [{"training_run_id": "a"}]}],
+        [{"training_runs": [{"training_run_id": "b"}]},
+         {"training_runs": [{"training_run_id": "a"}]}],
         name="training_runs", offset=0, limit=None,
     )
     assert [r["training_run_id"] for r in runs["training_runs"]] == ["a", "b"]

@@ -10,9 +10,12 @@ import logging
 import sys
 import threading
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from tgruntime.gateway.app import Gateway, create_app
-from tgruntime.gateway.groups import GroupSource, GroupsError, from_flags
+from tgruntime.gateway.groups import GroupsError, GroupSource, from_flags
+
+if TYPE_CHECKING:  # aiohttp loads with the app, not with the flags (tgctl's parser)
+    from tgruntime.gateway.app import Gateway
 
 log = logging.getLogger("tgruntime.gateway")
 
@@ -47,13 +50,17 @@ def add_flags(p: argparse.ArgumentParser) -> None:
 
 def source_from_args(args: argparse.Namespace) -> GroupSource:
     if bool(args.group) == bool(args.config):
-        raise GroupsError("give the groups either as --group [NAME=]URL (repeated) or --config FILE")
+        raise GroupsError(
+            "give the groups either as --group [NAME=]URL (repeated) or --config FILE"
+        )
     if args.config:
         return GroupSource(path=args.config)
     return GroupSource(fixed=from_flags(args.group))
 
 
 def build(args: argparse.Namespace) -> Gateway:
+    from tgruntime.gateway.app import Gateway
+
     return Gateway(
         source=source_from_args(args), timeout_s=args.timeout,
         connect_timeout_s=args.connect_timeout, max_body_bytes=int(args.max_body_mb * (1 << 20)),
@@ -84,6 +91,8 @@ class Running:
 
     async def _serve(self) -> None:
         from aiohttp import web
+
+        from tgruntime.gateway.app import create_app
 
         runner = web.AppRunner(create_app(self.gateway), access_log=None)
         await runner.setup()

@@ -39,7 +39,6 @@ from tgruntime.gateway.upstream import (
     body_then_rest,
     json_error,
     key_headers,
-    log,
 )
 
 MODELS_TTL_S = 60.0  # a group's get_server_capabilities answer is kept this long

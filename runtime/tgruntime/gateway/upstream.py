@@ -115,6 +115,9 @@ class Upstream:
         and stream the answer back; a small JSON answer is read whole and given to ``learn``
         first (the ids it names)."""
         headers = forwarded(request.headers)
+        # links a group makes (an archive URL) name the gateway, the address the caller used
+        headers.setdefault("X-Forwarded-Host", request.host)
+        headers.setdefault("X-Forwarded-Proto", request.scheme)
         if request.content_length is not None:
             headers["Content-Length"] = str(request.content_length)
         try:
@@ -126,6 +129,8 @@ class Upstream:
                     (k, v) for k, v in up.headers.items() if k.lower() not in HOP_BY_HOP
                 )
                 size = up.content_length
+                if up.status in (204, 304) or (request.method == "HEAD" and size is None):
+                    return web.Response(status=up.status, headers=out)
                 if "json" in up.headers.get("Content-Type", "") and (
                     size is not None and size <= LEARN_CAP
                 ):

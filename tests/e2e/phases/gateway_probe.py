@@ -32,7 +32,9 @@ def main() -> None:
                 tokens = [5, 6, 7, *got.sequences[0].tokens]
                 datum = t.Datum(
                     model_input=t.ModelInput.from_ints(tokens[:-1]),
-                    loss_fn_inputs={"target_tokens": np.asarray(tokens[1:], np.int64)},
+                    loss_fn_inputs={
+                        "target_tokens": t.TensorData.from_numpy(np.asarray(tokens[1:], np.int64))
+                    },
                 )
                 losses = []
                 for _ in range(3):

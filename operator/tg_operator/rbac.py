@@ -77,6 +77,10 @@ OPERATOR_RULES: list[dict[str, Any]] = [
         "resources": ["roles", "rolebindings"],
         "verbs": ["create"],
     },
+    # The Tinker gateway's group list (tg_operator.gateway: ConfigMap tinker-gateway, created,
+    # then patched when a group's URL or names change); its Deployment, Service,
+    # ServiceAccount and NetworkPolicy are the creates above. The gateway reads no API.
+    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create", "patch"]},
 ]
 
 # Cluster-scoped reads: in the all-namespaces ClusterRole only (a Role cannot grant them).

@@ -134,7 +134,7 @@ def test_one_client_trains_one_group_and_samples_another(gateway: dict[str, Any]
         teacher_samplers = [s for s in teacher.registry.samplers.values() if s.session_id == sid]
         assert len(teacher_samplers) == 1 and not any(
             s.session_id == sid for s in student.registry.samplers.values())
-        own = tc.save_weights_and_get_sampling_client()  # a sampler on the student's server
+        own = tc.save_weights_and_get_sampling_client().result(timeout=WAIT)  # on the student
         assert own.sample(T.ModelInput.from_ints(PROMPT), num_samples=1,
                           sampling_params=params).result(timeout=WAIT).sequences
 

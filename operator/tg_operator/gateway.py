@@ -14,7 +14,9 @@ tinker.md "One endpoint for the cluster: the gateway"). The operator keeps, per 
   owned by the ConfigMap (so they go with it). The pod reads no Kubernetes API (no token is
   mounted, no RBAC), runs restricted (non-root, no capabilities, RuntimeDefault seccomp,
   read-only root), and admits pods labelled ``trainergroup.io/client`` (any value) on its
-  port; each group's server admits the gateway's pods (tinker.build_networkpolicy).
+  port; each group's server admits its namespace's gateway pods (tinker.build_networkpolicy),
+  and cluster-wide the operator adds a policy in each group namespace that admits the
+  gateway's namespace (:func:`build_cross_namespace_ingress`).
 
 The gateway holds no key: it forwards each caller's ``X-API-Key`` and the groups decide.
 """
@@ -29,6 +31,8 @@ from tg_operator import names, pods
 from tg_operator.networkpolicy import CLIENT_LABEL
 
 NAME = "tinker-gateway"
+SERVER_LABEL = "trainergroup.io/tinker"  # tg_operator.tinker's (not imported: it imports this)
+NAMESPACE_LABEL = "kubernetes.io/metadata.name"
 GATEWAY_LABEL = "trainergroup.io/gateway"
 """On the gateway's pods: each group's Tinker NetworkPolicy admits pods with it."""
 CONFIG_FILE = "groups.json"
@@ -177,6 +181,26 @@ def build_deployment(
         "spec": {
             "replicas": 1, "selector": {"matchLabels": {GATEWAY_LABEL: "true"}},
             "template": {"metadata": {"labels": _labels()}, "spec": pod},
+        },
+    }
+
+
+def build_cross_namespace_ingress(group_namespace: str, gateway_namespace: str) -> dict[str, Any]:
+    """Cluster mode: in a group's namespace, its Tinker servers (label
+    ``trainergroup.io/tinker``) admit the gateway's pods of ``gateway_namespace`` on their
+    port (the groups' own policies admit only their namespace's pods). Created once, owned by
+    nothing (it stays when the namespace's groups go)."""
+    return {
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": {"name": f"{NAME}-ingress", "namespace": group_namespace,
+                     "labels": _labels()},
+        "spec": {
+            "podSelector": {"matchExpressions": [{"key": SERVER_LABEL, "operator": "Exists"}]},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{
+                "podSelector": {"matchLabels": {GATEWAY_LABEL: "true"}},
+                "namespaceSelector": {"matchLabels": {NAMESPACE_LABEL: gateway_namespace}},
+            }]}],
         },
     }
 

@@ -48,6 +48,9 @@ async def sync(
     if chosen:
         for body in gateway.objects(namespace, uid, image=chosen, python=python, cluster=cluster):
             await kube.create_object(body)
+        if cluster:  # each group namespace admits the gateway's (their policies: their own)
+            for ns in sorted({str(e["namespace"]) for e in entries} - {namespace}):
+                await kube.create_object(gateway.build_cross_namespace_ingress(ns, namespace))
     else:
         log.warning("tinker gateway in %s: no image yet (set gateway.image)", namespace)
     done[namespace] = stamp

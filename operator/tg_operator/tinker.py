@@ -12,8 +12,8 @@ is; the Deployment, made last, is what a pass looks for):
   Secret stops working once the kubelet syncs the volume;
 * Service ``NAME-tinker`` (the API's port, 8000 by default);
 * NetworkPolicy ``NAME-tinker``: the server pod admits pods labelled
-  ``trainergroup.io/client=NAME`` and the Tinker gateway's pods (``trainergroup.io/gateway``,
-  tg_operator.gateway) on the API's port, and the group's Ray pods (the server is a
+  ``trainergroup.io/client=NAME`` and the namespace's Tinker gateway
+  (``trainergroup.io/gateway``, tg_operator.gateway) on the API's port, and the group's Ray pods (the server is a
   Ray driver: workers call back into it), nothing else;
 * Deployment ``NAME-tinker``: one pod from the group's runtime image running
   ``python -m tgruntime.service --trainergroup NAME --k8s-namespace NS --host 0.0.0.0 --port
@@ -201,11 +201,9 @@ def build_networkpolicy(tg: TrainerGroup) -> dict[str, Any]:
                 {
                     "from": [
                         {"podSelector": {"matchLabels": {CLIENT_LABEL: tg.name}}},
-                        # the Tinker gateway (tg_operator.gateway), of any namespace
-                        {
-                            "podSelector": {"matchLabels": {GATEWAY_LABEL: "true"}},
-                            "namespaceSelector": {},
-                        },
+                        # the namespace's Tinker gateway (tg_operator.gateway; a cluster-wide
+                        # one gets a policy of its own in the group's namespace)
+                        {"podSelector": {"matchLabels": {GATEWAY_LABEL: "true"}}},
                     ],
                     "ports": [{"protocol": "TCP", "port": port(tg)}],
                 },

@@ -90,8 +90,13 @@ def test_group_server_admits_the_gateway() -> None:
 
     tg = trainergroup(spec=BASE_SPEC)
     peers = tinker.build_networkpolicy(tg)["spec"]["ingress"][0]["from"]
-    assert {"podSelector": {"matchLabels": {gateway.GATEWAY_LABEL: "true"}},
-            "namespaceSelector": {}} in peers
+    assert {"podSelector": {"matchLabels": {gateway.GATEWAY_LABEL: "true"}}} in peers
+    assert gateway.SERVER_LABEL == tinker.SERVER_LABEL
+    # cluster-wide, a policy of its own in the group's namespace admits the gateway's
+    cross = gateway.build_cross_namespace_ingress("ml", "ops")
+    (peer,) = cross["spec"]["ingress"][0]["from"]
+    assert peer["namespaceSelector"] == {"matchLabels": {gateway.NAMESPACE_LABEL: "ops"}}
+    assert cross["metadata"]["namespace"] == "ml"
 
 
 class Recorder:
@@ -127,6 +132,12 @@ def test_sync_writes_only_changes() -> None:
     more = entries + _entries(_tg("b", url="http://b-tinker.ml.svc:8000"))
     assert sync(more) and len(kube.applied) == 2
     assert not sync([])  # the last group gone: the garbage collector's job
+    kube.created.clear()
+    asyncio.run(gateway_sync.sync(
+        kube, namespace="ops", entries=entries, cluster=True, image="gw:1", python="python",
+        done=done,
+    ))
+    assert kube.created[-1] == "NetworkPolicy" and len(kube.created) == 5  # + ml's ingress
     assert gateway_sync.index_key(mode="off", namespace="ml") is None
     assert gateway_sync.index_key(mode="cluster", namespace="ml") == ""
 

@@ -13,8 +13,8 @@ is; the Deployment, made last, is what a pass looks for):
 * Service ``NAME-tinker`` (the API's port, 8000 by default);
 * NetworkPolicy ``NAME-tinker``: the server pod admits pods labelled
   ``trainergroup.io/client=NAME`` and the namespace's Tinker gateway
-  (``trainergroup.io/gateway``, tg_operator.gateway) on the API's port, and the group's Ray pods (the server is a
-  Ray driver: workers call back into it), nothing else;
+  (``trainergroup.io/gateway``, tg_operator.gateway) on the API's port, and the group's Ray
+  pods (the server is a Ray driver: workers call back into it), nothing else;
 * Deployment ``NAME-tinker``: one pod from the group's runtime image running
   ``python -m tgruntime.service --trainergroup NAME --k8s-namespace NS --host 0.0.0.0 --port
   PORT --keys-dir KEYS_DIR`` (docs/tinker.md) with the keys Secret mounted at

@@ -1,30 +1,33 @@
 """The Tinker gateway of a namespace (or of the cluster): pure builders.
 
 One endpoint for every TrainerGroup's Tinker API (``python -m tgruntime.gateway``, docs/
-tinker.md "One endpoint for the cluster: the gateway"). The operator keeps, per namespace
-(``TG_GATEWAY=namespace``, the chart's default) or once in its own namespace
-(``TG_GATEWAY=cluster``):
+tinker.md "One endpoint for the cluster: the gateway"). The gateway finds the groups itself:
+it lists the TrainerGroups of its namespace (``--trainergroups NS``; ``*`` cluster-wide) and
+routes to each one whose ``status.apiURL`` is set, by the model names of its spec. So the
+operator writes no list and needs no verb it did not have: per namespace with TrainerGroups
+(``TG_GATEWAY=namespace``, the chart's default) it creates once
 
-* ConfigMap ``tinker-gateway``: ``groups.json``, the groups whose ``status.apiURL`` is set,
-  each with the base model names its spec serves (``spec.model.name``, the group's name,
-  ``spec.model.pretrained``), re-written when a group's URL or names change. In namespace
-  mode every TrainerGroup of the namespace owns it (non-controller owner references), so the
-  garbage collector removes it with the last one; the gateway re-reads the mounted file;
-* Deployment, Service, NetworkPolicy and ServiceAccount ``tinker-gateway``, created once,
-  owned by the ConfigMap (so they go with it). The pod reads no Kubernetes API (no token is
-  mounted, no RBAC), runs restricted (non-root, no capabilities, RuntimeDefault seccomp,
-  read-only root), and admits pods labelled ``trainergroup.io/client`` (any value) on its
-  port; each group's server admits its namespace's gateway pods (tinker.build_networkpolicy),
-  and cluster-wide the operator adds a policy in each group namespace that admits the
-  gateway's namespace (:func:`build_cross_namespace_ingress`).
+* Deployment ``tinker-gateway``, owned by every TrainerGroup of the namespace (non-controller
+  owner references, merged in as groups come: the garbage collector removes it with the last
+  one), one replica, restricted pod (non-root, no capabilities, RuntimeDefault seccomp,
+  read-only root);
+* owned by the Deployment: ServiceAccount, Role and RoleBinding ``tinker-gateway`` (get, list
+  and watch on TrainerGroups, nothing else: what the operator holds itself), Service
+  ``tinker-gateway`` (port 8000) and NetworkPolicy ``tinker-gateway`` (pods labelled
+  ``trainergroup.io/client``, any value, reach the port). Each group's server admits its
+  namespace's gateway pods (tinker.build_networkpolicy).
+
+Cluster-wide (``TG_GATEWAY=cluster``) the operator creates the same in its own namespace with
+``--trainergroups '*'``, minus the Role (the chart grants the ClusterRole: an operator cannot
+grant cluster-wide reads), and a NetworkPolicy ``tinker-gateway-ingress`` in each group
+namespace that admits the gateway's namespace.
 
 The gateway holds no key: it forwards each caller's ``X-API-Key`` and the groups decide.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tg_operator import names, pods
@@ -35,40 +38,21 @@ SERVER_LABEL = "trainergroup.io/tinker"  # tg_operator.tinker's (not imported: i
 NAMESPACE_LABEL = "kubernetes.io/metadata.name"
 GATEWAY_LABEL = "trainergroup.io/gateway"
 """On the gateway's pods: each group's Tinker NetworkPolicy admits pods with it."""
-CONFIG_FILE = "groups.json"
-CONFIG_DIR = "/etc/tinker-gateway"
 PORT = 8000
 MODES = ("namespace", "cluster", "off")
 DEFAULT_RESOURCES = {"cpu": "500m", "memory": "512Mi"}
 
 
 def group_entry(body: Mapping[str, Any]) -> dict[str, Any] | None:
-    """What the gateway needs of one TrainerGroup (its raw body): name, namespace, uid, the
-    Tinker URL, the model names and the image; None while it has no ``status.apiURL``."""
+    """What the operator needs of one TrainerGroup (its raw body) for the gateway: name,
+    namespace, uid and image; None while it is being deleted."""
     meta, spec = body.get("metadata") or {}, body.get("spec") or {}
-    url = (body.get("status") or {}).get("apiURL")
-    if not url or meta.get("deletionTimestamp"):
+    if meta.get("deletionTimestamp") or not meta.get("uid"):
         return None
-    model = spec.get("model") or {}
-    models = [m for m in (model.get("name"), meta.get("name"), model.get("pretrained")) if m]
     return {
         "name": str(meta.get("name")), "namespace": str(meta.get("namespace")),
-        "uid": str(meta.get("uid")), "url": str(url), "models": list(dict.fromkeys(models)),
-        "image": str(spec.get("image") or ""),
+        "uid": str(meta.get("uid")), "image": str(spec.get("image") or ""),
     }
-
-
-def config_doc(entries: Iterable[Mapping[str, Any]], *, cluster: bool = False) -> dict[str, Any]:
-    """``groups.json`` (tgruntime.gateway.groups.from_document): sorted, so an unchanged set
-    writes the same bytes. Cluster-wide, a name is ``<namespace>.<name>``."""
-    groups = [
-        {
-            "name": f"{e['namespace']}.{e['name']}" if cluster else e["name"],
-            "url": e["url"], "models": list(e["models"]),
-        }
-        for e in entries
-    ]
-    return {"groups": sorted(groups, key=lambda g: str(g["name"]))}
 
 
 def _labels() -> dict[str, str]:
@@ -76,7 +60,7 @@ def _labels() -> dict[str, str]:
 
 
 def tg_owner(entry: Mapping[str, Any]) -> dict[str, Any]:
-    """A non-controller owner reference to one TrainerGroup: the ConfigMap has one per group
+    """A non-controller owner reference to one TrainerGroup: the Deployment has one per group
     of the namespace and is collected once the last goes."""
     return {
         "apiVersion": names.TG_API_VERSION, "kind": names.TG_KIND, "name": entry["name"],
@@ -84,39 +68,30 @@ def tg_owner(entry: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def build_configmap(
-    namespace: str, entries: Sequence[Mapping[str, Any]], *, cluster: bool = False
-) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": NAME, "namespace": namespace, "labels": _labels()}
-    if not cluster:
-        meta["ownerReferences"] = [tg_owner(e) for e in sorted(entries, key=lambda e: e["name"])]
-    doc = config_doc(entries, cluster=cluster)
-    return {
-        "apiVersion": "v1", "kind": "ConfigMap", "metadata": meta,
-        "data": {CONFIG_FILE: json.dumps(doc, indent=1, sort_keys=True)},
-    }
+def owners_of(entries: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    return [tg_owner(e) for e in sorted(entries, key=lambda e: str(e["name"]))]
 
 
-def _meta(namespace: str, configmap_uid: str | None) -> dict[str, Any]:
+def _meta(namespace: str, deployment_uid: str | None) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": NAME, "namespace": namespace, "labels": _labels()}
-    if configmap_uid:
+    if deployment_uid:
         meta["ownerReferences"] = [{
-            "apiVersion": "v1", "kind": "ConfigMap", "name": NAME, "uid": configmap_uid,
+            "apiVersion": "apps/v1", "kind": "Deployment", "name": NAME, "uid": deployment_uid,
             "controller": True, "blockOwnerDeletion": True,
         }]
     return meta
 
 
-def build_service_account(namespace: str, configmap_uid: str | None) -> dict[str, Any]:
+def build_service_account(namespace: str, deployment_uid: str | None) -> dict[str, Any]:
     return {
-        "apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(namespace, configmap_uid),
+        "apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(namespace, deployment_uid),
         "automountServiceAccountToken": False,
     }
 
 
-def build_service(namespace: str, configmap_uid: str | None) -> dict[str, Any]:
+def build_service(namespace: str, deployment_uid: str | None) -> dict[str, Any]:
     return {
-        "apiVersion": "v1", "kind": "Service", "metadata": _meta(namespace, configmap_uid),
+        "apiVersion": "v1", "kind": "Service", "metadata": _meta(namespace, deployment_uid),
         "spec": {
             "type": "ClusterIP", "selector": {GATEWAY_LABEL: "true"},
             "ports": [{"name": "http", "port": PORT, "targetPort": "http", "protocol": "TCP"}],
@@ -125,7 +100,7 @@ def build_service(namespace: str, configmap_uid: str | None) -> dict[str, Any]:
 
 
 def build_networkpolicy(
-    namespace: str, configmap_uid: str | None, *, cluster: bool = False
+    namespace: str, deployment_uid: str | None, *, cluster: bool = False
 ) -> dict[str, Any]:
     """Pods labelled ``trainergroup.io/client`` (any group) reach the gateway's port (from
     every namespace, cluster-wide); nothing else does."""
@@ -136,7 +111,7 @@ def build_networkpolicy(
         peer["namespaceSelector"] = {}
     return {
         "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-        "metadata": _meta(namespace, configmap_uid),
+        "metadata": _meta(namespace, deployment_uid),
         "spec": {
             "podSelector": {"matchLabels": {GATEWAY_LABEL: "true"}},
             "policyTypes": ["Ingress"],
@@ -146,42 +121,67 @@ def build_networkpolicy(
 
 
 def build_deployment(
-    namespace: str, configmap_uid: str | None, *, image: str, python: str,
-    resources: Mapping[str, str] | None = None, run_as_user: int = 1000,
+    namespace: str, entries: Sequence[Mapping[str, Any]], *, image: str, python: str,
+    cluster: bool = False, resources: Mapping[str, str] | None = None, run_as_user: int = 1000,
 ) -> dict[str, Any]:
     """One replica (sessions live in the groups; what the gateway learns is soft state, so a
-    replacement pod carries on), restricted pod security, probes on ``/healthz``."""
+    replacement pod carries on), restricted, probes on ``/healthz``; owned by the namespace's
+    TrainerGroups (none cluster-wide)."""
     res = dict(resources or DEFAULT_RESOURCES)
     probe = {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 10,
              "timeoutSeconds": 5}
     security = {**pods.container_security(), "readOnlyRootFilesystem": True}
     container = {
         "name": "gateway", "image": image,
-        "command": [python, "-m", "tgruntime.gateway", "--config",
-                    f"{CONFIG_DIR}/{CONFIG_FILE}", "--host", "0.0.0.0", "--port", str(PORT)],
+        "command": [python, "-m", "tgruntime.gateway", "--trainergroups",
+                    "*" if cluster else namespace, "--host", "0.0.0.0", "--port", str(PORT)],
         "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
         "readinessProbe": probe, "livenessProbe": {**probe, "failureThreshold": 6},
         "resources": {"requests": dict(res), "limits": dict(res)},
-        "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
-                         {"name": "tmp", "mountPath": "/tmp"}],
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
         "securityContext": security,
     }
     pod = {
-        "serviceAccountName": NAME, "automountServiceAccountToken": False,
+        # the token lists TrainerGroups (the Role below); only this pod mounts it
+        "serviceAccountName": NAME, "automountServiceAccountToken": True,
         "containers": [container],
-        "volumes": [{"name": "config", "configMap": {"name": NAME}},
-                    {"name": "tmp", "emptyDir": {}}],
+        "volumes": [{"name": "tmp", "emptyDir": {}}],
         "securityContext": {
             "runAsNonRoot": True, "runAsUser": run_as_user, "runAsGroup": run_as_user,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
     }
+    meta = _meta(namespace, None)
+    if not cluster:
+        meta["ownerReferences"] = owners_of(entries)
     return {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(namespace, configmap_uid),
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta,
         "spec": {
             "replicas": 1, "selector": {"matchLabels": {GATEWAY_LABEL: "true"}},
             "template": {"metadata": {"labels": _labels()}, "spec": pod},
         },
+    }
+
+
+TRAINERGROUP_READS = {
+    "apiGroups": [names.GROUP], "resources": [names.TG_PLURAL], "verbs": ["get", "list", "watch"],
+}
+"""The gateway's one permission (its Role; cluster-wide, the chart's ClusterRole)."""
+
+
+def build_role(namespace: str, deployment_uid: str | None) -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": _meta(namespace, deployment_uid), "rules": [dict(TRAINERGROUP_READS)],
+    }
+
+
+def build_role_binding(namespace: str, deployment_uid: str | None) -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": _meta(namespace, deployment_uid),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": NAME},
+        "subjects": [{"kind": "ServiceAccount", "name": NAME, "namespace": namespace}],
     }
 
 
@@ -215,15 +215,18 @@ def image_of(entries: Sequence[Mapping[str, Any]], configured: str) -> str:
 
 
 def objects(
-    namespace: str, configmap_uid: str | None, *, image: str, python: str,
-    cluster: bool = False,
+    namespace: str, deployment_uid: str | None, *, cluster: bool = False
 ) -> tuple[dict[str, Any], ...]:
-    """What is created once besides the ConfigMap, owned by it."""
+    """What is created once besides the Deployment, owned by it (cluster-wide: no Role, the
+    chart binds the ClusterRole)."""
+    rbac = () if cluster else (
+        build_role(namespace, deployment_uid), build_role_binding(namespace, deployment_uid)
+    )
     return (
-        build_service_account(namespace, configmap_uid),
-        build_service(namespace, configmap_uid),
-        build_networkpolicy(namespace, configmap_uid, cluster=cluster),
-        build_deployment(namespace, configmap_uid, image=image, python=python),
+        build_service_account(namespace, deployment_uid),
+        *rbac,
+        build_service(namespace, deployment_uid),
+        build_networkpolicy(namespace, deployment_uid, cluster=cluster),
     )
 
 

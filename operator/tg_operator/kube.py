@@ -226,30 +226,26 @@ class KubeApi:
             "RoleBinding": self._rbac.create_namespaced_role_binding,
             "NetworkPolicy": self._net.create_namespaced_network_policy,
             "Deployment": self._apps.create_namespaced_deployment,
-            "ConfigMap": self._core.create_namespaced_config_map,
         }
         return await self._create(methods[str(body["kind"])], body)
 
-    async def apply_configmap(self, body: dict[str, Any]) -> str:
-        """Create the ConfigMap, or merge its ``data`` and owner references into the one that
-        exists (the Tinker gateway's group list, tg_operator.gateway); its uid."""
+    async def apply_owned_deployment(self, body: dict[str, Any]) -> str:
+        """Create the Deployment, or merge its owner references into the one that exists (the
+        Tinker gateway: owned by every TrainerGroup of its namespace, tg_operator.gateway);
+        its uid."""
         meta = body["metadata"]
-        patch = {
-            "metadata": {"ownerReferences": meta.get("ownerReferences") or None},
-            "data": body["data"],
-        }
-
-        core: Any = self._core  # the client takes dict bodies (its stubs say models)
+        patch = {"metadata": {"ownerReferences": meta.get("ownerReferences")}}
+        apps: Any = self._apps  # the client takes dict bodies (its stubs say models)
 
         def call() -> str:
             try:
-                made = core.create_namespaced_config_map(
+                made = apps.create_namespaced_deployment(
                     meta["namespace"], body, _request_timeout=self._timeout
                 )
             except ApiException as exc:
                 if exc.status != 409:
                     raise
-                made = core.patch_namespaced_config_map(
+                made = apps.patch_namespaced_deployment(
                     meta["name"], meta["namespace"], patch,
                     _content_type="application/merge-patch+json",
                     _request_timeout=self._timeout,

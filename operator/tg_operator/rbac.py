@@ -64,6 +64,8 @@ OPERATOR_RULES: list[dict[str, Any]] = [
     # (an index: the group's status.apiURL follows its availability), created once, and
     # patched when the group's spec changes what its pod needs (e.g. the checkpoint claim);
     # its Service and ServiceAccount are created once; the keys Secret is the create above.
+    # The same kinds for the namespace's Tinker gateway (tg_operator.gateway; its Deployment's
+    # owners are patched as groups come; its Role: get/list/watch on TrainerGroups).
     {
         "apiGroups": ["apps"],
         "resources": ["deployments"],
@@ -77,10 +79,6 @@ OPERATOR_RULES: list[dict[str, Any]] = [
         "resources": ["roles", "rolebindings"],
         "verbs": ["create"],
     },
-    # The Tinker gateway's group list (tg_operator.gateway: ConfigMap tinker-gateway, created,
-    # then patched when a group's URL or names change); its Deployment, Service,
-    # ServiceAccount and NetworkPolicy are the creates above. The gateway reads no API.
-    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create", "patch"]},
 ]
 
 # Cluster-scoped reads: in the all-namespaces ClusterRole only (a Role cannot grant them).

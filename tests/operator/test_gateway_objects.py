@@ -1,11 +1,11 @@
 """The Tinker gateway's objects (tg_operator.gateway, pure builders) and their sync
-(tg_operator.gateway_sync) against a recording Kubernetes client: which groups are listed,
-who owns what, restricted pod security, the NetworkPolicies both ways, the settings."""
+(tg_operator.gateway_sync) against a recording Kubernetes client: which TrainerGroups the
+gateway lists (tgruntime.gateway.discover), who owns what, the gateway's one Role, restricted
+pod security, the NetworkPolicies both ways, the settings."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 import pytest
@@ -14,14 +14,11 @@ from tg_operator import gateway, gateway_sync
 from tg_operator.settings import OperatorConfig, SettingsError
 
 
-def _tg(name: str, *, url: str = "", model: str | None = None, ns: str = "ml") -> dict[str, Any]:
-    spec: dict[str, Any] = {"image": f"runtime:{name}", "model": {}}
-    if model:
-        spec["model"]["name"] = model
+def _tg(name: str, *, ns: str = "ml") -> dict[str, Any]:
     return {
         "metadata": {"name": name, "namespace": ns, "uid": f"uid-{name}"},
-        "spec": spec,
-        "status": {"apiURL": url} if url else {},
+        "spec": {"image": f"runtime:{name}", "model": {"name": f"org/{name}"}},
+        "status": {"apiURL": f"http://{name}-tinker.{ns}.svc:8000"},
     }
 
 
@@ -29,58 +26,60 @@ def _entries(*bodies: dict[str, Any]) -> list[dict[str, Any]]:
     return [e for e in (gateway.group_entry(b) for b in bodies) if e is not None]
 
 
-def test_groups_listed_once_they_serve() -> None:
-    a = _tg("student", url="http://student-tinker.ml.svc:8000", model="org/student")
-    b = _tg("teacher", url="http://teacher-tinker.ml.svc:8000")
-    pending = _tg("later", model="org/later")  # no apiURL yet: not routed to
-    entries = _entries(b, a, pending)
-    doc = gateway.config_doc(entries)
-    assert doc == {"groups": [
-        {"name": "student", "url": "http://student-tinker.ml.svc:8000",
-         "models": ["org/student", "student"]},
-        {"name": "teacher", "url": "http://teacher-tinker.ml.svc:8000", "models": ["teacher"]},
-    ]}
-    # the runtime's parser reads what the operator writes
-    from tgruntime.gateway.groups import from_document
+def test_the_gateway_lists_serving_groups_as_the_operator_names_them() -> None:
+    from tgruntime.gateway.discover import groups_from_trainergroups
 
-    cm = gateway.build_configmap("ml", entries)
-    groups = from_document(json.loads(cm["data"][gateway.CONFIG_FILE]), "cm")
-    assert [g.models for g in groups] == [("org/student", "student"), ("teacher",)]
-    # every group owns the list (none as controller): it goes with the last of them
-    assert [(o["name"], o["controller"]) for o in cm["metadata"]["ownerReferences"]] == [
-        ("student", False), ("teacher", False)]
-    cluster = gateway.config_doc(entries, cluster=True)
-    assert [g["name"] for g in cluster["groups"]] == ["ml.student", "ml.teacher"]
-    deleting = _tg("x", url="http://x")
+    pending = _tg("later")
+    pending["status"] = {}  # no apiURL yet: not routed to
+    deleting = _tg("gone")
     deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    items = [_tg("teacher"), _tg("student"), pending, deleting]
+    groups = groups_from_trainergroups(items, cluster=False)
+    assert [(g.name, g.url, g.models) for g in groups] == [
+        ("student", "http://student-tinker.ml.svc:8000", ("org/student", "student")),
+        ("teacher", "http://teacher-tinker.ml.svc:8000", ("org/teacher", "teacher")),
+    ]
+    assert [g.name for g in groups_from_trainergroups(items, cluster=True)] == [
+        "ml.student", "ml.teacher"]
     assert gateway.group_entry(deleting) is None
 
 
-def test_gateway_pod_is_restricted_and_reads_no_api() -> None:
-    objs = gateway.objects("ml", "cm-uid", image="runtime:a", python="python3")
-    kinds = [o["kind"] for o in objs]
-    assert kinds == ["ServiceAccount", "Service", "NetworkPolicy", "Deployment"]
-    for o in objs:  # owned by the ConfigMap, so collected with it
-        assert o["metadata"]["ownerReferences"][0]["uid"] == "cm-uid"
-    sa, _svc, np_, dep = objs
-    assert sa["automountServiceAccountToken"] is False
+def test_gateway_objects_owners_and_restricted_pod() -> None:
+    entries = _entries(_tg("b"), _tg("a"))
+    dep = gateway.build_deployment("ml", entries, image="runtime:a", python="python3")
+    # every group owns the Deployment (none as controller): it goes with the last of them
+    assert [(o["name"], o["controller"]) for o in dep["metadata"]["ownerReferences"]] == [
+        ("a", False), ("b", False)]
+    objs = gateway.objects("ml", "dep-uid")
+    assert [o["kind"] for o in objs] == [
+        "ServiceAccount", "Role", "RoleBinding", "Service", "NetworkPolicy"]
+    for o in objs:  # owned by the Deployment, so collected with it
+        assert o["metadata"]["ownerReferences"][0]["uid"] == "dep-uid"
+    sa, role, binding, _svc, np_ = objs
+    assert role["rules"] == [{"apiGroups": ["trainergroup.io"], "resources": ["trainergroups"],
+                              "verbs": ["get", "list", "watch"]}]
+    assert binding["subjects"][0]["name"] == sa["metadata"]["name"] == "tinker-gateway"
     pod = dep["spec"]["template"]["spec"]
-    assert pod["automountServiceAccountToken"] is False
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     (c,) = pod["containers"]
     assert c["securityContext"]["allowPrivilegeEscalation"] is False
     assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
-    assert c["command"][:3] == ["python3", "-m", "tgruntime.gateway"]
-    assert "--config" in c["command"] and c["resources"]["limits"]
+    assert c["command"][:5] == ["python3", "-m", "tgruntime.gateway", "--trainergroups", "ml"]
+    assert c["resources"]["limits"]
     rule = np_["spec"]["ingress"][0]
     assert rule["from"][0]["podSelector"]["matchExpressions"][0]["operator"] == "Exists"
     assert "namespaceSelector" not in rule["from"][0]
+    # cluster-wide: '*', no owners, no Role (the chart's ClusterRole), any namespace's clients
+    wide = gateway.build_deployment("ops", entries, image="i", python="p", cluster=True)
+    assert "--trainergroups" in wide["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert "*" in wide["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert "ownerReferences" not in wide["metadata"]
+    assert "Role" not in [o["kind"] for o in gateway.objects("ops", "u", cluster=True)]
     cluster_np = gateway.build_networkpolicy("ops", "u", cluster=True)
     assert cluster_np["spec"]["ingress"][0]["from"][0]["namespaceSelector"] == {}
-    assert gateway.image_of(_entries(_tg("b", url="http://b"), _tg("a", url="http://a")),
-                            "") == "runtime:a"
+    assert gateway.image_of(entries, "") == "runtime:a"
     assert gateway.image_of([], "gw:1") == "gw:1"
 
 
@@ -107,37 +106,34 @@ class Recorder:
         self.applied: list[dict[str, Any]] = []
         self.created: list[str] = []
 
-    async def apply_configmap(self, body: dict[str, Any]) -> str:
+    async def apply_owned_deployment(self, body: dict[str, Any]) -> str:
         self.applied.append(body)
-        return "cm-uid"
+        return "dep-uid"
 
     async def create_object(self, body: dict[str, Any]) -> bool:
         self.created.append(body["kind"])
         return True
 
 
-def test_sync_writes_only_changes() -> None:
+def test_sync_applies_only_changes() -> None:
     kube, done = Recorder(), dict[str, str]()
-    entries = _entries(_tg("a", url="http://a-tinker.ml.svc:8000", model="org/a"))
+    one = _entries(_tg("a"))
 
-    def sync(entries: list[dict[str, Any]]) -> bool:
+    def sync(entries: list[dict[str, Any]], *, cluster: bool = False, ns: str = "ml") -> bool:
         return asyncio.run(gateway_sync.sync(
-            kube, namespace="ml", entries=entries, cluster=False, image="", python="python",
+            kube, namespace=ns, entries=entries, cluster=cluster, image="", python="python",
             done=done,
         ))
 
-    assert sync(entries) and len(kube.applied) == 1
-    assert kube.created == ["ServiceAccount", "Service", "NetworkPolicy", "Deployment"]
-    assert not sync(entries) and len(kube.applied) == 1  # unchanged: nothing written
-    more = entries + _entries(_tg("b", url="http://b-tinker.ml.svc:8000"))
-    assert sync(more) and len(kube.applied) == 2
+    assert sync(one) and len(kube.applied) == 1
+    assert kube.created == ["ServiceAccount", "Role", "RoleBinding", "Service", "NetworkPolicy"]
+    assert not sync(one) and len(kube.applied) == 1  # unchanged: nothing applied
+    assert sync(one + _entries(_tg("b"))) and len(kube.applied) == 2  # a new owner merged
+    assert [o["name"] for o in kube.applied[-1]["metadata"]["ownerReferences"]] == ["a", "b"]
     assert not sync([])  # the last group gone: the garbage collector's job
     kube.created.clear()
-    asyncio.run(gateway_sync.sync(
-        kube, namespace="ops", entries=entries, cluster=True, image="gw:1", python="python",
-        done=done,
-    ))
-    assert kube.created[-1] == "NetworkPolicy" and len(kube.created) == 5  # + ml's ingress
+    assert sync(one, cluster=True, ns="ops")
+    assert kube.created == ["ServiceAccount", "Service", "NetworkPolicy", "NetworkPolicy"]
     assert gateway_sync.index_key(mode="off", namespace="ml") is None
     assert gateway_sync.index_key(mode="cluster", namespace="ml") == ""
 

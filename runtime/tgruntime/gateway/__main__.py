@@ -12,7 +12,7 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from tgruntime.gateway.groups import GroupsError, GroupSource, from_flags
+from tgruntime.gateway.groups import GroupsError, GroupSource, Source, from_flags
 
 if TYPE_CHECKING:  # aiohttp loads with the app, not with the flags (tgctl's parser)
     from tgruntime.gateway.app import Gateway
@@ -28,8 +28,13 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--config", default=None, metavar="FILE",
-        help='JSON {"groups": [{"name", "url", "models": [...]}]}, re-read when it changes '
-        "(the operator's ConfigMap); instead of --group",
+        help='JSON {"groups": [{"name", "url", "models": [...]}]}, re-read when it changes; '
+        "instead of --group",
+    )
+    p.add_argument(
+        "--trainergroups", default=None, metavar="NAMESPACE",
+        help="the serving TrainerGroups of NAMESPACE ('*': of every namespace), listed through "
+        "the Kubernetes API every 10 s (the operator's gateway Deployment); instead of --group",
     )
     p.add_argument("--host", default="127.0.0.1", help="listen address (default loopback)")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
@@ -48,13 +53,19 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
-def source_from_args(args: argparse.Namespace) -> GroupSource:
-    if bool(args.group) == bool(args.config):
+def source_from_args(args: argparse.Namespace) -> Source:
+    given = [bool(args.group), bool(args.config), bool(getattr(args, "trainergroups", None))]
+    if sum(given) != 1:
         raise GroupsError(
-            "give the groups either as --group [NAME=]URL (repeated) or --config FILE"
+            "give the groups one way: --group [NAME=]URL (repeated), --config FILE or "
+            "--trainergroups NAMESPACE"
         )
     if args.config:
         return GroupSource(path=args.config)
+    if args.trainergroups:
+        from tgruntime.gateway.discover import TrainerGroupSource
+
+        return TrainerGroupSource(namespace=args.trainergroups).start()
     return GroupSource(fixed=from_flags(args.group))
 
 

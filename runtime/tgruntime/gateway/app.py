@@ -29,7 +29,7 @@ from typing import Any
 from aiohttp import web
 
 from tgruntime.gateway import routing
-from tgruntime.gateway.groups import Group, GroupSource
+from tgruntime.gateway.groups import Group, Source
 from tgruntime.gateway.owners import Owners, SessionEntry, key_digest
 from tgruntime.gateway.routing import How, Route
 from tgruntime.gateway.upstream import (
@@ -48,7 +48,7 @@ V1 = routing.V1
 
 class Gateway:
     def __init__(
-        self, *, source: GroupSource, timeout_s: float = 120.0, connect_timeout_s: float = 10.0,
+        self, *, source: Source, timeout_s: float = 120.0, connect_timeout_s: float = 10.0,
         max_body_bytes: int = 64 << 20,
     ) -> None:
         self.source = source

@@ -1,6 +1,7 @@
-"""The groups behind the gateway: from ``--group`` flags, or a JSON file (the operator's
-ConfigMap, re-read when it changes), each a name, the group's Tinker URL and the base model
-names it serves (empty: asked from the group's ``get_server_capabilities``)."""
+"""The groups behind the gateway: from ``--group`` flags or a JSON file (re-read when it
+changes), each a name, the group's Tinker URL and the base model names it serves (empty: asked
+from the group's ``get_server_capabilities``); in Kubernetes from the TrainerGroups themselves
+(gateway.discover)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 
@@ -75,6 +76,15 @@ def _unique(groups: list[Group], where: str) -> tuple[Group, ...]:
     if dup:
         raise GroupsError(f"{where}: group names must be unique; repeated: {dup}")
     return tuple(groups)
+
+
+class Source(Protocol):
+    """Where the gateway reads the current groups from (:class:`GroupSource`, or
+    gateway.discover.TrainerGroupSource); ``error`` says why the list may be stale."""
+
+    error: str | None
+
+    def groups(self) -> tuple[Group, ...]: ...
 
 
 @dataclass(kw_only=True)

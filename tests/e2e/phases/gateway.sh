@@ -6,12 +6,12 @@
 #
 #   1. a second group $TG-teacher (the same spec, spec.model.name org/teacher) becomes Ready
 #      and serves (status.apiURL);
-#   2. the operator's ConfigMap tinker-gateway lists both groups, owned by both; the
-#      Deployment tinker-gateway becomes Available (restricted pod, no API token);
+#   2. the operator's Deployment tinker-gateway, owned by both groups, becomes Available
+#      (restricted pod; its Role reads TrainerGroups, nothing else);
 #   3. one key added to both groups' Secrets; a client pod (tests/e2e/phases/gateway_probe.py)
 #      at http://tinker-gateway.$TG_NS.svc:8000 trains $TG (by its name, an alias the group
 #      serves) and samples org/teacher through one ServiceClient; the loss falls;
-#   4. $TG-teacher is deleted: the list drops it; the gateway stays (owned by $TG).
+#   4. $TG-teacher is deleted: the gateway stays (owned by $TG) and stops listing it.
 #
 # Uses run.sh's k, log, die, wait_for, stamp, TG, TG_NS, ARTIFACTS, RUNTIME_IMAGE; defines only
 # gw_* / GW_* names. Figures go to $ARTIFACTS/gateway.json.
@@ -37,26 +37,27 @@ k apply -f "$ARTIFACTS/$GW_TEACHER.json" >/dev/null
 gw_serving() { [[ -n "$(k -n "$TG_NS" get tg "$GW_TEACHER" -o jsonpath='{.status.apiURL}')" ]]; }
 wait_for 1200 "TrainerGroup $GW_TEACHER serving (status.apiURL)" gw_serving
 
-# ---- 2. the gateway's list and Deployment ----------------------------------------------------
-gw_lists_both() {
-  k -n "$TG_NS" get configmap tinker-gateway -o json 2>/dev/null | TG="$TG" T="$GW_TEACHER" python3 -c '
+# ---- 2. the gateway's Deployment, owned by both groups ----------------------------------------
+gw_owned_by_both() {
+  k -n "$TG_NS" get deployment tinker-gateway -o json 2>/dev/null | TG="$TG" T="$GW_TEACHER" python3 -c '
 import json, os, sys
-cm = json.load(sys.stdin)
-names = {g["name"] for g in json.loads(cm["data"]["groups.json"])["groups"]}
-owners = {r["name"] for r in cm["metadata"].get("ownerReferences") or []}
-want = {os.environ["TG"], os.environ["T"]}
-sys.exit(0 if want <= names and want <= owners else 1)'
+d = json.load(sys.stdin)
+owners = {r["name"] for r in d["metadata"].get("ownerReferences") or []}
+sys.exit(0 if {os.environ["TG"], os.environ["T"]} <= owners else 1)'
 }
-wait_for 300 "ConfigMap tinker-gateway lists and is owned by $TG and $GW_TEACHER" gw_lists_both
+wait_for 300 "Deployment tinker-gateway owned by $TG and $GW_TEACHER" gw_owned_by_both
 wait_for 600 "Deployment tinker-gateway available" \
   k -n "$TG_NS" wait --for=condition=Available deployment/tinker-gateway --timeout=5s
 k -n "$TG_NS" get deployment tinker-gateway -o json | python3 -c '
 import json, sys
 pod = json.load(sys.stdin)["spec"]["template"]["spec"]
-assert pod["automountServiceAccountToken"] is False
 c = pod["containers"][0]["securityContext"]
 assert c["allowPrivilegeEscalation"] is False and c["capabilities"]["drop"] == ["ALL"]
 assert pod["securityContext"]["runAsNonRoot"] is True' || die "tinker-gateway pod is not restricted"
+k -n "$TG_NS" get role tinker-gateway -o jsonpath='{.rules}' | python3 -c '
+import json, sys
+assert json.load(sys.stdin) == [{"apiGroups": ["trainergroup.io"], "resources": ["trainergroups"],
+                                 "verbs": ["get", "list", "watch"]}]' || die "tinker-gateway Role is not read-only"
 
 # ---- 3. one key in both Secrets, one client for both groups ----------------------------------
 GW_KEY="tml-e2e-gw-$(python3 -c 'import secrets; print(secrets.token_hex(16))')"
@@ -92,13 +93,11 @@ wait_for 600 "gateway client pod" gw_probe_done
 k -n "$TG_NS" logs tg-e2e-gateway-probe > "$ARTIFACTS/gateway-probe.log" 2>&1 || true
 GW_PROBE="$(grep '^PROBE ' "$ARTIFACTS/gateway-probe.log" | tail -1 | cut -c7-)"
 
-# ---- 4. the teacher goes: the list follows, the gateway stays ----------------------------------
+# ---- 4. the teacher goes: the gateway stays (owned by $TG too) ---------------------------------
 k -n "$TG_NS" delete tg "$GW_TEACHER" --wait=false >/dev/null
-gw_dropped() {
-  k -n "$TG_NS" get configmap tinker-gateway -o jsonpath='{.data.groups\.json}' | T="$GW_TEACHER" \
-    python3 -c 'import json, os, sys; sys.exit(os.environ["T"] in {g["name"] for g in json.load(sys.stdin)["groups"]})'
-}
-wait_for 300 "$GW_TEACHER dropped from the gateway's list" gw_dropped
+gw_teacher_gone() { ! k -n "$TG_NS" get tg "$GW_TEACHER" >/dev/null 2>&1; }
+wait_for 600 "TrainerGroup $GW_TEACHER deleted" gw_teacher_gone
+k -n "$TG_NS" get deployment tinker-gateway >/dev/null || die "the gateway went with $GW_TEACHER"
 PROBE="$GW_PROBE" SECS=$(( $(date +%s) - GW_T0 )) STUDENT="$TG" python3 - > "$ARTIFACTS/gateway.json" <<'PY' \
   || die "gateway checks failed ($ARTIFACTS/gateway-probe.log)"
 import json, os, sys

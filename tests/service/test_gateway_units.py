@@ -187,3 +187,49 @@ def test_a_group_server_takes_the_gateways_session_id() -> None:
     reg.finish(SID, "alice")
     with pytest.raises(ServiceError):  # a finished session's id is not reopened
         reg.new_session([], None, "alice", session_id=SID)
+
+
+def test_trainergroup_listing_keeps_the_last_good_list() -> None:
+    import threading
+
+    from tgruntime.gateway.discover import TrainerGroupSource
+
+    listings: list[object] = [
+        [{"metadata": {"name": "g", "namespace": "ml"}, "spec": {"model": {"name": "org/g"}},
+          "status": {"apiURL": "http://g-tinker.ml.svc:8000"}}],
+        RuntimeError("Forbidden"),
+    ]
+    seen = threading.Event()
+
+    class Listed(TrainerGroupSource):
+        def _list(self) -> list[dict[str, object]]:
+            got = listings.pop(0) if listings else None
+            if not listings:
+                seen.set()
+            if isinstance(got, Exception):
+                raise got
+            return got if isinstance(got, list) else []
+
+    src = Listed(namespace="ml", every_s=0.01)
+    assert src.groups() == () and src.error  # not listed yet
+    src.start()
+    assert seen.wait(10)
+    import time
+
+    deadline = time.monotonic() + 10
+    while "Forbidden" not in (src.error or "") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    src.stop()
+    assert [(g.name, g.models) for g in src.groups()] == [("g", ("org/g", "g"))]
+    assert src.error is not None and "Forbidden" in src.error
+
+
+def test_tgctl_gateway_flags() -> None:
+    from tgruntime.entrypoints.cli import build_parser
+    from tgruntime.gateway.__main__ import source_from_args
+
+    args = build_parser().parse_args(["gateway", "--group", "a=http://127.0.0.1:1", "--port", "0"])
+    assert [g.name for g in source_from_args(args).groups()] == ["a"]
+    for argv in (["gateway"], ["gateway", "--group", "http://h:1", "--config", "f.json"]):
+        with pytest.raises(GroupsError, match="one way"):
+            source_from_args(build_parser().parse_args(argv))

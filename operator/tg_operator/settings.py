@@ -51,10 +51,10 @@ class OperatorConfig:
     """The operator pod's namespace, admitted to the dashboard by each group's NetworkPolicy."""
     operator_pod_labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
     """Labels that select the operator's pods (TG_OPERATOR_POD_LABELS: k=v,k=v)."""
-    gateway: str = "namespace"
+    gateway: str = "off"
     """The Tinker gateway (tg_operator.gateway): one per namespace with TrainerGroups
-    (``namespace``), one in the operator's namespace for all (``cluster``), or none (``off``);
-    TG_GATEWAY."""
+    (``namespace``: the chart's default), one in the operator's namespace for all
+    (``cluster``), or none (``off``: an operator started without the variable); TG_GATEWAY."""
     gateway_image: str = ""
     """The gateway's image (TG_GATEWAY_IMAGE); empty: the runtime image of the namespace's
     first TrainerGroup by name."""
@@ -190,11 +190,11 @@ def _render(template: str, variable: str, cluster: str, namespace: str) -> str:
 
 
 def _gateway_mode(env: Mapping[str, str]) -> str:
-    mode = (env.get("TG_GATEWAY") or "namespace").strip()
+    mode = (env.get("TG_GATEWAY") or "off").strip()
     if mode not in ("namespace", "cluster", "off"):
         raise SettingsError(
             f"TG_GATEWAY={mode!r}: expected 'namespace' (one Tinker gateway per namespace, the "
-            "default), 'cluster' (one in the operator's namespace) or 'off' (chart value "
-            "gateway.mode)"
+            "chart's default), 'cluster' (one in the operator's namespace) or 'off' (chart "
+            "value gateway.mode)"
         )
     return mode

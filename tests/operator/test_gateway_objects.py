@@ -139,7 +139,7 @@ def test_sync_applies_only_changes() -> None:
 
 
 def test_gateway_setting() -> None:
-    assert OperatorConfig.from_env({}).gateway == "namespace"
+    assert OperatorConfig.from_env({}).gateway == "off"  # the chart sets "namespace"
     cfg = OperatorConfig.from_env({"TG_GATEWAY": "cluster", "TG_GATEWAY_IMAGE": "gw:1"})
     assert (cfg.gateway, cfg.gateway_image) == ("cluster", "gw:1")
     with pytest.raises(SettingsError, match="TG_GATEWAY='everywhere'"):

@@ -40,7 +40,8 @@ GATEWAY_LABEL = "trainergroup.io/gateway"
 """On the gateway's pods: each group's Tinker NetworkPolicy admits pods with it."""
 PORT = 8000
 MODES = ("namespace", "cluster", "off")
-DEFAULT_RESOURCES = {"cpu": "500m", "memory": "512Mi"}
+REQUESTS = {"cpu": "50m", "memory": "128Mi"}  # small: it forwards bytes, it holds none
+LIMITS = {"cpu": "1", "memory": "512Mi"}
 
 
 def group_entry(body: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -122,12 +123,11 @@ def build_networkpolicy(
 
 def build_deployment(
     namespace: str, entries: Sequence[Mapping[str, Any]], *, image: str, python: str,
-    cluster: bool = False, resources: Mapping[str, str] | None = None, run_as_user: int = 1000,
+    cluster: bool = False, run_as_user: int = 1000,
 ) -> dict[str, Any]:
     """One replica (sessions live in the groups; what the gateway learns is soft state, so a
     replacement pod carries on), restricted, probes on ``/healthz``; owned by the namespace's
     TrainerGroups (none cluster-wide)."""
-    res = dict(resources or DEFAULT_RESOURCES)
     probe = {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 10,
              "timeoutSeconds": 5}
     security = {**pods.container_security(), "readOnlyRootFilesystem": True}
@@ -137,7 +137,7 @@ def build_deployment(
                     "*" if cluster else namespace, "--host", "0.0.0.0", "--port", str(PORT)],
         "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
         "readinessProbe": probe, "livenessProbe": {**probe, "failureThreshold": 6},
-        "resources": {"requests": dict(res), "limits": dict(res)},
+        "resources": {"requests": dict(REQUESTS), "limits": dict(LIMITS)},
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
         "securityContext": security,
     }

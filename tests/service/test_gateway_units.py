@@ -5,7 +5,9 @@ body read from its first bytes, merged listings, the group list's errors. No ser
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -202,7 +204,7 @@ def test_trainergroup_listing_keeps_the_last_good_list() -> None:
     seen = threading.Event()
 
     class Listed(TrainerGroupSource):
-        def _list(self) -> list[dict[str, object]]:
+        def _list(self) -> list[Mapping[str, Any]]:
             got = listings.pop(0) if listings else None
             if not listings:
                 seen.set()

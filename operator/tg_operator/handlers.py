@@ -12,6 +12,8 @@ this module has no side effects):
   event handlers on both that wake the groups running on that cluster;
 * an index of the Tinker servers' Deployments (label ``trainergroup.io/tinker``) and an
   event handler that wakes their group (``status.apiURL`` follows availability);
+* an index of every TrainerGroup's Tinker URL and model names, and an event handler that
+  keeps the namespace's (or the cluster's) Tinker gateway in step (tg_operator.gateway);
 * delete: keeps kopf's finalizer on the object; the loop does the cleanup. Only
   for an object already being deleted when this process started (no loop ran for
   it) does the handler clean up itself, one step per retry.
@@ -25,7 +27,17 @@ from typing import Any
 import aiohttp
 import kopf
 
-from tg_operator import deletion, group_loop, metrics, names, storage, tinker, watched
+from tg_operator import (
+    deletion,
+    gateway,
+    gateway_sync,
+    group_loop,
+    metrics,
+    names,
+    storage,
+    tinker,
+    watched,
+)
 from tg_operator.context import Context
 from tg_operator.dashboard import DashboardClient
 from tg_operator.events import KopfEvents
@@ -42,6 +54,7 @@ TINKER_FILTER = {tinker.SERVER_LABEL: kopf.PRESENT}
 TINKER_INDEX = "tinker_index"
 CLUSTER_INDEX = "rayclusters_index"
 POD_INDEX = "raypods_index"
+GATEWAY_INDEX = "gateway_index"
 
 
 def configure_settings(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
@@ -143,6 +156,35 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         if isinstance(ctx, Context):
             ctx.wake_cluster(
                 namespace=str(namespace), cluster=str(labels.get(names.RAY_CLUSTER_LABEL))
+            )
+
+    # -- the Tinker gateway: every group's URL and model names (tg_operator.gateway) ------
+    @kopf.index(*TG, registry=registry, id=GATEWAY_INDEX)
+    def gateway_index(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+        key = gateway_sync.index_key(mode=config.gateway, namespace=str(namespace))
+        entry = gateway.group_entry(body) if key is not None else None
+        return {} if entry is None else {key: entry}
+
+    @kopf.on.event(*TG, registry=registry, id="gateway-sync")
+    async def gateway_changed(namespace: str | None, memo: Any, **kwargs: Any) -> None:
+        key = gateway_sync.index_key(mode=config.gateway, namespace=str(namespace))
+        kube = memo.get("base_kube") if hasattr(memo, "get") else None
+        if key is None or kube is None:
+            return
+        index = kwargs[GATEWAY_INDEX]
+        entries = list(index.get(key, ())) if key in index else []
+        done = memo.setdefault("gateway_done", {})
+        where = key or config.operator_namespace
+        if not where:
+            return  # cluster mode needs the operator's namespace (TG_OPERATOR_NAMESPACE)
+        try:
+            await gateway_sync.sync(
+                kube, namespace=where, entries=entries, cluster=config.gateway == "cluster",
+                image=config.gateway_image, python=config.python, done=done,
+            )
+        except Exception as exc:  # the next TrainerGroup event tries again
+            logging.getLogger("tg_operator.gateway").warning(
+                "tinker gateway in %s not synced: %s", where, exc
             )
 
     # -- TrainerGroups ----------------------------------------------------------------

@@ -229,6 +229,31 @@ class KubeApi:
         }
         return await self._create(methods[str(body["kind"])], body)
 
+    async def apply_owned_deployment(self, body: dict[str, Any]) -> str:
+        """Create the Deployment, or merge its owner references into the one that exists (the
+        Tinker gateway: owned by every TrainerGroup of its namespace, tg_operator.gateway);
+        its uid."""
+        meta = body["metadata"]
+        patch = {"metadata": {"ownerReferences": meta.get("ownerReferences")}}
+        apps: Any = self._apps  # the client takes dict bodies (its stubs say models)
+
+        def call() -> str:
+            try:
+                made = apps.create_namespaced_deployment(
+                    meta["namespace"], body, _request_timeout=self._timeout
+                )
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+                made = apps.patch_namespaced_deployment(
+                    meta["name"], meta["namespace"], patch,
+                    _content_type="application/merge-patch+json",
+                    _request_timeout=self._timeout,
+                )
+            return str(made.metadata.uid)
+
+        return await asyncio.to_thread(call)
+
     async def update_deployment(self, body: dict[str, Any]) -> None:
         meta = body["metadata"]
         patch = {

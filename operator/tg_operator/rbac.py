@@ -64,6 +64,8 @@ OPERATOR_RULES: list[dict[str, Any]] = [
     # (an index: the group's status.apiURL follows its availability), created once, and
     # patched when the group's spec changes what its pod needs (e.g. the checkpoint claim);
     # its Service and ServiceAccount are created once; the keys Secret is the create above.
+    # The same kinds for the namespace's Tinker gateway (tg_operator.gateway; its Deployment's
+    # owners are patched as groups come; its Role: get/list/watch on TrainerGroups).
     {
         "apiGroups": ["apps"],
         "resources": ["deployments"],

@@ -51,6 +51,13 @@ class OperatorConfig:
     """The operator pod's namespace, admitted to the dashboard by each group's NetworkPolicy."""
     operator_pod_labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
     """Labels that select the operator's pods (TG_OPERATOR_POD_LABELS: k=v,k=v)."""
+    gateway: str = "off"
+    """The Tinker gateway (tg_operator.gateway): one per namespace with TrainerGroups
+    (``namespace``: the chart's default), one in the operator's namespace for all
+    (``cluster``), or none (``off``: an operator started without the variable); TG_GATEWAY."""
+    gateway_image: str = ""
+    """The gateway's image (TG_GATEWAY_IMAGE); empty: the runtime image of the namespace's
+    first TrainerGroup by name."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> OperatorConfig:
@@ -82,6 +89,8 @@ class OperatorConfig:
                 env.get("TG_OPERATOR_NAMESPACE") or env.get("POD_NAMESPACE") or ""
             ).strip(),
             operator_pod_labels=_labels(env, "TG_OPERATOR_POD_LABELS"),
+            gateway=_gateway_mode(env),
+            gateway_image=env.get("TG_GATEWAY_IMAGE", "").strip(),
         )
         config.dashboard_url(cluster="c", namespace="n")  # fail fast on a bad template
         config.gcs_address(cluster="c", namespace="n")
@@ -178,3 +187,14 @@ def _render(template: str, variable: str, cluster: str, namespace: str) -> str:
             f"{variable}={template!r} is not a valid template: use only {{cluster}} and "
             "{namespace} placeholders"
         ) from exc
+
+
+def _gateway_mode(env: Mapping[str, str]) -> str:
+    mode = (env.get("TG_GATEWAY") or "off").strip()
+    if mode not in ("namespace", "cluster", "off"):
+        raise SettingsError(
+            f"TG_GATEWAY={mode!r}: expected 'namespace' (one Tinker gateway per namespace, the "
+            "chart's default), 'cluster' (one in the operator's namespace) or 'off' (chart "
+            "value gateway.mode)"
+        )
+    return mode

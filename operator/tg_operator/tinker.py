@@ -12,8 +12,9 @@ is; the Deployment, made last, is what a pass looks for):
   Secret stops working once the kubelet syncs the volume;
 * Service ``NAME-tinker`` (the API's port, 8000 by default);
 * NetworkPolicy ``NAME-tinker``: the server pod admits pods labelled
-  ``trainergroup.io/client=NAME`` on the API's port, and the group's Ray pods (the server is a
-  Ray driver: workers call back into it), nothing else;
+  ``trainergroup.io/client=NAME`` and the namespace's Tinker gateway
+  (``trainergroup.io/gateway``, tg_operator.gateway) on the API's port, and the group's Ray
+  pods (the server is a Ray driver: workers call back into it), nothing else;
 * Deployment ``NAME-tinker``: one pod from the group's runtime image running
   ``python -m tgruntime.service --trainergroup NAME --k8s-namespace NS --host 0.0.0.0 --port
   PORT --keys-dir KEYS_DIR`` (docs/tinker.md) with the keys Secret mounted at
@@ -41,6 +42,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tg_operator import names, owners, platform, pods, probes, ray_token
+from tg_operator.gateway import GATEWAY_LABEL
 from tg_operator.networkpolicy import CLIENT_LABEL
 from tgapi import TrainerGroup
 
@@ -197,7 +199,12 @@ def build_networkpolicy(tg: TrainerGroup) -> dict[str, Any]:
             "policyTypes": ["Ingress"],
             "ingress": [
                 {
-                    "from": [{"podSelector": {"matchLabels": {CLIENT_LABEL: tg.name}}}],
+                    "from": [
+                        {"podSelector": {"matchLabels": {CLIENT_LABEL: tg.name}}},
+                        # the namespace's Tinker gateway (tg_operator.gateway; a cluster-wide
+                        # one gets a policy of its own in the group's namespace)
+                        {"podSelector": {"matchLabels": {GATEWAY_LABEL: "true"}}},
+                    ],
                     "ports": [{"protocol": "TCP", "port": port(tg)}],
                 },
                 {

@@ -45,9 +45,11 @@ def test_every_handler_is_registered_on_an_explicit_registry() -> None:
     ]
     # the watches that wake the loops, and the indexes its passes read
     watching = {h.id for h in registry._watching.get_all_handlers()}
-    assert watching == {"raycluster-changed", "raypod-changed", "tinker-changed"}
+    assert watching == {"raycluster-changed", "raypod-changed", "tinker-changed", "gateway-sync"}
     indexing = {h.id for h in registry._indexing.get_all_handlers()}
-    assert indexing == {handlers.CLUSTER_INDEX, handlers.POD_INDEX, handlers.TINKER_INDEX}
+    assert indexing == {
+        handlers.CLUSTER_INDEX, handlers.POD_INDEX, handlers.TINKER_INDEX, handlers.GATEWAY_INDEX
+    }
     activities = {
         h.activity.value for h in registry._activities.get_all_handlers() if h.activity
     }

@@ -4,9 +4,10 @@
 - no runtime module imports the operator or its dependencies (kopf, aiohttp,
   prometheus_client; the last two are in the runtime image only because Ray's dashboard
   needs them); the runtime reads Kubernetes through ``tgapi.kube_view``. The one exception is
-  the service room (``tgruntime.service``, the Tinker API server), which serves HTTP with
-  aiohttp; it still imports neither the operator, kopf nor prometheus_client, and no other
-  runtime module imports it at import time;
+  the service room (``tgruntime.service``, the Tinker API server) and the gateway room
+  (``tgruntime.gateway``, one endpoint for several servers), which serve HTTP with aiohttp;
+  they still import neither the operator, kopf nor prometheus_client, and no other runtime
+  module imports them at import time;
 - ``import tgapi`` needs PyYAML and the standard library only; ``tgapi.kube_view`` adds the
   ``kubernetes`` client and nothing else.
 """
@@ -56,10 +57,11 @@ def test_every_operator_module_imports_without_ray_torch_megatron_or_runtime() -
 
 
 SERVICE = "tgruntime.service"
+HTTP_ROOMS = (SERVICE + ".", "tgruntime.gateway.")
 
 
 def test_no_runtime_module_imports_the_operator_or_its_dependencies() -> None:
-    names = [n for n in _modules_of(tgruntime) if not n.startswith(SERVICE + ".")]
+    names = [n for n in _modules_of(tgruntime) if not n.startswith(HTTP_ROOMS)]
     assert "tgruntime.entrypoints.client_job" in names and "tgruntime.entrypoints.cli" in names
     # the client's Kubernetes path too (imported lazily by --trainergroup and `wait`)
     code = "\n".join(f"import {n}" for n in ["tgruntime", *names, "tgapi.kube_view"])
@@ -69,8 +71,8 @@ def test_no_runtime_module_imports_the_operator_or_its_dependencies() -> None:
 
 
 def test_the_service_room_imports_aiohttp_but_not_the_operator() -> None:
-    names = [n for n in _modules_of(tgruntime) if n.startswith(SERVICE + ".")]
-    assert f"{SERVICE}.app" in names
+    names = [n for n in _modules_of(tgruntime) if n.startswith(HTTP_ROOMS)]
+    assert f"{SERVICE}.app" in names and "tgruntime.gateway.app" in names
     mods = _modules_after("\n".join(f"import {n}" for n in names))
     assert set(names) <= mods
     assert sorted(_tops(mods) & (set(OPERATOR_ONLY) - {"aiohttp"})) == []

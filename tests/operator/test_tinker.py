@@ -95,7 +95,10 @@ def test_the_networkpolicy_admits_labelled_clients_on_the_port_and_the_ray_pods(
     assert pol["spec"]["policyTypes"] == ["Ingress"]
     clients, ray = pol["spec"]["ingress"]
     assert clients == {
-        "from": [{"podSelector": {"matchLabels": {networkpolicy.CLIENT_LABEL: "demo"}}}],
+        "from": [
+            {"podSelector": {"matchLabels": {networkpolicy.CLIENT_LABEL: "demo"}}},
+            {"podSelector": {"matchLabels": {"trainergroup.io/gateway": "true"}}},
+        ],
         "ports": [{"protocol": "TCP", "port": 8000}],
     }
     # the server is a Ray driver: the group's Ray pods call back into it (all ports)

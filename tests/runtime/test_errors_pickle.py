@@ -29,6 +29,8 @@ from tgapi.kube_view.ready import (
 )
 from tgapi.status import TrainerGroupStatus
 from tgruntime.controller import errors as ce
+from tgruntime.gateway.groups import GroupsError
+from tgruntime.gateway.routing import NotRouted
 from tgruntime.service.limits import LimitError
 from tgruntime.service.sampler_weights import FreedWeights
 from tgruntime.service.sessions import ServiceError
@@ -91,6 +93,10 @@ CASES: dict[str, Callable[[], BaseException]] = {
         limit="queued requests", value=1024, setting="--max-queued-requests", status=429,
         retry_after=1.0,
     ),
+    "tgruntime.gateway.groups:GroupsError": lambda: GroupsError(
+        "--group '127.0.0.1:8001': not a group's base URL"
+    ),
+    "tgruntime.gateway.routing:NotRouted": lambda: NotRouted("/api/v1/nope"),
     "tgruntime.service.sessions:ServiceError": lambda: ServiceError(
         "seq_id 3 is out of order", status=409, category="user"
     ),

@@ -122,7 +122,9 @@ ConfigMaps, no create/delete of TrainerGroups, read-only Pods. Proven on a real 
   verbs: ["create"]
 # The Tinker API server (<name>-tinker): its Deployment is watched (status.apiURL follows
 # its availability), created once and patched when the spec changes its pod; its Service
-# and ServiceAccount are created once.
+# and ServiceAccount are created once. The same for the namespace's Tinker gateway
+# (tinker-gateway: its Deployment's owners are patched as groups come; its Role reads
+# TrainerGroups).
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["list", "watch", "create", "patch"]

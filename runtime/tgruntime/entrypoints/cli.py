@@ -645,6 +645,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_gateway(args: argparse.Namespace) -> int:
+    from tgruntime.gateway.__main__ import run
+
+    return run(args, prog="tgctl gateway")
+
+
 # ============================================================================ main
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -722,6 +728,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     policy.add_flags(sv)  # --admin-principals (docs/security.md)
     tls.add_flags(sv)  # --tls-cert, --tls-key
+    gw = sub.add_parser(
+        "gateway", help="one Tinker endpoint for several groups' servers (docs/tinker.md)"
+    )
+    from tgruntime.gateway.__main__ import add_flags as gateway_flags
+
+    gateway_flags(gw)  # --group [NAME=]URL ... | --config FILE, --host, --port, timeouts
+    gw.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    gw.add_argument("-v", "--verbose", action="store_true", help="all log lines, unfiltered")
     dn = add("down", "tear the group down")
     dn.add_argument(
         "--stop-ray", action="store_true", help="also stop the local Ray head tgctl started"
@@ -745,6 +759,7 @@ def main(argv: list[str] | None = None) -> int:
         "status": cmd_status,
         "train": cmd_train,
         "serve": cmd_serve,
+        "gateway": cmd_gateway,
         "down": cmd_down,
     }
     try:

@@ -11,6 +11,7 @@ their models and samplers (:meth:`Registry.expire`).
 from __future__ import annotations
 
 import asyncio
+import re
 import secrets
 import time
 from collections.abc import Iterable
@@ -21,6 +22,9 @@ from tgapi.errors import PicklableError
 from tgruntime.service.policy import POLICY, Act, Policy
 
 DEFAULT_OWNER = "default"
+SESSION_ID = re.compile(r"tg-[0-9a-f]{32}")
+"""The shape of a session id (:func:`new_id` with ``tg-``); a caller may choose its own in
+this shape (the Tinker gateway does, so one session spans its groups: docs/tinker.md)."""
 
 
 def new_id(prefix: str) -> str:
@@ -123,9 +127,30 @@ class Registry:
         self._forget_s = forget_s
 
     def new_session(
-        self, tags: list[str], metadata: dict[str, Any] | None, owner: str = DEFAULT_OWNER
+        self,
+        tags: list[str],
+        metadata: dict[str, Any] | None,
+        owner: str = DEFAULT_OWNER,
+        session_id: str | None = None,
     ) -> Session:
-        sid = new_id("tg-")
+        """A new session; with ``session_id`` (the gateway's, shape ``tg-`` + 32 hex) that id:
+        the owner's own session of that id is answered again (the gateway re-creates it after a
+        restart), another principal's is a 409."""
+        if session_id is None:
+            sid = new_id("tg-")
+        elif SESSION_ID.fullmatch(session_id) is None:
+            raise ServiceError(
+                f"session_id {session_id[:80]!r} is not a session id: 'tg-' and 32 lowercase "
+                "hex digits (omit it and the server picks one)"
+            )
+        else:
+            sid = session_id
+            held = self.sessions.get(sid)
+            if held is not None and held.owner == owner and not held.finished:
+                held.last_seen = time.monotonic()
+                return held
+            if held is not None:
+                raise ServiceError(f"session id {sid} is taken: pick another", status=409)
         s = Session(sid, tags, metadata, owner=owner)
         self.sessions[sid] = s
         return s

@@ -10,8 +10,10 @@ from tgruntime.service.core import ServiceCore, _json_log
 class SessionRoutes(ServiceCore):
     async def create_session(self, request: web.Request) -> web.Response:
         body = await self._body(request)
+        sid = body.get("session_id")  # the gateway's own id, so a session spans its groups
         s = self.registry.new_session(
-            list(body.get("tags") or []), body.get("user_metadata"), self._who(request)
+            list(body.get("tags") or []), body.get("user_metadata"), self._who(request),
+            session_id=None if sid is None else str(sid),
         )
         _json_log("session", session_id=s.session_id, sdk=body.get("sdk_version"))
         return web.json_response({"type": "create_session", "session_id": s.session_id})

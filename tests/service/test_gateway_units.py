@@ -97,6 +97,16 @@ def test_forward_backward_routes_by_the_protobuf_model_id() -> None:
         routing.proto_string(raw[:20], 1, final=True)
 
 
+def test_signed_links_route_by_their_query_path() -> None:
+    """service.signed's links carry no key: the gateway routes them by the tinker:// path in
+    the query (to the run's learned owner)."""
+    path = f"tinker://{MID}/weights/step-1"
+    for where in ("/signed/archive", "/signed/file"):
+        got = route(method="GET", path=where, query={"path": path, "signature": "x"})
+        assert got == Route(how=How.SIGNED, key=path)
+    assert route(method="GET", path="/signed/archive").key is None
+
+
 def test_unknown_paths_are_not_routed() -> None:
     for method, path in [("GET", "/api/v1/nope"), ("POST", "/admin"), ("GET", "/hf/x"),
                          ("GET", "/api/v1/create_session")]:

@@ -136,7 +136,8 @@ class Gateway:
         try:
             body, data, proto_id = await self._read(request)
             r = routing.route(
-                method=request.method, path=request.path, body=body, proto_model_id=proto_id
+                method=request.method, path=request.path, body=body, proto_model_id=proto_id,
+                query=request.query,
             )
         except routing.NotRouted:
             return json_error(f"no such endpoint: {request.method} {request.path}", status=404)
@@ -361,6 +362,12 @@ class Gateway:
         return _first_error(answers).response()
 
     async def _resolve(self, r: Route, headers: dict[str, str]) -> Group | web.Response:
+        if r.how is How.SIGNED:
+            # the group that answered for the run (learned from the answers proxied, e.g.
+            # the link's own issue); unknown (a gateway restarted since): the first group,
+            # whose 403/404 tells the caller to ask for a new link
+            owner = self._group(self.owners.owner("model", routing.run_of(r.key or "") or ""))
+            return owner or self.groups()[0]
         if r.how in (How.BASE, How.HUB):
             g = await self._by_model(r.key, headers)
             if g is None and r.how is How.HUB:

@@ -33,6 +33,7 @@ class How(enum.Enum):
     SAMPLER = "sampler"  # the group holding the sampling session
     FUTURE = "future"  # the group whose server made the request id
     HUB = "hub"  # the group serving the org/model of a /hf/ path
+    SIGNED = "signed"  # a signed download link: the group holding its tinker:// path's run
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,12 +63,17 @@ _MERGED = frozenset({"get_server_capabilities", "training_runs", "checkpoints"})
 
 def route(
     *, method: str, path: str, body: Mapping[str, Any] | None = None,
-    proto_model_id: str | None = None,
+    proto_model_id: str | None = None, query: Mapping[str, str] | None = None,
 ) -> Route:
     """The route of one request. ``body`` is the JSON body (None for GET and protobuf);
-    ``proto_model_id`` the ``model_id`` read from a protobuf ``forward_backward`` body."""
+    ``proto_model_id`` the ``model_id`` read from a protobuf ``forward_backward`` body;
+    ``query`` the URL's query (a signed link's ``path`` names its checkpoint)."""
     if path in ("/healthz", "/api/v1/healthz"):
         return Route(how=How.LOCAL)
+    if path in ("/signed/archive", "/signed/file"):
+        # service.signed's links carry no key (the signature is the credential), so the
+        # gateway cannot ask the groups with the caller's key: the run's learned owner
+        return Route(how=How.SIGNED, key=_text(query, "path"))
     if path.startswith("/hf/"):
         return Route(how=How.HUB, key=hub_name(path))
     if not path.startswith(V1):

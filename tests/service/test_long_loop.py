@@ -45,6 +45,9 @@ def long_loop(served: dict[str, Any]) -> dict[str, Any]:
     losses: list[float] = []
     checks: list[dict[str, Any]] = []
     started, cpu0 = time.monotonic(), time.process_time()
+    # other tests' sessions and models on the package's shared server are not this loop's
+    before = service.registry
+    old_sessions, old_models = set(before.sessions), set(before.models)
     with _sc(served) as sc:
         tc = sc.create_lora_training_client(base_model=served["base"], rank=4).result(
             timeout=WAIT
@@ -71,8 +74,12 @@ def long_loop(served: dict[str, Any]) -> dict[str, Any]:
                 "futures_pending": service.futures.pending(),
                 "futures_held": len(service.futures),
                 "futures_bytes": _held_bytes(service.futures),
-                "sessions": sum(1 for s in reg.sessions.values() if reg.alive(s)),
-                "models": sum(1 for m in reg.models.values() if m.retired is None),
+                "sessions": sum(
+                    1 for k, s in reg.sessions.items() if k not in old_sessions and reg.alive(s)
+                ),
+                "models": sum(
+                    1 for k, m in reg.models.items() if k not in old_models and m.retired is None
+                ),
                 "samplers": len(reg.samplers),
                 "tasks": len(service._tasks),
             })

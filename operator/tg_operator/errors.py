@@ -52,6 +52,7 @@ class TokenSecretInvalid(GroupFailed):
 
 
 class ClaimAccessMode(GroupFailed):
-    """The checkpoint claim's access mode cannot serve the pods that mount it (tg_operator.claims)."""
+    """The checkpoint claim's access mode cannot serve the pods that mount it
+    (tg_operator.claims)."""
 
     reason = "ClaimAccessMode"

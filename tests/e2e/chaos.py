@@ -266,7 +266,9 @@ def setup_storage(c: Cluster, *, run_id: str, timeout_s: float) -> None:
     # pods' fsGroup (gid 100, setgid), or no checkpoint could be written
     owner = c.node_sh(f"stat -c '%g %a' '{c.host_dir}'").split()
     if owner[0] != "100" or len(owner[1]) != 4 or owner[1][0] not in "2367":
-        raise RuntimeError(f"{c.host_dir} is gid/mode {owner}, not the pods' fsGroup 100 with setgid")
+        raise RuntimeError(
+            f"{c.host_dir} is gid/mode {owner}, not the pods' fsGroup 100 with setgid"
+        )
     tg = c.tg() or {}
     keep = {"apiVersion": tg["apiVersion"], "kind": tg["kind"],
             "metadata": {"name": c.name, "namespace": c.namespace}, "spec": tg["spec"]}

@@ -62,7 +62,10 @@ def test_the_message_names_the_pods_and_the_way_out() -> None:
 
 def test_the_bound_volume_s_modes_win_over_the_request() -> None:
     pending = {"spec": {"accessModes": ["ReadWriteOnce"]}, "status": {"phase": "Pending"}}
-    bound = {"spec": {"accessModes": ["ReadWriteOnce"]}, "status": {"accessModes": ["ReadWriteMany"]}}
+    bound = {
+        "spec": {"accessModes": ["ReadWriteOnce"]},
+        "status": {"accessModes": ["ReadWriteMany"]},
+    }
     assert claims.access_modes(pending) == ("ReadWriteOnce",)
     assert claims.access_modes(bound) == ("ReadWriteMany",)
     assert claims.access_modes({}) == ()
@@ -70,7 +73,7 @@ def test_the_bound_volume_s_modes_win_over_the_request() -> None:
 
 def _spec_with_storage(**api: Any) -> dict[str, Any]:
     w = world()
-    spec = w.obj["spec"]
+    spec: dict[str, Any] = w.obj["spec"]
     spec["rayCluster"]["storage"] = {"claimName": "ckpt", "mountPath": "/ckpt"}
     spec["training"]["checkpointDir"] = "/ckpt/demo"
     if api:

@@ -57,7 +57,7 @@ E2E_SHARED=/var/lib/tg-shared  # one host directory, mounted here in both worker
 e2e_claim() {  # <claim> <pv> <dir>: a ReadWriteMany claim on $E2E_SHARED/<dir>, served to every worker node
   local claim="$1" pv="$2" dir="$E2E_SHARED/$3" nodes="$GPU_NODE${CPU_NODE:+,$CPU_NODE}"
   # A fresh directory as a new export is: root's, 0755. Only the pods' fsGroup (applied by the
-  # kubelet to a local volume) makes it writable by the runtime's user: no 0777 here.
+  # kubelet to a local volume) makes it writable by the runtime's user (never world-writable).
   docker exec "$GPU_NODE" sh -c "mkdir -p '$dir' && chown 0:0 '$dir' && chmod 0755 '$dir'"
   if [[ -n "${CPU_NODE:-}" ]]; then
     docker exec "$CPU_NODE" test -d "$dir" \

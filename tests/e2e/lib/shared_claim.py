@@ -14,7 +14,7 @@ type ``local`` on that tree, reachable from every listed node (its node affinity
 mode ReadWriteMany, so a worker pod on the GPU node and the Tinker server on the CPU node mount
 the same files. ``local`` and not ``hostPath``: the kubelet applies the pods' ``fsGroup`` to a
 ``local`` volume, so the directory can start as a fresh export does (root's, 0755) and only
-the pods' ``fsGroup`` makes it writable by the runtime's user (no 0777).
+the pods' ``fsGroup`` makes it writable by the runtime's user (nothing world-writable).
 
 Prints a ``v1 List`` as JSON. Used by tests/e2e/lib/clients.sh (``e2e_claim``) and
 tests/e2e/chaos.py.

@@ -21,6 +21,10 @@
 #   TG_KIND_KUBELET_SYNC kubelet syncFrequency on every node (default 10s; kubeadm's is 1m): how
 #                       soon a changed Secret or ConfigMap reaches the pods that mount it
 #   TG_KIND_GPU=1       real NVIDIA hosts: NOT IMPLEMENTED (TODO hook, see docs/kind-cluster.md)
+#   TG_KIND_SHARED_DIR  the host directory both workers mount at /var/lib/tg-shared (default
+#                       ~/.cache/trainergroup/kind/shared/<name>; emptied when a cluster is
+#                       created): the one tree every worker node sees, on which the e2e suite's
+#                       ReadWriteMany checkpoint volumes live (tests/e2e/lib/shared_claim.py)
 #   TG_KIND_KEEP_STORES=1 (default) the two workers' containerd stores live on the host, under
 #                       ~/.cache/trainergroup/kind/stores/<name>/<node>, so an image loaded
 #                       once (the 6 GB runtime image) is still there in the next cluster of that
@@ -38,6 +42,8 @@ CP_NODE="$CLUSTER-control-plane"
 mkdir -p "$TG_KIND_CACHE"
 KEEP_STORES="${TG_KIND_KEEP_STORES:-1}"
 STORES="$TG_KIND_CACHE/stores/$CLUSTER"
+SHARED_DIR="${TG_KIND_SHARED_DIR:-$TG_KIND_CACHE/shared/$CLUSTER}"
+SHARED_MOUNT=/var/lib/tg-shared
 
 tools() {
   BIN="$(tools_bin)"
@@ -87,7 +93,7 @@ nodes:
     labels:
       nvidia.com/gpu.present: "true"
       trainergroup.local/pool: gpu
-$(store_mount worker)
+$(node_mounts worker)
     kubeadmConfigPatches:
       - |
         kind: JoinConfiguration
@@ -99,13 +105,14 @@ $(store_mount worker)
   - role: worker
     labels:
       trainergroup.local/pool: cpu
-$(store_mount worker2)
+$(node_mounts worker2)
 EOF
 }
 
-store_mount() {  # <node suffix>: the extraMounts entry of a kept containerd store (or nothing)
+node_mounts() {  # <node suffix>: a worker's extraMounts: the shared tree, the kept containerd store
+  printf '    extraMounts:\n      - hostPath: %s\n        containerPath: %s\n' "$SHARED_DIR" "$SHARED_MOUNT"
   [[ "$KEEP_STORES" == 1 ]] || return 0
-  printf '    extraMounts:\n      - hostPath: %s\n        containerPath: /var/lib/containerd\n' "$STORES/$1"
+  printf '      - hostPath: %s\n        containerPath: /var/lib/containerd\n' "$STORES/$1"
 }
 
 # The kept stores start as a copy of the node image's own /var/lib/containerd (its preloaded
@@ -220,6 +227,8 @@ cmd_up() {
   fi
   preflight_exec
   seed_stores "$image"
+  # a new cluster starts with an empty shared tree (root's, 0755, like a fresh NFS export)
+  rm -rf "$SHARED_DIR" && mkdir -p "$SHARED_DIR" && chmod 0755 "$SHARED_DIR"
   local cfg; cfg="$(mktemp)"; kind_config >"$cfg"
   log "kind create cluster --name $CLUSTER --image $image"
   local t0=$SECONDS

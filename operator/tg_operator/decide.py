@@ -15,6 +15,7 @@ import dataclasses
 from collections.abc import Callable
 
 from tg_operator import (
+    claims,
     deaths,
     entrypoints,
     errors,
@@ -272,6 +273,7 @@ def server_failed(snap: Snapshot, cfg: Settings) -> Decision | None:
 
 RULES: tuple[Rule, ...] = (
     respec,
+    claims.refuse_claim,
     create_cluster,
     cluster_conflict,
     serve_tinker,

@@ -49,3 +49,10 @@ class TokenSecretInvalid(GroupFailed):
     """The operator cannot make the group's Ray token (no key configured)."""
 
     reason = "NoTokenKey"
+
+
+class ClaimAccessMode(GroupFailed):
+    """The checkpoint claim's access mode cannot serve the pods that mount it
+    (tg_operator.claims)."""
+
+    reason = "ClaimAccessMode"

@@ -183,6 +183,24 @@ class KubeApi:
 
         return await asyncio.to_thread(call)
 
+    # -- the checkpoint claim (tg_operator.claims) ---------------------------------------
+    async def get_claim(self, *, namespace: str, name: str) -> dict[str, Any] | None:
+        """One GET of the PersistentVolumeClaim; None when it is missing or the operator holds
+        no ``get`` on claims (an install whose RBAC predates the check: nothing is judged)."""
+
+        def call() -> dict[str, Any] | None:
+            try:
+                resp: Any = self._core.read_namespaced_persistent_volume_claim(
+                    name, namespace, _preload_content=False, _request_timeout=self._timeout
+                )
+            except ApiException as exc:
+                if exc.status in (403, 404):
+                    return None
+                raise
+            return cast(dict[str, Any], json.loads(resp.data))
+
+        return await asyncio.to_thread(call)
+
     async def create_secret(self, body: dict[str, Any]) -> bool:
         """Create a Secret; False if one with that name already exists."""
         return await self._create(self._core.create_namespaced_secret, body)

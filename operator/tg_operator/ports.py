@@ -48,6 +48,10 @@ class KubeApi(Protocol):
         when Kueue's CRDs are not installed or the operator may not read them)."""
         ...
 
+    async def get_claim(self, *, namespace: str, name: str) -> dict[str, Any] | None:
+        """The PersistentVolumeClaim ``name`` (None: missing, or the operator may not read it)."""
+        ...
+
     async def create_secret(self, body: dict[str, Any]) -> bool:
         """Create a Secret; False when it exists already (it is left as it is)."""
         ...

@@ -55,6 +55,10 @@ OPERATOR_RULES: list[dict[str, Any]] = [
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
     # kopf.event(): phase changes and failures.
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+    # The checkpoint claim (rayCluster.storage.claimName), read once before the RayCluster is
+    # created: an access mode that cannot serve the pods that mount it fails the group
+    # (tg_operator.claims). Read only: the operator never creates or deletes a claim.
+    {"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["get"]},
     # Each group's Ray token Secret (tg_operator.ray_token): create only. The token is
     # derived from the operator's key, so the operator reads no Secret anywhere.
     {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},

@@ -25,6 +25,7 @@ from typing import Any
 
 from tg_operator import (
     actions,
+    claims,
     decide,
     errors,
     events,
@@ -120,6 +121,10 @@ async def observe(ctx: Context, bare: Snapshot) -> Snapshot:
     if rc is not None:
         pods = await kube.list_cluster_pods(namespace=tg.namespace, cluster=cluster)
     snap = dataclasses.replace(bare, raycluster=rc, pods=tuple(pods))
+    claim = claims.claim_name(tg)
+    if rc is None and claim is not None:  # about to create the cluster: can the claim serve it?
+        found = await kube.get_claim(namespace=tg.namespace, name=claim)
+        snap = dataclasses.replace(snap, claim=found)
     if rc is not None and queue.suspended(rc):
         uid = str(rc.get("metadata", {}).get("uid") or "")
         workloads = await kube.list_workloads(namespace=tg.namespace, cluster_uid=uid)

@@ -57,6 +57,9 @@ class Snapshot:
     priority_class_exists: bool | None = None
     """Whether the group's ``spec.queue.priorityClass`` exists as a Kueue WorkloadPriorityClass;
     read only for a suspended RayCluster with no Workload (None: not read, or unknown)."""
+    claim: Mapping[str, Any] | None = None
+    """The checkpoint claim (``rayCluster.storage.claimName``), read only while the RayCluster
+    is to be created (None: not read, missing, or unreadable; tg_operator.claims)."""
     dashboard_error: str | None = None
     """The dashboard's ``/api/version`` failed (None: it answered, or it was not asked)."""
     alive_worker_nodes: int | None = None

@@ -444,7 +444,8 @@ def failed(
 ) -> TrainerGroupStatus:
     """Phase Failed, with the reason on the WorkersReady condition (or RayClusterReady)."""
     conds = list(status.conditions)
-    ctype = RAY_CLUSTER_READY if reason in ("ClusterTimeout", "ClusterConflict") else WORKERS_READY
+    cluster_reasons = ("ClusterTimeout", "ClusterConflict", "ClaimAccessMode")
+    ctype = RAY_CLUSTER_READY if reason in cluster_reasons else WORKERS_READY
     conds = set_condition(
         conds,
         type=ctype,

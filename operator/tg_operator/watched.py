@@ -89,6 +89,9 @@ class WatchedKube:
     async def workload_priority_class_exists(self, *, name: str) -> bool | None:
         return await self._api.workload_priority_class_exists(name=name)
 
+    async def get_claim(self, *, namespace: str, name: str) -> dict[str, Any] | None:
+        return await self._api.get_claim(namespace=namespace, name=name)
+
     async def create_secret(self, body: dict[str, Any]) -> bool:
         return await self._api.create_secret(body)
 

@@ -6,8 +6,9 @@ Needs a cluster set up by tests/e2e/run.sh (E2E_KEEP_CLUSTER=1, or its phase "ch
 artifacts: the TrainerGroup manifest (``trainergroup.yaml``) and a client Job manifest
 (``<name>-client.yaml``). docs/chaos.md has the faults, the checks and the figures.
 
-Setup: a hostPath PersistentVolume on the GPU node (a new directory per run) and its claim
-become the group's ``spec.rayCluster.storage``, with ``spec.training.checkpointDir`` on it; a
+Setup: a ReadWriteMany PersistentVolume on the tree the worker nodes share (a new directory
+per run; tests/e2e/lib/shared_claim.py) and its claim become the group's
+``spec.rayCluster.storage``, with ``spec.training.checkpointDir`` on it; a
 client trains a few steps and saves a checkpoint there. Then each fault, in an order and with
 delays drawn from ``--seed`` (the same seed gives the same run). After each fault:
 
@@ -61,7 +62,7 @@ class Cluster:
     artifacts: Path
     cluster: str  # the kind cluster's name: its node containers are <cluster>-...
     gpu_node: str
-    host_dir: str  # the checkpoint volume's directory on the GPU node
+    host_dir: str  # the checkpoint volume's directory, on the tree the worker nodes share
 
     def kubectl(self, *args: str, check: bool = True, stdin: str | None = None) -> str:
         run = subprocess.run(
@@ -239,22 +240,19 @@ def post_checks(c: Cluster, out: Outcome, *, before: tuple[int, ...], recreated:
 
 # -- setup: the checkpoint volume, a checkpoint -----------------------------------------------
 def setup_storage(c: Cluster, *, run_id: str, timeout_s: float) -> None:
+    """A ReadWriteMany claim on the tree the worker nodes share (tests/e2e/lib/shared_claim.py),
+    its directory root's and 0755: the pods' fsGroup makes it theirs."""
     claim = f"tg-chaos-{run_id}"
-    c.node_sh(f"mkdir -p '{c.host_dir}' && chmod 0777 '{c.host_dir}'")
-    pv = {"apiVersion": "v1", "kind": "PersistentVolume",
-          "metadata": {"name": claim, "labels": {"app.kubernetes.io/part-of": "trainergroup-e2e"}},
-          "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
-                   "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
-                   "hostPath": {"path": c.host_dir, "type": "Directory"},
-                   "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
-                       {"key": "kubernetes.io/hostname", "operator": "In",
-                        "values": [c.gpu_node]}]}]}}}}
-    pvc = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-           "metadata": {"name": claim, "namespace": c.namespace},
-           "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "",
-                    "volumeName": claim, "resources": {"requests": {"storage": "1Gi"}}}}
-    for obj in (pv, pvc):
-        c.kubectl("apply", "-f", "-", stdin=json.dumps(obj))
+    c.node_sh(f"mkdir -p '{c.host_dir}' && chown 0:0 '{c.host_dir}' && chmod 0755 '{c.host_dir}'")
+    workers = c.kubectl("get", "nodes", "-l", "!node-role.kubernetes.io/control-plane",
+                        "-o", "jsonpath={.items[*].metadata.name}").split()
+    nodes = workers or [c.gpu_node]  # a one-node cluster (nvidia mode): its control plane
+    script = Path(__file__).resolve().parent / "lib" / "shared_claim.py"
+    objects = subprocess.run(
+        [sys.executable, str(script), "--claim", claim, "--pv", claim, "--namespace",
+         c.namespace, "--path", c.host_dir, "--nodes", ",".join(nodes)],
+        capture_output=True, text=True, timeout=60, check=True).stdout
+    c.kubectl("apply", "-f", "-", stdin=objects)
     if c.tg() is None:
         c.kubectl("apply", "-f", str(c.artifacts / "trainergroup.yaml"))
     old = settled(c, timeout_s=timeout_s) and c.status().get("workerNames")
@@ -264,6 +262,13 @@ def setup_storage(c: Cluster, *, run_id: str, timeout_s: float) -> None:
     phase = settled(c, timeout_s=timeout_s, not_names=old or None)
     if phase != "Ready":
         raise RuntimeError(f"the group with the checkpoint claim ended {phase}")
+    # the worker pod mounted the fresh (root's, 0755) directory: the kubelet gave it to the
+    # pods' fsGroup (gid 100, setgid), or no checkpoint could be written
+    owner = c.node_sh(f"stat -c '%g %a' '{c.host_dir}'").split()
+    if owner[0] != "100" or len(owner[1]) != 4 or owner[1][0] not in "2367":
+        raise RuntimeError(
+            f"{c.host_dir} is gid/mode {owner}, not the pods' fsGroup 100 with setgid"
+        )
     tg = c.tg() or {}
     keep = {"apiVersion": tg["apiVersion"], "kind": tg["kind"],
             "metadata": {"name": c.name, "namespace": c.namespace}, "spec": tg["spec"]}
@@ -543,7 +548,7 @@ def main(argv: list[str] | None = None) -> int:
                     artifacts=args.artifacts, cluster=args.cluster, gpu_node="", host_dir="")
     gpu = probe.kubectl("get", "nodes", "-l", "nvidia.com/gpu.present=true",
                         "-o", "jsonpath={.items[0].metadata.name}").strip()
-    c = dataclasses.replace(probe, gpu_node=gpu, host_dir=f"/var/lib/tg-e2e/chaos-{run_id}")
+    c = dataclasses.replace(probe, gpu_node=gpu, host_dir=f"/var/lib/tg-shared/chaos-{run_id}")
     t_start = time.monotonic()
     print(f"chaos: seed {args.seed}, faults {order}, checkpoints in {gpu}:{c.host_dir}",
           file=sys.stderr)

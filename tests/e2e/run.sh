@@ -29,10 +29,12 @@
 #   E2E_ARTIFACTS=tests/e2e/.artifacts   diagnostics, timings (timeline.json) written here
 #   E2E_STEPS=10 (nvidia) / 5 (fake)     client training steps
 #   E2E_READY_TIMEOUT=1800          seconds for the TrainerGroup to become Ready
-#   E2E_PHASES="resume tinker"      phases run after the recovery step (tests/e2e/phases/); "" none.
+#   E2E_PHASES="resume tinker tls"  phases run after the recovery step (tests/e2e/phases/); "" none.
 #                                   With the chaos faults worker-killed-mid-step among those
-#                                   run, the default is "tinker" and step 7 is left out: the
-#                                   fault covers both (docs/testing.md, "Merged")
+#                                   run, the default is "tinker tls" and step 7 is left out: the
+#                                   fault covers both (docs/testing.md, "Merged"). resume: a
+#                                   ReadWriteMany claim on two nodes; tls: HTTPS (after tinker)
+#   E2E_TLS_STEPS=2                 steps of phase tls's HTTPS client Job
 #   E2E_KUEUE=1 (fake) / 0 (nvidia)   Kueue, built here, admits, queues and preempts groups,
 #                                   with the GCS fault-tolerance group as the one holding the
 #                                   quota (tests/e2e/phases/kueue.sh, docs/kueue.md); 0: left out
@@ -488,7 +490,7 @@ check_status | tee "$ARTIFACTS/status-recovered.json"
 log "recovered under new names $NEW_NAMES (were $OLD_NAMES)"
 run_client "$TG-client-2"
 fi
-DEFAULT_PHASES="resume tinker"; (( CHAOS_COVERS_KILL )) && DEFAULT_PHASES="tinker"
+DEFAULT_PHASES="resume tinker tls"; (( CHAOS_COVERS_KILL )) && DEFAULT_PHASES="tinker tls"
 # shellcheck source=/dev/null  # ---- phases: tests/e2e/phases/<name>.sh, each from a Ready group
 for phase in ${E2E_PHASES-$DEFAULT_PHASES}; do source "tests/e2e/phases/$phase.sh"; done
 [[ "${E2E_CHAOS:-0}" == 1 ]] && source tests/e2e/phases/chaos.sh   # opt-in: docs/chaos.md

@@ -83,6 +83,7 @@ def timeline(artifacts: Path) -> dict[str, Any]:
         "client_job_s": span("client_start", "client_done"),
         "worker_kill_to_degraded_s": span("kill_worker", "degraded"),
         "worker_kill_to_ready_s": span("kill_worker", "recovered"),
+        "tls_phase_s": span("tls_start", "tls_done"),
         "delete_to_gone_s": span("delete", "deleted"),
         "total_s": span("start", "deleted"),
     }

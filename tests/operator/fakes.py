@@ -70,6 +70,8 @@ class FakeKube:
         """Kueue's WorkloadPriorityClasses by name (None: unknown, no Kueue or no RBAC)."""
         self.watch_lags: set[tuple[str, str]] = set()
         """(namespace, group) whose Tinker Deployment the watch does not show yet."""
+        self.claims: dict[tuple[str, str], dict[str, Any]] = {}
+        """PersistentVolumeClaims by (namespace, name) (a test plays the platform's part)."""
 
     async def patch_trainergroup_status(
         self, *, namespace: str, name: str, status: dict[str, Any]
@@ -97,6 +99,11 @@ class FakeKube:
     async def workload_priority_class_exists(self, *, name: str) -> bool | None:
         self.calls["workload_priority_class_exists"] += 1
         return None if self.priority_classes is None else name in self.priority_classes
+
+    async def get_claim(self, *, namespace: str, name: str) -> dict[str, Any] | None:
+        self.calls["get_claim"] += 1
+        found = self.claims.get((namespace, name))
+        return copy.deepcopy(found) if found is not None else None
 
     async def get_raycluster(self, *, namespace: str, name: str) -> dict[str, Any] | None:
         self.calls["get_raycluster"] += 1

@@ -168,6 +168,39 @@ def test_unschedulable_gpu_pod_is_reported_then_times_out(
     )
 
 
+def test_a_readwriteonce_claim_that_two_pods_mount_is_refused_before_any_pod(
+    k8s_plane: Any, ns: str, operator: ks.OperatorProcess
+) -> None:
+    """The operator's least-privilege account reads the claim (its ``get`` on claims: a 403
+    would leave the claim unjudged and the group would go on) and fails the group: the worker
+    pod and the Tinker server (on by default) would both mount a ReadWriteOnce claim."""
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "rwo-ckpt", "namespace": ns},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": "none-here",  # stays Pending: its requested mode is judged
+            "resources": {"requests": {"storage": "1Gi"}},
+        },
+    }
+    k8s_plane.apply(claim)
+    body = ks.noop("rwoclaim", ns)
+    body["spec"]["rayCluster"]["storage"] = {"claimName": "rwo-ckpt", "mountPath": "/ckpt"}
+    body["spec"].setdefault("training", {})["checkpointDir"] = "/ckpt/rwoclaim"
+    k8s_plane.apply(body)
+    st = ks.wait_phase(k8s_plane, ns, "rwoclaim", {"Failed"}, timeout=120, op=operator)
+    cond = {c["type"]: c for c in st["conditions"]}["RayClusterReady"]
+    assert (cond["status"], cond["reason"]) == ("False", "ClaimAccessMode"), cond
+    assert "checkpoint claim rwo-ckpt is ReadWriteOnce" in st["message"], st["message"]
+    assert "the Tinker server (spec.api.tinker)" in st["message"], st["message"]
+    assert (
+        k8s_plane.kubectl("get", "raycluster", "rwoclaim", "-n", ns, check=False).returncode != 0
+    )
+    delete_and_wait(k8s_plane, ns, "rwoclaim", operator, timeout=60)
+    k8s_plane.kubectl("delete", "pvc", "rwo-ckpt", "-n", ns, "--wait=false", check=False)
+
+
 # -- a normal apply is quiet: Normal events only, no ERROR in the operator's log -----------
 def test_apply_to_ready_posts_no_warning_and_logs_no_error(
     k8s_plane: Any, ns: str, operator: ks.OperatorProcess

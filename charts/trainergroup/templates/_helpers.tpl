@@ -110,6 +110,12 @@ ConfigMaps, no create/delete of TrainerGroups, read-only Pods. Proven on a real 
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+# The checkpoint claim (rayCluster.storage.claimName), read once before the RayCluster is
+# created: an access mode that cannot serve the pods that mount it fails the group. Read
+# only: the operator never creates or deletes a claim.
+- apiGroups: [""]
+  resources: ["persistentvolumeclaims"]
+  verbs: ["get"]
 # Each group's Ray token Secret (<name>-ray-token) and Tinker API keys Secret
 # (<name>-tinker-keys, created once with one random key): create only (no get/list/watch).
 # The token is derived from the operator's key, so the operator reads no Secret anywhere.

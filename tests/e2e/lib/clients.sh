@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # Helpers shared by the phases of tests/e2e/run.sh that train, save and resume (resume, kueue).
-# Sourced; uses run.sh's k, log, die, wait_for, TG, TG_NS, GPU_NODE, STEPS, ARTIFACTS,
-# RUNTIME_IMAGE, MODE. Defines only e2e_* names.
+# Sourced; uses run.sh's k, log, die, wait_for, TG, TG_NS, GPU_NODE, CPU_NODE (fake mode),
+# STEPS, ARTIFACTS, RUNTIME_IMAGE, MODE. Defines only e2e_* and E2E_* names.
 
 e2e_client() {  # <job name> [client args...]: run the example client Job on group ${E2E_GROUP:-$TG}; its log in $ARTIFACTS
   local job="$1" t0 done_; shift
@@ -52,42 +52,27 @@ print(json.dumps([json.loads(l.split("TG_STEP ", 1)[1]) for l in open(sys.argv[1
     "$ARTIFACTS/$1.log"
 }
 
-e2e_claim() {  # <claim> <pv> <host dir>: a hostPath PV on the GPU node and a claim bound to it
-  local claim="$1" pv="$2" dir="$3"
-  # kind here has no storage provisioner; the node is a container: make the directory there,
-  # writable by the pods' uid 1000.
-  docker exec "$GPU_NODE" sh -c "mkdir -p '$dir' && chmod 0777 '$dir'"
-  k apply -f - >/dev/null <<EOF
-apiVersion: v1
-kind: PersistentVolume
-metadata:
-  name: $pv
-  labels: {app.kubernetes.io/part-of: trainergroup-e2e}
-spec:
-  capacity: {storage: 1Gi}
-  accessModes: [ReadWriteOnce]
-  persistentVolumeReclaimPolicy: Retain
-  storageClassName: ""
-  hostPath: {path: $dir, type: Directory}
-  nodeAffinity:
-    required:
-      nodeSelectorTerms:
-        - matchExpressions:
-            - {key: kubernetes.io/hostname, operator: In, values: [$GPU_NODE]}
----
-apiVersion: v1
-kind: PersistentVolumeClaim
-metadata:
-  name: $claim
-  namespace: $TG_NS
-spec:
-  accessModes: [ReadWriteOnce]
-  storageClassName: ""
-  volumeName: $pv
-  resources: {requests: {storage: 1Gi}}
-EOF
+E2E_SHARED=/var/lib/tg-shared  # one host directory, mounted here in both workers (hack/kind/cluster.sh)
+
+e2e_claim() {  # <claim> <pv> <dir>: a ReadWriteMany claim on $E2E_SHARED/<dir>, served to every worker node
+  local claim="$1" pv="$2" dir="$E2E_SHARED/$3" nodes="$GPU_NODE${CPU_NODE:+,$CPU_NODE}"
+  # A fresh directory as a new export is: root's, 0755. Only the pods' fsGroup (applied by the
+  # kubelet to a local volume) makes it writable by the runtime's user (never world-writable).
+  docker exec "$GPU_NODE" sh -c "mkdir -p '$dir' && chown 0:0 '$dir' && chmod 0755 '$dir'"
+  if [[ -n "${CPU_NODE:-}" ]]; then
+    docker exec "$CPU_NODE" test -d "$dir" \
+      || die "$CPU_NODE does not see $dir made on $GPU_NODE: the workers do not share $E2E_SHARED (a cluster made before hack/kind/cluster.sh mounted it: run with E2E_REUSE_CLUSTER=0)"
+  fi
+  python3 tests/e2e/lib/shared_claim.py --claim "$claim" --pv "$pv" --namespace "$TG_NS" \
+    --path "$dir" --nodes "$nodes" | k apply -f - >/dev/null
   e2e_bound() { [[ "$(k -n "$TG_NS" get pvc "$claim" -o jsonpath='{.status.phase}')" == Bound ]]; }
   wait_for 60 "claim $claim Bound" e2e_bound
+  [[ "$(k -n "$TG_NS" get pvc "$claim" -o jsonpath='{.status.accessModes[0]}')" == ReadWriteMany ]] \
+    || die "claim $claim is not ReadWriteMany once bound"
+}
+
+e2e_claim_owner() {  # <dir>: "uid:gid mode" of $E2E_SHARED/<dir> as the nodes see it
+  docker exec "$GPU_NODE" stat -c '%u:%g %a' "$E2E_SHARED/$1"
 }
 
 e2e_ready_line() {  # [group]: the JSON of the newest server's TG_GROUP_READY line on the group's ($TG's) head pod

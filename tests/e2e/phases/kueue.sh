@@ -110,7 +110,7 @@ EOF
 wait_for 120 "Kueue's queues created (its webhook serving)" kq_queues
 kq_cq_active() { [[ "$(k get clusterqueue "$KQ_CQ" -o jsonpath='{.status.conditions[?(@.type=="Active")].status}')" == True ]]; }
 wait_for 120 "ClusterQueue $KQ_CQ Active" kq_cq_active
-e2e_claim "$KQ_CLAIM" "tg-e2e-kq-ckpt-$KQ_T0" "/var/lib/tg-e2e/kq-ckpt-$KQ_T0"
+e2e_claim "$KQ_CLAIM" "tg-e2e-kq-ckpt-$KQ_T0" "kq-ckpt-$KQ_T0"
 stamp kueue_queues
 log "Kueue and its queues ready after $(( $(date +%s) - KQ_T0 ))s"
 

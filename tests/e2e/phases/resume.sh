@@ -3,31 +3,38 @@
 # TrainerGroup $TG is Ready): a re-created group resumes from the last checkpoint, and the next
 # loss continues from it.
 #
-#   1. a hostPath PersistentVolume on the GPU node (kind here has no storage provisioner: the
-#      node image ships a StorageClass without one) and a claim bound to it by name;
+#   1. a ReadWriteMany claim on the tree both worker nodes share (tests/e2e/lib/shared_claim.py:
+#      this kernel has no NFS, so hack/kind/cluster.sh mounts one host directory in both
+#      workers), its directory root's and 0755 as a fresh export is;
 #   2. the TrainerGroup gets the claim (spec.rayCluster.storage) and a checkpointDir under its
-#      mount: a new RayCluster, whose worker pod mounts the claim; the group starts fresh;
-#   3. a client trains $STEPS steps (from step 1) and saves a checkpoint into checkpointDir;
+#      mount: a new RayCluster, whose worker pod (GPU node) mounts the claim, and so does the
+#      Tinker server's pod (CPU node): one claim on two nodes, which the operator admits only
+#      because the claim is ReadWriteMany (tg_operator.claims); the group starts fresh;
+#   3. a client trains $STEPS steps (from step 1) and saves a checkpoint into checkpointDir:
+#      the first save works only because the pods' fsGroup made the volume theirs, and the
+#      checkpoint written on the GPU node is read back on the CPU node;
 #   4. the worker pod is deleted: the operator re-creates the group, whose init_model loads the
 #      newest checkpoint (the server's TG_GROUP_READY line says resumedFrom / resumedStep);
 #   5. a second client trains: its first step is $STEPS + 1 and its first loss is near the
 #      first client's last one, far below a fresh model's (~ ln 256 = 5.55).
 #
-# Uses run.sh's k, log, die, wait_for, wait_phase, stamp, TG, TG_NS, GPU_NODE, STEPS, ARTIFACTS,
+# Uses run.sh's k, log, die, wait_for, wait_phase, stamp, TG, TG_NS, GPU_NODE, CPU_NODE, STEPS, ARTIFACTS,
 # RUNTIME_IMAGE, MODE and tests/e2e/lib/clients.sh's e2e_*; defines only resume_* names. Figures go to $ARTIFACTS/resume.json.
 
 RESUME_T0=$(date +%s)
 RESUME_ID="$RESUME_T0"
 RESUME_CLAIM="tg-ckpt-$RESUME_ID"
 RESUME_PV="tg-e2e-ckpt-$RESUME_ID"
-RESUME_HOST_DIR="/var/lib/tg-e2e/ckpt-$RESUME_ID"
+RESUME_SUBDIR="ckpt-$RESUME_ID"
+RESUME_HOST_DIR="$E2E_SHARED/$RESUME_SUBDIR"
 RESUME_MOUNT=/checkpoints
 RESUME_DIR="$RESUME_MOUNT/$TG"
 RESUME_CKPT="$RESUME_DIR/step_$(printf '%08d' "$STEPS")"
-log "phase resume: checkpoint claim $RESUME_CLAIM (hostPath $RESUME_HOST_DIR on $GPU_NODE)"
+log "phase resume: checkpoint claim $RESUME_CLAIM (ReadWriteMany, $RESUME_HOST_DIR on the worker nodes)"
 stamp resume_start
 
-e2e_claim "$RESUME_CLAIM" "$RESUME_PV" "$RESUME_HOST_DIR"
+e2e_claim "$RESUME_CLAIM" "$RESUME_PV" "$RESUME_SUBDIR"
+RESUME_OWNER_BEFORE="$(e2e_claim_owner "$RESUME_SUBDIR")"
 
 resume_field() { k -n "$TG_NS" get tg "$TG" -o jsonpath="{$1}"; }
 resume_new_group_ready() {  # <old workerNames>: Ready, spec acted on, under new worker names
@@ -38,24 +45,46 @@ resume_new_group_ready() {  # <old workerNames>: Ready, spec acted on, under new
 
 # ---- 2. the group gets the claim ----------------------------------------------------------------
 NAMES_BEFORE="$(resume_field .status.workerNames)"
-# The Tinker server keeps its state in checkpointDir too: its pod now mounts the claim, whose
-# hostPath volume is on the GPU node, so it must tolerate that node's taint (the operator
-# replaces the server's pod template: rule update-tinker). Ray pods that ask for GPUs get
-# the toleration from the API server; the server asks for none.
-RESUME_TOLERATE='[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]'
-k -n "$TG_NS" patch tg "$TG" --type merge -p "$(printf '{"spec": {"rayCluster": {"storage": {"claimName": "%s", "mountPath": "%s"}}, "training": {"checkpointDir": "%s"}, "api": {"server": {"tolerations": %s}}}}' "$RESUME_CLAIM" "$RESUME_MOUNT" "$RESUME_DIR" "$RESUME_TOLERATE")"
+# The Tinker server keeps its state in checkpointDir too: its pod now mounts the claim (the
+# operator replaces the server's pod template: rule update-tinker). It tolerates no GPU taint,
+# so it stays on the CPU node while the worker pod runs on the GPU node.
+k -n "$TG_NS" patch tg "$TG" --type merge -p "$(printf '{"spec": {"rayCluster": {"storage": {"claimName": "%s", "mountPath": "%s"}}, "training": {"checkpointDir": "%s"}}}' "$RESUME_CLAIM" "$RESUME_MOUNT" "$RESUME_DIR")"
 wait_for "$READY_TIMEOUT" "TrainerGroup $TG Ready on a RayCluster with the claim" resume_new_group_ready "$NAMES_BEFORE"
 stamp resume_storage_ready
 RESUME_WPOD_CLAIM="$(k -n "$TG_NS" get pod -l "ray.io/cluster=$TG,ray.io/node-type=worker" -o jsonpath='{.items[0].spec.volumes[?(@.name=="checkpoints")].persistentVolumeClaim.claimName}')"
 [[ "$RESUME_WPOD_CLAIM" == "$RESUME_CLAIM" ]] || die "the worker pod does not mount claim $RESUME_CLAIM (got '$RESUME_WPOD_CLAIM')"
 log "group Ready with $RESUME_CLAIM mounted at $RESUME_MOUNT in $(( $(date +%s) - RESUME_T0 ))s"
+# one claim, two nodes: the worker pod's and the Tinker server's (fake mode has a CPU node)
+resume_server_pods() {  # "<node> <claim>" per Running Tinker server pod
+  k -n "$TG_NS" get pod -l "trainergroup.io/tinker=$TG" -o jsonpath='{range .items[?(@.status.phase=="Running")]}{.spec.nodeName} {.spec.volumes[?(@.name=="checkpoints")].persistentVolumeClaim.claimName}{"\n"}{end}'
+}
+resume_server_on_claim() {  # one Running server pod, and it mounts the claim
+  local pods; pods="$(resume_server_pods)"
+  [[ "$(wc -l <<<"$pods")" -eq 1 && "${pods##* }" == "$RESUME_CLAIM" ]]
+}
+if [[ -n "${CPU_NODE:-}" ]] && k -n "$TG_NS" get deployment "$TG-tinker" >/dev/null 2>&1; then
+  wait_for 300 "one Tinker server pod Running, with claim $RESUME_CLAIM" resume_server_on_claim
+  RESUME_SERVER_NODE="$(resume_server_pods)"; RESUME_SERVER_NODE="${RESUME_SERVER_NODE%% *}"
+  RESUME_WORKER_NODE="$(k -n "$TG_NS" get pod -l "ray.io/cluster=$TG,ray.io/node-type=worker" -o jsonpath='{.items[0].spec.nodeName}')"
+  [[ "$RESUME_SERVER_NODE" != "$RESUME_WORKER_NODE" ]] \
+    || die "the Tinker server and the worker pod share node $RESUME_WORKER_NODE: the claim is not tested across nodes"
+  log "claim $RESUME_CLAIM mounted on two nodes: worker pod on $RESUME_WORKER_NODE, Tinker server on $RESUME_SERVER_NODE"
+fi
 
 # ---- 3. train and save a checkpoint -------------------------------------------------------------
 e2e_client "$TG-resume-a" --save-checkpoint "$RESUME_CKPT"
 grep -q "checkpoint saved to $RESUME_CKPT" "$ARTIFACTS/$TG-resume-a.log" \
   || die "client $TG-resume-a did not report the checkpoint $RESUME_CKPT"
-docker exec "$GPU_NODE" test -f "$RESUME_HOST_DIR/$TG/$(basename "$RESUME_CKPT")/meta.json" \
-  || die "no complete checkpoint (meta.json) on the claim's volume under $RESUME_HOST_DIR"
+# written by the worker pod on the GPU node, seen on the other node (the tree is shared)
+RESUME_READER="${CPU_NODE:-$GPU_NODE}"
+docker exec "$RESUME_READER" test -f "$RESUME_HOST_DIR/$TG/$(basename "$RESUME_CKPT")/meta.json" \
+  || die "no complete checkpoint (meta.json) under $RESUME_HOST_DIR as $RESUME_READER sees it"
+# the fresh directory was root's 0755: the kubelet gave it to the pods' fsGroup (gid 100,
+# setgid), which is what let the first save succeed
+RESUME_OWNER_AFTER="$(e2e_claim_owner "$RESUME_SUBDIR")"
+[[ "${RESUME_OWNER_AFTER%% *}" == *:100 && "${RESUME_OWNER_AFTER##* }" == 2??? ]] \
+  || die "the claim's directory is '$RESUME_OWNER_AFTER' (was '$RESUME_OWNER_BEFORE'): want group 100 with setgid (the pods' fsGroup)"
+log "claim directory: $RESUME_OWNER_BEFORE before the pods, $RESUME_OWNER_AFTER after (fsGroup)"
 stamp resume_saved
 
 # ---- 4. the worker pod dies; the re-created group resumes ---------------------------------------

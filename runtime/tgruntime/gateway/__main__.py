@@ -4,17 +4,18 @@ several groups' servers (docs/tinker.md, "One endpoint for the cluster: the gate
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import logging
 import sys
-import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from tgruntime.gateway.groups import GroupsError, GroupSource, Source, from_flags
+from tgruntime.service.threaded import ThreadedApp
 
 if TYPE_CHECKING:  # aiohttp loads with the app, not with the flags (tgctl's parser)
+    from aiohttp import web
+
     from tgruntime.gateway.app import Gateway
 
 log = logging.getLogger("tgruntime.gateway")
@@ -78,63 +79,23 @@ def build(args: argparse.Namespace) -> Gateway:
     )
 
 
-class Running:
+class Running(ThreadedApp):
     """The gateway on its own event loop in a thread (``tgctl gateway``, tests)."""
 
+    what = "the gateway"
+
     def __init__(self, gateway: Gateway, *, host: str, port: int) -> None:
-        self.gateway, self.host, self.port = gateway, host, port
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._stop: asyncio.Event | None = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._main, name="tinker-gateway", daemon=True)
+        super().__init__(host=host, port=port, thread_name="tinker-gateway")
+        self.gateway = gateway
 
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    def _main(self) -> None:
-        try:
-            self._loop.run_until_complete(self._serve())
-        except BaseException as exc:
-            self._error = exc
-            self._ready.set()
-
-    async def _serve(self) -> None:
+    async def _runner(self) -> web.AppRunner:
         from aiohttp import web
 
         from tgruntime.gateway.app import create_app
 
         runner = web.AppRunner(create_app(self.gateway), access_log=None)
         await runner.setup()
-        site = web.TCPSite(runner, self.host, self.port)
-        await site.start()
-        sockets = getattr(getattr(site, "_server", None), "sockets", None) or []
-        if sockets:
-            self.port = int(sockets[0].getsockname()[1])
-        self._stop = asyncio.Event()
-        self._ready.set()
-        try:
-            await self._stop.wait()
-        finally:
-            await runner.cleanup()
-
-    def start(self, timeout_s: float = 60.0) -> Running:
-        self._thread.start()
-        if not self._ready.wait(timeout_s):
-            raise TimeoutError(f"the gateway did not start within {timeout_s:.0f} s")
-        if self._error is not None:
-            raise RuntimeError(f"the gateway failed to start: {self._error}") from self._error
-        return self
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        if self._stop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(timeout_s)
-
-    def wait(self) -> None:
-        while self._thread.is_alive():
-            self._thread.join(1.0)
+        return runner
 
 
 def run(args: argparse.Namespace, *, prog: str) -> int:

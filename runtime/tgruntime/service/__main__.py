@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import concurrent.futures
 import json
 import logging
+import ssl
 import sys
-import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import tgapi
 from tgruntime.driver.trainer_client import TrainerClient
@@ -22,9 +20,12 @@ from tgruntime.service.backend import Backend, GroupInfo
 from tgruntime.service.limits import Limits, add_flags, from_args
 from tgruntime.service.policy import Policy
 from tgruntime.service.stops import eos_from_dir
+from tgruntime.service.threaded import ThreadedApp
 from tgruntime.service.tls import TlsFiles
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from aiohttp import web
+
 
 log = logging.getLogger("tgruntime.service")
 
@@ -78,9 +79,11 @@ def build_service(
     return TinkerService(Backend(client, info), keys, limits, policy=policy)
 
 
-class Running:
+class Running(ThreadedApp):
     """A server on its own event loop in a thread (``tgctl serve`` in the foreground, tests);
     HTTPS when given ``tls`` (service.tls)."""
+
+    what = "the Tinker server"
 
     def __init__(
         self,
@@ -91,28 +94,17 @@ class Running:
         *,
         tls_reload_s: float = tls_flags.RELOAD_S,
     ) -> None:
+        super().__init__(host=host, port=port, thread_name="tinker-server")
         self.service = service
-        self.host, self.port = host, port
         self.tls, self._tls_reload_s = tls, tls_reload_s
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._stop: asyncio.Event | None = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._main, name="tinker-server", daemon=True)
 
-    @property
-    def url(self) -> str:
-        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
+    def _ssl_on(self) -> bool:
+        return self.tls is not None
 
-    def _main(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        try:
-            self._loop.run_until_complete(self._serve())
-        except BaseException as exc:
-            self._error = exc
-            self._ready.set()
+    def _ssl(self) -> ssl.SSLContext | None:
+        return tls_flags.server_context(self.tls) if self.tls is not None else None
 
-    async def _serve(self) -> None:
+    async def _runner(self) -> web.AppRunner:
         from aiohttp import web
 
         from tgruntime.service.app import create_app
@@ -120,44 +112,11 @@ class Running:
         await self.service.prepare()
         runner = web.AppRunner(create_app(self.service), access_log=None)
         await runner.setup()
-        ctx = tls_flags.server_context(self.tls) if self.tls is not None else None
-        site = web.TCPSite(runner, self.host, self.port, ssl_context=ctx)
-        await site.start()
+        return runner
+
+    async def _started(self, ctx: ssl.SSLContext | None) -> None:
         if ctx is not None and self.tls is not None:
             self.service._spawn(tls_flags.reload_loop(ctx, self.tls, self._tls_reload_s))
-        server = getattr(site, "_server", None)
-        sockets = getattr(server, "sockets", None) or []
-        if sockets:
-            self.port = int(sockets[0].getsockname()[1])
-        self._stop = asyncio.Event()
-        self._ready.set()
-        try:
-            await self._stop.wait()
-        finally:
-            await runner.cleanup()
-
-    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
-        """Run ``coro`` on the server's event loop (from another thread); its future."""
-        return asyncio.run_coroutine_threadsafe(coro, self._loop)
-
-    def start(self, timeout_s: float = 300.0) -> Running:
-        self._thread.start()
-        if not self._ready.wait(timeout_s):
-            raise TimeoutError(f"the Tinker server did not start within {timeout_s:.0f} s")
-        if self._error is not None:
-            raise RuntimeError(f"the Tinker server failed to start: {self._error}") from (
-                self._error
-            )
-        return self
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        if self._stop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(timeout_s)
-
-    def wait(self) -> None:
-        while self._thread.is_alive():
-            self._thread.join(1.0)
 
 
 def serve(

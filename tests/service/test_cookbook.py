@@ -51,6 +51,22 @@ SCRIPT = textwrap.dedent(
 )
 
 
+def finish_lingering(served: dict[str, Any]) -> None:
+    """The cookbook's ``train.main`` (and ``train_dpo.main``) exit without
+    ``sessions/{id}/finish``; their heartbeat would hold the group's one training run for the
+    session TTL (120 s): finish each such session the way the SDK's ``with`` would."""
+    registry = served["service"].registry
+    for sid, sess in list(registry.sessions.items()):
+        if not sess.finished and any(m.session_id == sid for m in registry.models.values()):
+            req = urllib.request.Request(
+                f"{served['url']}/api/v1/sessions/{sid}/finish",
+                data=b"{}",
+                headers={"X-API-Key": served["key"], "Content-Type": "application/json"},
+            )
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                assert resp.status == 200
+
+
 def test_cookbook_supervised_train_loss_falls(served: dict[str, Any], tmp_path: Path) -> None:
     if not COOKBOOK_PY.exists():
         pytest.skip(f"no cookbook venv at {COOKBOOK_PY}: build it with hack/cookbook-venv.sh")
@@ -62,17 +78,7 @@ def test_cookbook_supervised_train_loss_falls(served: dict[str, Any], tmp_path: 
         [str(COOKBOOK_PY), "-c", SCRIPT, served["url"], served["base"], str(log)],
         env=env, capture_output=True, text=True, timeout=900,
     )
-    # train.main exits without sessions/{id}/finish; its heartbeat would hold the group's one
-    # training run for the session TTL (120 s): finish it the way the SDK's `with` would.
-    registry = served["service"].registry
-    for sid, sess in list(registry.sessions.items()):
-        if not sess.finished and any(m.session_id == sid for m in registry.models.values()):
-            req = urllib.request.Request(
-                f"{served['url']}/api/v1/sessions/{sid}/finish", data=b"{}",
-                headers={"X-API-Key": served["key"], "Content-Type": "application/json"},
-            )
-            with urllib.request.urlopen(req, timeout=30) as resp:
-                assert resp.status == 200
+    finish_lingering(served)
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = [json.loads(x) for x in (log / "metrics.jsonl").read_text().splitlines() if x]
     nll = [r["train_mean_nll"] for r in rows if "train_mean_nll" in r]

@@ -28,13 +28,12 @@ import math
 import os
 import subprocess
 import textwrap
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.service.test_cookbook import COOKBOOK_PY
+from tests.service.test_cookbook import COOKBOOK_PY, finish_lingering
 
 pytestmark = [pytest.mark.ray, pytest.mark.megatron, pytest.mark.flow]
 
@@ -131,20 +130,6 @@ EXTERNAL = textwrap.dedent(
 )
 
 
-def _finish_lingering(served: dict[str, Any]) -> None:
-    """``train_dpo.main`` exits without ``sessions/{id}/finish``; its heartbeat would hold the
-    group's one training run for the session TTL: finish it as the SDK's ``with`` would."""
-    registry = served["service"].registry
-    for sid, sess in list(registry.sessions.items()):
-        if not sess.finished and any(m.session_id == sid for m in registry.models.values()):
-            req = urllib.request.Request(
-                f"{served['url']}/api/v1/sessions/{sid}/finish", data=b"{}",
-                headers={"X-API-Key": served["key"], "Content-Type": "application/json"},
-            )
-            with urllib.request.urlopen(req, timeout=30) as resp:
-                assert resp.status == 200
-
-
 def test_cookbook_dpo_loss_falls_and_download_unpacks(
     served: dict[str, Any], tmp_path: Path
 ) -> None:
@@ -158,7 +143,7 @@ def test_cookbook_dpo_loss_falls_and_download_unpacks(
         [str(COOKBOOK_PY), "-c", SCRIPT, served["url"], served["base"], str(log), str(out)],
         env=env, capture_output=True, text=True, timeout=900,
     )
-    _finish_lingering(served)
+    finish_lingering(served)
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = [json.loads(x) for x in (log / "metrics.jsonl").read_text().splitlines() if x]
     steps = [r for r in rows if "dpo_loss" in r]
@@ -182,7 +167,7 @@ def test_cookbook_dpo_loss_falls_and_download_unpacks(
         [str(COOKBOOK_PY), "-c", EXTERNAL, served["url"], state, str(hf)],
         env=env, capture_output=True, text=True, timeout=600,
     )
-    _finish_lingering(served)
+    finish_lingering(served)
     assert proc.returncode == 0, proc.stderr[-4000:]
     ext = next(x for x in proc.stdout.splitlines() if x.startswith("EXTERNAL="))[9:]
     run, kind, name = ext.removeprefix("tinker://").split("/")

@@ -58,9 +58,13 @@ def test_200_sampling_clients_keep_one_copy_resident(served: dict[str, Any]) -> 
         # the first client's copy is gone: refused with what happened and what to do
         with pytest.raises(Exception, match="were freed: the same training client saved newer"):
             first.sample(prompt, num_samples=1, sampling_params=params).result(timeout=WAIT)
-    # at every check: one ephemeral copy, this model's newest (earlier tests' models' copies
-    # went at its first save), and the same bytes held
-    assert all(len(c) == 1 and c[0].startswith(f"{tc.model_id}/") for c in copies), copies
-    assert copies[-1] == [f"{tc.model_id}/ephemeral/{CALLS - 1}"], copies[-1]
-    assert min(held) == max(held), held
+    # at every check: one ephemeral copy of this model, its newest, and no more bytes held
+    # than at the first check. Copies of other servers over the same shared group (the gateway
+    # test runs two; this server's eviction does not own theirs) may stay, but never grow.
+    mine = [[n for n in c if n.startswith(f"{tc.model_id}/")] for c in copies]
+    others = [sorted(set(c) - set(m)) for c, m in zip(copies, mine, strict=True)]
+    assert all(len(m) == 1 for m in mine), copies
+    assert mine[-1] == [f"{tc.model_id}/ephemeral/{CALLS - 1}"], copies[-1]
+    assert all(set(o) <= set(others[0]) for o in others), others
+    assert max(held) <= held[0], held
     assert served["service"].ephemeral.resident() == 1

@@ -638,11 +638,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if info.tokenizer_name and info.tokenizer_name != info.tokenizer_id:
             print(f"tokenizer: HF_ENDPOINT={running.url}/hf HF_TOKEN=<key>  (offline)")
     sys.stdout.flush()
-    try:
-        running.wait()
-    except KeyboardInterrupt:
-        running.stop()
-    return 0
+    return running.serve_foreground()
 
 
 def cmd_gateway(args: argparse.Namespace) -> int:

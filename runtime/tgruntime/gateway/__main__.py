@@ -116,11 +116,7 @@ def run(args: argparse.Namespace, *, prog: str) -> int:
         if gateway.source.error:
             print(f"config: {gateway.source.error}")
     sys.stdout.flush()
-    try:
-        running.wait()
-    except KeyboardInterrupt:
-        running.stop()
-    return 0
+    return running.serve_foreground()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -230,11 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         json.dumps({"event": "serving", "url": running.url, "base_model": info.base_model}),
         flush=True,
     )
-    try:
-        running.wait()
-    except KeyboardInterrupt:
-        running.stop()
-    return 0
+    return running.serve_foreground()
 
 
 if __name__ == "__main__":

@@ -93,3 +93,11 @@ class ThreadedApp:
     def wait(self) -> None:
         while self._thread.is_alive():
             self._thread.join(1.0)
+
+    def serve_foreground(self) -> int:
+        """Serve until the thread ends or Ctrl-C (then stop); the command's exit status."""
+        try:
+            self.wait()
+        except KeyboardInterrupt:
+            self.stop()
+        return 0

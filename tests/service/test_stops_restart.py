@@ -90,9 +90,16 @@ def _post(url: str, key: str, route: str, body: dict[str, Any]) -> dict[str, Any
         return out
 
 
+def _copies(served: dict[str, Any]) -> list[str]:
+    """The in-memory sampler copies (save_weights_and_get_sampling_client's) the group holds."""
+    info = served["client"].sampler_weights_info().result(timeout=WAIT)
+    return [n for n in info["names"] if "/ephemeral/" in n]
+
+
 def test_restart_reattaches_weights_readable_old_future_fails(served: dict[str, Any]) -> None:
     """A second server on the group is started, used, stopped with a sample in flight, and a
-    fresh one (a new TrainerClient attached by name, new futures) takes over."""
+    fresh one (a new TrainerClient attached by name, new futures) takes over. In-memory sampler
+    copies: a graceful stop frees its own, a new server frees those a killed one left."""
     from tgruntime import TrainerClient
     from tgruntime.service.__main__ import serve
     from tgruntime.service.auth import KeyStore
@@ -120,6 +127,9 @@ def test_restart_reattaches_weights_readable_old_future_fails(served: dict[str, 
         want = sc.create_sampling_client(model_path=spath).result(timeout=WAIT).sample(
             prompt, num_samples=1, sampling_params=params).result(timeout=WAIT)
         loss = tc.forward(data, "cross_entropy").result(timeout=WAIT).metrics["loss:sum"]
+        tc.save_weights_and_get_sampling_client().result(timeout=WAIT)  # an in-memory copy
+        mine = f"{tc.model_id}/ephemeral/"
+        assert any(n.startswith(mine) for n in _copies(served)), _copies(served)
         # a future in flight at the crash: a long sample, asked for over raw HTTP
         pending = _post(first.url, served["key"], "asample", {
             "model_path": spath, "num_samples": 4,
@@ -130,7 +140,14 @@ def test_restart_reattaches_weights_readable_old_future_fails(served: dict[str, 
         sc.__exit__(None, None, None)  # end the session (the new server has no run lock)
     finally:
         first.stop()
+    # a graceful stop frees the copies that server made
+    assert not any(n.startswith(mine) for n in _copies(served)), _copies(served)
+    # a server killed outright leaves its copies in the workers: its successor frees them
+    crashed = "killed-server-model/ephemeral/0"
+    served["client"].save_sampler_weights(crashed, None).result(timeout=WAIT)
+    assert crashed in _copies(served)
     second = start()
+    assert _copies(served) == [], _copies(served)
     try:
         with tinker.ServiceClient(base_url=second.url, api_key=served["key"]) as sc2:
             # the old future: 410 (gone, retryable) at once, not a hang

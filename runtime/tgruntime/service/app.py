@@ -145,6 +145,7 @@ def create_app(service: TinkerService) -> web.Application:
         await s.samples.stop()
         for t in list(s._tasks):
             t.cancel()
+        await s.drop_own_copies()
 
     app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)

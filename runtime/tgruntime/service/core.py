@@ -93,6 +93,7 @@ class ServiceCore:
         await self._tokenizer()
         await asyncio.to_thread(self.backend.dp)
         await asyncio.to_thread(self.backend.client.vocab_size)  # cached: no blocking later
+        await self.drop_stale_copies()
         if self.paths.root is None or self.lora is not None:
             return  # a LoRA group: runs start from fresh adapters; base sampling is None
         base = self.paths.root / BASE
@@ -104,6 +105,36 @@ class ServiceCore:
             sampler.mkdir(parents=True, exist_ok=True)
             await self.backend.call("save_sampler_weights", str(sampler), str(sampler))
         self.base_state, self.base_sampler = str(state), str(sampler)
+
+    async def drop_stale_copies(self) -> list[str]:
+        """Free the in-memory sampler copies (``*/ephemeral/*``) the workers hold from a server
+        that ran before this one: its registry died with it, so no sampling client can name them
+        again, and nothing else would free them (a server restarted by its liveness probe or an
+        OOM kill would leave one full copy of the weights per model on every GPU). One server
+        per group is the contract (the Deployment's ``Recreate``). Returns the names dropped."""
+        info = await self.backend.call("sampler_weights_info")
+        names = info.get("names", []) if isinstance(info, dict) else []
+        stale = [n for n in names if "/ephemeral/" in n]
+        for name in stale:
+            await self.backend.call("drop_sampler_weights", name)
+        if stale:
+            _json_log("drop_stale_sampler_weights", count=len(stale), names=stale[:8])
+        return stale
+
+    async def drop_own_copies(self, timeout_s: float = 30.0) -> None:
+        """At shutdown: free the in-memory sampler copies this server made (a graceful stop
+        leaves the group as it found it). Bounded: a dead group does not hold the stop."""
+        names = sorted(set(self.ephemeral.newest.values()) | self.ephemeral.superseded)
+        self.ephemeral = EphemeralWeights()
+
+        async def drop() -> None:
+            for name in names:
+                await self.backend.call("drop_sampler_weights", name)
+
+        try:
+            await asyncio.wait_for(drop(), timeout_s)
+        except Exception as exc:  # the group may be gone; a successor drops what is left
+            log.warning("dropping this server's sampler copies at stop failed: %s", exc)
 
     async def _tokenizer(self) -> Tokenizer | None:
         """The base model's tokenizer (``spec.model.pretrained`` or ``--tokenizer``), loaded

@@ -57,6 +57,12 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--big-rows", type=int, default=256)
     ap.add_argument("--big-len", type=int, default=512)
+    ap.add_argument("--big-min-len", type=int, default=0,
+                    help="the big call's rows get random lengths in [this, --big-len] "
+                         "(0: all --big-len)")
+    ap.add_argument("--big-vs-train", action="store_true",
+                    help="after the big call, train_step (train_model's path) on the same "
+                         "tokens as dense rows of --big-len, through the group's TrainerClient")
     ap.add_argument("--lora", type=int, default=0,
                     help="a LoRA group (spec.lora, alpha = rank), runs of this rank; 0: full")
     ap.add_argument("--time-limit", type=float, default=0,
@@ -175,23 +181,43 @@ def main() -> int:
                           flush=True)
             # the 256 x ~400-token case, at --big-len tokens per row
             length = min(args.big_len, limit)
+            lens = ([int(x) for x in g.integers(min(args.big_min_len, length), length + 1,
+                                                 size=args.big_rows)]
+                    if args.big_min_len else [length] * args.big_rows)
             big = [
                 T.Datum(
                     model_input=T.ModelInput.from_ints(
-                        [int(x) for x in g.integers(2, vocab, size=length)]),
+                        [int(x) for x in g.integers(2, vocab, size=n)]),
                     loss_fn_inputs={
                         "target_tokens": T.TensorData.from_numpy(
-                            g.integers(2, vocab, size=length).astype(np.int64)),
-                        "weights": T.TensorData.from_numpy(np.ones(length, np.float32)),
+                            g.integers(2, vocab, size=n).astype(np.int64)),
+                        "weights": T.TensorData.from_numpy(np.ones(n, np.float32)),
                     },
                 )
-                for _ in range(args.big_rows)
+                for n in lens
             ]
+            big_tokens = sum(lens)
             t0 = time.perf_counter()
             big_fb = tc.forward_backward(big, "cross_entropy").result(timeout=1200)
             big_s = time.perf_counter() - t0
             tc.optim_step(adam).result(timeout=1200)
+            big_step_s = time.perf_counter() - t0
             big_gib = gpu_used_gib() if use_gpu else None
+            dense: dict[str, Any] | None = None
+            if args.big_vs_train:  # the same number of tokens, as dense rows, train_model's path
+                import torch
+
+                rows_n = max(1, big_tokens // length)
+                ids = torch.as_tensor(g.integers(2, vocab, size=(rows_n, length)),
+                                      dtype=torch.int64)
+                client.train_step({"input_ids": ids}).result(timeout=1200)  # warm-up
+                t0 = time.perf_counter()
+                client.train_step({"input_ids": ids}).result(timeout=1200)
+                d_s = time.perf_counter() - t0
+                dense = {"rows": rows_n, "tokens": rows_n * length, "seconds": round(d_s, 2),
+                         "tokens_per_s": round(rows_n * length / d_s),
+                         "sdk_fb_step_over_train_model": round(
+                             (big_tokens / big_step_s) / (rows_n * length / d_s), 3)}
         used = [r["gpu_used_gib"] for r in rows if r["gpu_used_gib"] is not None]
         at5 = [r for r in rows if r["iter"] == 5]
         summary = {
@@ -220,9 +246,12 @@ def main() -> int:
             "median_sdk_over_client": (
                 float(np.median([r["sdk_over_client"] for r in rows[1:] or rows]))
                 if args.compare_client else None),
-            "big_forward_backward": {"rows": args.big_rows, "tokens_per_row": length,
-                                     "tokens": args.big_rows * length, "seconds": round(big_s, 2),
-                                     "tokens_per_s": round(args.big_rows * length / big_s),
+            "big_forward_backward": {"rows": args.big_rows,
+                                     "tokens_per_row": [min(lens), max(lens)],
+                                     "tokens": big_tokens, "seconds": round(big_s, 2),
+                                     "tokens_per_s": round(big_tokens / big_s),
+                                     "with_optim_step_s": round(big_step_s, 2),
+                                     "train_model_same_tokens": dense,
                                      "loss_sum": big_fb.metrics.get("loss:sum"),
                                      "gpu_used_gib_after": big_gib},
             "rows": rows,

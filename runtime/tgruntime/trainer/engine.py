@@ -108,7 +108,9 @@ class TrainEngine(Primitives):
         self.step = 0
         self._forward_backward = forward_backward
         self._micro_batch_size = micro_batch_size
-        self._token_budget, self._token_budget_source = _token_budget(spec, settings, device)
+        self._token_budget, self._token_budget_source, self._per_token = _token_budget(
+            spec, settings, device
+        )
         self._owns_process_group = owns_process_group
         self._mesh = current_mesh()
         self._closed = False
@@ -444,13 +446,15 @@ class TrainEngine(Primitives):
 
 def _token_budget(
     spec: TrainerGroupSpec, settings: RuntimeSettings, device: torch.device
-) -> tuple[int, str]:
-    """(tokens per micro-batch, where that number comes from) for token_budget.py."""
+) -> tuple[int, str, int | None]:
+    """(tokens per micro-batch at start, where that number comes from, the activation bytes
+    per token when the budget is chosen again for every call from free memory, else None) for
+    token_budget.py."""
     tokens = spec.training.micro_batch_tokens
     if tokens > 0:
-        return tokens, f"spec.training.microBatchTokens {tokens}"
+        return tokens, f"spec.training.microBatchTokens {tokens}", None
     if not settings.on_gpu:
-        return 0, "no limit on CPU"
+        return 0, "no limit on CPU", None
     free, _total = torch.cuda.mem_get_info(device)
     m, p = spec.model, spec.parallelism
     per_token = activation_bytes_per_token(
@@ -465,7 +469,7 @@ def _token_budget(
         f"chosen from {free / 2**30:.1f} GiB of free GPU memory at start, "
         f"~{per_token / 2**10:.0f} KiB of activations per token; "
         "spec.training.microBatchTokens sets it"
-    )
+    ), per_token
 
 
 def _lora_shape(

@@ -34,7 +34,7 @@ from tgruntime.trainer.optim import TrainingState, step_overrides
 from tgruntime.trainer.schedule import ForwardBackwardFunc
 from tgruntime.trainer.settings import RuntimeSettings
 from tgruntime.trainer.token_batch import TokenBatch
-from tgruntime.trainer.token_budget import plan_micro_batches
+from tgruntime.trainer.token_budget import auto_budget, plan_micro_batches
 from tgruntime.trainer.token_steps import dry_run_loss, logprob_forward_step, loss_forward_step
 
 __all__ = [
@@ -121,6 +121,7 @@ class Primitives:
     _micro_batch_size: int | None
     _token_budget: int = 0  # tokens per micro-batch (0: no limit); token_budget.py
     _token_budget_source: str = "no limit"
+    _per_token: int | None = None  # activation bytes per token: the budget follows free memory
     _accumulated: float = 0.0  # global loss tokens in the gradient since the last step
     _reduction: str | None = None  # the reduction of the pending gradient (None: no gradient)
     _grads_stale: bool = True  # the gradient buffers hold a discarded gradient
@@ -132,6 +133,31 @@ class Primitives:
         if self.settings.on_gpu:
             torch.cuda.synchronize(self.device)
 
+    def _call_budget(self) -> dict[str, Any]:
+        """This call's token budget and its source. Chosen from free memory (spec
+        ``microBatchTokens`` 0 on a GPU), it is chosen again for every call from what is free
+        now: the free device memory plus PyTorch's cached blocks. The sampler's KV pool and its
+        weight copies, allocated after the start, are not free any more (a budget fixed at start
+        counted them twice and ran the H100 out of memory in an RL loop). Every rank takes the
+        smallest rank's budget, so all split the call alike (TP and PP collectives run per
+        micro-batch)."""
+        per_token = self._per_token
+        if per_token is None or not self.settings.on_gpu:
+            return {"budget": self._token_budget, "source": self._token_budget_source}
+        free, _total = torch.cuda.mem_get_info(self.device)
+        cached = torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
+        available = free + max(0, cached)
+        mine = auto_budget(free_bytes=available, per_token=per_token)
+        t = torch.tensor([mine], dtype=torch.int64, device=self.device)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        budget = int(t.item())
+        return {"budget": budget, "source": (
+            f"chosen for this call from {available / 2**30:.1f} GiB of free GPU memory "
+            f"(this rank; the group takes its smallest), ~{per_token / 2**10:.0f} KiB of "
+            "activations per token; spec.training.microBatchTokens sets it"
+        )}
+
     def _micro(self, batch: TokenBatch) -> tuple[list[TokenBatch], int]:
         """The call's micro-batches: the configured split, then at most the token budget."""
         mbs = self._micro_batch_size or _default_micro_batch_size(
@@ -142,8 +168,7 @@ class Primitives:
             seq_length=batch.seq_length,
             pp=self._mesh.pp_size,
             micro_batch_size=mbs,
-            budget=self._token_budget,
-            source=self._token_budget_source,
+            **self._call_budget(),
         )
         return [batch.rows(a, b) for a, b in plan.bounds], plan.micro_batch_size
 

@@ -107,6 +107,7 @@ def main() -> int:
                     break
                 t0 = time.perf_counter()
                 sampler = tc.save_weights_and_get_sampling_client().result()
+                calls0 = served.running.service.samples.calls
                 t1 = time.perf_counter()
                 prompts = [
                     [int(x) for x in g.integers(2, vocab, size=int(g.integers(lo, hi + 1)))]
@@ -119,6 +120,7 @@ def main() -> int:
                 ]
                 results = [f.result(timeout=1200) for f in futures]
                 t2 = time.perf_counter()
+                group_calls = served.running.service.samples.calls - calls0
                 data, sampled = [], 0
                 for p, res in zip(prompts, results, strict=True):
                     for seq in res.sequences:
@@ -165,6 +167,7 @@ def main() -> int:
                     "save_s": round(t1 - t0, 3),
                     "sample_s": round(t2 - t1, 3),
                     "sample_tok_s": round(sampled / max(t2 - t1, 1e-9)),
+                    "sample_group_calls": group_calls,  # sample/sample_batch or step chunks
                     "fb_s": round(t3 - t2, 3),
                     "fb_tokens": sum(len(d.model_input.to_ints()) for d in data),
                     "step_s": round(t4 - t3, 3),
@@ -177,6 +180,7 @@ def main() -> int:
                           f"{row['copy_gib']:>8} {row['save_s']:>7} {row['sample_s']:>8} "
                           f"{row['sample_tok_s']:>8} {row['fb_s']:>6} {row['fb_tokens']:>9} "
                           f"{row['step_s']:>6}"
+                          + f" calls {group_calls}"
                           + (f" sdk/client {row['sdk_over_client']}" if direct else ""),
                           flush=True)
             # the 256 x ~400-token case, at --big-len tokens per row

@@ -240,3 +240,31 @@ def test_scheduler_order_weights_and_failures() -> None:
     # the call after the failure resets the workers' rows; no other call does
     assert [c[0] for c in calls if c[3]] == [[6]]
     assert {c[2] for c in calls if 3 in c[0]} == {"w2"}
+
+
+def test_settle_waits_for_a_burst_and_not_for_a_lone_request() -> None:
+    """The first request of a burst waits while the others keep arriving (the SDK sends a
+    step's concurrent samples milliseconds apart), at most GATHER_MAX_S; a lone one waits
+    one step."""
+    from tgruntime.service.continuous import settle
+
+    async def burst(n: int, gap_s: float) -> tuple[int, float]:
+        q: asyncio.Queue[int] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+
+        async def send() -> None:
+            for i in range(n):
+                await asyncio.sleep(gap_s)
+                q.put_nowait(i)
+
+        sender = loop.create_task(send())
+        t0 = loop.time()
+        await settle(q, step_s=0.02, max_s=1.0)
+        waited = loop.time() - t0
+        await sender
+        return q.qsize(), waited
+
+    got, _ = asyncio.run(burst(5, 0.005))  # arrivals 5 ms apart, steps of 20 ms: all caught
+    assert got == 5
+    got, waited = asyncio.run(burst(0, 0.0))  # nothing follows: one step, not max_s
+    assert got == 0 and waited < 0.5

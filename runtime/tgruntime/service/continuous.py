@@ -41,6 +41,23 @@ def _finish(job: ContinuousJob, result: dict[str, Any] | None, exc: BaseExceptio
         log.exception("a sample request's completion failed")
 
 
+# How long the first of a burst of requests may wait for the rest (settle): the SDK sends a
+# cookbook step's concurrent sample calls some milliseconds apart, and a request that comes
+# after the group call started waits for the next one (a whole generation on the one-shot path).
+GATHER_MAX_S = 0.03
+
+
+async def settle(queue: asyncio.Queue[Any], *, step_s: float, max_s: float) -> None:
+    """Let requests sent together arrive together: wait ``step_s``, and again while more keep
+    arriving, ``max_s`` in all at most (a lone request waits ``step_s``)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + max_s
+    seen = -1
+    while queue.qsize() != seen and loop.time() < end:
+        seen = queue.qsize()
+        await asyncio.sleep(min(step_s, max(0.0, end - loop.time())))
+
+
 @dataclass
 class ContinuousJob:
     weights: str | None
@@ -153,7 +170,7 @@ class ContinuousScheduler:
             if not self._inflight and not self._pending:
                 first = await self._queue.get()
                 await self._learn_pool()
-                await asyncio.sleep(self.gather_s)  # requests sent together arrive together
+                await settle(self._queue, step_s=self.gather_s, max_s=GATHER_MAX_S)
                 arrived = self._take(first) or arrived
             arrived = self._drain() or arrived
             if not self._inflight and not self._pending:

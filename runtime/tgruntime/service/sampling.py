@@ -18,7 +18,12 @@ from typing import Any
 
 from tgruntime.driver.trainer_client import sampling_params
 from tgruntime.service.backend import Backend
-from tgruntime.service.continuous import ContinuousJob, ContinuousScheduler
+from tgruntime.service.continuous import (
+    GATHER_MAX_S,
+    ContinuousJob,
+    ContinuousScheduler,
+    settle,
+)
 
 log = logging.getLogger("tgruntime.service.sampling")
 
@@ -105,7 +110,7 @@ class SampleQueue:
     async def _run(self) -> None:
         while True:
             jobs = [await self._queue.get()]
-            await asyncio.sleep(self.gather_s)  # let requests sent together arrive together
+            await settle(self._queue, step_s=self.gather_s, max_s=GATHER_MAX_S)
             while not self._queue.empty():
                 jobs.append(self._queue.get_nowait())
             groups: dict[Key, list[SampleJob]] = {}

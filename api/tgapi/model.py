@@ -738,8 +738,8 @@ class TrainingSpec:
         name="microBatchTokens",
         description="Most tokens (rows x padded length) one micro-batch of a forward_backward "
         "or log-prob call holds: a larger call is split into micro-batches whose summed loss "
-        "and gradient equal the whole call's. 0: chosen from the GPU's free memory when the "
-        "group starts (no limit on CPU).",
+        "and gradient equal the whole call's. 0: chosen for each call from the GPU memory free "
+        "then (no limit on CPU).",
         default=0,
         minimum=0,
         maximum=MAX_SIZE,

@@ -29,8 +29,8 @@ The student's starting state (a setup step in its own session, not the recipe: a
 cross-entropy steps towards answering ``[10, 11]``, saved on the student's server) differs from
 the teacher, the base model of the other server. Asserted: the recipe's ``teacher_kl`` (mean
 reverse KL per sampled token, the student's samples scored by the teacher) falls below half its
-first value (it went 3.1, 1.4, then within 0.3 of 0); the student's run is on the student's
-server, the teacher's sampler on the teacher's.
+first value (8 batches: 3.23, 1.93, then 0.03 to 0.28; other runs alike); the student's run
+is on the student's server, the teacher's sampler on the teacher's.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ torch = pytest.importorskip("torch")
 T = tinker.types
 
 ANSWER, SETUP_STEPS, SETUP_LR = [10, 11], 4, 2e-2
-GROUPS, GROUP_SIZE, MAX_TOKENS, LR, STEPS, KL_COEF = 2, 4, 2, 2e-2, 6, 1.0
+GROUPS, GROUP_SIZE, MAX_TOKENS, LR, STEPS, KL_COEF = 2, 4, 2, 2e-2, 8, 1.0
 
 
 def _student_checkpoint(url: str) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import shutil
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -59,7 +60,8 @@ def gateway(
     served: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, Any]]:
     """Two Tinker servers over the package's group serving ``org/student`` and ``org/teacher``
-    (own registries and checkpoint dirs, principals alice (KA) and bob (KB)) behind one gateway:
+    (own registries and checkpoint dirs, both starting from the group's base weights;
+    principals alice (KA) and bob (KB)) behind one gateway:
     the routing is what tests exercise, and a second group would double their CPU. Shared by
     the package's gateway tests (test_gateway_sdk, test_cookbook_distillation); a test that
     restarts the gateway puts the new one in ``["gw"]``."""
@@ -70,11 +72,16 @@ def gateway(
     keys = root / "keys"
     keys.write_text(f"alice {KA}\nbob {KB}\n")
 
+    # the package server's copy of the group's base weights: a server's start-up saves the
+    # group's weights as they are, and earlier tests' runs leave theirs in the shared group
+    base = Path(served["service"].base_state).parent
+
     def make(name: str) -> Any:
         info = dataclasses.replace(
             served["info"], base_model=f"org/{name}", aliases=(),
             checkpoint_dir=str(root / name),
         )
+        shutil.copytree(base, root / name / "tinker" / base.name)
         return build_service(served["client"], info, KeyStore(keys_file=str(keys)))
 
     with gateway_over(make, ("student", "teacher")) as state:

@@ -7,9 +7,11 @@ sessions (``with ServiceClient``), so the next one may start its own training ru
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
+import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,8 @@ from tests.fixtures_ray import RayCluster, init_private_ray
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 
 KEY = "tml-" + uuid.uuid4().hex
+# the gateway's two principals (a key each, valid on both of its servers)
+KA, KB = ("tml-" + uuid.uuid4().hex for _ in range(2))
 MODEL = {"positionEmbedding": "rope", "numQueryGroups": 2, "maxSequenceLength": 128}
 
 
@@ -49,6 +53,74 @@ def served(
     spec = tiny_spec(tp=2, checkpoint_dir=str(root / "ckpt"), **MODEL)  # type: ignore[arg-type]
     with serving(spec, root, prefix="svc") as s:
         yield s
+
+
+@pytest.fixture(scope="package")
+def gateway(
+    served: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
+    """Two Tinker servers over the package's group serving ``org/student`` and ``org/teacher``
+    (own registries and checkpoint dirs, both starting from the group's base weights;
+    principals alice (KA) and bob (KB)) behind one gateway:
+    the routing is what tests exercise, and a second group would double their CPU. Shared by
+    the package's gateway tests (test_gateway_sdk, test_cookbook_distillation); a test that
+    restarts the gateway puts the new one in ``["gw"]``."""
+    from tgruntime.service.__main__ import build_service
+    from tgruntime.service.auth import KeyStore
+
+    root = tmp_path_factory.mktemp("gateway")
+    keys = root / "keys"
+    keys.write_text(f"alice {KA}\nbob {KB}\n")
+
+    # the package server's copy of the group's base weights: a server's start-up saves the
+    # group's weights as they are, and earlier tests' runs leave theirs in the shared group
+    base = Path(served["service"].base_state).parent
+
+    def make(name: str) -> Any:
+        info = dataclasses.replace(
+            served["info"], base_model=f"org/{name}", aliases=(),
+            checkpoint_dir=str(root / name),
+        )
+        shutil.copytree(base, root / name / "tinker" / base.name)
+        return build_service(served["client"], info, KeyStore(keys_file=str(keys)))
+
+    with gateway_over(make, ("student", "teacher")) as state:
+        yield state
+
+
+@contextlib.contextmanager
+def gateway_over(
+    make: Callable[[str], Any], names: Iterable[str], *, extra: Iterable[str] = (),
+    **gateway_kw: Any,
+) -> Iterator[dict[str, Any]]:
+    """A Tinker server on a free port for each name (its service from ``make(name)``) and a
+    gateway over them (and the ``extra`` ``name=url`` groups). Yields ``{"gw", "start",
+    "servers"}``: ``start(port)`` starts another gateway over the same groups (a restart on the
+    same port); whichever is in ``["gw"]`` at the end is stopped, then the servers."""
+    from tgruntime.gateway.__main__ import Running as GatewayRunning
+    from tgruntime.gateway.app import Gateway
+    from tgruntime.gateway.groups import GroupSource, from_flags
+    from tgruntime.service.__main__ import Running
+
+    servers: dict[str, Any] = {}
+    try:
+        for name in names:
+            servers[name] = Running(make(name), "127.0.0.1", 0).start(60)
+        flags = [f"{n}={r.url}" for n, r in servers.items()] + list(extra)
+        source = GroupSource(fixed=from_flags(flags))
+
+        def start(port: int = 0) -> Any:
+            return GatewayRunning(Gateway(source=source, **gateway_kw), host="127.0.0.1",
+                                  port=port).start()
+
+        state = {"gw": start(), "start": start, "servers": servers}
+        try:
+            yield state
+        finally:
+            state["gw"].stop()
+    finally:
+        for r in servers.values():
+            r.stop()
 
 
 @contextlib.contextmanager

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.service.conftest import build_tokenizer
+from tests.service.conftest import build_tokenizer, gateway_over
 from tests.service.fake_service import fake_service
 from tests.service.test_checkpoint_lifecycle import _DiskClient
 
@@ -33,38 +33,19 @@ def _closed_port() -> int:
 
 @pytest.fixture
 def routed(tmp_path: Path) -> Iterator[dict[str, Any]]:
-    from tgruntime.gateway.__main__ import Running as GatewayRunning
-    from tgruntime.gateway.app import Gateway
-    from tgruntime.gateway.groups import GroupSource, from_flags
-    from tgruntime.service.__main__ import Running
-
     keys = tmp_path / "keys"
     keys.write_text(f"alice {KEY}\n")
     tok = build_tokenizer(tmp_path / "tok", vocab=32)
-    servers = {}
-    try:
-        for name in ("a", "b"):
-            wire = {"model": {"maxSequenceLength": 128, "name": f"org/{name}"},
-                    "training": {"sequenceLength": 128}}
-            svc = fake_service(client=_DiskClient(), wire=wire, root=tmp_path / name,
-                               keys_file=keys, tokenizer=str(tok))
-            servers[name] = Running(svc, "127.0.0.1", 0).start(60)
-        flags = [f"{n}={r.url}" for n, r in servers.items()]
-        flags.append(f"down=http://127.0.0.1:{_closed_port()}")
-        source = GroupSource(fixed=from_flags(flags))
 
-        def start(port: int = 0) -> Any:
-            return GatewayRunning(Gateway(source=source, timeout_s=20), host="127.0.0.1",
-                                  port=port).start()
+    def make(name: str) -> Any:
+        wire = {"model": {"maxSequenceLength": 128, "name": f"org/{name}"},
+                "training": {"sequenceLength": 128}}
+        return fake_service(client=_DiskClient(), wire=wire, root=tmp_path / name,
+                            keys_file=keys, tokenizer=str(tok))
 
-        gw = start()
-        try:
-            yield {"gw": gw, "start": start, "servers": servers}
-        finally:
-            gw.stop()
-    finally:
-        for r in servers.values():
-            r.stop()
+    down = f"down=http://127.0.0.1:{_closed_port()}"
+    with gateway_over(make, ("a", "b"), extra=[down], timeout_s=20) as state:
+        yield state
 
 
 def _call(url: str, path: str, *, body: Any = None, method: str | None = None,

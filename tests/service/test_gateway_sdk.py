@@ -14,60 +14,23 @@ group would double the test's CPU) behind one gateway, reached by one ServiceCli
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import urllib.error
 import urllib.request
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from tests.service.conftest import KA, KB
 from tests.service.test_sdk_flow import WAIT
 
 pytestmark = [pytest.mark.ray, pytest.mark.megatron]
 
 tinker = pytest.importorskip("tinker")
 T = tinker.types
-KA, KB = ("tml-" + uuid.uuid4().hex for _ in range(2))
 PROMPT = [5, 6, 7, 8]
-
-
-@pytest.fixture
-def gateway(served: dict[str, Any], tmp_path: Path) -> Iterator[dict[str, Any]]:
-    from tgruntime.gateway.__main__ import Running as GatewayRunning
-    from tgruntime.gateway.app import Gateway
-    from tgruntime.gateway.groups import GroupSource, from_flags
-    from tgruntime.service.__main__ import Running, build_service
-    from tgruntime.service.auth import KeyStore
-
-    keys = tmp_path / "keys"
-    keys.write_text(f"alice {KA}\nbob {KB}\n")
-    servers: dict[str, Any] = {}
-    try:
-        for name in ("student", "teacher"):
-            info = dataclasses.replace(
-                served["info"], base_model=f"org/{name}", aliases=(),
-                checkpoint_dir=str(tmp_path / name),
-            )
-            service = build_service(served["client"], info, KeyStore(keys_file=str(keys)))
-            servers[name] = Running(service, "127.0.0.1", 0).start()
-        source = GroupSource(fixed=from_flags([f"{n}={r.url}" for n, r in servers.items()]))
-
-        def start(port: int = 0) -> Any:
-            return GatewayRunning(Gateway(source=source), host="127.0.0.1", port=port).start()
-
-        gw = start()
-        try:
-            yield {"gw": gw, "start": start, "servers": servers}
-        finally:
-            gw.stop()
-    finally:
-        for r in servers.values():
-            r.stop()
 
 
 def _post(url: str, path: str, body: dict[str, Any], key: str) -> tuple[int, dict[str, Any]]:

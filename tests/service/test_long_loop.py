@@ -101,10 +101,16 @@ def test_long_loop_losses_finite_and_worker_copies_bounded(long_loop: dict[str, 
     assert losses[-1] < losses[0], (losses[0], losses[-1])
     assert len(checks) == STEPS // SAVE_EVERY
     mid = long_loop["model_id"]
+    others0: set[str] = set()
     for i, c in enumerate(checks):
-        # the worker holds one ephemeral copy: this model's newest (its i-th save)
+        # the worker holds one ephemeral copy of this model: its newest (its i-th save).
+        # Copies of other servers over the same shared group (the package's gateway fixture
+        # runs two; this server's eviction does not own theirs) may stay, but never grow
         eph = [n for n in c["worker_names"] if "/ephemeral/" in n]
-        assert eph == [f"{mid}/ephemeral/{i}"], c
+        assert [n for n in eph if n.startswith(f"{mid}/")] == [f"{mid}/ephemeral/{i}"], c
+        others = {n for n in eph if not n.startswith(f"{mid}/")}
+        others0 = others if i == 0 else others0
+        assert others <= others0, c
         assert c["ephemeral_resident"] == 1, c
         # nothing left pending between steps; background tasks (drops) do not pile up
         assert c["futures_pending"] == 0, c

@@ -47,6 +47,40 @@ def test_the_automatic_budget_follows_free_memory_within_bounds() -> None:
     assert auto_budget(free_bytes=2**50, per_token=1) == 1 << 20
 
 
+@pytest.mark.megatron  # imports megatron-core (primitives): where that import is paid anyway
+def test_the_automatic_budget_is_chosen_per_call_from_what_is_free_then(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The budget chosen at start counted the sampler's KV pool and weight copies, allocated
+    later, as free (an H100 ran out of memory); per call it sees free + PyTorch's cached blocks
+    now. A fixed spec value, or the CPU, keeps the start's figure. (The CUDA memory queries are
+    stubbed: this is the decision only; the GPU run is bench/gpu/rl_memory.sh.)"""
+    from types import SimpleNamespace
+
+    from tgruntime.trainer.primitives import Primitives
+
+    gib = 2**30
+    mem = {"free": 58 * gib, "reserved": 0, "allocated": 0}
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None: (mem["free"], 80 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d=None: mem["reserved"])
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda d=None: mem["allocated"])
+    eng = Primitives()
+    eng.settings = SimpleNamespace(on_gpu=True)  # type: ignore[assignment]
+    eng.device = torch.device("cpu")
+    per = 2**20
+    eng._per_token, eng._token_budget, eng._token_budget_source = per, 99, "at start"
+    start = eng._call_budget()["budget"]
+    assert start == auto_budget(free_bytes=58 * gib, per_token=per)
+    mem["free"] = 30 * gib  # the sampler's pool and copies took 28 GiB since
+    assert eng._call_budget()["budget"] == auto_budget(free_bytes=30 * gib, per_token=per)
+    mem["reserved"], mem["allocated"] = 10 * gib, 4 * gib  # 6 GiB cached, reusable
+    got = eng._call_budget()
+    assert got["budget"] == auto_budget(free_bytes=36 * gib, per_token=per) < start
+    assert "36.0 GiB" in got["source"] and "microBatchTokens" in got["source"]
+    eng._per_token = None  # spec.training.microBatchTokens set: the start's figure stays
+    assert eng._call_budget() == {"budget": 99, "source": "at start"}
+
+
 @pytest.fixture(scope="module")
 def suite() -> list[dict[str, Any]]:
     pytest.importorskip("megatron.core")

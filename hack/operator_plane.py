@@ -322,6 +322,68 @@ def wait_for(
         time.sleep(interval)
 
 
+def wait_object(
+    plane: Any,
+    namespace: str,
+    name: str,
+    done: Callable[[dict[str, Any]], Any],
+    *,
+    timeout: float,
+    what: str,
+    op: OperatorProcess | None = None,
+    on_change: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Watch the TrainerGroup (tgapi.kube_view's waiter, as the client does: one request in
+    this process, not a kubectl process per poll) until ``done(obj)``; that object.
+    ``on_change`` sees every version (the current one first). AssertionError with the last
+    status and the operator's log on timeout or deletion."""
+    try:
+        obj = tgapi.kube_view.wait_until(
+            name=name,
+            k8s_namespace=namespace,
+            kubeconfig=str(plane.kubeconfig),
+            timeout_s=timeout,
+            done=lambda o: bool(done(dict(o))),
+            on_change=None if on_change is None else (lambda o: on_change(dict(o))),
+            what=what,
+        )
+    except (tgapi.kube_view.TrainerGroupNotReady, tgapi.kube_view.TrainerGroupNotFound) as exc:
+        st = status_of(plane, namespace, name)
+        text = f"{exc}\nlast status: {json.dumps(st, indent=1)[:3000]}"
+        raise AssertionError(text + (f"\noperator log:\n{op.tail()}" if op else "")) from exc
+    return dict(obj)
+
+
+def wait_status(
+    plane: Any,
+    namespace: str,
+    name: str,
+    done: Callable[[dict[str, Any]], Any],
+    *,
+    timeout: float,
+    what: str,
+    op: OperatorProcess | None = None,
+    on_change: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """:func:`wait_object` on the status: until ``done(status)``; that status. ``on_change``
+    sees the status of every version."""
+
+    def status(obj: dict[str, Any]) -> dict[str, Any]:
+        return dict(obj.get("status") or {})
+
+    obj = wait_object(
+        plane,
+        namespace,
+        name,
+        lambda o: done(status(o)),
+        timeout=timeout,
+        what=what,
+        op=op,
+        on_change=None if on_change is None else (lambda o: on_change(status(o))),
+    )
+    return status(obj)
+
+
 def wait_phase(
     plane: Any,
     namespace: str,
@@ -331,23 +393,37 @@ def wait_phase(
     timeout: float,
     op: OperatorProcess | None = None,
 ) -> dict[str, Any]:
-    """Watch the TrainerGroup (tgapi.kube_view's waiter, as the client does) until its phase is
-    one of ``phases``; its status then. AssertionError with the last status and the operator's
-    log on timeout or deletion."""
+    """Watch the TrainerGroup until its phase is one of ``phases``; its status then."""
+    return wait_status(
+        plane,
+        namespace,
+        name,
+        lambda st: st.get("phase") in phases,
+        timeout=timeout,
+        what=f"phase in {sorted(phases)}",
+        op=op,
+    )
+
+
+def wait_gone(
+    plane: Any, namespace: str, name: str, *, timeout: float, op: OperatorProcess | None = None
+) -> None:
+    """Watch the TrainerGroup until it is deleted (its finalizer released); at once when it
+    does not exist. AssertionError with its last state and the operator's log on timeout."""
     try:
-        obj = tgapi.kube_view.wait_until(
+        tgapi.kube_view.wait_until(
             name=name,
             k8s_namespace=namespace,
             kubeconfig=str(plane.kubeconfig),
             timeout_s=timeout,
-            done=lambda o: (o.get("status") or {}).get("phase") in phases,
-            what=f"phase in {sorted(phases)}",
+            done=lambda o: False,
+            what="its deletion",
         )
-    except (tgapi.kube_view.TrainerGroupNotReady, tgapi.kube_view.TrainerGroupNotFound) as exc:
-        st = status_of(plane, namespace, name)
-        text = f"{exc}\nlast status: {json.dumps(st, indent=1)[:3000]}"
+    except tgapi.kube_view.TrainerGroupNotFound:
+        return
+    except tgapi.kube_view.TrainerGroupNotReady as exc:
+        text = f"{exc}\nlast state: {dump(get_tg(plane, namespace, name))}"
         raise AssertionError(text + (f"\noperator log:\n{op.tail()}" if op else "")) from exc
-    return dict(obj.get("status") or {})
 
 
 def events_of(plane: Any, namespace: str, name: str) -> list[dict[str, Any]]:

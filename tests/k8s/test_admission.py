@@ -286,15 +286,30 @@ def _parse_unchecked(spec: dict[str, Any]) -> tgapi.TrainerGroupSpec:
     return parsed
 
 
+@pytest.fixture(scope="module")
+def refusal_ns(k8s_plane: KubePlane) -> Iterator[str]:
+    """One namespace for the module's refusal tests. Nothing is ever stored in it: each test
+    asserts that its object was refused (and, where it lists, that the namespace holds none),
+    so they need no namespace each (79 namespaces fewer: a kubectl create, a wait for the
+    default ServiceAccount and a delete each, and the namespace controller's cleanup). The
+    valid specs, which are stored, get a fresh namespace per test (``k8s_namespace``)."""
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    k8s_plane.kubectl("create", "namespace", name)
+    try:
+        yield name
+    finally:
+        k8s_plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
 @pytest.mark.parametrize(("rule", "spec"), MISTAKES,
                          ids=[f"{i}-{name}" for i, (name, _) in enumerate(MISTAKES)])
-def test_kubectl_apply_rejects_with_tgapi_message(crd_plane: KubePlane, k8s_namespace: str,
+def test_kubectl_apply_rejects_with_tgapi_message(crd_plane: KubePlane, refusal_ns: str,
                                                    rule: str, spec: dict[str, Any]) -> None:
     assert f"spec.{RULE_FIELD[rule]}" in {e.field for e in tgapi_errors(spec)}
     expected, by_crd = expected_rejections(spec)
     name = f"bad-{uuid.uuid4().hex[:8]}"
     proc = crd_plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(
-        manifest(name, k8s_namespace, spec)), check=False)
+        manifest(name, refusal_ns, spec)), check=False)
     assert proc.returncode != 0, f"the API server accepted a spec tgapi rejects:\n{expected}"
     for err in expected:
         if by_crd:  # '<field>: Invalid value: "object": <problem>. Fix: <fix>'
@@ -303,23 +318,23 @@ def test_kubectl_apply_rejects_with_tgapi_message(crd_plane: KubePlane, k8s_name
         else:  # 'ValidatingAdmissionPolicy ... denied request: <tgapi's error>'
             assert "denied request" in proc.stderr, proc.stderr
             assert str(err) in proc.stderr, (str(err), proc.stderr)
-    got = crd_plane.kubectl("get", "trainergroup", name, "-n", k8s_namespace, check=False)
+    got = crd_plane.kubectl("get", "trainergroup", name, "-n", refusal_ns, check=False)
     assert got.returncode != 0 and "NotFound" in got.stderr, got.stdout
-    listed = crd_plane.kubectl_json("get", "trainergroups", "-n", k8s_namespace)
+    listed = crd_plane.kubectl_json("get", "trainergroups", "-n", refusal_ns)
     assert listed["items"] == []
 
 
 @pytest.mark.parametrize(("rule", "spec"), MISTAKES,
                          ids=[f"{i}-{name}" for i, (name, _) in enumerate(MISTAKES)])
-def test_server_causes_match_tgapi_errors(custom_objects: Any, k8s_namespace: str, rule: str,
+def test_server_causes_match_tgapi_errors(custom_objects: Any, refusal_ns: str, rule: str,
                                            spec: dict[str, Any]) -> None:
     from kubernetes.client.exceptions import ApiException
 
     errors, by_crd = expected_rejections(spec)
     with pytest.raises(ApiException) as info:
         custom_objects.create_namespaced_custom_object(
-            tgapi.API_GROUP, tgapi.API_VERSION, k8s_namespace, tgapi.PLURAL,
-            manifest(f"bad-{uuid.uuid4().hex[:8]}", k8s_namespace, spec))
+            tgapi.API_GROUP, tgapi.API_VERSION, refusal_ns, tgapi.PLURAL,
+            manifest(f"bad-{uuid.uuid4().hex[:8]}", refusal_ns, spec))
     assert info.value.status == 422, info.value.body
     status = json.loads(cast(str, info.value.body))  # the 422 carries a Status body
     if by_crd:
@@ -349,18 +364,18 @@ def test_valid_specs_are_accepted(crd_plane: KubePlane, k8s_namespace: str,
 @pytest.mark.parametrize(("field", "cluster"), FIELD_MISTAKES,
                          ids=[f for f, _ in FIELD_MISTAKES])
 def test_platform_field_mistakes_are_refused_at_the_field(
-        crd_plane: KubePlane, k8s_namespace: str, field: str, cluster: dict[str, Any]) -> None:
+        crd_plane: KubePlane, refusal_ns: str, field: str, cluster: dict[str, Any]) -> None:
     spec = spec_with(rayCluster=cluster)
     assert field in {e.field for e in tgapi_errors(spec)}  # tgapi names the same field
     name = f"bad-{uuid.uuid4().hex[:8]}"
     proc = crd_plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(
-        manifest(name, k8s_namespace, spec)), check=False)
+        manifest(name, refusal_ns, spec)), check=False)
     assert proc.returncode != 0 and field in proc.stderr, proc.stderr
-    assert crd_plane.kubectl_json("get", "trainergroups", "-n", k8s_namespace)["items"] == []
+    assert crd_plane.kubectl_json("get", "trainergroups", "-n", refusal_ns)["items"] == []
 
 
 @pytest.mark.parametrize("value", [1, "yes"])
-def test_policy_refuses_a_wrongly_typed_use_gpu(crd_plane: KubePlane, k8s_namespace: str,
+def test_policy_refuses_a_wrongly_typed_use_gpu(crd_plane: KubePlane, refusal_ns: str,
                                                  value: Any) -> None:
     """useGpu is untyped in the CRD; the policy's type guard (rules.py, gpu-choice) refuses
     what tgapi's parser refuses, at the same field with the same fix."""
@@ -368,16 +383,16 @@ def test_policy_refuses_a_wrongly_typed_use_gpu(crd_plane: KubePlane, k8s_namesp
     (err,) = [e for e in tgapi_errors(spec) if e.field == "spec.workers.useGpu"]
     name = f"bad-{uuid.uuid4().hex[:8]}"
     proc = crd_plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(
-        manifest(name, k8s_namespace, spec)), check=False)
+        manifest(name, refusal_ns, spec)), check=False)
     assert proc.returncode != 0 and "denied request" in proc.stderr, proc.stderr
     assert "spec.workers.useGpu: " in proc.stderr and err.fix in proc.stderr, proc.stderr
-    got = crd_plane.kubectl("get", "trainergroup", name, "-n", k8s_namespace, check=False)
+    got = crd_plane.kubectl("get", "trainergroup", name, "-n", refusal_ns, check=False)
     assert got.returncode != 0
 
 
 @pytest.mark.parametrize(("field", "spec"), SIZE_MISTAKES, ids=[f for f, _ in SIZE_MISTAKES])
 def test_models_that_cannot_fit_are_refused_at_apply(
-        crd_plane: KubePlane, custom_objects: Any, k8s_namespace: str, field: str,
+        crd_plane: KubePlane, custom_objects: Any, refusal_ns: str, field: str,
         spec: dict[str, Any]) -> None:
     """The size estimate is the policy's: kubectl apply is denied with tgapi's whole error
     (the estimate, the limit and the fix) and nothing is created."""
@@ -387,16 +402,16 @@ def test_models_that_cannot_fit_are_refused_at_apply(
     assert err.field == field
     name = f"big-{uuid.uuid4().hex[:8]}"
     proc = crd_plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(
-        manifest(name, k8s_namespace, spec)), check=False)
+        manifest(name, refusal_ns, spec)), check=False)
     assert proc.returncode != 0 and "denied request" in proc.stderr, proc.stderr
     assert str(err) in proc.stderr, (str(err), proc.stderr)
-    got = crd_plane.kubectl("get", "trainergroup", name, "-n", k8s_namespace, check=False)
+    got = crd_plane.kubectl("get", "trainergroup", name, "-n", refusal_ns, check=False)
     assert got.returncode != 0 and "NotFound" in got.stderr, got.stdout
-    assert crd_plane.kubectl_json("get", "trainergroups", "-n", k8s_namespace)["items"] == []
+    assert crd_plane.kubectl_json("get", "trainergroups", "-n", refusal_ns)["items"] == []
     with pytest.raises(ApiException) as info:
         custom_objects.create_namespaced_custom_object(
-            tgapi.API_GROUP, tgapi.API_VERSION, k8s_namespace, tgapi.PLURAL,
-            manifest(name, k8s_namespace, spec))
+            tgapi.API_GROUP, tgapi.API_VERSION, refusal_ns, tgapi.PLURAL,
+            manifest(name, refusal_ns, spec))
     assert info.value.status == 422, info.value.body
     assert json.loads(cast(str, info.value.body))["message"].endswith(str(err)), info.value.body
 

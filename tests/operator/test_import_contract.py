@@ -97,3 +97,13 @@ def test_tgapi_client_adds_only_the_kubernetes_client() -> None:
     added = _third_party_added("import tgapi.kube_view") - _third_party_added("import tgapi")
     assert "kubernetes" in added
     assert sorted(added & {*RUNTIME_HEAVY, *OPERATOR_ONLY}) == []
+
+
+def test_the_client_jobs_wait_step_imports_neither_ray_nor_torch() -> None:
+    """``tg-client wait`` (the client Job's first step, the Tinker pod's too) only watches the
+    TrainerGroup: importing its module and the Kubernetes reader it uses loads neither Ray nor
+    torch and tensordict (~10 CPU s per process when it did; Ray and the batches' DataProto
+    are imported when training starts)."""
+    code = "import tgruntime.entrypoints.client_job\nimport tgapi.kube_view"
+    mods = _modules_after(code)
+    assert sorted(_tops(mods) & {"ray", "torch", "tensordict", "megatron"}) == []

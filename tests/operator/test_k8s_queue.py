@@ -78,11 +78,7 @@ def test_a_queued_group_waits_suspended_then_starts_once_admitted(
     name = "queued"
     k8s_plane.apply(ks.noop(name, ns, queue={"name": "team-a", "priorityClass": "high"}))
 
-    def queued() -> dict[str, Any] | None:
-        st = ks.status_of(k8s_plane, ns, name)
-        return st if st.get("phase") == "Queued" else None
-
-    st = ks.wait_for(queued, timeout=120, what="phase Queued", detail=operator.tail)
+    st = ks.wait_phase(k8s_plane, ns, name, {"Queued"}, timeout=120, op=operator)
     assert "no Workload yet" in st["message"], st["message"]
     rc = k8s_plane.kubectl_json("get", "raycluster", name, "-n", ns)
     assert rc["spec"]["suspend"] is True
@@ -107,11 +103,15 @@ def test_a_queued_group_waits_suspended_then_starts_once_admitted(
         f'"reason": "Pending", "message": "{why}", "lastTransitionTime": "{now}"}}]}}}}',
     )
 
-    def with_message() -> dict[str, Any] | None:
-        s = ks.status_of(k8s_plane, ns, name)
-        return s if why in s.get("message", "") else None
-
-    st = ks.wait_for(with_message, timeout=60, what="the admission message", detail=operator.tail)
+    st = ks.wait_status(
+        k8s_plane,
+        ns,
+        name,
+        lambda s: why in s.get("message", ""),
+        timeout=60,
+        what="the admission message",
+        op=operator,
+    )
     assert st["phase"] == "Queued" and "Workload raycluster-queued-test" in st["message"]
     pods = k8s_plane.kubectl_json("get", "pods", "-n", ns, "-l", f"ray.io/cluster={name}")
     assert pods["items"] == [], "a queued group must have no pod (no partial placement)"

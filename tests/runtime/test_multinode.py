@@ -8,11 +8,11 @@ machine's IP, so the node *id* (not the IP) tells them apart.
 For ``processesPerNode`` [1,1], [2,1], [1,2] (entry i pinned to node a, b):
 ranks in order; each rank on the node its bundle names; verl's names
 (``{prefix}{ClassName}_{pg_index}:{local_rank}``); DP_COMPUTE across the nodes (one group
-per layout for all of these); a DataProto's N-D mesh dispatch across the nodes in [2,1] and
-[1,2] (1x1's mesh is [1,2]'s dp rank 0).
-The bug test shows what the old IP sort did: placement groups re-sorted by node IP were
-paired with the per-node counts in spec order. TP=2 across the two nodes (gloo) trains
-the tiny Megatron model with falling loss.
+per layout for all of these); a DataProto's N-D mesh dispatch across the nodes in [1,2]
+(see DATAPROTO_LAYOUTS for why one layout is enough).
+The IP-sort bug (placement groups re-sorted by node IP were paired with the per-node counts
+in spec order) is checked in the [2,1] layout: its group is made with node b reported at the
+lower IP. TP=2 across the two nodes (gloo) trains the tiny Megatron model with falling loss.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import pytest
 import ray
 from ray.util.placement_group import placement_group_table
 
-from tests.runtime.light_workers import Counter, MeshProbe
+from tests.runtime.light_workers import MeshProbe
 from tgruntime.controller import ClassWithInitArgs, ResourcePool, WorkerGroup
 
 pytestmark = pytest.mark.ray
@@ -130,21 +130,53 @@ CASES = [[1, 1], [2, 1], [1, 2]]
 # dp rank per rank: a tp pair spanning the two nodes in every case
 MESHES = {"1x1": [0, 0], "2x1": [0, 1, 1], "1x2": [0, 0, 1]}
 # Layouts whose workers also get a DataProto (each such worker imports torch and tensordict,
-# ~12 CPU-s). 1x1's mesh (one dp rank: a tp pair across the nodes, collected on node a) is
-# 1x2's dp rank 0; 2x1 and 1x2 add a dp rank wholly on one node, collectors on both nodes.
-DATAPROTO_LAYOUTS = {"2x1", "1x2"}
+# ~12 CPU-s). 1x2's mesh [0, 0, 1] has a tp pair across the nodes (collected on node a), a dp
+# rank wholly on node b (collected there: collectors on both nodes, one not rank 0) and
+# uneven dp ranks. 1x1's mesh is 1x2's dp rank 0; 2x1's [0, 1, 1] has a one-rank dp rank on
+# node a and a pair across the nodes, both collected on node a: nothing 1x2 lacks, node-wise
+# (its DataProto step, 3 torch imports, was dropped on 2026-12-06). The dispatch itself, any
+# mesh, on one node: tests/runtime/test_controller_groups.py::test_nd_mesh_dispatch.
+DATAPROTO_LAYOUTS = {"1x2"}
+# The layout whose group is made with the IPs swapped (the IP-sort bug below).
+SWAPPED_IP_LAYOUT = "2x1"
+
+
+def swap_ips(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Report node b (which holds entry 1) at a lower IP than node a (entry 0).
+
+    The bug: placement groups were re-sorted by node IP, the counts were not. Both raylets
+    here share one IP, so the old sort was a no-op on this machine; this reproduces a cluster
+    whose IPs do not follow the spec. Before the fix, in [2, 1], ranks 0 and 1 went to the
+    one-bundle placement group (bundle index 1 does not exist there) and creation failed; now
+    ranks, names and nodes follow the spec.
+    """
+    real_nodes = ray.nodes
+
+    def nodes_with_swapped_ips() -> list[dict[str, Any]]:
+        out = []
+        for n in real_nodes():  # type: ignore[no-untyped-call]  # ray leaves it unannotated
+            ip = "10.0.0.1" if NODE_KEYS[1] in (n.get("Resources") or {}) else "10.0.0.2"
+            out.append({**n, "NodeManagerAddress": ip})
+        return out
+
+    monkeypatch.setattr(ray, "nodes", nodes_with_swapped_ips)
 
 
 @pytest.mark.parametrize("counts", CASES, ids=lambda c: "x".join(map(str, c)))
-def test_placement_ranks_names_and_mesh_dispatch(two_nodes: TwoNodes, counts: list[int]) -> None:
+def test_placement_ranks_names_and_mesh_dispatch(
+    two_nodes: TwoNodes, counts: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """One group per layout serves both checks (a group start is most of each test's time);
-    the DataProto mesh dispatch runs in DATAPROTO_LAYOUTS."""
+    the DataProto mesh dispatch runs in DATAPROTO_LAYOUTS, and SWAPPED_IP_LAYOUT's group is
+    made with the IPs swapped (the IP-sort bug; until 2026-12-06 a group of its own)."""
     import torch
 
     from tgruntime.controller import DataProto
 
     key = "x".join(map(str, counts))
     dp_ranks = MESHES[key]
+    if key == SWAPPED_IP_LAYOUT:
+        swap_ips(monkeypatch)
     prefix = f"p{uuid.uuid4().hex[:6]}"
     wg = WorkerGroup.create(
         group_name=f"mn-{prefix}", ray_namespace=f"t-{prefix}", name_prefix=prefix,
@@ -190,45 +222,6 @@ def test_placement_ranks_names_and_mesh_dispatch(two_nodes: TwoNodes, counts: li
         seen = wg.seen()
         for r, d in enumerate(dp_ranks):
             assert seen[r] == [2 * d, 2 * d + 1], (r, seen)
-    finally:
-        wg.teardown()
-
-
-def test_ip_sort_bug_counts_follow_spec(
-    two_nodes: TwoNodes, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The bug: placement groups were re-sorted by node IP, the counts were not.
-
-    Both raylets here share one IP, so the old sort was a no-op on this machine; reporting
-    node b (which holds entry 1, one bundle) at a lower IP than node a (entry 0, two
-    bundles) reproduces a cluster whose IPs do not follow the spec. Before the fix, ranks
-    0 and 1 went to the one-bundle placement group (bundle index 1 does not exist there)
-    and creation failed; now ranks, names and nodes follow the spec.
-    """
-    real_nodes = ray.nodes
-
-    def nodes_with_swapped_ips() -> list[dict[str, Any]]:
-        out = []
-        for n in real_nodes():  # type: ignore[no-untyped-call]  # ray leaves it unannotated
-            ip = "10.0.0.1" if NODE_KEYS[1] in (n.get("Resources") or {}) else "10.0.0.2"
-            out.append({**n, "NodeManagerAddress": ip})
-        return out
-
-    monkeypatch.setattr(ray, "nodes", nodes_with_swapped_ips)
-    counts = [2, 1]
-    prefix = f"b{uuid.uuid4().hex[:6]}"
-    wg = WorkerGroup.create(
-        group_name=f"mn-{prefix}", ray_namespace=f"t-{prefix}", name_prefix=prefix,
-        resource_pool=pinned_pool(counts, cpus_per_process=0.2),
-        cls=ClassWithInitArgs(Counter), detached=False, **TIMEOUTS,  # type: ignore[arg-type]
-    )
-    try:
-        infos = wg.whoami()
-        assert [i["rank"] for i in infos] == [0, 1, 2]
-        assert [i["name"] for i in infos] == expected_names(prefix, "Counter", counts)
-        a, b = (two_nodes.node_ids[k] for k in NODE_KEYS)
-        assert [i["node_id"] for i in infos] == [a, a, b]
-        assert [pg.bundle_count for pg in wg.placement_groups] == counts
     finally:
         wg.teardown()
 

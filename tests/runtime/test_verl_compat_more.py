@@ -2,11 +2,14 @@
 
 The patterns follow verl's tests and workers: ``worker_env`` and the environment verl's
 workers read, ``DataProtoConfig.auto_padding`` with uneven DP_COMPUTE_PROTO batches (as
-args and as kwargs), and the ``tensordict_utils`` helpers.
+args and as kwargs), the ``tensordict_utils`` helpers, and TensorDicts through a real
+group's N-D and DP_COMPUTE_PROTO dispatch (issue 21; test_verl_compat_tensordict.py has the
+rest). One group (``verl_group``) serves every test here that only calls a group.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import uuid
@@ -20,15 +23,18 @@ import torch
 from tensordict import TensorDict
 
 from tests.fixtures_ray import RayCluster
+from tests.runtime.test_verl_compat_tensordict import _rows, _td
 from tgruntime.compat.verl import (
     PROTECTED_ENV,
     DataProto,
     DataProtoConfig,
+    DataProtoFuture,
     Dispatch,
     RayClassWithInitArgs,
     RayResourcePool,
     RayWorkerGroup,
     Worker,
+    make_nd_compute_dataproto_dispatch_fn,
     pad_dataproto_to_divisor,
     register,
     unpad_dataproto,
@@ -64,10 +70,39 @@ class EnvActor(Worker):
 
 @ray.remote
 class PadActor(Worker):
-    """verl's test_auto_padding Actor, plus a worker that uses tensordict_utils."""
+    """verl's test_auto_padding Actor, plus a worker that uses tensordict_utils, plus verl's
+    TestActor's ``getenv``, plus methods that take and return TensorDicts on a 1-D mesh "dp"
+    and with DP_COMPUTE_PROTO (``mark``, ``mark_async``, ``rows``; TDActor's in
+    test_verl_compat_tensordict.py until 2026-12-06): one class, so that one group
+    (``verl_group``, two workers that each import torch and tensordict, ~12 CPU s apiece)
+    serves the worker_env, auto-padding, tensordict_utils and TensorDict-group tests."""
 
     def __init__(self) -> None:
         super().__init__()
+        self._register_dispatch_collect_info(mesh_name="dp", dp_rank=self.rank, is_collect=True)
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="dp"))
+    def mark(self, td: TensorDict) -> TensorDict:
+        import tgruntime.compat.verl.utils.tensordict_utils as tdu
+
+        return tdu.get_tensordict(
+            {"x": td["x"] * 10, "rank": torch.full((len(td),), self.rank)},
+            {"experiment": tdu.get(td, "experiment")},
+        )
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="dp"), blocking=False)
+    def mark_async(self, td: TensorDict) -> TensorDict:
+        return TensorDict({"x": td["x"] + 1, "rank": torch.full((len(td),), self.rank)},
+                          batch_size=td.batch_size)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def rows(self, td: TensorDict) -> TensorDict:
+        return TensorDict({"x": td["x"], "n": torch.full((len(td),), len(td))},
+                          batch_size=td.batch_size)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def getenv(self, key: str) -> str:
+        return os.getenv(key, f"{key} not set")
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def add(self, data: Any) -> Any:
@@ -96,17 +131,39 @@ def cleanup() -> Iterator[list[str]]:
         teardown_group(group_name=g, ray_namespace=namespace, timeout_s=60)
 
 
-# ---------------------------------------------------------------------------- worker_env
-@pytest.mark.ray
-def test_worker_env_and_verl_env_vars(ray_driver: RayCluster, cleanup: list[str]) -> None:
+@dataclasses.dataclass(frozen=True)
+class VerlGroup:
+    wg: RayWorkerGroup
+    prefix: str
+
+
+@pytest.fixture(scope="module")
+def verl_group(ray_driver: RayCluster) -> Iterator[VerlGroup]:
+    """One PadActor group with ``worker_env={"MY_FLAG": "on"}`` for the module's tests that
+    only call it (none changes its state): the worker_env, auto-padding and tensordict_utils
+    tests. The master_port_range test makes its own (its group's port range is the subject)."""
     prefix = _prefix()
     wg = RayWorkerGroup(
-        resource_pool=RayResourcePool([2], use_gpu=False),
-        ray_cls_with_init=RayClassWithInitArgs(cls=EnvActor),
+        # one CPU a bundle (verl's default, 10, is cut to half the head's CPUs each: the
+        # whole head), so the master_port_range test's group fits beside this one
+        resource_pool=RayResourcePool([2], use_gpu=False, max_colocate_count=1),
+        ray_cls_with_init=RayClassWithInitArgs(cls=PadActor),
         name_prefix=prefix,
         worker_env={"MY_FLAG": "on"},
     )
-    cleanup.append(wg.group_name)
+    try:
+        yield VerlGroup(wg=wg, prefix=prefix)
+    finally:
+        teardown_group(
+            group_name=wg.group_name, ray_namespace=ray.get_runtime_context().namespace,
+            timeout_s=60,
+        )
+
+
+# ---------------------------------------------------------------------------- worker_env
+@pytest.mark.ray
+def test_worker_env_and_verl_env_vars(verl_group: VerlGroup) -> None:
+    wg, prefix = verl_group.wg, verl_group.prefix
     env = {key: wg.getenv(key) for key in ENV_KEYS}
     assert env["RANK"] == ["0", "1"] and env["WORLD_SIZE"] == ["2", "2"]
     assert env["WG_PREFIX"] == [prefix, prefix] and env["WG_BACKEND"] == ["ray", "ray"]
@@ -263,7 +320,8 @@ def test_master_port_range_is_honoured(ray_driver: RayCluster, cleanup: list[str
     low = _free_run(20)
     with _held(low, listen=True):  # the first port of the range is taken: the next one is used
         wg = RayWorkerGroup(
-            resource_pool=RayResourcePool([2], use_gpu=False),
+            # one CPU a bundle: it runs beside the module's verl_group (see there)
+            resource_pool=RayResourcePool([2], use_gpu=False, max_colocate_count=1),
             ray_cls_with_init=RayClassWithInitArgs(cls=RendezvousActor),
             name_prefix=_prefix(),
             master_port_range=[low, low + 20],
@@ -280,17 +338,12 @@ def test_master_port_range_is_honoured(ray_driver: RayCluster, cleanup: list[str
 
 # ---------------------------------------------------------------------------- auto padding
 @pytest.mark.ray
-def test_auto_padding_dp_compute_proto(ray_driver: RayCluster, cleanup: list[str],
+def test_auto_padding_dp_compute_proto(verl_group: VerlGroup,
                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(type(DataProtoConfig), "_auto_padding", False)
     DataProtoConfig.auto_padding = True  # verl's switch (or VERL_AUTO_PADDING=1)
     assert DataProtoConfig.auto_padding
-    wg = RayWorkerGroup(
-        resource_pool=RayResourcePool(process_on_nodes=[2], use_gpu=False),
-        ray_cls_with_init=RayClassWithInitArgs(cls=PadActor),
-        name_prefix=_prefix(),
-    )
-    cleanup.append(wg.group_name)
+    wg = verl_group.wg  # RayResourcePool([2]): two ranks, as verl's test
     for size in (1, 3, 5, 8):
         names = np.array([str(i) for i in range(size)], dtype=object)
         for as_kwarg in (False, True):
@@ -330,13 +383,8 @@ def test_pad_and_unpad_dataproto() -> None:
 
 
 @pytest.mark.ray
-def test_worker_uses_tensordict_utils(ray_driver: RayCluster, cleanup: list[str]) -> None:
-    wg = RayWorkerGroup(
-        resource_pool=RayResourcePool([2], use_gpu=False),
-        ray_cls_with_init=RayClassWithInitArgs(cls=PadActor),
-        name_prefix=_prefix(),
-    )
-    cleanup.append(wg.group_name)
+def test_worker_uses_tensordict_utils(verl_group: VerlGroup) -> None:
+    wg = verl_group.wg
     x = torch.arange(6.0).reshape(3, 2).t()  # non-contiguous rows: (2, 3)
     td = tu.get_tensordict({"x": x})
     out = wg.scale(DataProto(batch=td, meta_info={"factor": 2.0}))
@@ -428,3 +476,25 @@ def test_tensordict_utils_assign_pad_union() -> None:
     assert [p["a"].tolist() for p in parts] == [[0, 1], [2, 3]]
     assert tu.concat_tensordict(parts)["a"].tolist() == [0, 1, 2, 3]
     assert tu.index_select_tensor_dict(parts[1], [1])["a"].tolist() == [3]
+
+
+# ---------------------------------------------------------------- TensorDicts in a group
+@pytest.mark.ray
+def test_tensordict_through_a_real_group(verl_group: VerlGroup) -> None:
+    """TensorDict arguments and results through N-D and DP_COMPUTE_PROTO dispatch on a real
+    group (the helpers and the expected values: test_verl_compat_tensordict.py)."""
+    wg = verl_group.wg
+    out = wg.mark(_td(4))
+    assert isinstance(out, TensorDict)
+    assert _rows(out) == [0, 10, 20, 30] and out["rank"].tolist() == [0, 0, 1, 1]
+    assert tu.get(out, "experiment") == "run_001"
+    uneven = wg.mark(td=_td(3))  # padded to 2 + 2 on the way out, trimmed on the way back
+    assert _rows(uneven) == [0, 10, 20] and uneven["rank"].tolist() == [0, 0, 1]
+    # non-blocking: a DataProtoFuture over TensorDict parts, fetched here ...
+    future = wg.mark_async(_td(5))
+    assert isinstance(future, DataProtoFuture) and future.num_parts == 2
+    got = future.get(timeout_s=60)
+    assert _rows(got) == [1, 2, 3, 4, 5] and got["rank"].tolist() == [0, 0, 0, 1, 1]
+    # ... or passed on: each part goes straight to the matching rank
+    chained = wg.rows(wg.mark_async(_td(4)))
+    assert _rows(chained) == [1, 2, 3, 4] and chained["n"].tolist() == [2, 2, 2, 2]

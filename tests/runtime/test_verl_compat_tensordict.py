@@ -13,31 +13,20 @@ and collects TensorDict outputs with ``concat_tensordict``.
 from __future__ import annotations
 
 import pickle
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
-import ray
 import torch
 from tensordict import TensorDict
 
-from tests.fixtures_ray import RayCluster
 from tgruntime.compat.verl import (
     DataProto,
     DataProtoConfig,
     DataProtoFuture,
-    Dispatch,
-    RayClassWithInitArgs,
-    RayResourcePool,
-    RayWorkerGroup,
-    Worker,
     make_nd_compute_dataproto_dispatch_fn,
-    register,
 )
 from tgruntime.controller import dispatch as d
-from tgruntime.controller import teardown_group
 from tgruntime.controller.dataproto import AUTO_PADDING_KEY
 from tgruntime.controller.decorator import TRIM_KWARG, _trim
 
@@ -247,67 +236,6 @@ def test_tensordict_utils_is_a_dotted_module() -> None:
     assert tu.concat_tensordict(empty) is empty[0]  # verl: no batch dimension -> the first
 
 
-# ---------------------------------------------------------------------------- real group
-@ray.remote
-class TDActor(Worker):
-    """Methods that take and return TensorDicts, on a 1-D mesh "dp" and with DP_COMPUTE_PROTO."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._register_dispatch_collect_info(mesh_name="dp", dp_rank=self.rank, is_collect=True)
-
-    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="dp"))
-    def mark(self, td: TensorDict) -> TensorDict:
-        import tgruntime.compat.verl.utils.tensordict_utils as tu
-
-        return tu.get_tensordict(
-            {"x": td["x"] * 10, "rank": torch.full((len(td),), self.rank)},
-            {"experiment": tu.get(td, "experiment")},
-        )
-
-    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="dp"), blocking=False)
-    def mark_async(self, td: TensorDict) -> TensorDict:
-        return TensorDict({"x": td["x"] + 1, "rank": torch.full((len(td),), self.rank)},
-                          batch_size=td.batch_size)
-
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
-    def rows(self, td: TensorDict) -> TensorDict:
-        return TensorDict({"x": td["x"], "n": torch.full((len(td),), len(td))},
-                          batch_size=td.batch_size)
-
-
-@pytest.fixture
-def td_group(ray_driver: RayCluster) -> Iterator[RayWorkerGroup]:
-    wg = RayWorkerGroup(
-        resource_pool=RayResourcePool([2], use_gpu=False),
-        ray_cls_with_init=RayClassWithInitArgs(cls=TDActor),
-        name_prefix=f"td{uuid.uuid4().hex[:6]}",
-    )
-    try:
-        yield wg
-    finally:
-        teardown_group(
-            group_name=wg.group_name, ray_namespace=ray.get_runtime_context().namespace,
-            timeout_s=60,
-        )
-
-
-@pytest.mark.ray
-def test_tensordict_through_a_real_group(td_group: RayWorkerGroup) -> None:
-    import tgruntime.compat.verl.utils.tensordict_utils as tu
-
-    wg = td_group
-    out = wg.mark(_td(4))
-    assert isinstance(out, TensorDict)
-    assert _rows(out) == [0, 10, 20, 30] and out["rank"].tolist() == [0, 0, 1, 1]
-    assert tu.get(out, "experiment") == "run_001"
-    uneven = wg.mark(td=_td(3))  # padded to 2 + 2 on the way out, trimmed on the way back
-    assert _rows(uneven) == [0, 10, 20] and uneven["rank"].tolist() == [0, 0, 1]
-    # non-blocking: a DataProtoFuture over TensorDict parts, fetched here ...
-    future = wg.mark_async(_td(5))
-    assert isinstance(future, DataProtoFuture) and future.num_parts == 2
-    got = future.get(timeout_s=60)
-    assert _rows(got) == [1, 2, 3, 4, 5] and got["rank"].tolist() == [0, 0, 0, 1, 1]
-    # ... or passed on: each part goes straight to the matching rank
-    chained = wg.rows(wg.mark_async(_td(4)))
-    assert _rows(chained) == [1, 2, 3, 4] and chained["n"].tolist() == [2, 2, 2, 2]
+# The TensorDict methods on a real group (TDActor's until 2026-12-06: mark, mark_async, rows)
+# run in tests/runtime/test_verl_compat_more.py::test_tensordict_through_a_real_group, on that
+# module's one group (two workers that import torch and tensordict: ~24 CPU s a group).

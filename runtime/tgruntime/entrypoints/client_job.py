@@ -32,17 +32,17 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 import tgapi
 from tgapi import markers
-from tgruntime.controller import DataProto, WorkerGroup
-from tgruntime.controller.connect import connect
 from tgruntime.controller.errors import TrainerGroupError
-from tgruntime.controller.gcs_view import use_light_handles
 from tgruntime.driver import batches
+
+if TYPE_CHECKING:
+    from tgruntime.controller import WorkerGroup
 
 log = logging.getLogger("tgruntime.entrypoints.client_job")
 
@@ -99,6 +99,8 @@ def resolve_target(args: argparse.Namespace) -> Target:
 
 
 def attach(target: Target, *, timeout_s: float) -> WorkerGroup:
+    from tgruntime.controller import WorkerGroup
+
     if target.worker_names and not target.group_name:
         return WorkerGroup.from_worker_names(
             worker_names=list(target.worker_names), ray_namespace=target.ray_namespace
@@ -140,6 +142,8 @@ def _metric(meta: dict[str, Any], key: str, default: float = math.nan) -> float:
 
 def train_step(wg: WorkerGroup, tokens: np.ndarray, *, step: int) -> markers.Step:
     import torch
+
+    from tgruntime.controller import DataProto
 
     data = DataProto.from_dict(tensors={"input_ids": torch.from_numpy(tokens)})
     t0 = time.perf_counter()
@@ -352,6 +356,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps < 1:
         print("tg-client: --steps must be at least 1", file=sys.stderr)
         return 2
+    # Here, not at the top: `wait` (the client Job's first step) needs neither Ray nor torch
+    # (tensordict): a process that only watches the TrainerGroup starts in ~1 CPU s, not ~10.
+    from tgruntime.controller.connect import connect
+    from tgruntime.controller.gcs_view import use_light_handles
+
     try:
         target = resolve_target(args)
         quiet: dict[str, Any] = {"logging_level": logging.WARNING} if args.format == "human" else {}

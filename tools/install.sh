@@ -35,13 +35,18 @@ if [ -z "$PY" ] || ! need_312 "$PY"; then
 fi
 PYVER="$("$PY" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])')"
 
-if ! command -v uv >/dev/null 2>&1; then
-  log "installing uv from PyPI"
-  "$PY" -m pip install -q --disable-pip-version-check uv
-fi
+# A uv that runs: PATH's (a pyenv shim for uv installed under another Python version is on
+# PATH but exits 127), else the one the uv package of $PY knows, else uv installed from PyPI.
 # pip puts uv in the interpreter's scripts folder (pyenv's versions/X/bin, not on PATH until a
 # rehash) or, for --user installs, the user base's bin: ask the uv package where its binary is.
-UV="$(command -v uv || "$PY" -c 'import uv; print(uv.find_uv_bin())')"
+uv_of_py() { "$PY" -c 'import uv; print(uv.find_uv_bin())' 2>/dev/null || true; }
+UV="$(command -v uv || true)"
+if [ -z "$UV" ] || ! "$UV" --version >/dev/null 2>&1; then UV="$(uv_of_py)"; fi
+if [ -z "$UV" ] || ! "$UV" --version >/dev/null 2>&1; then
+  log "installing uv from PyPI"
+  "$PY" -m pip install -q --disable-pip-version-check uv
+  UV="$(uv_of_py)"
+fi
 
 # A venv on another Python (an old 3.11 .venv, or a different 3.12.x) is replaced, not reused:
 # its interpreter and every compiled wheel in it belong to that version.

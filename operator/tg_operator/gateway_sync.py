@@ -21,6 +21,8 @@ class GatewayKube(Protocol):
 
     async def create_object(self, body: dict[str, Any]) -> bool: ...
 
+    async def scale_deployment(self, namespace: str, name: str, replicas: int) -> None: ...
+
 
 def index_key(*, mode: str, namespace: str) -> str | None:
     """The gateway an event's namespace feeds: its own (namespace mode), the one of the
@@ -51,11 +53,17 @@ async def sync(
     stamp = json.dumps([dep["metadata"].get("ownerReferences"), chosen, cluster, spaces])
     if done.get(namespace) == stamp:
         return False
-    uid = await kube.apply_owned_deployment(dep)
+    # Created with no pods: its ServiceAccount, Role and RoleBinding are owned by it, so they
+    # come after it, and a ReplicaSet that ran first failed its pods ('serviceaccount
+    # "tinker-gateway" not found' warnings, the kind suite's gateway phase); scaled up once
+    # they exist. An existing Deployment only gets the owners merged (replicas untouched).
+    first = {**dep, "spec": {**dep["spec"], "replicas": 0}}
+    uid = await kube.apply_owned_deployment(first)
     for body in gateway.objects(namespace, uid, cluster=cluster):
         await kube.create_object(body)
     if cluster:  # each group namespace admits the gateway's (their policies: their own)
         for ns in [n for n in spaces if n != namespace]:
             await kube.create_object(gateway.build_cross_namespace_ingress(ns, namespace))
+    await kube.scale_deployment(namespace, gateway.NAME, int(dep["spec"]["replicas"]))
     done[namespace] = stamp
     return True

@@ -272,6 +272,18 @@ class KubeApi:
 
         return await asyncio.to_thread(call)
 
+    async def scale_deployment(self, namespace: str, name: str, replicas: int) -> None:
+        """Set the Deployment's ``spec.replicas`` (a merge patch; nothing else changes)."""
+
+        def call() -> None:
+            self._apps.patch_namespaced_deployment(
+                name, namespace, {"spec": {"replicas": replicas}},
+                _content_type="application/merge-patch+json",
+                _request_timeout=self._timeout,
+            )
+
+        await asyncio.to_thread(call)
+
     async def update_deployment(self, body: dict[str, Any]) -> None:
         meta = body["metadata"]
         patch = {

@@ -114,6 +114,9 @@ class Recorder:
         self.created.append(body["kind"])
         return True
 
+    async def scale_deployment(self, namespace: str, name: str, replicas: int) -> None:
+        self.created.append(f"scale {name} {replicas}")
+
 
 def test_sync_applies_only_changes() -> None:
     kube, done = Recorder(), dict[str, str]()
@@ -126,14 +129,19 @@ def test_sync_applies_only_changes() -> None:
         ))
 
     assert sync(one) and len(kube.applied) == 1
-    assert kube.created == ["ServiceAccount", "Role", "RoleBinding", "Service", "NetworkPolicy"]
+    # created with no pods, its ServiceAccount (owned by it) after it, then scaled up: a pod
+    # never waits for a ServiceAccount that is not there yet
+    assert kube.applied[0]["spec"]["replicas"] == 0
+    assert kube.created == ["ServiceAccount", "Role", "RoleBinding", "Service", "NetworkPolicy",
+                            "scale tinker-gateway 1"]
     assert not sync(one) and len(kube.applied) == 1  # unchanged: nothing applied
     assert sync(one + _entries(_tg("b"))) and len(kube.applied) == 2  # a new owner merged
     assert [o["name"] for o in kube.applied[-1]["metadata"]["ownerReferences"]] == ["a", "b"]
     assert not sync([])  # the last group gone: the garbage collector's job
     kube.created.clear()
     assert sync(one, cluster=True, ns="ops")
-    assert kube.created == ["ServiceAccount", "Service", "NetworkPolicy", "NetworkPolicy"]
+    assert kube.created == ["ServiceAccount", "Service", "NetworkPolicy", "NetworkPolicy",
+                            "scale tinker-gateway 1"]
     assert gateway_sync.index_key(mode="off", namespace="ml") is None
     assert gateway_sync.index_key(mode="cluster", namespace="ml") == ""
 

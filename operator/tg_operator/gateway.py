@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tg_operator import names, pods
+from tg_operator import names, pods, probes
 from tg_operator.networkpolicy import CLIENT_LABEL
 
 NAME = "tinker-gateway"
@@ -42,6 +42,9 @@ PORT = 8000
 MODES = ("namespace", "cluster", "off")
 REQUESTS = {"cpu": "50m", "memory": "128Mi"}  # small: it forwards bytes, it holds none
 LIMITS = {"cpu": "1", "memory": "512Mi"}
+
+
+STARTUP_LIMIT_S = 300  # the gateway's start: imports and its first TrainerGroup list
 
 
 def group_entry(body: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -136,6 +139,12 @@ def build_deployment(
         "command": [python, "-m", "tgruntime.gateway", "--trainergroups",
                     "*" if cluster else namespace, "--host", "0.0.0.0", "--port", str(PORT)],
         "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
+        # until healthz first answers (the Python start takes seconds on a small CPU share),
+        # one waiting exec and no other probe: a normal start posts no Unhealthy event (the
+        # kind suite's gateway phase failed on a readiness probe that came first)
+        "startupProbe": probes.startup_wait(
+            probes.http_200(port=PORT, path="/healthz"), limit_s=STARTUP_LIMIT_S
+        ),
         "readinessProbe": probe, "livenessProbe": {**probe, "failureThreshold": 6},
         "resources": {"requests": dict(REQUESTS), "limits": dict(LIMITS)},
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],

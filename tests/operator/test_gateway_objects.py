@@ -60,6 +60,9 @@ def test_gateway_objects_owners_and_restricted_pod() -> None:
                               "verbs": ["get", "list", "watch"]}]
     assert binding["subjects"][0]["name"] == sa["metadata"]["name"] == "tinker-gateway"
     pod = dep["spec"]["template"]["spec"]
+    # a start waits in one startup exec on healthz (no Unhealthy event from an early probe)
+    startup = pod["containers"][0]["startupProbe"]
+    assert "/healthz" in startup["exec"]["command"][-1] and startup["failureThreshold"] == 1
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     (c,) = pod["containers"]

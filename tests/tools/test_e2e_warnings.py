@@ -42,3 +42,21 @@ def test_the_kubelets_token_volume_sync_timeout_is_not_a_defect_but_other_mounts
         _event("Pod", "2026-12-02T06:05:00Z", reason="FailedMount", message=claim),
     ]
     assert warnings(events, since=since, skip_kinds=set()) == [f"Pod/x FailedMount x1: {claim}"]
+
+
+def test_the_endpoints_controllers_stale_create_is_not_a_defect_but_other_errors_are() -> None:
+    since = when({"lastTimestamp": "2026-12-02T06:00:00Z"})
+    race = (
+        "Failed to create endpoint for service trainergroups/llama-tp2-head-svc: endpoints "
+        '"llama-tp2-head-svc" already exists'
+    )
+    other = "Failed to update endpoint trainergroups/llama-tp2-head-svc: the server was slow"
+    events = [
+        _event("Endpoints", "2026-12-02T06:05:00Z", reason="FailedToCreateEndpoint", message=race),
+        _event("Endpoints", "2026-12-02T06:05:00Z", reason="FailedToUpdateEndpoint", message=other),
+        _event("Pod", "2026-12-02T06:05:00Z", reason="FailedToCreateEndpoint", message=race),
+    ]
+    assert warnings(events, since=since, skip_kinds=set()) == [
+        f"Endpoints/x FailedToUpdateEndpoint x1: {other}",
+        f"Pod/x FailedToCreateEndpoint x1: {race}",
+    ]

@@ -46,8 +46,9 @@ def free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
-# Imported once by the fork server; each rank is forked from it with these already loaded.
-PRELOAD = ("torch", "megatron.core", "tgruntime.trainer.engine")
+# Imported once by the fork server; each rank is forked from it with these already loaded
+# (tgruntime.trainer before megatron: its hook defers megatron's torch.compile decoration).
+PRELOAD = ("torch", "tgruntime.trainer", "megatron.core", "tgruntime.trainer.engine")
 
 
 def start_method() -> str:

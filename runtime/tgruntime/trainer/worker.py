@@ -35,7 +35,7 @@ import dataclasses
 import json
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -44,7 +44,6 @@ from megatron.core import parallel_state
 from tgapi import TrainerGroupSpec, parse_spec
 from tgapi.progress import MAX_LISTED_RUNS, RunProgress, TrainingProgress
 from tgruntime.controller import (
-    DataProto,
     Dispatch,
     Worker,
     make_nd_compute_dataproto_dispatch_fn,
@@ -58,6 +57,9 @@ from tgruntime.trainer.losses import LossFn
 from tgruntime.trainer.progress_writer import ProgressWriter
 from tgruntime.trainer.sampling.mixin import SamplingMixin
 from tgruntime.trainer.token_batch import TokenBatch, token_batch
+
+if TYPE_CHECKING:  # loaded where a DataProto arrives: tensordict imports TorchDynamo (~3-6 CPU s)
+    from tgruntime.controller.dataproto import DataProto
 
 __all__ = ["TRAIN_MESH", "MegatronTrainer"]
 
@@ -142,6 +144,8 @@ class MegatronTrainer(SamplingMixin, HFWeightsMixin, Worker):
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name=TRAIN_MESH))
     def train_model(self, data: DataProto) -> DataProto:
         """One optimizer step on this data shard's part of the batch."""
+        from tgruntime.controller.dataproto import DataProto
+
         engine = self._engine()
         if data.batch is None or "input_ids" not in data.batch:
             raise ValueError("train_model needs a DataProto with batch['input_ids'] (int64 [B, S])")
@@ -226,6 +230,8 @@ class MegatronTrainer(SamplingMixin, HFWeightsMixin, Worker):
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """Per-token log-probs ``[B, S-1]``, or ``[B, S]`` with ``batch["target_ids"]``
         (``meta_info={"entropy": True}``: and entropy)."""
+        from tgruntime.controller.dataproto import DataProto
+
         engine = self._engine()
         entropy = bool(data.meta_info.get("entropy", False))
         result = engine.compute_log_prob(
@@ -251,6 +257,8 @@ class MegatronTrainer(SamplingMixin, HFWeightsMixin, Worker):
 
         Returns ``batch["loss"]`` per sample (mean, or sum with ``reduction="sum"``) and
         ``batch["log_probs"]`` per token (before this call's update)."""
+        from tgruntime.controller.dataproto import DataProto
+
         engine = self._engine()
         started = time.perf_counter()
         result = engine.forward_backward(

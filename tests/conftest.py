@@ -10,6 +10,10 @@ from typing import Any
 
 import pytest
 
+# Before any test module imports megatron-core: its import-time torch.compile decorations wait
+# for a first call (tgruntime.trainer.deferred_compile), as in the runtime's own processes.
+import tgruntime.trainer  # noqa: F401
+
 # Each fixture module is owned by one part of the tree; a module that does not exist
 # yet (or whose dependencies are missing) is simply not loaded.
 _PLUGINS = ["tests.fixtures_ray", "tests.fixtures_k8s", "tests.shard"]

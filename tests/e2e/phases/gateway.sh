@@ -4,8 +4,8 @@
 # names behind the namespace's Tinker gateway (tg_operator.gateway, the chart's default
 # gateway.mode=namespace), one SDK client reaching both by name.
 #
-#   1. a second group $TG-teacher (the same spec, spec.model.name org/teacher) becomes Ready
-#      and serves (status.apiURL);
+#   1. a second group $TG-teacher (the same spec, spec.model.name org/teacher, small CPU
+#      requests) becomes Ready and serves (status.apiURL);
 #   2. the operator's Deployment tinker-gateway, owned by both groups, becomes Available
 #      (restricted pod; its Role reads TrainerGroups, nothing else);
 #   3. one key added to both groups' Secrets; a client pod (tests/e2e/phases/gateway_probe.py)
@@ -29,7 +29,13 @@ tg = json.load(sys.stdin)
 spec = tg["spec"]
 spec.setdefault("model", {})["name"] = "org/teacher"
 spec.pop("rayClusterRef", None)
-(spec.get("rayCluster") or {}).pop("storage", None)  # its own, no shared claim
+rc = spec.setdefault("rayCluster", {})
+rc.pop("storage", None)  # its own, no shared claim
+# small requests: the kind nodes have 2 CPUs each and the first group holds most of them
+# (at 1 CPU for the head and 1500m for the worker the teacher was Unschedulable, 04:31)
+rc.setdefault("head", {})["cpu"] = "200m"
+rc.setdefault("workers", {})["cpu"] = "200m"  # ray start --num-cpus 1
+spec.setdefault("workers", {})["cpusPerProcess"] = 0.5  # two ranks in that one Ray CPU
 print(json.dumps({"apiVersion": tg["apiVersion"], "kind": tg["kind"],
                   "metadata": {"name": os.environ["TEACHER"], "namespace": tg["metadata"]["namespace"]},
                   "spec": spec}))' > "$ARTIFACTS/$GW_TEACHER.json"

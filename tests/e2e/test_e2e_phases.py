@@ -59,12 +59,12 @@ def test_scripts_pass_shellcheck(script: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_the_default_phases_run_tls_after_tinker() -> None:
+def test_the_default_phases_run_the_gateway_then_tls_after_tinker() -> None:
     text = (HERE / "run.sh").read_text()
     found = re.search(r'^DEFAULT_PHASES="([^"]*)"', text, re.M)
     assert found is not None
     phases = found.group(1).split()
-    assert phases == ["resume", "tinker", "tls"]
+    assert phases == ["resume", "tinker", "gateway", "tls"]
     for name in phases:
         assert (HERE / "phases" / f"{name}.sh").is_file(), name
 

@@ -1,5 +1,6 @@
 # shellcheck shell=bash
-# Phase "gateway" of tests/e2e/run.sh (E2E_PHASES="tinker gateway"; after phase tinker, with
+# Phase "gateway" of tests/e2e/run.sh (a default phase, before tls: the gateway does not trust a
+# group's own CA; after phase tinker, with
 # the example TrainerGroup $TG Ready and serving): two TrainerGroups with different base model
 # names behind the namespace's Tinker gateway (tg_operator.gateway, the chart's default
 # gateway.mode=namespace), one SDK client reaching both by name.

@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # Phase "tls" of tests/e2e/run.sh (sourced by it while the example TrainerGroup $TG is Ready,
-# after phase tinker: E2E_PHASES="resume tinker tls"): the group's Tinker API server on HTTPS
-# from a certificate Secret (spec.api.tls.secretName, issue 37), in real pods.
+# after phases tinker and gateway: E2E_PHASES="resume tinker gateway tls"): the group's Tinker
+# API server on HTTPS from a certificate Secret (spec.api.tls.secretName, issue 37), in real pods.
 #
 #   1. a CA and a server certificate naming the Service (tests/e2e/lib/tls_certs.sh, openssl,
 #      made here), the pair as a kubernetes.io/tls Secret $TG-tinker-tls, the CA alone in a

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tgruntime.trainer.deferred_compile import deferred
+from tgruntime.trainer.deferred_compile import deferred, wanted
 
 
 class FakeCompile:
@@ -82,3 +82,10 @@ def test_ranks_import_megatron_without_the_compiler() -> None:
         "swiglu_deferred": True,
         "jit_fuser": "compile_later",
     }
+
+
+def test_on_by_default_only_without_nvidia_devices() -> None:
+    assert wanted("", ["null", "nvme0"]) is True
+    assert wanted("", ["null", "nvidia0", "nvidiactl"]) is False
+    assert wanted("1", ["nvidia0"]) is True
+    assert wanted("0", ["null"]) is False

@@ -11,7 +11,8 @@ While a ``megatron.core`` module is being imported, :func:`install`'s import hoo
 ``torch.compile`` for :func:`deferred`, whose wrapper calls the real ``torch.compile`` with the
 same options at its first call and the compiled function from then on; the real one is back as
 soon as the module is loaded. The behaviour is megatron's own, only the compiler's import moves
-to the first fused call. ``TG_DEFER_COMPILE=0`` keeps megatron's eager decoration.
+to the first fused call. It is on by default only where no NVIDIA device is (it has not run on
+a GPU yet); ``TG_DEFER_COMPILE=1`` turns it on anywhere, ``0`` off.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
+
+from tgruntime.trainer.gpu_check import nvidia_device_nodes
 
 __all__ = ["deferred", "install"]
 
@@ -95,10 +98,23 @@ class _Finder(importlib.abc.MetaPathFinder):
         return spec
 
 
+def wanted(setting: str, dev_names: list[str]) -> bool:
+    """``TG_DEFER_COMPILE``: ``1`` on, ``0`` off; unset, on only where no NVIDIA device is (the
+    hook has run on CPU machines only so far; a GPU machine keeps megatron's eager decoration
+    until it has been measured there)."""
+    if setting in ("0", "1"):
+        return setting == "1"
+    return not nvidia_device_nodes(dev_names)
+
+
 def install() -> bool:
     """Put the hook first on ``sys.meta_path`` (once; cheap: torch is imported only with
-    megatron). False where ``TG_DEFER_COMPILE=0`` or megatron is already imported."""
-    if os.environ.get("TG_DEFER_COMPILE", "1") == "0" or PACKAGE in sys.modules:
+    megatron). False where :func:`wanted` says no or megatron is already imported."""
+    try:
+        dev_names = os.listdir("/dev")
+    except OSError:
+        dev_names = []
+    if not wanted(os.environ.get("TG_DEFER_COMPILE", ""), dev_names) or PACKAGE in sys.modules:
         return False
     if not any(isinstance(f, _Finder) for f in sys.meta_path):
         sys.meta_path.insert(0, _Finder())

@@ -33,6 +33,7 @@ __all__ = [
     "driver_version",
     "min_driver_for",
     "no_cuda_error",
+    "nvidia_device_nodes",
 ]
 
 CPU_FALLBACK_ENV = "TG_ALLOW_CPU_FALLBACK"
@@ -215,4 +216,11 @@ def no_cuda_error(
             fix = ", ".join(parts) + f", {off}"
     return NoCudaDeviceError(
         rank=rank, driver=driver, torch_cuda=torch_cuda, min_driver=minimum, fix=fix
+    )
+
+
+def nvidia_device_nodes(names: list[str]) -> bool:
+    """Whether these ``/dev`` entries include an NVIDIA device (``nvidiactl`` or ``nvidiaN``)."""
+    return any(
+        name == "nvidiactl" or (name.startswith("nvidia") and name[6:].isdigit()) for name in names
     )

@@ -31,6 +31,7 @@ from typing import Any
 import torch.multiprocessing as mp
 
 from tgapi.errors import PicklableError
+from tgruntime.trainer.gpu_check import nvidia_device_nodes
 
 __all__ = ["LaunchError", "free_port", "launch", "start_method"]
 
@@ -59,11 +60,7 @@ def start_method() -> str:
         if chosen not in ("spawn", "forkserver"):
             raise ValueError(f"TG_LAUNCH_START must be spawn or forkserver, not {chosen!r}")
         return chosen
-    gpus = any(
-        name == "nvidiactl" or (name.startswith("nvidia") and name[6:].isdigit())
-        for name in _dev_names()
-    )
-    return "spawn" if gpus else "forkserver"
+    return "spawn" if nvidia_device_nodes(_dev_names()) else "forkserver"
 
 
 def _dev_names() -> list[str]:

@@ -62,6 +62,38 @@ def _copy_bandwidth() -> float:
     return 2 * n / statistics.median(times)
 
 
+def _hf_row(
+    hf: Any, ids: Any, kwargs: dict[str, Any], args: argparse.Namespace, device: str,
+    batch: int, base: int,
+) -> dict[str, Any]:
+    """transformers' ``generate`` on the same prompts and lengths: one row of the table."""
+    import torch
+
+    gpu = device == "cuda"
+    with torch.no_grad():
+        # full-length warm-up: the first long generate runs far slower than later ones
+        hf.generate(ids, max_new_tokens=args.new, min_new_tokens=args.new, **kwargs)
+        t_hf = _timed(
+            lambda: hf.generate(ids, max_new_tokens=args.new, min_new_tokens=args.new, **kwargs),
+            device,
+            args.reps,
+        )
+        t_hf1 = _timed(
+            lambda: hf.generate(ids, max_new_tokens=1, min_new_tokens=1, **kwargs),
+            device,
+            args.reps,
+        )
+    total, first = statistics.median(t_hf), statistics.median(t_hf1)
+    return {
+        "seconds": total,
+        "all_seconds": t_hf,
+        "prefill_seconds": first,
+        "decode_step_ms": (total - first) / (args.new - 1) * 1e3,
+        "tokens_per_s": batch * args.new / total,
+        "peak_extra_bytes": (torch.cuda.max_memory_allocated() - base) if gpu else None,
+    }
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     warnings.filterwarnings("ignore")
     os.environ.setdefault("RANK", "0")
@@ -175,32 +207,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if gpu:
             torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated() if gpu else 0
-        with torch.no_grad():
-            # full-length warm-up: the first long generate runs far slower than later ones
-            hf.generate(ids, max_new_tokens=args.new, min_new_tokens=args.new, **kwargs)
-            t_hf = _timed(
-                lambda: hf.generate(
-                    ids, max_new_tokens=args.new, min_new_tokens=args.new, **kwargs  # noqa: B023
-                ),
-                device,
-                args.reps,
-            )
-            t_hf1 = _timed(
-                lambda: hf.generate(
-                    ids, max_new_tokens=1, min_new_tokens=1, **kwargs  # noqa: B023
-                ),
-                device,
-                args.reps,
-            )
-        total, first = statistics.median(t_hf), statistics.median(t_hf1)
-        row["transformers"] = {
-            "seconds": total,
-            "all_seconds": t_hf,
-            "prefill_seconds": first,
-            "decode_step_ms": (total - first) / (args.new - 1) * 1e3,
-            "tokens_per_s": batch * args.new / total,
-            "peak_extra_bytes": (torch.cuda.max_memory_allocated() - base) if gpu else None,
-        }
+        try:
+            row["transformers"] = _hf_row(hf, ids, kwargs, args, device, batch, base)
+        except Exception as exc:  # e.g. OOM at batch 128 on an 80 GB card: keep our rows
+            row["transformers"] = {"error": f"{type(exc).__name__}: {exc}"}
+            if gpu:
+                torch.cuda.empty_cache()
         # the bandwidth bound: weights once + the KV of the average context, per step
         avg_ctx = args.prompt + args.new / 2
         kv_bytes = batch * avg_ctx * kv_per_token
@@ -237,10 +249,10 @@ def _table(res: dict[str, Any]) -> str:
             bound_s = "" if bound is None else f"{bound:.2f}"
             share = "" if bound is None else f"{bound / step:.2f}"
             peak_s = "" if peak is None else f"{peak / 2**30:.2f}"
-            ratio = r["tokens_per_s"] / hf["tokens_per_s"]
+            ratio_s = "" if "error" in hf else f"{r['tokens_per_s'] / hf['tokens_per_s']:.2f}"
             lines.append(
                 f"| {row['batch']} | {name} | {r['tokens_per_s']:,.0f} | {step:.2f} | "
-                f"{r['prefill_seconds']:.3f} | {ratio:.2f} | {bound_s} | {share} | {peak_s} |"
+                f"{r['prefill_seconds']:.3f} | {ratio_s} | {bound_s} | {share} | {peak_s} |"
             )
     return "\n".join(lines)
 

@@ -13,7 +13,10 @@ from tests.trainer.rl_scenarios import _batch, _full_log_probs, rl_inputs
 from tests.trainer.scenarios import SEQ, _quiet, tiny_spec
 
 ROWS = 10
-BUDGET = 2 * SEQ  # two rows per micro-batch: the call below is 5x the budget
+BUDGET = 2 * SEQ  # two full rows per micro-batch: the call below is 5x the budget
+# Mixed lengths, as an RL call sends them: longest first, the two long rows fill one
+# micro-batch of 32 tokens' width, the eight short ones two of 16 (WIDTH_QUANTUM)
+LENGTHS = (32, 6, 9, 5, 12, 30, 7, 4, 10, 8)
 LOSSES: dict[str, dict[str, Any]] = {
     "cross_entropy": {},
     "importance_sampling": {},
@@ -53,16 +56,24 @@ def budget_suite() -> bytes:
     out: dict[str, Any] = {"budget": engine._token_budget, "source": engine._token_budget_source}
     try:
         raw = rl_inputs(5, batch=ROWS)
+        for row, length in enumerate(LENGTHS):
+            raw["attention_mask"][row] = (torch.arange(SEQ) < length).long()
         engine._token_budget = 0
         whole_lp, _ = _full_log_probs(engine, raw, entropy=False)
         engine._token_budget = BUDGET
         split_lp, _ = _full_log_probs(engine, raw, entropy=False)
         out["log_prob_diff"] = float((whole_lp - split_lp).abs().max())
+        # each row alone, in request order: the split's rows come back where they were sent
+        alone = torch.cat([_full_log_probs(engine, _rows(raw, i, i + 1), entropy=False)[0]
+                           for i in range(ROWS)])
+        out["log_prob_diff_alone"] = float((alone - split_lp).abs().max())
         valid = raw["attention_mask"][:, 1:].float()
         tensors = {k: raw[k] for k in ("input_ids", "attention_mask", "loss_mask", "advantages")}
         tensors["old_log_probs"] = (whole_lp + raw["noise_old"]) * valid
         batch = _batch(engine, tensors)
-        out["micro_batches"] = len(engine._micro(batch)[0])
+        engine._token_budget = BUDGET
+        micro = engine._micro(batch)[0]
+        out["micro_shapes"] = [tuple(m.tokens.shape) for m in micro]
         for name, config in LOSSES.items():
             for reduction in ("sum", "mean"):
                 engine._token_budget = BUDGET
@@ -96,6 +107,7 @@ def budget_suite() -> bytes:
                     ),
                     "per_sample_split": list(split.per_sample_loss),
                     "per_sample_whole": list(whole.per_sample_loss),
+                    "per_sample_parts": [x for p in parts for x in p.per_sample_loss],
                     "grad_split_vs_whole": _max_diff(g_split, g_whole),
                     "grad_parts_vs_whole": _max_diff(g_parts, g_whole),
                     "grad_scale": max(float(g.abs().max()) for g in g_whole.values()),

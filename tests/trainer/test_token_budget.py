@@ -15,6 +15,7 @@ from tgruntime.trainer.token_budget import (
     TokenBudgetError,
     activation_bytes_per_token,
     auto_budget,
+    plan_by_length,
     plan_micro_batches,
 )
 
@@ -35,6 +36,26 @@ def test_the_split_fits_the_budget_and_keeps_every_row() -> None:
     assert _plan(4, 100, mbs=1, budget=10_000) == [1, 1, 1, 1]  # a smaller configured size stays
     with pytest.raises(TokenBudgetError, match=r"a row of 100 tokens .* 64 tokens \(t\)"):
         _plan(2, 100, budget=64)
+
+
+def _by_length(lengths: list[int], *, seq: int = 64, mbs: int = 100, budget: int = 0) -> Any:
+    plan = plan_by_length(lengths=lengths, seq_length=seq, micro_batch_size=mbs, budget=budget,
+                          source="t")
+    return [[plan.order[i] for i in range(a, b)] + [w] for a, b, w in plan.groups]
+
+
+def test_the_split_by_length_cuts_each_micro_batch_to_its_longest_row() -> None:
+    lengths = [40, 7, 64, 18, 3, 33]
+    # no budget: one micro-batch, as wide as the longest row
+    assert _by_length(lengths) == [[2, 0, 5, 3, 1, 4, 64]]
+    # a budget of 96 tokens: longest first, widths rounded up to 16 (at most the call's 64)
+    assert _by_length(lengths, budget=96) == [[2, 64], [0, 5, 48], [3, 1, 4, 32]]
+    assert _by_length(lengths, budget=96, mbs=2) == [[2, 64], [0, 5, 48], [3, 1, 32], [4, 16]]
+    # ties keep the request's order; a width the rounding would push over the budget stays exact
+    assert _by_length([5, 9, 9, 5], budget=9) == [[1, 9], [2, 9], [0, 5], [3, 5]]
+    with pytest.raises(TokenBudgetError, match=r"a row of 64 tokens .* 48 tokens \(t\)"):
+        _by_length(lengths, budget=48)
+    assert _by_length([]) == []
 
 
 def test_the_automatic_budget_follows_free_memory_within_bounds() -> None:
@@ -99,8 +120,10 @@ def test_a_call_over_the_budget_equals_it_in_one_piece_for_every_loss(
 
     for rank in suite:
         assert rank["budget"] == 64 and "microBatchTokens 64" in rank["source"]
-        assert rank["micro_batches"] == 5
+        # longest rows first, each micro-batch cut to its longest row: 3 micro-batches, not 5
+        assert rank["micro_shapes"] == [(2, 32), (4, 16), (4, 16)]
         assert rank["log_prob_diff"] < 1e-5
+        assert rank["log_prob_diff_alone"] < 1e-5
         for name in LOSSES:
             for reduction in ("sum", "mean"):
                 r = rank[f"{name}/{reduction}"]
@@ -108,6 +131,7 @@ def test_a_call_over_the_budget_equals_it_in_one_piece_for_every_loss(
                 assert abs(r["split"] - r["whole"]) < tol, (name, reduction, r)
                 assert abs(r["parts"] - r["whole"]) < tol, (name, reduction, r)
                 assert r["per_sample_split"] == pytest.approx(r["per_sample_whole"], abs=1e-5)
+                assert r["per_sample_split"] == pytest.approx(r["per_sample_parts"], abs=1e-5)
                 gtol = 1e-5 * max(1.0, r["grad_scale"])
                 assert r["grad_split_vs_whole"] < gtol, (name, reduction, r)
                 assert r["grad_parts_vs_whole"] < gtol, (name, reduction, r)

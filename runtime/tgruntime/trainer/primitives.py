@@ -34,7 +34,7 @@ from tgruntime.trainer.optim import TrainingState, step_overrides
 from tgruntime.trainer.schedule import ForwardBackwardFunc
 from tgruntime.trainer.settings import RuntimeSettings
 from tgruntime.trainer.token_batch import TokenBatch
-from tgruntime.trainer.token_budget import auto_budget, plan_micro_batches
+from tgruntime.trainer.token_budget import auto_budget, plan_by_length, plan_micro_batches
 from tgruntime.trainer.token_steps import dry_run_loss, logprob_forward_step, loss_forward_step
 
 __all__ = [
@@ -109,6 +109,22 @@ def _default_micro_batch_size(local_batch: int, pp: int) -> int:
     return size
 
 
+def _as_sent(parts: list[torch.Tensor], order: list[int] | None, width: int) -> torch.Tensor:
+    """Per-row results of the micro-batches back in the call's row order; per-token ones
+    (``width`` > 0) padded with zeros to ``width`` columns."""
+    if width:
+        parts = [
+            torch.nn.functional.pad(p, (0, width - p.shape[1])) if p.shape[1] < width else p
+            for p in parts
+        ]
+    rows = torch.cat(parts)
+    if order is None or order == sorted(order):
+        return rows
+    out = torch.empty_like(rows)
+    out[torch.tensor(order, device=rows.device)] = rows
+    return out
+
+
 class Primitives:
     """Mixed into ``TrainEngine`` (which sets these attributes)."""
 
@@ -158,11 +174,23 @@ class Primitives:
             "activations per token; spec.training.microBatchTokens sets it"
         )}
 
-    def _micro(self, batch: TokenBatch) -> tuple[list[TokenBatch], int]:
-        """The call's micro-batches: the configured split, then at most the token budget."""
+    def _micro(self, batch: TokenBatch) -> tuple[list[TokenBatch], int, list[int] | None]:
+        """The call's micro-batches: the configured split, then at most the token budget;
+        without pipelining longest rows first, each cut to its own longest row. The third
+        item is the order of the rows across the micro-batches (None: as sent)."""
         mbs = self._micro_batch_size or _default_micro_batch_size(
             batch.batch_size, self._mesh.pp_size
         )
+        if self._mesh.pp_size == 1:
+            by_length = plan_by_length(
+                lengths=batch.row_lengths(),
+                seq_length=batch.seq_length,
+                micro_batch_size=mbs,
+                **self._call_budget(),
+            )
+            order = list(by_length.order)
+            micro = [batch.take(order[a:b], width) for a, b, width in by_length.groups]
+            return micro, by_length.micro_batch_size, order
         plan = plan_micro_batches(
             rows=batch.batch_size,
             seq_length=batch.seq_length,
@@ -170,7 +198,7 @@ class Primitives:
             micro_batch_size=mbs,
             **self._call_budget(),
         )
-        return [batch.rows(a, b) for a, b in plan.bounds], plan.micro_batch_size
+        return [batch.rows(a, b) for a, b in plan.bounds], plan.micro_batch_size, None
 
     def _dp_sum(self, values: list[float]) -> list[float]:
         if self._mesh.dp_size == 1:
@@ -197,7 +225,7 @@ class Primitives:
     def compute_log_prob(self, batch: TokenBatch, *, entropy: bool = False) -> LogProbResult:
         """Per-token log-probs (and entropy) of ``batch``; forward only, gradient untouched."""
         self._check_open()
-        micro, mbs = self._micro(batch)
+        micro, mbs, order = self._micro(batch)
         store = self._forward_backward(
             forward_step_func=logprob_forward_step(entropy),
             data_iterator=iter(micro),
@@ -209,8 +237,9 @@ class Primitives:
         )
         if not parallel_state.is_pipeline_last_stage():
             return LogProbResult(log_probs=None, entropy=None)
-        log_probs = torch.cat([r["log_probs"] for r in store]).float().cpu()
-        ent = torch.cat([r["entropy"] for r in store]).float().cpu() if entropy else None
+        t = batch.num_targets
+        log_probs = _as_sent([r["log_probs"] for r in store], order, t).float().cpu()
+        ent = _as_sent([r["entropy"] for r in store], order, t).float().cpu() if entropy else None
         return LogProbResult(log_probs=log_probs, entropy=ent)
 
     # -- gradients -------------------------------------------------------------------
@@ -248,7 +277,7 @@ class Primitives:
             )
         spec = resolve_loss(loss)
         config = dict(loss_config or {})
-        micro, mbs = self._micro(batch)
+        micro, mbs, order = self._micro(batch)
         dry_run_loss(spec, config, micro[0])
         local_tokens = float(batch.weights.sum())
         (tokens,) = self._dp_sum([local_tokens])
@@ -282,9 +311,12 @@ class Primitives:
         self._accumulated = total
         self._reduction = reduction
         last = parallel_state.is_pipeline_last_stage()
-        summary = self._summarise(store, reduction) if last else None
+        summary = self._summarise(store, reduction, order) if last else None
         per_sample, local_sum, loss_sum, metrics = self._from_last_stage(summary)
-        log_probs = torch.cat([r["log_probs"] for r in store]).float().cpu() if last else None
+        log_probs = (
+            _as_sent([r["log_probs"] for r in store], order, batch.num_targets).float().cpu()
+            if last else None
+        )
         self._sync()
         if reduction == "sum":
             local_loss, global_loss = local_sum, loss_sum
@@ -305,10 +337,10 @@ class Primitives:
         )
 
     def _summarise(
-        self, store: list[dict[str, torch.Tensor]], reduction: str
+        self, store: list[dict[str, torch.Tensor]], reduction: str, order: list[int] | None
     ) -> tuple[list[float], float, float, dict[str, float]]:
-        sums = torch.cat([r["sample_loss_sum"] for r in store]).float()
-        weights = torch.cat([r["sample_weight"] for r in store]).float()
+        sums = _as_sent([r["sample_loss_sum"] for r in store], order, 0).float()
+        weights = _as_sent([r["sample_weight"] for r in store], order, 0).float()
         names = sorted(k for k in store[0] if k.startswith("metric/"))
         parts = [sums.sum().reshape(1)]
         parts += [torch.stack([r[k] for r in store]).sum(dim=0) for k in names]

@@ -58,6 +58,40 @@ class TokenBatch:
         """Per-token columns T: ``S - 1`` (shifted inputs) or ``S`` (explicit target_ids)."""
         return int(self.valid.shape[1])
 
+    @property
+    def shift(self) -> int:
+        """1 when column ``j`` scores token ``j + 1`` (shifted inputs), 0 with target_ids."""
+        return self.seq_length - self.num_targets
+
+    def row_lengths(self) -> list[int]:
+        """The tokens each row needs: up to its last real target (rows are right-padded), at
+        least one target."""
+        cols = torch.arange(1, self.num_targets + 1, device=self.valid.device)
+        last = ((self.valid > 0) * cols).amax(dim=1) if self.num_targets else cols[:0]
+        return [max(int(x) + self.shift, self.shift + 1) for x in last.tolist()]
+
+    def take(self, index: list[int], width: int) -> TokenBatch:
+        """Rows ``index`` (in that order), cut to their first ``width`` tokens; per-token
+        tensors (``[b, T]``, or ``[b, T, ...]``) to the matching ``width - shift`` columns."""
+        t, cols = self.num_targets, width - self.shift
+        idx = torch.tensor(index, dtype=torch.int64)
+
+        def rows(v: torch.Tensor) -> torch.Tensor:
+            return v.index_select(0, idx.to(v.device))
+
+        def cut(v: torch.Tensor) -> torch.Tensor:
+            v = rows(v)
+            return v[:, :cols] if v.dim() >= 2 and v.shape[1] == t else v
+
+        return TokenBatch(
+            tokens=rows(self.tokens)[:, :width],
+            position_ids=rows(self.position_ids)[:, :width],
+            labels=rows(self.labels)[:, :width],
+            valid=cut(self.valid),
+            weights=cut(self.weights),
+            extras={k: cut(v) for k, v in self.extras.items()},
+        )
+
     def rows(self, start: int, stop: int) -> TokenBatch:
         return TokenBatch(
             tokens=self.tokens[start:stop],

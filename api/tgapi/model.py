@@ -852,6 +852,11 @@ class TinkerServerSpec:
     )
 
 
+_PEM_CERTS = (
+    r"^(\s*-----BEGIN CERTIFICATE-----[A-Za-z0-9+/=\s]+-----END CERTIFICATE-----)+\s*$"
+)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ApiTlsSpec:
     """HTTPS for the Tinker API from a certificate Secret (docs/security.md)."""
@@ -865,6 +870,16 @@ class ApiTlsSpec:
         "restart.",
         pattern=_DNS_SUBDOMAIN,
         max_length=253,
+    )
+    ca_bundle: str = spec_field(
+        name="caBundle",
+        description="The PEM certificates of the CA that signed the Secret's certificate, when it "
+        "is a private one (public, as in a webhook's caBundle). The namespace's Tinker gateway "
+        "verifies this group's server against these roots only; without them it uses the "
+        "image's public roots. Clients outside the gateway pass the same CA (SSL_CERT_FILE).",
+        default="",
+        pattern=r"^$|" + _PEM_CERTS,
+        max_length=65536,
     )
 
 

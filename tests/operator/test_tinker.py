@@ -223,6 +223,14 @@ def test_tls_and_admin_names_are_checked_naming_the_field() -> None:
         _tg(tls={})
     with pytest.raises(SpecErrors, match=r"spec\.api\.tls\.secretName"):
         _tg(tls={"secretName": "Not_A_Name"})
+    # caBundle: PEM certificates or nothing; it is the gateway's, not the pod's (no rollout)
+    with pytest.raises(SpecErrors, match=r"spec\.api\.tls\.caBundle: .*wrong format"):
+        _tg(tls={"secretName": "demo-tls", "caBundle": "not a certificate"})
+    pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+    with_ca = _tg(tls={"secretName": "demo-tls", "caBundle": pem})
+    assert with_ca.spec.api.tls is not None and with_ca.spec.api.tls.ca_bundle == pem
+    without = _tg(tls={"secretName": "demo-tls"})
+    assert not tinker.outdated(with_ca, tinker.build_deployment(without, python=PY), python=PY)
 
 
 def test_a_group_on_a_referenced_cluster_gets_a_server_without_a_claim() -> None:

@@ -245,3 +245,57 @@ def test_tgctl_gateway_flags() -> None:
     for argv in (["gateway"], ["gateway", "--group", "http://h:1", "--config", "f.json"]):
         with pytest.raises(GroupsError, match="one way"):
             source_from_args(build_parser().parse_args(argv))
+
+
+def test_an_https_groups_own_ca_from_flags_documents_and_trainergroups(tmp_path: Path) -> None:
+    """Issue 38: the CA an https:// group's server is verified against: ``--ca-file`` for
+    ``--group``s, ``ca``/``caFile`` in a document, ``spec.api.tls.caBundle`` of a TrainerGroup;
+    the upstream trusts that CA alone for that group (one context per CA) and the system's roots
+    for the others."""
+    import ssl
+
+    from tests.service.pki import make_pki
+    from tgruntime.entrypoints.cli import build_parser
+    from tgruntime.gateway.__main__ import source_from_args
+    from tgruntime.gateway.discover import groups_from_trainergroups
+    from tgruntime.gateway.upstream import Upstream
+
+    pki = make_pki(tmp_path / "pki")
+    pem = pki["ca"].read_text()
+    gs = from_flags(["a=https://h:1", "b=http://h:2"], ca=pem)
+    assert [g.ca for g in gs] == [pem, ""]  # plain HTTP needs none
+    doc = {"groups": [{"name": "a", "url": "https://h:1", "ca": pem},
+                      {"name": "b", "url": "https://h:2", "caFile": str(pki["ca"])},
+                      {"name": "c", "url": "https://h:3"}]}
+    assert [g.ca for g in from_document(doc, "f")] == [pem, pem, ""]
+    for bad, needle in (
+        ({"ca": "hello"}, r"groups\[0\].ca: not a PEM certificate"),
+        ({"ca": pem.replace("M", "A", 40)}, r"groups\[0\].ca: the CA certificates do not load"),
+        ({"caFile": str(tmp_path / "nope")}, r"groups\[0\].caFile: .*nope: cannot read it"),
+        ({"ca": pem, "caFile": "x"}, "not both"),
+    ):
+        with pytest.raises(GroupsError, match=needle):
+            from_document({"groups": [{"name": "a", "url": "https://h:1", **bad}]}, "f")
+    # tgctl gateway --ca-file: for --group servers only
+    args = build_parser().parse_args(
+        ["gateway", "--group", "a=https://h:1", "--ca-file", str(pki["ca"])])
+    assert [g.ca for g in source_from_args(args).groups()] == [pem]
+    with pytest.raises(GroupsError, match="--ca-file verifies --group servers"):
+        source_from_args(build_parser().parse_args(
+            ["gateway", "--config", "f.json", "--ca-file", str(pki["ca"])]))
+    # a TrainerGroup's spec.api.tls.caBundle, on https:// only
+    listing = [
+        {"metadata": {"name": n, "namespace": "ml"},
+         "spec": {"api": {"tls": {"secretName": "s", "caBundle": pem}}},
+         "status": {"apiURL": f"{scheme}://{n}-tinker.ml.svc:8000"}}
+        for n, scheme in (("x", "https"), ("y", "http"))
+    ]
+    assert [(g.name, g.ca) for g in groups_from_trainergroups(listing, cluster=False)] == [
+        ("x", pem), ("y", "")]
+    up = Upstream(timeout_s=1, connect_timeout_s=1)
+    a, b, c = from_document(doc, "f")
+    ctx = up.tls(a)
+    assert isinstance(ctx, ssl.SSLContext) and up.tls(b) is ctx  # one context per CA
+    assert ctx.verify_mode == ssl.CERT_REQUIRED and ctx.check_hostname
+    assert len(ctx.get_ca_certs()) == 1  # that CA alone, not the system's roots beside it
+    assert up.tls(c) is True and up.tls(gs[1]) is True  # aiohttp's default verification

@@ -7,7 +7,6 @@ restart."""
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import ssl
 import urllib.error
@@ -17,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests.service.pki import make_pki
 from tests.service.test_sdk_flow import WAIT, _batch
 
 pytestmark = [pytest.mark.ray, pytest.mark.megatron]
@@ -25,84 +25,59 @@ tinker = pytest.importorskip("tinker")
 T = tinker.types
 
 
-def make_pki(d: Path, *, serial_cn: str = "tinker-test") -> dict[str, Path]:
-    """A CA (ca.pem) and a server certificate for 127.0.0.1 / localhost signed by it
-    (server.pem, server.key), with the ``cryptography`` package."""
-    import ipaddress
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-    now = dt.datetime.now(dt.UTC)
-
-    def name(cn: str) -> x509.Name:
-        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(name(f"{serial_cn} CA"))
-        .issuer_name(name(f"{serial_cn} CA"))
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True, key_cert_sign=True, crl_sign=True,
-                content_commitment=False, key_encipherment=False, data_encipherment=False,
-                key_agreement=False, encipher_only=False, decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(
-            x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name(serial_cn))
-        .issuer_name(ca.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-            ),
-            critical=False,
-        )
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
-            critical=False,
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
-    d.mkdir(parents=True, exist_ok=True)
-    out = {"ca": d / "ca.pem", "cert": d / "server.pem", "key": d / "server.key"}
-    out["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    out["cert"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    out["key"].write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    out["key"].chmod(0o600)
-    return out
-
-
 def _healthz(url: str, ctx: ssl.SSLContext | None) -> int:
     with urllib.request.urlopen(f"{url}/api/v1/healthz", timeout=30, context=ctx) as r:
         return int(r.status)
+
+
+def _capabilities(base: str, key: str) -> tuple[int, Any]:
+    req = urllib.request.Request(
+        f"{base}/api/v1/get_server_capabilities", headers={"X-API-Key": key}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return int(r.status), json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def _through_a_gateway(
+    url: str, ca_file: Path, served: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 38: the gateway verifies an https:// group against that group's own CA (``--ca-file``
+    here; a TrainerGroup's spec.api.tls.caBundle in Kubernetes); without it, the group's
+    private certificate is refused and the caller gets a 502 that says why."""
+    from tgruntime.gateway.__main__ import Running as GatewayRunning
+    from tgruntime.gateway.app import Gateway
+    from tgruntime.gateway.groups import GroupSource, from_flags, read_ca
+
+    def gateway(ca: str) -> Any:
+        source = GroupSource(fixed=from_flags([f"tls={url}"], ca=ca))
+        return GatewayRunning(
+            Gateway(source=source, timeout_s=60, connect_timeout_s=10, max_body_bytes=1 << 24),
+            host="127.0.0.1", port=0,
+        ).start()
+
+    trusting = gateway(read_ca(str(ca_file), "test"))
+    try:
+        status, caps = _capabilities(trusting.url, served["key"])
+        assert status == 200, caps
+        assert served["base"] in [m["model_name"] for m in caps["supported_models"]]
+        monkeypatch.setenv("TINKER_BASE_URL", trusting.url)  # plain HTTP to the gateway
+        monkeypatch.delenv("SSL_CERT_FILE")
+        with tinker.ServiceClient() as sc:
+            tc = sc.create_lora_training_client(base_model=served["base"], rank=8).result()
+            fb = tc.forward_backward(_batch(0), "cross_entropy").result(timeout=WAIT)
+            assert fb.metrics["loss:sum"] > 0
+    finally:
+        trusting.stop()
+    public = gateway("")  # the system's roots only
+    try:
+        status, err = _capabilities(public.url, served["key"])
+        assert status == 502, err
+        assert "'tls'" in err["error"] and "CERTIFICATE_VERIFY_FAILED" in err["error"], err
+    finally:
+        public.stop()
 
 
 def test_tls_flags_are_checked_naming_the_flag(tmp_path: Path) -> None:
@@ -160,6 +135,7 @@ def test_the_sdk_trains_and_samples_over_https_with_the_ca_bundle(
             assert len(got.sequences[0].tokens) == 3
             runs = tinker.RestClient().list_training_runs().result().training_runs
             assert tc.model_id in [r.training_run_id for r in runs]
+        _through_a_gateway(url, pki["ca"], served, monkeypatch)
         # a client with the CA verifies the server; one with the public CAs only refuses it
         import certifi
 

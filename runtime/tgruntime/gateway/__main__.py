@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from tgruntime.gateway.groups import GroupsError, GroupSource, Source, from_flags
+from tgruntime.gateway.groups import GroupsError, GroupSource, Source, from_flags, read_ca
 from tgruntime.service.threaded import ThreadedApp
 
 if TYPE_CHECKING:  # aiohttp loads with the app, not with the flags (tgctl's parser)
@@ -37,6 +37,11 @@ def add_flags(p: argparse.ArgumentParser) -> None:
         help="the serving TrainerGroups of NAMESPACE ('*': of every namespace), listed through "
         "the Kubernetes API every 10 s (the operator's gateway Deployment); instead of --group",
     )
+    p.add_argument(
+        "--ca-file", default=None, metavar="PEM",
+        help="CA certificates that verify the https:// --group servers (a group's own CA, e.g. "
+        "the one that signed `tgctl serve --tls-cert`); default: the system's roots",
+    )
     p.add_argument("--host", default="127.0.0.1", help="listen address (default loopback)")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     p.add_argument(
@@ -61,13 +66,20 @@ def source_from_args(args: argparse.Namespace) -> Source:
             "give the groups one way: --group [NAME=]URL (repeated), --config FILE or "
             "--trainergroups NAMESPACE"
         )
+    ca_file = getattr(args, "ca_file", None)
+    if ca_file and not args.group:
+        raise GroupsError(
+            "--ca-file verifies --group servers; with --config give each group's caFile, and "
+            "TrainerGroups carry theirs in spec.api.tls.caBundle"
+        )
     if args.config:
         return GroupSource(path=args.config)
     if args.trainergroups:
         from tgruntime.gateway.discover import TrainerGroupSource
 
         return TrainerGroupSource(namespace=args.trainergroups).start()
-    return GroupSource(fixed=from_flags(args.group))
+    ca = read_ca(ca_file, "--ca-file") if ca_file else ""
+    return GroupSource(fixed=from_flags(args.group, ca=ca))
 
 
 def build(args: argparse.Namespace) -> Gateway:

@@ -1,6 +1,8 @@
 """The groups behind the gateway, read from the TrainerGroups themselves (``--trainergroups
 NS``, or ``*`` for every namespace): each one whose ``status.apiURL`` is set, with the base
-model names its spec serves (``spec.model.name``, its own name, ``spec.model.pretrained``).
+model names its spec serves (``spec.model.name``, its own name, ``spec.model.pretrained``)
+and, on HTTPS, the CA its server is verified against (``spec.api.tls.caBundle``; none: the
+image's public roots).
 Listed every ``every_s`` seconds in a thread through the Kubernetes API (the pod's
 ServiceAccount: get/list/watch on TrainerGroups, nothing else); a failed listing keeps the last
 good list and says why in ``error`` (``/healthz``)."""
@@ -31,9 +33,11 @@ def groups_from_trainergroups(
         model = spec.get("model") or {}
         name = str(meta.get("name"))
         models = [str(m) for m in (model.get("name"), name, model.get("pretrained")) if m]
+        tls = (spec.get("api") or {}).get("tls") or {}
         out.append(Group(
             name=f"{meta.get('namespace')}.{name}" if cluster else name,
             url=url.rstrip("/"), models=tuple(dict.fromkeys(models)),
+            ca=str(tls.get("caBundle") or "") if url.startswith("https://") else "",
         ))
     return tuple(sorted(out, key=lambda g: g.name))
 

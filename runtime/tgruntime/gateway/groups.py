@@ -1,7 +1,8 @@
 """The groups behind the gateway: from ``--group`` flags or a JSON file (re-read when it
-changes), each a name, the group's Tinker URL and the base model names it serves (empty: asked
-from the group's ``get_server_capabilities``); in Kubernetes from the TrainerGroups themselves
-(gateway.discover)."""
+changes), each a name, the group's Tinker URL, the base model names it serves (empty: asked
+from the group's ``get_server_capabilities``) and, for an ``https://`` group with a private CA,
+that CA's certificates (PEM: the only roots its server is verified against); in Kubernetes from
+the TrainerGroups themselves (gateway.discover: ``spec.api.tls.caBundle``)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,32 @@ class Group:
     name: str
     url: str  # http(s)://host:port of the group's Tinker server, no trailing slash
     models: tuple[str, ...] = ()  # base model ids and aliases it serves (from the spec)
+    ca: str = ""  # PEM: the roots its https:// server is verified against ("": the system's)
+
+
+PEM_BEGIN = "-----BEGIN CERTIFICATE-----"
+
+
+def check_ca(pem: str, where: str) -> str:
+    """``pem`` (one or more PEM certificates) as an SSL context loads it, or GroupsError naming
+    ``where``."""
+    import ssl
+
+    if PEM_BEGIN not in pem:
+        raise GroupsError(f"{where}: not a PEM certificate (no {PEM_BEGIN!r} line)")
+    try:
+        ssl.create_default_context(cadata=pem)
+    except (ssl.SSLError, ValueError) as exc:
+        raise GroupsError(f"{where}: the CA certificates do not load: {exc}") from None
+    return pem
+
+
+def read_ca(path: str, where: str) -> str:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise GroupsError(f"{where}: {path}: cannot read it ({exc})") from None
+    return check_ca(text, f"{where} {path}")
 
 
 def _url(url: str, where: str) -> str:
@@ -37,8 +64,9 @@ def _url(url: str, where: str) -> str:
     return url.rstrip("/")
 
 
-def from_flags(flags: Sequence[str]) -> tuple[Group, ...]:
-    """``--group URL`` or ``--group NAME=URL`` (the name defaults to ``group-<i>``)."""
+def from_flags(flags: Sequence[str], *, ca: str = "") -> tuple[Group, ...]:
+    """``--group URL`` or ``--group NAME=URL`` (the name defaults to ``group-<i>``); ``ca``
+    (``--ca-file``'s PEM) verifies every ``https://`` one."""
     out: list[Group] = []
     for i, flag in enumerate(flags):
         name, sep, url = flag.partition("=")
@@ -46,12 +74,13 @@ def from_flags(flags: Sequence[str]) -> tuple[Group, ...]:
             name, url = f"group-{i}", flag
         if not _NAME.fullmatch(name):
             raise GroupsError(f"--group {flag!r}: the name {name!r} is not a valid name")
-        out.append(Group(name=name, url=_url(url, f"--group {flag!r}")))
+        url = _url(url, f"--group {flag!r}")
+        out.append(Group(name=name, url=url, ca=ca if url.startswith("https://") else ""))
     return _unique(out, "--group")
 
 
 def from_document(doc: Any, where: str) -> tuple[Group, ...]:
-    """``{"groups": [{"name", "url", "models": [...]}, ...]}``."""
+    """``{"groups": [{"name", "url", "models": [...], "ca": PEM or "caFile": path}, ...]}``."""
     if not isinstance(doc, dict) or not isinstance(doc.get("groups"), list):
         raise GroupsError(f"{where}: expected an object with a 'groups' list")
     out: list[Group] = []
@@ -66,7 +95,16 @@ def from_document(doc: Any, where: str) -> tuple[Group, ...]:
             raise GroupsError(f"{at}.url: a string is required, got {url!r}")
         if not isinstance(models, list) or not all(isinstance(m, str) and m for m in models):
             raise GroupsError(f"{at}.models: a list of model names is required, got {models!r}")
-        out.append(Group(name=name, url=_url(url, f"{at}.url"), models=tuple(models)))
+        ca, ca_file = g.get("ca"), g.get("caFile")
+        if ca is not None and ca_file is not None:
+            raise GroupsError(f"{at}: give ca (PEM text) or caFile (a path), not both")
+        if ca is not None and not isinstance(ca, str):
+            raise GroupsError(f"{at}.ca: PEM text is required, got {type(ca).__name__}")
+        if ca_file is not None and not isinstance(ca_file, str):
+            raise GroupsError(f"{at}.caFile: a path is required, got {ca_file!r}")
+        pem = (check_ca(ca, f"{at}.ca") if ca else read_ca(ca_file, f"{at}.caFile")
+               if ca_file else "")
+        out.append(Group(name=name, url=_url(url, f"{at}.url"), models=tuple(models), ca=pem))
     return _unique(out, where)
 
 

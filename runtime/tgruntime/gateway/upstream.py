@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import ssl
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -70,6 +71,19 @@ class Upstream:
     def __init__(self, *, timeout_s: float, connect_timeout_s: float) -> None:
         self.timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=connect_timeout_s)
         self._http: aiohttp.ClientSession | None = None
+        self._contexts: dict[str, ssl.SSLContext] = {}
+
+    def tls(self, group: Group) -> ssl.SSLContext | bool:
+        """How ``group``'s server is verified: against its own CA only (an SSL context per CA,
+        kept while a group names it), else the system's roots (aiohttp's default)."""
+        if not group.ca or not group.url.startswith("https://"):
+            return True
+        ctx = self._contexts.get(group.ca)
+        if ctx is None:
+            if len(self._contexts) >= 256:  # CAs rotate: drop the oldest
+                self._contexts.pop(next(iter(self._contexts)))
+            ctx = self._contexts[group.ca] = ssl.create_default_context(cadata=group.ca)
+        return ctx
 
     async def start(self) -> None:
         # bodies pass through as they are (a gzip or zstd answer stays encoded)
@@ -93,12 +107,12 @@ class Upstream:
         try:
             async with self.http.request(
                 method, group.url + path, headers=dict(headers), json=body, data=data,
-                allow_redirects=False,
+                allow_redirects=False, ssl=self.tls(group),
             ) as up:
                 raw = await up.read()
                 return Answer(group=group.name, status=up.status,
                               headers=CIMultiDict(up.headers), body=raw)
-        except (aiohttp.ClientError, TimeoutError) as exc:
+        except (aiohttp.ClientError, TimeoutError, ssl.SSLError) as exc:
             why = f"group {group.name!r} ({group.url}) did not answer: {type(exc).__name__}: {exc}"
             log.warning(json.dumps({"event": "unreachable", "group": group.name, "error": why}))
             return Answer(
@@ -123,7 +137,7 @@ class Upstream:
         try:
             async with self.http.request(
                 request.method, group.url + request.path_qs, headers=headers, data=data,
-                allow_redirects=False,
+                allow_redirects=False, ssl=self.tls(group),
             ) as up:
                 out = CIMultiDict(
                     (k, v) for k, v in up.headers.items() if k.lower() not in HOP_BY_HOP
@@ -145,7 +159,7 @@ class Upstream:
                     await resp.write(chunk)
                 await resp.write_eof()
                 return resp
-        except (aiohttp.ClientError, TimeoutError) as exc:
+        except (aiohttp.ClientError, TimeoutError, ssl.SSLError) as exc:
             why = f"group {group.name!r} ({group.url}) did not answer: {type(exc).__name__}: {exc}"
             log.warning(json.dumps({"event": "unreachable", "group": group.name, "error": why}))
             return json_error(why + "; retry", status=UNREACHABLE, category="server")

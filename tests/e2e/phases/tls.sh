@@ -11,6 +11,9 @@
 #   3. the example SDK client Job (manifests/examples/tinker-client-job.yaml) with
 #      TINKER_BASE_URL=https://... and SSL_CERT_FILE=the CA from the ConfigMap trains
 #      $E2E_TLS_STEPS steps (the loss falls) and samples;
+#      with the gateway phase's namespace gateway running, the same Job again with
+#      TINKER_BASE_URL=http://tinker-gateway...:8000 and no CA: the gateway verifies the group's
+#      server against spec.api.tls.caBundle (the CA, set in step 2 beside secretName);
 #   4. a probe pod (tests/e2e/phases/tls_probe.py): http:// to the port gets no HTTP answer,
 #      https:// with only the public CAs does not verify, https:// with the CA answers 200.
 #
@@ -43,7 +46,11 @@ k -n "$TG_NS" create configmap "$TLS_CA_MAP" --from-file=ca.crt="$TLS_DIR/ca.crt
 rm -f "$TLS_DIR/tls.key"  # the Secret holds it now
 
 # ---- 2. the group serves HTTPS ------------------------------------------------------------------
-k -n "$TG_NS" patch tg "$TG" --type merge -p "{\"spec\": {\"api\": {\"tls\": {\"secretName\": \"$TLS_SECRET\"}}}}" >/dev/null
+# the CA's certificate as spec.api.tls.caBundle: the namespace's gateway verifies the server with it
+TLS_PATCH="$(SECRET="$TLS_SECRET" python3 -c 'import json, os, sys
+print(json.dumps({"spec": {"api": {"tls": {"secretName": os.environ["SECRET"],
+                                           "caBundle": open(sys.argv[1]).read()}}}}))' "$TLS_DIR/ca.crt")"
+k -n "$TG_NS" patch tg "$TG" --type merge -p "$TLS_PATCH" >/dev/null
 tls_rolled_out() {  # the Deployment's pod template mounts the Secret, and its rollout is done
   [[ "$(k -n "$TG_NS" get deployment "$TLS_SERVER" -o jsonpath='{.spec.template.spec.volumes[?(@.name=="tls")].secret.secretName}')" == "$TLS_SECRET" ]] \
     && k -n "$TG_NS" rollout status "deployment/$TLS_SERVER" --timeout=5s
@@ -55,10 +62,13 @@ TLS_READY_S=$(( $(date +%s) - TLS_T0 ))
 log "Tinker server on HTTPS, status.apiURL $TLS_URL, ${TLS_READY_S}s into the phase"
 
 # ---- 3. the SDK client over HTTPS, trusting the CA ----------------------------------------------
-TLS_JOB="$TG-tinker-tls-client"
-k -n "$TG_NS" delete job "$TLS_JOB" --ignore-not-found --wait=true >/dev/null
-JOB="$TLS_JOB" NS="$TG_NS" URL="$TLS_URL" SECRET="$TG-tinker-keys" CA_MAP="$TLS_CA_MAP" TGNAME="$TG" \
-  STEPS="$TLS_STEPS" python3 - manifests/examples/tinker-client-job.yaml > "$ARTIFACTS/$TLS_JOB.yaml" <<'EOF'
+# tls_client JOB URL WITH_CA OUT: the example SDK client Job against URL (WITH_CA=1: trusting
+# the CA through SSL_CERT_FILE), its STEPS steps and one sample checked into $ARTIFACTS/OUT.json
+tls_client() {
+local job="$1" url="$2" with_ca="$3" out="$4" t0
+k -n "$TG_NS" delete job "$job" --ignore-not-found --wait=true >/dev/null
+JOB="$job" NS="$TG_NS" URL="$url" SECRET="$TG-tinker-keys" CA_MAP="$TLS_CA_MAP" TGNAME="$TG" \
+  WITH_CA="$with_ca" STEPS="$TLS_STEPS" python3 - manifests/examples/tinker-client-job.yaml > "$ARTIFACTS/$job.yaml" <<'EOF'
 import os, sys, yaml
 e = os.environ
 doc = yaml.safe_load(open(sys.argv[1]))
@@ -75,25 +85,20 @@ for v in c["env"]:
     if v["name"] == "TINKER_API_KEY":
         v["valueFrom"]["secretKeyRef"]["name"] = e["SECRET"]
 # the CA only, from the ConfigMap: httpx (the SDK's client) trusts SSL_CERT_FILE
-c["env"].append({"name": "SSL_CERT_FILE", "value": "/etc/tinker-ca/ca.crt"})
-c.setdefault("volumeMounts", []).append({"name": "tinker-ca", "mountPath": "/etc/tinker-ca", "readOnly": True})
-pod.setdefault("volumes", []).append({"name": "tinker-ca", "configMap": {"name": e["CA_MAP"]}})
+if e["WITH_CA"] == "1":
+    c["env"].append({"name": "SSL_CERT_FILE", "value": "/etc/tinker-ca/ca.crt"})
+    c.setdefault("volumeMounts", []).append({"name": "tinker-ca", "mountPath": "/etc/tinker-ca", "readOnly": True})
+    pod.setdefault("volumes", []).append({"name": "tinker-ca", "configMap": {"name": e["CA_MAP"]}})
 yaml.safe_dump(doc, sys.stdout, sort_keys=False)
 EOF
-k apply -f "$ARTIFACTS/$TLS_JOB.yaml" >/dev/null
-TLS_JOB_T0=$(date +%s)
-tls_job_done() {
-  local c
-  c="$(k -n "$TG_NS" get job "$TLS_JOB" -o jsonpath='{range .status.conditions[*]}{.type}={.status} {end}')"
-  [[ "$c" == *"Failed=True"* ]] && { k -n "$TG_NS" logs "job/$TLS_JOB" --tail=60 >&2 || true
-                                     die "Tinker client Job $TLS_JOB (HTTPS) failed"; }
-  [[ "$c" == *"Complete=True"* ]]
-}
-wait_for 1200 "Tinker client Job $TLS_JOB (HTTPS)" tls_job_done
-TLS_JOB_S=$(( $(date +%s) - TLS_JOB_T0 ))
-k -n "$TG_NS" logs "job/$TLS_JOB" --tail=-1 > "$ARTIFACTS/$TLS_JOB.log"
-STEPS="$TLS_STEPS" python3 - "$ARTIFACTS/$TLS_JOB.log" > "$ARTIFACTS/tls-client.json" <<'EOF' \
-  || die "HTTPS Tinker client log checks failed ($ARTIFACTS/$TLS_JOB.log)"
+k apply -f "$ARTIFACTS/$job.yaml" >/dev/null
+t0=$(date +%s)
+TLS_JOB="$job"
+wait_for 1200 "Tinker client Job $job ($url)" tls_job_done
+TLS_JOB_S=$(( $(date +%s) - t0 ))
+k -n "$TG_NS" logs "job/$job" --tail=-1 > "$ARTIFACTS/$job.log"
+STEPS="$TLS_STEPS" python3 - "$ARTIFACTS/$job.log" > "$ARTIFACTS/$out.json" <<'EOF' \
+  || die "Tinker client log checks failed ($ARTIFACTS/$job.log)"
 import json, math, os, sys
 lines = open(sys.argv[1]).read().splitlines()
 steps = [json.loads(ln.split("TG_TINKER_STEP ", 1)[1]) for ln in lines if "TG_TINKER_STEP " in ln]
@@ -111,7 +116,25 @@ if len(samples) != 1 or len(samples[0]["tokens"]) < 1:
 print(json.dumps({"steps": want, "first_loss": losses[0], "last_loss": losses[-1],
                   "sampled_tokens": len(samples[0]["tokens"])}))
 EOF
-log "HTTPS client Job done in ${TLS_JOB_S}s: $(cat "$ARTIFACTS/tls-client.json")"
+log "client Job $job ($url) done in ${TLS_JOB_S}s: $(cat "$ARTIFACTS/$out.json")"
+k -n "$TG_NS" delete job "$job" --wait=false --ignore-not-found >/dev/null
+}
+tls_job_done() {
+  local c
+  c="$(k -n "$TG_NS" get job "$TLS_JOB" -o jsonpath='{range .status.conditions[*]}{.type}={.status} {end}')"
+  [[ "$c" == *"Failed=True"* ]] && { k -n "$TG_NS" logs "job/$TLS_JOB" --tail=60 >&2 || true
+                                     die "Tinker client Job $TLS_JOB failed"; }
+  [[ "$c" == *"Complete=True"* ]]
+}
+tls_client "$TG-tinker-tls-client" "$TLS_URL" 1 tls-client
+TLS_CLIENT_S=$TLS_JOB_S
+# through the namespace's gateway (phase gateway left it running), plain HTTP to the gateway and
+# no CA in the client: the gateway verifies the group against spec.api.tls.caBundle (issue 38)
+TLS_GW_S=0
+if k -n "$TG_NS" get deployment tinker-gateway >/dev/null 2>&1; then
+  tls_client "$TG-tinker-tls-gw-client" "http://tinker-gateway.$TG_NS.svc:8000" 0 tls-gateway-client
+  TLS_GW_S=$TLS_JOB_S
+fi
 
 # ---- 4. a probe pod: plain HTTP refused, the CA needed -----------------------------------------
 k -n "$TG_NS" create configmap tg-e2e-tls-probe --from-file=tls_probe.py=tests/e2e/phases/tls_probe.py \
@@ -142,7 +165,7 @@ tls_probe_finished() { [[ "$(k -n "$TG_NS" get pod tls-probe -o jsonpath='{.stat
 wait_for 300 "probe pod tls-probe" tls_probe_finished
 k -n "$TG_NS" logs tls-probe > "$ARTIFACTS/tls-probe.log" 2>&1 || true
 TLS_PROBE="$(grep '^PROBE ' "$ARTIFACTS/tls-probe.log" | tail -1 | cut -c7-)"
-PROBE="$TLS_PROBE" READY_S="$TLS_READY_S" JOB_S="$TLS_JOB_S" URL="$TLS_URL" \
+PROBE="$TLS_PROBE" READY_S="$TLS_READY_S" JOB_S="$TLS_CLIENT_S" GW_S="$TLS_GW_S" URL="$TLS_URL" \
   SECS=$(( $(date +%s) - TLS_T0 )) python3 - "$ARTIFACTS" <<'PY' || die "TLS checks failed ($ARTIFACTS/tls-probe.log)"
 import json, os, sys
 e = os.environ
@@ -160,12 +183,14 @@ if probe.get("with_ca") != 200:
 result = {"apiURL": e["URL"], "client": json.load(open(f"{sys.argv[1]}/tls-client.json")),
           "probe": probe, "https_after_s": int(e["READY_S"]), "client_job_s": int(e["JOB_S"]),
           "seconds": int(e["SECS"])}
+if int(e["GW_S"]):
+    result["gateway_client"] = json.load(open(f"{sys.argv[1]}/tls-gateway-client.json"))
+    result["gateway_client_job_s"] = int(e["GW_S"])
 json.dump(result, open(f"{sys.argv[1]}/tls.json", "w"), indent=1)
 print(json.dumps(result))
 if fail:
     sys.exit("\n".join(fail))
 PY
 k -n "$TG_NS" delete pod tls-probe --wait=false >/dev/null
-k -n "$TG_NS" delete job "$TLS_JOB" --wait=false --ignore-not-found >/dev/null
 stamp tls_done
 log "phase tls passed in $(( $(date +%s) - TLS_T0 ))s"

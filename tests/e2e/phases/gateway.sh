@@ -34,11 +34,12 @@ rc = spec.setdefault("rayCluster", {})
 rc.pop("storage", None)  # its own, no shared claim
 # small requests: the kind nodes have 2 CPUs each and the first group holds most of them
 # (at 1 CPU for the head and 1500m for the worker the teacher was Unschedulable, 04:31). The
-# head and the Tinker server go to the one CPU node, which holds 1,680m of requests before them
-# (the first group head 1 CPU and server 250m, both operators, the gateway, DNS): at 200m +
-# 250m the teacher server was Unschedulable for 20 min (2026-12-06 08:15)
-rc.setdefault("head", {})["cpu"] = "100m"  # no CPU limit: a request, not a cap
-spec.setdefault("api", {}).setdefault("server", {})["cpu"] = "150m"
+# head and the Tinker server go to the one CPU node, which holds 1,480m of requests before them
+# (the first group head 1 CPU and server 250m, both operators, the gateway), 1,680m when both
+# DNS pods land there too: at 200m + 250m the teacher server was then Unschedulable for 20 min
+# (2026-12-06 08:15). The server keeps 250m, its CPU limit too: at 150m its raylet missed Ray
+# fixed 30 s registration wait and the startup probe restarted it (08:43)
+rc.setdefault("head", {})["cpu"] = "50m"  # no CPU limit: a request, not a cap
 rc.setdefault("workers", {})["cpu"] = "200m"  # ray start --num-cpus 1
 spec.setdefault("workers", {})["cpusPerProcess"] = 0.5  # two ranks in that one Ray CPU
 print(json.dumps({"apiVersion": tg["apiVersion"], "kind": tg["kind"],

@@ -273,13 +273,18 @@ def access_args(tg: TrainerGroup) -> list[str]:
 
 def _healthy(tg: TrainerGroup, *, python: str) -> str:
     """The startup probe's check: healthz answers 200 (with TLS through the runtime's Python,
-    the certificate not verified: it is the pod's own loopback)."""
+    the certificate not verified: it is the pod's own loopback). With TLS one Python process
+    polls until the answer comes: a new interpreter every 3 s (about 0.5 CPU s each, with ssl)
+    took most of a 250m CPU limit, and the pod's own `ray start` then missed Ray's fixed 30 s
+    raylet registration wait, again at every restart (the kind suite, 2026-12-06 08:46)."""
     if tg.spec.api.tls is None:
         return probes.http_200(port=port(tg), path="/healthz")
     code = (
-        "import ssl,urllib.request as u;c=ssl.create_default_context();c.check_hostname=False;"
-        f"c.verify_mode=ssl.CERT_NONE;u.urlopen('https://127.0.0.1:{port(tg)}/healthz',"
-        "context=c,timeout=5)"
+        "import ssl,time,urllib.request as u;c=ssl.create_default_context();"
+        "c.check_hostname=False;c.verify_mode=ssl.CERT_NONE;"
+        f"U='https://127.0.0.1:{port(tg)}/healthz';"
+        "exec('while 1:\\n try:\\n  u.urlopen(U,context=c,timeout=5);break"
+        "\\n except Exception:time.sleep(3)')"
     )
     return f'"{python}" -c "{code}" >/dev/null 2>&1'
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import copy
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -160,7 +161,47 @@ def test_the_deployment_runs_the_server_entrypoint_from_the_runtime_image() -> N
     assert dep["metadata"]["annotations"][tinker.HASH_ANNOTATION]
 
 
-def test_tls_and_admin_principals_reach_the_pod_and_the_api_url() -> None:
+def _startup_check_waits_then_passes(tmp_path: Path) -> None:
+    """The TLS startup check, run as the pod runs it (bash, this Python): it keeps polling in
+    one process while nothing answers, and exits 0 once the HTTPS healthz answers 200."""
+    import functools
+    import http.server
+    import socket
+    import ssl
+    import subprocess
+    import sys
+    import threading
+
+    from tests.service.pki import make_pki
+
+    pki = make_pki(tmp_path / "pki")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    spec = {**BASE_SPEC, "api": {"tls": {"secretName": "x"}, "server": {"port": free}}}
+    check = tinker._healthy(trainergroup(spec=spec), python=sys.executable)
+    waiting = subprocess.Popen(["bash", "-c", check])
+    srv = None
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):  # nothing listens yet: still polling
+            waiting.wait(timeout=4)
+        (tmp_path / "www").mkdir()
+        (tmp_path / "www" / "healthz").write_text("ok")
+        handler = functools.partial(
+            http.server.SimpleHTTPRequestHandler, directory=str(tmp_path / "www"))
+        srv = http.server.HTTPServer(("127.0.0.1", free), handler)
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(pki["cert"], pki["key"])
+        srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        assert waiting.wait(timeout=30) == 0
+    finally:
+        waiting.kill()
+        if srv is not None:
+            srv.shutdown()
+
+
+def test_tls_and_admin_principals_reach_the_pod_and_the_api_url(tmp_path: Path) -> None:
     """spec.api.tls: the Secret mounted read-only, the flags, HTTPS probes and an https://
     apiURL; spec.api.adminPrincipals: --admin-principals. The server's own parser takes the
     command line the operator builds."""
@@ -187,6 +228,7 @@ def test_tls_and_admin_principals_reach_the_pod_and_the_api_url() -> None:
     script = c["startupProbe"]["exec"]["command"][-1]
     assert "https://127.0.0.1:8000/healthz" in script and script.count(f'"{PY}" -c') == 1
     assert "/dev/tcp" not in script  # bash cannot speak TLS
+    _startup_check_waits_then_passes(tmp_path)
     assert tinker.base_url(tg) == "https://demo-tinker.team-a.svc:8000"
     assert tinker.api_url(tg, _available(tg)) == "https://demo-tinker.team-a.svc:8000"
     assert tinker.api_url(tg, None) == ""

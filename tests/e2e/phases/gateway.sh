@@ -38,7 +38,8 @@ rc.pop("storage", None)  # its own, no shared claim
 # (the first group head 1 CPU and server 250m, both operators, the gateway), 1,680m when both
 # DNS pods land there too: at 200m + 250m the teacher server was then Unschedulable for 20 min
 # (2026-12-06 08:15). The server keeps 250m, its CPU limit too: at 150m its raylet missed Ray
-# fixed 30 s registration wait and the startup probe restarted it (08:43)
+# fixed 30 s registration wait and the startup probe restarted it (08:43). The probe pod below
+# goes to the same node and asks for 10m: at 50m it was Pending there (09:10)
 rc.setdefault("head", {})["cpu"] = "50m"  # no CPU limit: a request, not a cap
 rc.setdefault("workers", {})["cpu"] = "200m"  # ray start --num-cpus 1
 spec.setdefault("workers", {})["cpusPerProcess"] = 0.5  # two ranks in that one Ray CPU
@@ -96,7 +97,7 @@ print(json.dumps({"apiVersion": "v1", "kind": "Pod",
     "containers": [{"name": "probe", "image": e["RUNTIME_IMAGE"], "imagePullPolicy": "Never",
       "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
       "command": ["python", "/probe/gateway_probe.py"], "env": env,
-      "resources": {"requests": {"cpu": "50m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+      "resources": {"requests": {"cpu": "10m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
       "volumeMounts": [{"name": "probe", "mountPath": "/probe"}]}],
     "volumes": [{"name": "probe", "configMap": {"name": "tg-e2e-gateway-probe"}}]}}))
 PY

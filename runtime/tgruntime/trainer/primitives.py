@@ -118,7 +118,7 @@ def _as_sent(parts: list[torch.Tensor], order: list[int] | None, width: int) -> 
             for p in parts
         ]
     rows = torch.cat(parts)
-    if order is None or order == sorted(order):
+    if order is None or all(i == r for r, i in enumerate(order)):
         return rows
     out = torch.empty_like(rows)
     out[torch.tensor(order, device=rows.device)] = rows

@@ -74,10 +74,10 @@ class TokenBatch:
         """Rows ``index`` (in that order), cut to their first ``width`` tokens; per-token
         tensors (``[b, T]``, or ``[b, T, ...]``) to the matching ``width - shift`` columns."""
         t, cols = self.num_targets, width - self.shift
-        idx = torch.tensor(index, dtype=torch.int64)
+        idx = torch.tensor(index, dtype=torch.int64, device=self.tokens.device)  # one copy
 
         def rows(v: torch.Tensor) -> torch.Tensor:
-            return v.index_select(0, idx.to(v.device))
+            return v.index_select(0, idx if v.device == idx.device else idx.to(v.device))
 
         def cut(v: torch.Tensor) -> torch.Tensor:
             v = rows(v)

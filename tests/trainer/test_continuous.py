@@ -9,7 +9,8 @@ it, and through the scheduler itself:
 * every request's tokens equal those of the one-shot ``sample`` of that request alone with
   its seed, its log-probs within 1e-5 (different batch shapes round differently on the CPU),
   with different temperature / top-k / top-p / stop / num_samples / prompt_logprobs in one
-  batch, and from a saved snapshot;
+  batch, and from a saved snapshot (held swapped in between chunks, while a group method run
+  between two chunks still sees the training weights);
 * sampled log-probs equal ``compute_log_prob`` on the same sequences;
 * refusals: prompt + max_tokens over the slot length, num_samples over the slots, a KV budget
   holding no row, a call with other weights while rows decode; the group samples afterwards.
@@ -169,12 +170,20 @@ def test_snapshot_weights_and_one_weights_at_a_time(client: TrainerClient) -> No
     client.optim_step(lr=5e-2).result()
     fb.result()
     prompt, params = [3, 17, 42], dict[str, Any](max_tokens=8, seed=11)
+    probe = {"input_ids": fixed_batch(seed=6)}
+    live = client.compute_log_prob(probe).result().batch
     out = client.sample_step(
         [_request("s", prompt, params)], max_steps=2, weights="cb-snap"
     ).result()
     with pytest.raises(WorkerMethodError, match="decoding rows of weights 'cb-snap'"):
         client.sample_step([_request("t", prompt, params)], max_steps=1).result()
     got: dict[str, Any] = dict(out["finished"])
+    got.update(client.sample_step([], max_steps=1, weights="cb-snap").result()["finished"])
+    # the snapshot stays swapped in between chunks; any other group method sees (and the
+    # chunks after it get back) the training weights, bit for bit
+    between = client.compute_log_prob(probe).result().batch
+    assert live is not None and between is not None
+    assert torch.equal(between["log_probs"], live["log_probs"])
     _drain(client, got, weights="cb-snap")
     snap = client.sample([prompt], weights="cb-snap", **params).result()[0]
     now = client.sample([prompt], **params).result()[0]

@@ -268,3 +268,36 @@ def test_settle_waits_for_a_burst_and_not_for_a_lone_request() -> None:
     assert got == 5
     got, waited = asyncio.run(burst(0, 0.0))  # nothing follows: one step, not max_s
     assert got == 0 and waited < 0.5
+
+
+def test_scheduler_chunks_grow_while_nothing_arrives() -> None:
+    """A lone long request: the call that admits it runs ``steps_busy`` steps, then each quiet
+    call doubles the chunk from ``steps`` up to ``steps_max``; an arrival starts over."""
+
+    async def main() -> list[Any]:
+        group = _FakeGroup()
+        sched = ContinuousScheduler(group.step, steps=8, steps_busy=2, steps_max=32)
+        sched.start()
+        done: list[int] = []
+
+        def job(first: int, max_tokens: int) -> ContinuousJob:
+            request = {"prompt": [first], "max_tokens": max_tokens, "seed": None}
+            return ContinuousJob(None, request, lambda r, e: done.append(first))
+
+        sched.put(job(1, 2 + 8 + 16 + 32 + 32))
+        for _ in range(3000):
+            await asyncio.sleep(0.001)
+            if done:
+                break
+        sched.put(job(2, 2 + 8))
+        for _ in range(3000):
+            await asyncio.sleep(0.001)
+            if len(done) == 2:
+                break
+        await sched.stop()
+        return group.calls
+
+    calls = asyncio.run(main())
+    assert [c[1] for c in calls] == [2, 8, 16, 32, 32, 2, 8]
+    with pytest.raises(ValueError, match="steps_max"):
+        ContinuousScheduler(_FakeGroup().step, steps=16, steps_max=8)

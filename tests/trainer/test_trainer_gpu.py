@@ -4,6 +4,7 @@ without CUDA."""
 from __future__ import annotations
 
 import gc
+import io
 import math
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,21 @@ def test_gpu_bf16_trains_and_resumes(tmp_path: Path) -> None:
     assert run["loaded"] == 3
     # bf16 kernels may reorder reductions: close, not bitwise
     assert run["resumed"] == pytest.approx(losses[3:], rel=2e-2), (run["resumed"], losses)
+
+
+def test_gpu_warm_up_compiles_and_leaves_the_engine_as_it_was() -> None:
+    from tests.trainer import warm_up_scenarios
+    from tgruntime.trainer.launch import launch
+
+    (blob,) = launch(
+        warm_up_scenarios.warm_up_suite, world_size=1, kwargs={"gpu": True}, timeout_s=300
+    )
+    run = torch.load(io.BytesIO(blob), weights_only=False)
+    assert run["wanted"], "the compiled fusions are on on a GPU: init_model warms up"
+    assert run["params_equal"] and run["step_equal"] and run["rng_equal"], run
+    assert run["optim_tensors"] > 0 and run["optim_equal"], run
+    # the same gradient again (bf16, kernels compiled for dynamic shapes since: close)
+    assert run["grads_max_diff"] < 1e-2, run
 
 
 def _gpu_engine_run(spec: Any, lora: Any, data: list[torch.Tensor]) -> dict[str, Any]:

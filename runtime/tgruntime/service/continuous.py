@@ -6,8 +6,9 @@ requests that arrived since the last one, runs up to ``max_steps`` decode steps 
 active row, and returns the requests that finished; rows still decoding stay in the workers
 for the next call. So a request that arrives while a batch decodes waits at most one chunk,
 then joins that batch (``steps_busy`` steps after a call during which requests arrived,
-``steps`` otherwise: a burst is absorbed quickly, a steady batch pays the per-call overhead
-rarely).
+``steps`` otherwise, doubling with every further quiet call up to ``steps_max``: a burst is
+absorbed quickly, a steady batch pays the per-call overhead rarely; a request arriving during
+a long chunk waits for it, at most ``steps_max`` decode steps).
 
 One weights at a time: the engine decodes rows of one weights; requests are admitted in
 arrival order while their weights match, and the first request for other weights stops
@@ -78,14 +79,17 @@ class ContinuousScheduler:
         *,
         steps: int = 16,
         steps_busy: int = 4,
+        steps_max: int = 64,
         gather_s: float = 0.002,
         overflow: Callable[[ContinuousJob], None] | None = None,
     ) -> None:
-        if steps < 1 or steps_busy < 1:
-            raise ValueError("steps and steps_busy must be >= 1")
+        if steps < 1 or steps_busy < 1 or steps_max < steps:
+            raise ValueError("steps and steps_busy must be >= 1, and steps_max >= steps")
         self.step = step
         self.steps = steps
         self.steps_busy = steps_busy
+        self.steps_max = steps_max
+        self._quiet = 0  # calls in a row with nothing admitted and nothing arrived
         self.gather_s = gather_s
         self._queue: asyncio.Queue[ContinuousJob] = asyncio.Queue()
         self._pending: collections.deque[ContinuousJob] = collections.deque()
@@ -164,6 +168,16 @@ class ContinuousScheduler:
             chosen.append((f"r{next(self._ids)}", ContinuousJob(job.weights, request, job.done)))
         return chosen
 
+    def _chunk(self, *, busy: bool) -> int:
+        """Decode steps for the next call: ``steps_busy`` when requests just came, else
+        ``steps`` doubled for every quiet call before this one, at most ``steps_max``."""
+        if busy:
+            self._quiet = 0
+            return self.steps_busy
+        k = min(self.steps << min(self._quiet, 16), self.steps_max)
+        self._quiet += 1
+        return k
+
     async def _run(self) -> None:
         arrived = False
         while True:
@@ -179,7 +193,7 @@ class ContinuousScheduler:
             for rid, job in chosen:
                 self._inflight[rid] = job
             admit = [{"id": rid, **job.request} for rid, job in chosen]
-            k = self.steps_busy if arrived or chosen else self.steps
+            k = self._chunk(busy=bool(arrived or chosen))
             self.calls += 1
             self.prompts += len(chosen)
             arrived = False

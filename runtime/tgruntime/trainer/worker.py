@@ -49,6 +49,7 @@ from tgruntime.controller import (
     make_nd_compute_dataproto_dispatch_fn,
     register,
 )
+from tgruntime.trainer import warm_up
 from tgruntime.trainer.engine import StepResult, TrainEngine
 from tgruntime.trainer.hf_worker import HFWeightsMixin
 from tgruntime.trainer.lora import LoraSettings
@@ -101,6 +102,7 @@ class MegatronTrainer(SamplingMixin, HFWeightsMixin, Worker):
         self.engine: TrainEngine | None = None
         self.resumed_from: str | None = None
         self.pretrained_from: str | None = None  # model.pretrained, when init_model loaded it
+        self.warm_up_s: float | None = None  # init_model's compile warm-up (GPU), seconds
         self._pending: _Pending | None = None
         self._progress: ProgressWriter | None = None  # rank 0's record writer, made on first use
         self._runs: RunSet | None = None  # many LoRA runs: made by the first create_run
@@ -109,6 +111,7 @@ class MegatronTrainer(SamplingMixin, HFWeightsMixin, Worker):
     def _engine(self) -> TrainEngine:
         if self.engine is None:
             raise RuntimeError(f"rank {self.rank}: call init_model() before training")
+        self._training_weights()  # a sampler snapshot held between chunks goes out first
         return self.engine
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -139,6 +142,8 @@ class MegatronTrainer(SamplingMixin, HFWeightsMixin, Worker):
             if pretrained and self.resumed_from is None:
                 self.import_hf(pretrained)
                 self.pretrained_from = pretrained
+            if warm_up.wanted(self.engine):  # compile now, not in the first requests
+                self.warm_up_s = warm_up.warm_up(self.engine, self._sampler_for(self.engine))
         return self.get_mesh()
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name=TRAIN_MESH))
@@ -438,6 +443,7 @@ class MegatronTrainer(SamplingMixin, HFWeightsMixin, Worker):
     def get_mesh(self) -> dict[str, Any]:
         out = self._engine().mesh()
         out["resumed_from"] = self.resumed_from
+        out["warm_up_s"] = self.warm_up_s
         return out
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

@@ -12,6 +12,7 @@ Full-weight groups only; a LoRA group samples through ``sample`` / ``sample_batc
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
@@ -49,6 +50,33 @@ class ContinuousSamplingMixin:
 
     _slot_engine: SlotEngine | None = None
     _pool_config: PoolConfig = PoolConfig()
+    # The snapshot swapped into the live parameters between chunks (the snapshot's tensors,
+    # and the swap to close): a run of chunks over one snapshot swaps it in once, not once a
+    # chunk (each swap copies the rank's parameters three times). Any other group method
+    # puts the training weights back first (``_training_weights``, from ``_engine()``).
+    _held: tuple[dict[str, torch.Tensor], contextlib.ExitStack] | None = None
+    _in_chunk: bool = False
+
+    def _training_weights(self) -> None:
+        """Put the training weights back if a snapshot is held between sampling chunks;
+        ``_engine()`` calls this for every group method but ``sample_step`` itself."""
+        if not self._in_chunk:
+            self._drop_held()
+
+    def _drop_held(self) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            held[1].close()
+
+    def _hold(
+        self, module: torch.nn.Module, snapshot: dict[str, torch.Tensor], store: SnapshotStore
+    ) -> None:
+        if self._held is not None and self._held[0] is snapshot:
+            return
+        self._drop_held()
+        stack = contextlib.ExitStack()
+        stack.enter_context(store.swapped_in(module, snapshot))
+        self._held = (snapshot, stack)
 
     def _engine(self) -> TrainEngine:  # MegatronTrainer provides the real one
         raise NotImplementedError
@@ -126,6 +154,15 @@ class ContinuousSamplingMixin:
         {id: sample's per-prompt dict + "engine": steps}, "failed": {id: message}, ...the
         pool's info}``. ``weights`` as ``sample``'s; one weights at a time: a call with other
         weights while rows decode is refused. ``reset``: drop every row first."""
+        self._in_chunk = True  # _engine() keeps a held snapshot swapped in
+        try:
+            return self._sample_step(admit, max_steps, weights, reset)
+        finally:
+            self._in_chunk = False
+
+    def _sample_step(
+        self, admit: list[dict[str, Any]], max_steps: int, weights: str | None, reset: bool
+    ) -> dict[str, Any]:
         engine = self._engine()
         slot_engine = self._continuous(engine)
         if reset:
@@ -158,13 +195,16 @@ class ContinuousSamplingMixin:
             slot_engine.weights = weights
         try:
             if snapshot is None:
-                done = slot_engine.run(max_steps)
-            else:
-                with store.swapped_in(engine.state.module, snapshot):
-                    done = slot_engine.run(max_steps)
+                self._drop_held()
+            else:  # swapped in until the rows drain or another group method runs
+                self._hold(engine.state.module, snapshot, store)
+            done = slot_engine.run(max_steps)
         except BaseException:
             slot_engine.reset()  # the rows' state is unknown now; the caller fails them
+            self._drop_held()
             raise
+        if not slot_engine.busy:
+            self._drop_held()
         return {"finished": dict(done), "failed": failed, **slot_engine.info()}
 
     @staticmethod

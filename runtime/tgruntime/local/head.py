@@ -65,6 +65,12 @@ _SLOW_MACHINE_DEFAULTS = {
 }
 
 
+# No default workers prestarted when the first driver connects (Ray starts one per CPU then):
+# the group's actors run in workers of their own runtime environment, so those sat idle after
+# importing Ray (~2 CPU s each). Values in the environment win.
+_HEAD_DEFAULTS = {"RAY_prestart_worker_first_driver": "0"}
+
+
 START_ATTEMPTS = 5
 """Tries of ``ray start`` in ``start_local_head`` before it gives up."""
 
@@ -98,7 +104,7 @@ def start_local_head(
     child_env = {
         **os.environ,
         "RAY_USAGE_STATS_ENABLED": "0",
-        **{k: os.environ.get(k, v) for k, v in _SLOW_MACHINE_DEFAULTS.items()},
+        **{k: os.environ.get(k, v) for k, v in (_SLOW_MACHINE_DEFAULTS | _HEAD_DEFAULTS).items()},
         **(env or {}),
     }
     child_env.pop(ADDRESS_ENV, None)

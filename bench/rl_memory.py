@@ -13,6 +13,11 @@ tokens (the issue's 256-sequence case at full length) checks the token budget's 
         --big-rows 16 --big-len 48                                                  # CPU
     python bench/rl_memory.py --preset seed --lora 32 ...   # a LoRA group (spec.lora), rank-32 runs
 
+``--compare-client`` also sends, in every iteration, the same rows to the group's own
+``TrainerClient.sample`` and the same ``forward_backward`` straight to the group (then
+``zero_grad``); those comparisons are timed apart and are not in the loop's phase times
+(before 2026-12-06 11:10 they were counted in ``fb_s``).
+
 Prints a table (every 5th iteration and the last); ``--json`` saves every row.
 """
 
@@ -45,6 +50,27 @@ def gpu_used_gib() -> float | None:
         return round(sum(float(x) for x in out.split()) / 1024, 2)
     except (OSError, subprocess.SubprocessError, ValueError):
         return None
+
+
+def _direct_fb(client: Any, data: list[Any], vocab: int, limit: int) -> dict[str, Any]:
+    """The iteration's ``forward_backward`` sent to the group as ``TrainerClient`` sends it (the
+    tensors the server would build), timed, then ``zero_grad``: the SDK's call that follows
+    accumulates from zero. ``client_fb_s``: the group call alone; ``client_fb_worker_s``: the
+    trainer's own time inside it (its ``elapsed_s``)."""
+    from tgruntime.service.codec import DatumIn
+    from tgruntime.service.datum import to_tensors
+    from tgruntime.trainer.tinker_losses import tinker_loss_name
+
+    ins = [DatumIn(tokens=np.asarray(d.model_input.to_ints(), np.int64),
+                   inputs={k: v.to_numpy() for k, v in d.loss_fn_inputs.items()}) for d in data]
+    batch, _ = to_tensors(ins, loss="importance_sampling", vocab_size=vocab, max_len=limit, dp=1)
+    t0 = time.perf_counter()
+    out = client.forward_backward(batch, loss=tinker_loss_name("importance_sampling"),
+                                  reduction="sum").result(timeout=1200)
+    fb_s = time.perf_counter() - t0
+    client.zero_grad().result(timeout=600)
+    return {"client_fb_s": round(fb_s, 3),
+            "client_fb_worker_s": round(float(out.meta_info.get("elapsed_s", 0.0)), 3)}
 
 
 def main() -> int:
@@ -119,7 +145,7 @@ def main() -> int:
                     for p in prompts
                 ]
                 results = [f.result(timeout=1200) for f in futures]
-                t2 = time.perf_counter()
+                t_sampled = time.perf_counter()
                 group_calls = served.running.service.samples.calls - calls0
                 data, sampled = [], 0
                 for p, res in zip(prompts, results, strict=True):
@@ -151,8 +177,11 @@ def main() -> int:
                     c_tok = sum(len(q["tokens"]) for r in got for q in r["sequences"])
                     direct = {"client_sample_s": round(c_s, 3),
                               "client_tok_s": round(c_tok / max(c_s, 1e-9)),
-                              "sdk_over_client": round((sampled / max(t2 - t1, 1e-9))
+                              "sdk_over_client": round((sampled / max(t_sampled - t1, 1e-9))
                                                        / max(c_tok / max(c_s, 1e-9), 1e-9), 3)}
+                if args.compare_client:  # the same call straight to the group, then dropped
+                    direct.update(_direct_fb(client, data, vocab, limit))
+                t2 = time.perf_counter()  # the direct comparisons above are not the loop's
                 fb = tc.forward_backward(data, "importance_sampling").result(timeout=1200)
                 t3 = time.perf_counter()
                 tc.optim_step(adam).result(timeout=1200)
@@ -165,10 +194,12 @@ def main() -> int:
                     "copy_gib": round(info["bytes"] / 2**30, 3),
                     "copy_bytes": info["bytes"],
                     "save_s": round(t1 - t0, 3),
-                    "sample_s": round(t2 - t1, 3),
-                    "sample_tok_s": round(sampled / max(t2 - t1, 1e-9)),
+                    "sample_s": round(t_sampled - t1, 3),
+                    "sample_tok_s": round(sampled / max(t_sampled - t1, 1e-9)),
                     "sample_group_calls": group_calls,  # sample/sample_batch or step chunks
                     "fb_s": round(t3 - t2, 3),
+                    **({"sdk_fb_over_client": round(direct["client_fb_s"] / max(t3 - t2, 1e-9), 3)}
+                       if "client_fb_s" in direct else {}),
                     "fb_tokens": sum(len(d.model_input.to_ints()) for d in data),
                     "step_s": round(t4 - t3, 3),
                     "loss": fb.metrics.get("loss:sum"),

@@ -4,8 +4,8 @@ On a GPU the trainer runs two elementwise chains as ``torch.compile``'d kernels 
 compiled_fusions``). TorchDynamo compiles at a function's first call, again at the second
 distinct shape (then with dynamic shapes, which later shapes reuse), and separately for
 gradient and no-gradient calls. Left to the first requests, that is ~11 s of an RL loop's first
-iteration on the seed shape on an H100 (docs/gpu.md: the first iteration took 3.6x a steady
-one, 1.25x with the compiler off). So ``init_model`` runs, before the group is Ready:
+iteration on the seed shape on an H100 (docs/tinker.md: the first iteration took 5.1x a steady
+one, 1.38x with the compiler off). So ``init_model`` runs, before the group is Ready:
 
 * ``forward_backward`` (cross-entropy) at two batch shapes, then ``zero_grad``: the gradient
   calls' graphs, forward and backward;

@@ -820,7 +820,9 @@ class TinkerServerSpec:
     )
     cpu: str = spec_field(
         name="cpu",
-        description="CPU request/limit of the server pod (it mostly waits on the workers).",
+        description="CPU request of the server pod; no CPU limit (it mostly waits on the "
+        "workers, but its start imports torch and Ray and runs a raylet, which a cap at a small "
+        "request throttles for minutes).",
         default="1",
         pattern=_QUANTITY,
     )

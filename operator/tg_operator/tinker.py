@@ -291,7 +291,11 @@ def _healthy(tg: TrainerGroup, *, python: str) -> str:
 
 def _pod_spec(tg: TrainerGroup, *, python: str) -> dict[str, Any]:
     server = tg.spec.api.server
-    quantities = {"cpu": server.cpu, "memory": server.memory}
+    # CPU requested, not capped: the start imports torch and Ray and runs a raylet, which a
+    # limit at a small request throttled past Ray's fixed 30 s registration (kind, 250m: the
+    # teacher group's server took minutes to serve); memory requested and capped
+    requests = {"cpu": server.cpu, "memory": server.memory}
+    limits = {"memory": server.memory}
     env: list[dict[str, Any]] = [
         {"name": KEYS_DIR_ENV, "value": KEYS_DIR},
         {"name": "TG_TINKER_PORT", "value": str(port(tg))},
@@ -344,7 +348,7 @@ def _pod_spec(tg: TrainerGroup, *, python: str) -> dict[str, Any]:
             "timeoutSeconds": 10,
             "failureThreshold": 6,
         },
-        "resources": {"requests": dict(quantities), "limits": dict(quantities)},
+        "resources": {"requests": requests, "limits": limits},
         "volumeMounts": mounts,
         "securityContext": pods.container_security(),
     }

@@ -38,7 +38,7 @@ rc.pop("storage", None)  # its own, no shared claim
 # (the first group head 1 CPU and server 250m, both operators, the gateway), 1,680m when both
 # DNS pods land there too: at 200m + 250m the teacher server was then Unschedulable for 20 min
 # (2026-12-06 08:15). The server keeps 250m: its CPU limit was its request then, and at 150m
-# its raylet missed Ray's fixed 30 s registration (08:43); at 250m the phase took 570 s (CI of
+# its raylet missed Ray fixed 30 s registration (08:43); at 250m the phase took 570 s (CI of
 # f83d7e4). The server has no CPU limit since (operator/tg_operator/tinker.py). The probe pod below
 # goes to the same node and asks for 10m: at 50m it was Pending there (09:10)
 rc.setdefault("head", {})["cpu"] = "50m"  # no CPU limit: a request, not a cap

@@ -56,7 +56,10 @@ cd "$REPO"
 T_START=$(date +%s)
 
 log() { printf '%s e2e: %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
-die() { log "FAILED: $*"; exit 1; }
+# fd 3: the script's own stderr, so a die inside a condition that wait_for silences (its
+# command's output goes to /dev/null) still says why the run stopped
+exec 3>&2
+die() { log "FAILED: $*" 2>&3; exit 1; }
 need() { command -v "$1" >/dev/null 2>&1 || die "$1 not found on PATH ($2)"; }
 
 # ---- mode ---------------------------------------------------------------------------------------

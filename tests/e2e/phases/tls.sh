@@ -130,9 +130,12 @@ tls_client "$TG-tinker-tls-client" "$TLS_URL" 1 tls-client
 TLS_CLIENT_S=$TLS_JOB_S
 # E2E_TLS_GATEWAY=1: through the namespace's gateway too (phase gateway left it running), plain
 # HTTP to the gateway and no CA in the client: the gateway verifies the group against
-# spec.api.tls.caBundle (issue 38). Not a default yet: its one run (2026-12-06 09:15) failed, the
-# Job 13 s after status.apiURL turned https://, likely before the gateway's 10 s listing saw it
-# (the wait below came after); the pod's log went with the cluster.
+# spec.api.tls.caBundle (issue 38). Not a default yet. Its runs of 2026-12-06 09:15 and 12:11
+# failed for one reason, found in a kept cluster at 12:24: the Job's create_model was refused
+# because the direct client Job's session still held the group's one full-weight run (that
+# client never finished its session; its heartbeat had not lapsed). The example client now
+# finishes its session (ServiceClient.close); by hand on that cluster (12:27) the direct Job then
+# the gateway Job both trained 2 steps and sampled. The whole phase has not passed since.
 tls_gateway_lists_https() {
   k -n "$TG_NS" exec deploy/tinker-gateway -- python -c "import json, urllib.request as u
 d = json.load(u.urlopen('http://127.0.0.1:8000/healthz', timeout=5))

@@ -36,8 +36,9 @@
 #                                   fault covers both (docs/testing.md, "Merged"). resume: a
 #                                   ReadWriteMany claim on two nodes; tls: HTTPS (after tinker);
 #                                   gateway: a second group behind the namespace's Tinker gateway
-#                                   (before tls; E2E_TLS_GATEWAY=1: tls then trains through
-#                                   it too, the gateway verifying spec.api.tls.caBundle)
+#                                   (before tls, which then trains through it too, the
+#                                   gateway verifying spec.api.tls.caBundle; E2E_TLS_GATEWAY=0
+#                                   leaves that step out)
 #   E2E_TLS_STEPS=2                 steps of phase tls's HTTPS client Job
 #   E2E_KUEUE=1 (fake) / 0 (nvidia)   Kueue, built here, admits, queues and preempts groups,
 #                                   with the GCS fault-tolerance group as the one holding the

@@ -11,7 +11,7 @@
 #   3. the example SDK client Job (manifests/examples/tinker-client-job.yaml) with
 #      TINKER_BASE_URL=https://... and SSL_CERT_FILE=the CA from the ConfigMap trains
 #      $E2E_TLS_STEPS steps (the loss falls) and samples;
-#      with E2E_TLS_GATEWAY=1 and the gateway phase's gateway running, the same Job again with
+#      with the gateway phase's gateway running (E2E_TLS_GATEWAY=0 skips it), the same Job again with
 #      TINKER_BASE_URL=http://tinker-gateway...:8000 and no CA: the gateway verifies the group's
 #      server against spec.api.tls.caBundle (the CA, set in step 2 beside secretName);
 #   4. a probe pod (tests/e2e/phases/tls_probe.py): http:// to the port gets no HTTP answer,
@@ -128,21 +128,20 @@ tls_job_done() {
 }
 tls_client "$TG-tinker-tls-client" "$TLS_URL" 1 tls-client
 TLS_CLIENT_S=$TLS_JOB_S
-# E2E_TLS_GATEWAY=1: through the namespace's gateway too (phase gateway left it running), plain
-# HTTP to the gateway and no CA in the client: the gateway verifies the group against
-# spec.api.tls.caBundle (issue 38). Not a default yet. Its runs of 2026-12-06 09:15 and 12:11
-# failed for one reason, found in a kept cluster at 12:24: the Job's create_model was refused
-# because the direct client Job's session still held the group's one full-weight run (that
-# client never finished its session; its heartbeat had not lapsed). The example client now
-# finishes its session (ServiceClient.close); by hand on that cluster (12:27) the direct Job then
-# the gateway Job both trained 2 steps and sampled. The whole phase has not passed since.
+# Through the namespace's gateway too (phase gateway left it running; E2E_TLS_GATEWAY=0 skips
+# it), plain HTTP to the gateway and no CA in the client: the gateway verifies the group against
+# spec.api.tls.caBundle (issue 38). Its runs of 2026-12-06 09:15 and 12:11 failed for one
+# reason, found in a kept cluster: the Job's create_model was refused because the direct client
+# Job's session still held the group's one full-weight run (that client never finished its
+# session). The example client finishes its session now (ServiceClient.close); the step passed
+# at 12:39 (`E2E_PHASES="tinker gateway tls"`), and is a default since.
 tls_gateway_lists_https() {
   k -n "$TG_NS" exec deploy/tinker-gateway -- python -c "import json, urllib.request as u
 d = json.load(u.urlopen('http://127.0.0.1:8000/healthz', timeout=5))
 raise SystemExit(0 if any(g['url'] == '$TLS_URL' for g in d['groups']) else 1)"
 }
 TLS_GW_S=0
-if [[ "${E2E_TLS_GATEWAY:-0}" == 1 ]] && k -n "$TG_NS" get deployment tinker-gateway >/dev/null 2>&1; then
+if [[ "${E2E_TLS_GATEWAY:-1}" == 1 ]] && k -n "$TG_NS" get deployment tinker-gateway >/dev/null 2>&1; then
   wait_for 120 "the gateway lists $TG at $TLS_URL" tls_gateway_lists_https
   tls_client "$TG-tinker-tls-gw-client" "http://tinker-gateway.$TG_NS.svc:8000" 0 tls-gateway-client
   TLS_GW_S=$TLS_JOB_S

@@ -147,7 +147,11 @@ def with_startup_tries(start: Callable[[], T], undo: Callable[[], object], *, wh
         try:
             return start()
         except Exception as exc:
-            if "timed out during startup" not in str(exc) or attempt == STARTUP_TRIES:
+            # Ray's raylet registration wait, or a GCS port chosen free and taken before the
+            # GCS bound it ("Failed to start GCS", quick run of 2026-12-06 12:47): a new try
+            # picks a new port
+            retry = any(m in str(exc) for m in ("timed out during startup", "Failed to start GCS"))
+            if not retry or attempt == STARTUP_TRIES:
                 raise
             undo()
             for child in me.children(recursive=True):

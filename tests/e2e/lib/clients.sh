@@ -29,20 +29,40 @@ for e in c["env"]:
         e["valueFrom"]["secretKeyRef"]["name"] = f"{group}-ray-token"
 c["args"] = [a.replace("--no-progress", "--no-progress " + os.environ["EXTRA"]) for a in c["args"]]
 if os.environ["MODE"] == "fake":
-    c["resources"] = {"requests": {"cpu": "250m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}}
+    # 50m: a request, not a cap (no CPU limit). The client waits on the group; the CPU node has
+    # 2 CPUs and the Ray head, the Tinker server, both operators, Kueue, the gateway, Redis and
+    # DNS request most of them: at 250m this Job was Unschedulable for 30 min (CI, 13:25).
+    c["resources"] = {"requests": {"cpu": "50m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}}
 yaml.safe_dump(doc, sys.stdout, sort_keys=False)
 PY
   k apply -f "$ARTIFACTS/$job.yaml" >/dev/null
   t0=$(date +%s)
+  local unsched_since=0 why
   while :; do
     done_="$(k -n "$TG_NS" get job "$job" -o jsonpath='{range .status.conditions[*]}{.type}={.status} {end}')"
     [[ "$done_" == *"Complete=True"* ]] && break
     [[ "$done_" == *"Failed=True"* ]] && { k -n "$TG_NS" logs "job/$job" --tail=50 >&2 || true; die "client Job $job failed"; }
     (( $(date +%s) - t0 < 1800 )) || die "client Job $job not done after 1800s"
+    # a pod the scheduler cannot place will not start by waiting: say why after 180 s
+    why="$(e2e_unschedulable "job-name=$job")"
+    if [[ -z "$why" ]]; then
+      unsched_since=0
+    elif (( unsched_since == 0 )); then
+      unsched_since=$(date +%s)
+    elif (( $(date +%s) - unsched_since >= 180 )); then
+      k describe nodes > "$ARTIFACTS/nodes-$job.txt" 2>&1 || true
+      die "client Job $job: its pod is Unschedulable for 180s: $why (node requests: $ARTIFACTS/nodes-$job.txt)"
+    fi
     sleep 3
   done
   k -n "$TG_NS" logs "job/$job" --tail=-1 > "$ARTIFACTS/$job.log"
   log "client Job $job done in $(( $(date +%s) - t0 ))s"
+}
+
+e2e_unschedulable() {  # <label selector>: the scheduler's message while a matching pod is Unschedulable, else nothing
+  k -n "$TG_NS" get pod -l "$1" \
+    -o jsonpath='{range .items[*].status.conditions[?(@.reason=="Unschedulable")]}{.message}{"\n"}{end}' \
+    2>/dev/null | head -n 1
 }
 
 e2e_steps() {  # <job name>: its TG_STEP lines as a JSON list of {step, loss, optimizerStep, ...}

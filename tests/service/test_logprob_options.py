@@ -150,13 +150,14 @@ def test_response_fields_read_back_by_the_sdk() -> None:
             parse_logprob_request(bad, prompt_len=m, vocab_size=VOCAB)
 
 
-def test_soft_targets_split_into_rows_and_sparse_inputs() -> None:
+def test_soft_targets_one_k_wide_batch_and_sparse_inputs() -> None:
     import torch
     from tinker.proto.request_conv import _tensor_data_to_proto
 
     from tgruntime.service.codec import DatumIn, _tensor
+    from tgruntime.service.datum import forward_loss, outputs, to_tensors
     from tgruntime.service.sessions import ServiceError
-    from tgruntime.service.soft_targets import expand, fold
+    from tgruntime.service.soft_targets import fold, soft_widths
 
     targets = torch.zeros(6, 3, dtype=torch.int64)
     targets[1, 2], targets[4, 0] = 17, 5
@@ -167,20 +168,40 @@ def test_soft_targets_split_into_rows_and_sparse_inputs() -> None:
     tokens = np.arange(4, dtype=np.int64)
     tgt = np.array([[1, 2], [3, 4], [5, 6], [7, 8]], np.int64)
     w = np.array([[0.5, 0.5], [1, 0], [0.25, 0.75], [0, 0]], np.float32)
-    plain = DatumIn(tokens, {"target_tokens": tgt[:, 0].copy()})
+    plain = DatumIn(tokens[:3], {"target_tokens": tgt[:3, 0].copy()})
     soft = DatumIn(tokens, {"target_tokens": tgt, "weights": w})
-    rows, widths = expand([plain, soft], loss="cross_entropy")
-    assert widths == [0, 2] and len(rows) == 3
-    np.testing.assert_array_equal(rows[2].inputs["target_tokens"], tgt[:, 1])
-    np.testing.assert_array_equal(rows[2].inputs["weights"], w[:, 1])
-    outs = [{"logprobs": np.full(4, float(i), np.float32)} for i in range(3)]
-    folded = fold(outs, widths)
-    assert folded[0]["logprobs"].shape == (4,) and folded[1]["logprobs"].shape == (4, 2)
-    assert folded[1]["logprobs"][:, 1].tolist() == [2.0] * 4
+    data = [plain, soft]
+    widths = soft_widths(data, loss="cross_entropy")
+    assert widths == [0, 2]
+    batch, lengths = to_tensors(
+        data, loss="cross_entropy", vocab_size=VOCAB, max_len=64, dp=1, widths=widths
+    )
+    assert lengths == [3, 4] and "loss_mask" not in batch
+    assert tuple(batch["target_ids"].shape) == (2, 4, 2)  # K = the call's widest
+    np.testing.assert_array_equal(batch["target_ids"][1].numpy(), tgt)
+    np.testing.assert_array_equal(batch["target_weights"][1].numpy(), w)
+    # the [N] datum: its targets in column 0 at weight 1, the other column weighs nothing
+    np.testing.assert_array_equal(batch["target_ids"][0, :3, 0].numpy(), tgt[:3, 0])
+    assert batch["target_weights"][0].tolist() == [[1, 0], [1, 0], [1, 0], [0, 0]]
+    lp = -torch.arange(16, dtype=torch.float32).reshape(2, 4, 2)
+    folded = fold(outputs(lp, lengths), widths)
+    assert folded[0]["logprobs"].tolist() == [0.0, -2.0, -4.0]
+    assert folded[1]["logprobs"].shape == (4, 2) and folded[1]["logprobs"][:, 1].tolist() == [
+        -9.0, -11.0, -13.0, -15.0]
+    want = 0.0 + 2.0 + 4.0 + (8 * 0.5 + 9 * 0.5 + 10 + 12 * 0.25 + 13 * 0.75)
+    assert forward_loss("tinker_cross_entropy", lp, batch, {}) == pytest.approx(want)
+    # a call with no soft datum is as before
+    flat, _ = to_tensors([plain], loss="cross_entropy", vocab_size=VOCAB, max_len=64, dp=1)
+    assert tuple(flat["target_ids"].shape) == (1, 3) and "loss_mask" in flat
     with pytest.raises(ServiceError, match="cross_entropy's, not 'ppo'"):
-        expand([soft], loss="ppo")
+        soft_widths([soft], loss="ppo")
     with pytest.raises(ServiceError, match=re.escape("must be [4, 2] too")):
-        expand([DatumIn(tokens, {"target_tokens": tgt, "weights": w[:, 0]})], loss="cross_entropy")
+        soft_widths(
+            [DatumIn(tokens, {"target_tokens": tgt, "weights": w[:, 0]})], loss="cross_entropy"
+        )
+    with pytest.raises(ServiceError, match="take only weights beside them"):
+        soft_widths([DatumIn(tokens, {"target_tokens": tgt, "advantages": w[:, 0]})],
+                    loss="cross_entropy")
 
 
 # -- end to end --------------------------------------------------------------------------

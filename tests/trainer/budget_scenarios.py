@@ -11,6 +11,7 @@ import torch
 
 from tests.trainer.rl_scenarios import _batch, _full_log_probs, rl_inputs
 from tests.trainer.scenarios import SEQ, _quiet, tiny_spec
+from tests.trainer.soft_scenarios import soft_checks
 
 ROWS = 10
 BUDGET = 2 * SEQ  # two full rows per micro-batch: the call below is 5x the budget
@@ -112,6 +113,7 @@ def budget_suite() -> bytes:
                     "grad_parts_vs_whole": _max_diff(g_parts, g_whole),
                     "grad_scale": max(float(g.abs().max()) for g in g_whole.values()),
                 }
+        out["soft"] = soft_checks(engine, BUDGET)
         # a row longer than the budget: refused with the numbers, the engine stays usable
         engine._token_budget = SEQ // 2
         engine.zero_grad()

@@ -146,3 +146,33 @@ def test_a_row_over_the_budget_is_refused_and_the_group_stays_usable(
         assert "a row of 32 tokens" in rank["refused"] and "16 tokens" in rank["refused"]
         assert "spec.training.microBatchTokens" in rank["refused"]
         assert rank["after_refusal"] > 0
+
+
+@pytest.mark.megatron
+def test_soft_targets_in_one_pass_equal_k_rows(suite: list[dict[str, Any]]) -> None:
+    """``[B, S, K]`` targets and weights (Tinker's top-K distillation) in one forward pass give
+    the loss, the per-sample losses, the gradient and the ``[B, S, K]`` log-probs of the same
+    targets sent as K rows of ``[B, S]``, in one piece and split by the token budget; a
+    policy-gradient loss refuses them."""
+    from tests.trainer.scenarios import SEQ
+    from tests.trainer.soft_scenarios import ROWS, K
+
+    for rank in suite:
+        soft = rank["soft"]
+        if "logprob_shape" in soft:
+            assert soft["logprob_shape"] == (ROWS, SEQ, K)
+            assert soft["logprob_diff"] < 1e-5
+        for reduction in ("sum", "mean"):
+            r = soft[reduction]
+            tol = 1e-5 * max(1.0, abs(r["loss_rows"]))
+            assert abs(r["loss_soft"] - r["loss_rows"]) < tol, (reduction, r)
+            assert abs(r["loss_split"] - r["loss_rows"]) < tol, (reduction, r)
+            assert r["tokens"][0] == pytest.approx(r["tokens"][1], rel=1e-6)
+            if r["per_sample_rows"] is not None:
+                assert r["per_sample_soft"] == pytest.approx(
+                    r["per_sample_rows"].tolist(), abs=1e-4)
+            gtol = 1e-5 * max(1.0, r["grad_scale"])
+            assert r["grad_soft_vs_rows"] < gtol, (reduction, r)
+            assert r["grad_split_vs_rows"] < gtol, (reduction, r)
+            assert r["fb_logprob_diff"] < 1e-5
+        assert soft["refused"] is not None and "soft targets" in soft["refused"]

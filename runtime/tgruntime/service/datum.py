@@ -4,10 +4,14 @@ One datum per row: ``input_ids`` = model_input, right-padded to the longest datu
 (``attention_mask`` marks the real positions); ``loss_fn_inputs`` map through
 ``tinker_losses.TINKER_INPUTS`` (target_tokens -> target_ids, weights -> loss_mask,
 logprobs -> old_log_probs, advantages). Rows are padded to a multiple of the group's
-data-parallel size with weight-0 rows (a sum loss gets nothing from them)."""
+data-parallel size with weight-0 rows (a sum loss gets nothing from them).
+
+A call with ``[N, K]`` targets (soft targets, ``soft_targets.py``) sends ``target_ids`` and
+``target_weights`` ``[B, S, K]`` instead of ``target_ids`` and ``loss_mask`` ``[B, S]``."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -15,6 +19,7 @@ import torch
 
 from tgruntime.service.codec import DatumIn
 from tgruntime.service.sessions import ServiceError
+from tgruntime.service.soft_targets import SOFT_INPUTS, soft_widths
 from tgruntime.trainer.loss_catalog import resolve_loss
 from tgruntime.trainer.losses import TokenTensors
 from tgruntime.trainer.tinker_losses import TINKER_INPUTS
@@ -42,10 +47,14 @@ def to_tensors(
     vocab_size: int,
     max_len: int,
     dp: int,
+    widths: Sequence[int] | None = None,
 ) -> tuple[dict[str, torch.Tensor], list[int]]:
-    """The batch and each datum's length; every shape and id checked first."""
+    """The batch and each datum's length; every shape and id checked first. ``widths``: each
+    datum's K (``soft_targets.soft_widths``; computed when None)."""
     if not data:
         raise ServiceError("forward_backward with no data")
+    if widths is None:
+        widths = soft_widths(data, loss=loss)
     needs = NEEDS.get(loss, ("target_tokens",))
     lengths: list[int] = []
     for i, d in enumerate(data):
@@ -66,6 +75,8 @@ def to_tensors(
                     f"datum {i}: unknown loss_fn_inputs key {name!r} (known: "
                     f"{sorted(TINKER_INPUTS)})"
                 )
+            if widths[i] and name in SOFT_INPUTS:
+                continue  # [n, K]: checked by soft_widths
             if name in PER_TOKEN and arr.shape != (n,):
                 raise ServiceError(
                     f"datum {i}: loss_fn_inputs[{name!r}] has shape {list(arr.shape)}, but "
@@ -106,12 +117,21 @@ def to_tensors(
     target = np.zeros((rows, s), np.int64)
     weights = np.zeros((rows, s), np.float32)
     extra: dict[str, np.ndarray] = {}
+    k = max(widths)
+    if k:  # soft targets: K ids a position; an [N] datum fills column 0
+        target = np.zeros((rows, s, k), np.int64)
+        weights = np.zeros((rows, s, k), np.float32)
     for i, d in enumerate(data):
-        n = lengths[i]
+        n, w = lengths[i], d.inputs.get("weights")
         ids[i, :n] = d.tokens
         mask[i, :n] = 1
+        if k:
+            cols = widths[i] or 1
+            t = d.inputs["target_tokens"].reshape(n, cols)
+            target[i, :n, :cols] = t
+            weights[i, :n, :cols] = 1.0 if w is None else w.reshape(n, cols)
+            continue
         target[i, :n] = d.inputs["target_tokens"]
-        w = d.inputs.get("weights")
         weights[i, :n] = 1.0 if w is None else w
         for name in ("logprobs", "advantages", "sequence_ratio_mask", *THRESHOLDS):
             if name in d.inputs:
@@ -121,7 +141,7 @@ def to_tensors(
         "input_ids": torch.from_numpy(ids),
         "attention_mask": torch.from_numpy(mask),
         "target_ids": torch.from_numpy(target),
-        "loss_mask": torch.from_numpy(weights),
+        "target_weights" if k else "loss_mask": torch.from_numpy(weights),
     }
     for name, arr in extra.items():
         batch[TINKER_INPUTS[name]] = torch.from_numpy(arr)
@@ -136,8 +156,12 @@ def forward_loss(
 
     ``forward`` runs no loss on the group (it asks for log-probs only), so the server computes
     it here from the same function the trainer would run."""
-    spec = resolve_loss(loss)
     lp = log_probs.detach().to(torch.float64).cpu()
+    if "target_weights" in batch:  # soft targets: -sum(w * logp) over the K ids
+        w_soft = batch["target_weights"].to(torch.float64)
+        real = batch["attention_mask"].to(torch.float64).unsqueeze(-1)
+        return float(-(torch.where(w_soft * real != 0, lp * w_soft * real, 0.0)).sum())
+    spec = resolve_loss(loss)
     skip = ("input_ids", "attention_mask", "target_ids")
     tensors = {k: v.to(torch.float64) for k, v in batch.items() if k not in skip}
     spec.check(sorted(tensors))

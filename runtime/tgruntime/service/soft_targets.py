@@ -2,11 +2,11 @@
 distillation, soft targets): ``loss = -sum over t, k of weights[t, k] * logp(target[t, k])``
 at position ``t``, and ``logprobs`` out as ``[N, K]``.
 
-The group's loss takes one target per position, so a datum with K targets per position goes
-to the group as K rows with the same ``model_input``, row ``k`` carrying column ``k`` of the
-targets and weights (``expand``). The summed loss of the K rows is the soft-target loss, and
-its gradient the soft-target gradient, exactly; the price is K forward passes of that datum
-instead of one. ``fold`` puts the K rows' log-probs back as the datum's ``[N, K]``.
+A call with any such datum goes to the group as one batch K ids wide (K the call's widest):
+``target_ids`` ``[B, S, K]`` and ``target_weights`` ``[B, S, K]`` (``datum.to_tensors``). A
+datum with ``[N]`` targets fills column 0 and weighs the others 0. The group computes each
+position's log-sum-exp once and gathers the K ids (``trainer/target_logprobs.py``): one forward
+pass per datum, whatever K. ``fold`` cuts each datum's log-probs back to its own width.
 """
 
 from __future__ import annotations
@@ -16,19 +16,19 @@ import numpy as np
 from tgruntime.service.codec import DatumIn
 from tgruntime.service.sessions import ServiceError
 
-__all__ = ["expand", "fold"]
+__all__ = ["SOFT_INPUTS", "fold", "soft_widths"]
+
+SOFT_INPUTS = frozenset({"target_tokens", "weights"})
+"""The only inputs a datum with ``[N, K]`` targets may carry."""
 
 
-def expand(data: list[DatumIn], *, loss: str) -> tuple[list[DatumIn], list[int]]:
-    """The datums with every ``[N, K]`` one split into K ``[N]`` rows, and each datum's K
-    (0 for a datum whose targets are ``[N]``)."""
+def soft_widths(data: list[DatumIn], *, loss: str) -> list[int]:
+    """Each datum's K (0 for a datum whose targets are ``[N]``), every ``[N, K]`` one checked."""
     widths: list[int] = []
-    out: list[DatumIn] = []
     for i, d in enumerate(data):
         target = d.inputs.get("target_tokens")
         if target is None or target.ndim != 2:
             widths.append(0)
-            out.append(d)
             continue
         n, k = target.shape
         if loss != "cross_entropy":
@@ -43,39 +43,27 @@ def expand(data: list[DatumIn], *, loss: str) -> tuple[list[DatumIn], list[int]]
                 f"model_input has {d.tokens.size} tokens (expected [{d.tokens.size}, K >= 1])"
             )
         weights = d.inputs.get("weights")
-        if weights is None:
-            weights = np.ones((n, k), np.float32)
-        if weights.shape != (n, k):
+        if weights is not None and weights.shape != (n, k):
             raise ServiceError(
                 f"datum {i}: loss_fn_inputs['weights'] has shape {list(weights.shape)}; with "
                 f"[{n}, {k}] target_tokens it must be [{n}, {k}] too"
             )
-        others = sorted(set(d.inputs) - {"target_tokens", "weights"})
+        others = sorted(set(d.inputs) - SOFT_INPUTS)
         if others:
             raise ServiceError(
                 f"datum {i}: [N, K] target_tokens take only weights beside them, not {others}"
             )
         widths.append(k)
-        for col in range(k):
-            inputs = {
-                "target_tokens": np.ascontiguousarray(target[:, col]),
-                "weights": np.ascontiguousarray(weights[:, col], dtype=np.float32),
-            }
-            out.append(DatumIn(d.tokens, inputs))
-    return out, widths
+    return widths
 
 
 def fold(outputs: list[dict[str, np.ndarray]], widths: list[int]) -> list[dict[str, np.ndarray]]:
-    """Per-row outputs of the expanded batch back to one per datum (``[N, K]`` log-probs for a
-    datum of K targets per position)."""
-    folded: list[dict[str, np.ndarray]] = []
-    at = 0
-    for k in widths:
-        if k == 0:
-            folded.append(outputs[at])
-            at += 1
-            continue
-        rows = outputs[at : at + k]
-        folded.append({name: np.stack([r[name] for r in rows], axis=-1) for name in rows[0]})
-        at += k
-    return folded
+    """Per-datum outputs of a K-wide batch (``[N, K]`` log-probs, K the call's widest) cut to
+    each datum's own width: ``[N, k]``, or ``[N]`` for a datum of ``[N]`` targets. Outputs of a
+    call with no soft datum (``[N]``) pass unchanged."""
+    if not any(widths):
+        return outputs
+    return [
+        {name: np.ascontiguousarray(v[:, :k] if k else v[:, 0]) for name, v in out.items()}
+        for out, k in zip(outputs, widths, strict=True)
+    ]

@@ -98,6 +98,10 @@ class OptimStepResult:
     tokens: float  # the loss tokens whose gradient was applied
 
 
+SOFT_LOSSES = frozenset({"cross_entropy", "tinker_cross_entropy"})
+"""The losses that take soft targets (``[B, S, K]`` target_ids)."""
+
+
 def _default_micro_batch_size(local_batch: int, pp: int) -> int:
     """Whole batch without pipelining; with it, enough micro-batches (2 x stages) to fill it."""
     if pp == 1:
@@ -112,9 +116,10 @@ def _default_micro_batch_size(local_batch: int, pp: int) -> int:
 def _as_sent(parts: list[torch.Tensor], order: list[int] | None, width: int) -> torch.Tensor:
     """Per-row results of the micro-batches back in the call's row order; per-token ones
     (``width`` > 0) padded with zeros to ``width`` columns."""
-    if width:
+    if width:  # pad dimension 1 (a soft target's [b, T, K] keeps its K)
         parts = [
-            torch.nn.functional.pad(p, (0, width - p.shape[1])) if p.shape[1] < width else p
+            torch.nn.functional.pad(p, (0, 0) * (p.dim() - 2) + (0, width - p.shape[1]))
+            if p.shape[1] < width else p
             for p in parts
         ]
     rows = torch.cat(parts)
@@ -277,8 +282,14 @@ class Primitives:
             )
         spec = resolve_loss(loss)
         config = dict(loss_config or {})
+        if batch.soft and spec.name not in SOFT_LOSSES:
+            raise ValueError(
+                f"[B, S, K] target_ids (soft targets) are for cross-entropy, not {spec.name!r}: "
+                "send [B, S] target_ids"
+            )
         micro, mbs, order = self._micro(batch)
-        dry_run_loss(spec, config, micro[0])
+        if not batch.soft:  # soft targets run no registered loss (token_steps._soft_loss)
+            dry_run_loss(spec, config, micro[0])
         local_tokens = float(batch.weights.sum())
         (tokens,) = self._dp_sum([local_tokens])
         if tokens <= 0 and reduction == "mean":

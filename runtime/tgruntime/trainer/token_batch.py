@@ -14,6 +14,13 @@ zeros). Padded targets get log-prob 0 and weight 0; real tokens never attend to 
 Explicit targets (Tinker's ``target_tokens``): with ``target_ids`` int64 ``[B, S]`` there is no
 shift: ``T = S`` columns, ``log_probs[:, j] = log p(target_ids[:, j] | input_ids[:, :j + 1])``,
 every per-token input is ``[B, S]``, and ``attention_mask[:, j]`` marks column ``j`` real.
+
+Soft targets (Tinker's ``[N, K]`` ``target_tokens``, top-K distillation): ``target_ids``
+int64 ``[B, S, K]`` and ``target_weights`` float ``[B, S, K]`` (default ones). Column ``j``
+scores the K ids ``target_ids[:, j]``; ``cross_entropy`` is then
+``-sum(target_weights * log_probs)`` and the log-probs are ``[B, S, K]``, all from one forward
+pass (``target_logprobs.py``). ``weights`` (the token count of a mean) is the row's summed
+target weight, as if each of the K columns were a row of its own.
 """
 
 from __future__ import annotations
@@ -26,13 +33,17 @@ import torch
 __all__ = [
     "PER_TOKEN",
     "RESERVED",
+    "SOFT_WEIGHTS",
     "TokenBatch",
     "check_target_ids",
     "split_token_batch",
     "token_batch",
 ]
 
-RESERVED = frozenset({"input_ids", "attention_mask", "loss_mask", "position_ids", "target_ids"})
+RESERVED = frozenset(
+    {"input_ids", "attention_mask", "loss_mask", "position_ids", "target_ids", "target_weights"}
+)
+SOFT_WEIGHTS = "target_weights"  # [b, T, K] in ``extras`` with [b, S, K] labels (x valid)
 PER_TOKEN = frozenset({"advantages", "old_log_probs", "ref_log_probs"})  # always [B, S(-1)]
 
 
@@ -41,6 +52,7 @@ class TokenBatch:
     tokens: torch.Tensor  # int64 [b, S]: the model input
     position_ids: torch.Tensor  # int64 [b, S]
     labels: torch.Tensor  # int64 [b, S]: tokens[:, t + 1] (last column 0), or target_ids
+    # ([b, S] or, for soft targets, [b, S, K])
     valid: torch.Tensor  # float32 [b, T]: 1 where the target token is real (attention_mask)
     weights: torch.Tensor  # float32 [b, T]: loss weights (loss_mask x valid)
     extras: dict[str, torch.Tensor]  # per-token [b, T] (or per-sample [b, ...]) loss inputs
@@ -57,6 +69,11 @@ class TokenBatch:
     def num_targets(self) -> int:
         """Per-token columns T: ``S - 1`` (shifted inputs) or ``S`` (explicit target_ids)."""
         return int(self.valid.shape[1])
+
+    @property
+    def soft(self) -> bool:
+        """K targets per position (``labels`` [b, S, K]): cross-entropy on soft targets."""
+        return self.labels.dim() == 3
 
     @property
     def shift(self) -> int:
@@ -173,6 +190,16 @@ def token_batch(
         mask_t = _per_token("loss_mask", tensors["loss_mask"], b, s, explicit=explicit)
         weights = weights * mask_t.float()
     extras: dict[str, torch.Tensor] = {}
+    if labels.dim() == 3:  # soft targets: the K columns' weights, zero where nothing is real
+        tw = _soft_weights(tensors.get(SOFT_WEIGHTS), tuple(labels.shape))
+        tw = tw * weights.unsqueeze(-1)
+        extras[SOFT_WEIGHTS] = tw.to(device)
+        weights = tw.sum(dim=-1)
+    elif SOFT_WEIGHTS in tensors:
+        raise ValueError(
+            f"batch[{SOFT_WEIGHTS!r}] goes with [B, S, K] target_ids (soft targets); these "
+            "target_ids are [B, S]: send the weights as loss_mask"
+        )
     for name, value in tensors.items():
         if name in RESERVED:
             continue
@@ -189,14 +216,29 @@ def token_batch(
     )
 
 
+def _soft_weights(value: torch.Tensor | None, shape: tuple[int, ...]) -> torch.Tensor:
+    if value is None:
+        return torch.ones(shape, dtype=torch.float32)
+    if tuple(value.shape) != shape:
+        raise ValueError(
+            f"batch[{SOFT_WEIGHTS!r}] has shape {tuple(value.shape)}; with target_ids "
+            f"{list(shape)} it must be {list(shape)} too (one weight per target id)"
+        )
+    if not torch.is_floating_point(value) or not bool(torch.isfinite(value).all()):
+        raise ValueError(f"batch[{SOFT_WEIGHTS!r}] must be finite floats")
+    return value.to(torch.float32)
+
+
 def check_target_ids(target_ids: torch.Tensor, *, b: int, s: int, vocab_size: int) -> torch.Tensor:
-    """``target_ids`` is int ``[B, S]`` (the shape of input_ids) with ids in ``[0, vocab)``."""
+    """``target_ids`` is int ``[B, S]`` (the shape of input_ids), or ``[B, S, K]`` (soft
+    targets, K >= 1), with ids in ``[0, vocab)``."""
     if target_ids.dtype not in (torch.int64, torch.int32):
         raise ValueError(f"target_ids must be int64, got {target_ids.dtype}")
-    if tuple(target_ids.shape) != (b, s):
+    shape = tuple(target_ids.shape)
+    if shape[:2] != (b, s) or len(shape) not in (2, 3) or (len(shape) == 3 and shape[2] < 1):
         raise ValueError(
-            f"target_ids must be [B, S] = [{b}, {s}] (the shape of input_ids), got "
-            f"{tuple(target_ids.shape)}"
+            f"target_ids must be [B, S] = [{b}, {s}] (the shape of input_ids), or [{b}, {s}, K] "
+            f"(K >= 1 soft targets per position), got {shape}"
         )
     if target_ids.numel():
         lo, hi = int(target_ids.min()), int(target_ids.max())

@@ -6,6 +6,10 @@ the TP group), so every TP rank holds the same full-vocabulary log-prob and auto
 through it is megatron's. Entropy needs the whole distribution: :func:`vocab_parallel_entropy`
 all-reduces the shard's max (MAX), sum-exp and sum of ``p * z`` (SUM) over the TP group.
 
+Soft targets (``labels`` [b, S, K], :attr:`TokenBatch.soft`): the model returns logits and
+:func:`~tgruntime.trainer.target_logprobs.target_log_probs` gathers the K ids' log-probs in one
+pass; the loss is ``-sum(target_weights * log_probs)`` (cross-entropy only).
+
 A loss-function result follows megatron's 2-tuple contract ``(loss, reported)``: the
 schedule divides ``loss`` by the number of micro-batches, so the step returns
 ``sum(weight * per_token_loss) * scale * num_microbatches`` and backpropagates exactly
@@ -23,7 +27,8 @@ import torch.distributed as dist
 from megatron.core import parallel_state, tensor_parallel
 
 from tgruntime.trainer.losses import LossSpec, TokenTensors, check_loss_output
-from tgruntime.trainer.token_batch import TokenBatch
+from tgruntime.trainer.target_logprobs import target_log_probs
+from tgruntime.trainer.token_batch import SOFT_WEIGHTS, TokenBatch
 
 __all__ = ["dry_run_loss", "logprob_forward_step", "loss_forward_step", "vocab_parallel_entropy"]
 
@@ -57,7 +62,11 @@ def _logprob_loss(
     batch: TokenBatch, entropy: bool, output: torch.Tensor
 ) -> tuple[torch.Tensor, Reported]:
     t = batch.num_targets  # S - 1, or S with target_ids
-    if entropy:  # output: logits [b, s, V/tp]
+    if batch.soft:  # output: logits [b, s, V/tp]; K log-probs per position
+        reported = {"log_probs": _soft_log_probs(batch, output) * batch.valid.unsqueeze(-1)}
+        if entropy:
+            reported["entropy"] = vocab_parallel_entropy(output[:, :t]) * batch.valid
+    elif entropy:  # output: logits [b, s, V/tp]
         ent = vocab_parallel_entropy(output[:, :t])
         labels = batch.labels.transpose(0, 1).contiguous()
         # megatron's CE overwrites its input (exp, then softmax, in place): give it a copy
@@ -72,6 +81,17 @@ def _logprob_loss(
     return zero, {k: v.detach() for k, v in reported.items()}
 
 
+def _soft_log_probs(batch: TokenBatch, logits: torch.Tensor) -> torch.Tensor:
+    t = batch.num_targets
+    return target_log_probs(logits[:, :t], batch.labels[:, :t])
+
+
+def _model_labels(batch: TokenBatch, logits: bool) -> torch.Tensor | None:
+    """What the model gets as ``labels``: None (it returns logits) for entropy and for soft
+    targets, else the targets (it returns the per-token cross-entropy, megatron's fused path)."""
+    return None if logits or batch.soft else batch.labels
+
+
 def logprob_forward_step(
     entropy: bool,
 ) -> Callable[[Iterator[TokenBatch], torch.nn.Module], tuple[torch.Tensor, Any]]:
@@ -83,7 +103,7 @@ def logprob_forward_step(
             input_ids=batch.tokens,
             position_ids=batch.position_ids,
             attention_mask=None,
-            labels=None if entropy else batch.labels,
+            labels=_model_labels(batch, entropy),
         )
         return output, functools.partial(_logprob_loss, batch, entropy)
 
@@ -117,6 +137,21 @@ def _pg_loss(
     return weighted.sum() * factor, reported
 
 
+def _soft_loss(
+    batch: TokenBatch, factor: float, output: torch.Tensor
+) -> tuple[torch.Tensor, Reported]:
+    """Cross-entropy on soft targets: ``-sum(target_weights * log_probs)`` (the weights are
+    already zero where nothing is real)."""
+    log_probs = _soft_log_probs(batch, output)
+    weighted = -(log_probs * batch.extras[SOFT_WEIGHTS]).sum(dim=-1)
+    reported: Reported = {
+        "sample_loss_sum": weighted.detach().sum(dim=1),
+        "sample_weight": batch.weights.sum(dim=1),
+        "log_probs": log_probs.detach() * batch.valid.unsqueeze(-1),
+    }
+    return weighted.sum() * factor, reported
+
+
 def loss_forward_step(
     *, spec: LossSpec, config: Mapping[str, Any], scale: float, num_microbatches: int
 ) -> Callable[[Iterator[TokenBatch], torch.nn.Module], tuple[torch.Tensor, Any]]:
@@ -131,8 +166,10 @@ def loss_forward_step(
             input_ids=batch.tokens,
             position_ids=batch.position_ids,
             attention_mask=None,
-            labels=batch.labels,
+            labels=_model_labels(batch, False),
         )
+        if batch.soft:
+            return output, functools.partial(_soft_loss, batch, factor)
         return output, functools.partial(_pg_loss, batch, spec, config, factor)
 
     return step

@@ -26,7 +26,7 @@ from tgruntime.service.futures import Outcome
 from tgruntime.service.paths import check_metadata, check_ttl
 from tgruntime.service.runs import RunState
 from tgruntime.service.sessions import Model, ServiceError
-from tgruntime.service.soft_targets import expand, fold
+from tgruntime.service.soft_targets import fold, soft_widths
 from tgruntime.service.stability import stability_inputs
 from tgruntime.trainer.tinker_losses import tinker_loss_name
 
@@ -315,13 +315,14 @@ class ModelRoutes(ServiceCore):
             loss = tinker_loss_name(fb.loss_fn)
         except ValueError as exc:
             raise ServiceError(str(exc)) from None
-        data, widths = expand(fb.data, loss=fb.loss_fn)  # [N, K] soft targets: K rows
+        widths = soft_widths(fb.data, loss=fb.loss_fn)  # [N, K] soft targets: K ids a position
         batch, lengths = to_tensors(
-            data,
+            fb.data,
             loss=fb.loss_fn,
             vocab_size=self.info.vocab_size,
             max_len=self.info.max_sequence_length,
             dp=self.backend.dp(),
+            widths=widths,
         )
         if fb.loss_fn == "stable_reinforce":  # the sampler's records (service.stability)
             rows, width = (int(x) for x in batch["input_ids"].shape)
@@ -331,8 +332,8 @@ class ModelRoutes(ServiceCore):
             ))
         client = self.backend.client
         if fb.forward_only:
-            keys = ("input_ids", "attention_mask", "target_ids")
-            future = client.compute_log_prob({k: batch[k] for k in keys})
+            keys = ("input_ids", "attention_mask", "target_ids", "target_weights")
+            future = client.compute_log_prob({k: batch[k] for k in keys if k in batch})
         else:
             future = client.forward_backward(
                 batch, loss=loss, loss_config=dict(fb.loss_config), reduction="sum"

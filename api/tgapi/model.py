@@ -639,7 +639,10 @@ class ModelSpec:
         name="pretrained",
         description="Directory holding a Hugging Face LlamaForCausalLM, Qwen2ForCausalLM or "
         "Qwen3ForCausalLM checkpoint (config.json, safetensors) and its tokenizer, on the "
-        "workers' filesystem (a volume such as rayCluster.storage). Where the spec is parsed "
+        "workers' filesystem (a volume such as rayCluster.storage), or such a checkpoint's hub "
+        "id in org/model form (e.g. Qwen/Qwen3-0.6B), downloaded at start by every pod that "
+        "reads it (HF_ENDPOINT, HF_HOME and, from hubTokenSecret, HF_TOKEN apply; the "
+        "model's name defaults to it). Where the spec is parsed "
         "with the files at hand (the runtime, tgctl) the architecture and shape (architecture, "
         "vocabSize, hiddenSize, numLayers, numAttentionHeads, numQueryGroups, ffnHiddenSize, "
         "maxSequenceLength, headDim, ropeTheta, normEpsilon, tieEmbeddings) come from its "
@@ -647,8 +650,16 @@ class ModelSpec:
         "read the volume, so it checks only the path and the Llama-only fields (rope, RMSNorm, "
         "swiglu), and sizes the model by the fields as written. Absent: random initialisation.",
         default=None,
-        pattern=_ABSOLUTE_DIR,
+        pattern=f"{_ABSOLUTE_DIR}|{HF_MODEL_ID}",
         max_length=1024,
+    )
+    hub_token_secret: str = spec_field(
+        name="hubTokenSecret",
+        description="A Secret in the group's namespace (key: token) with a Hugging Face token, "
+        "given to every Ray pod and the Tinker server as HF_TOKEN: for a pretrained hub id of "
+        "a gated or private model. Empty: none.",
+        default="",
+        pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?)?$",
     )
     name: str | None = spec_field(
         name="name",

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from tgapi.errors import SpecError
+from tgapi.hub import HubError, local_dir
 from tgapi.model import ROPE_THETA, ModelSpec, TrainerGroupSpec
 
 CONFIG = "config.json"
@@ -134,10 +135,13 @@ def apply_pretrained(
     ``written`` is the ``model`` mapping as the user wrote it: only the fields set there are
     compared with the checkpoint (the others are defaults, which the checkpoint replaces).
     """
-    directory = spec.model.pretrained
-    if directory is None:
+    if spec.model.pretrained is None:
         return spec, []
     field = f"{path}.model.pretrained"
+    try:  # a hub id: its config and tokenizer, downloaded (tgapi.hub)
+        directory = local_dir(spec.model.pretrained)
+    except HubError as exc:
+        return spec, [_error(field, exc.problem, exc.fix)]
     root = Path(directory)
     config_path = root / CONFIG
     if not root.is_dir():

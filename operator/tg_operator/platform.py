@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from tgapi import TrainerGroup
+from tgapi.hub import is_hub_id
 from tgapi.model import CheckpointStorageSpec, RayClusterSpec
 
 CHECKPOINT_VOLUME = "checkpoints"
@@ -117,7 +118,9 @@ def head_reads_checkpoints(tg: TrainerGroup) -> bool:
     ``model.pretrained`` is set, the server job parses the spec on the head and reads the
     checkpoint's config.json there (tgapi.pretrained)."""
     rc = tg.spec.ray_cluster
-    return rc is not None and rc.storage is not None and tg.spec.model.pretrained is not None
+    pretrained = tg.spec.model.pretrained
+    return (rc is not None and rc.storage is not None and pretrained is not None
+            and not is_hub_id(pretrained))  # a hub id is downloaded, not read from the volume
 
 
 def head_checkpoint_mount(tg: TrainerGroup) -> list[dict[str, Any]]:

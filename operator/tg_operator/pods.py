@@ -138,6 +138,15 @@ def compile_threads(tg: TrainerGroup) -> int:
     return max(1, min(MAX_COMPILE_THREADS, share))
 
 
+def hub_token_env(tg: TrainerGroup) -> list[dict[str, Any]]:
+    """``HF_TOKEN`` from ``spec.model.hubTokenSecret`` (key ``token``), for a pretrained hub id
+    of a gated or private model (tgapi.hub); nothing when unset."""
+    secret = tg.spec.model.hub_token_secret
+    if not secret:
+        return []
+    return [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret, "key": "token"}}}]
+
+
 def worker_env(tg: TrainerGroup) -> list[dict[str, Any]]:
     """The worker container's environment: the operator's defaults, then the user's ``env``
     (a name the user sets replaces the default)."""

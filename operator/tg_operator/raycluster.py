@@ -156,9 +156,12 @@ def ray_containers(manifest: dict[str, Any]) -> list[dict[str, Any]]:
 
 def add_token_auth(manifest: dict[str, Any], tg: TrainerGroup) -> None:
     """Ray token authentication on every Ray container (``tg_operator.ray_token``): what
-    KubeRay >= v1.5.1 does for ``authOptions: {mode: token}``, written out for v1.5.0."""
+    KubeRay >= v1.5.1 does for ``authOptions: {mode: token}``, written out for v1.5.0; and
+    the hub token (``pods.hub_token_env``), which every container that reads the spec needs."""
     for container in ray_containers(manifest):
-        container["env"] = ray_token.token_env(tg) + list(container.get("env") or [])
+        container["env"] = (
+            ray_token.token_env(tg) + pods.hub_token_env(tg) + list(container.get("env") or [])
+        )
 
 
 def add_gcs_fault_tolerance(manifest: dict[str, Any], tg: TrainerGroup) -> None:

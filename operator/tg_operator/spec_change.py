@@ -17,6 +17,7 @@ import json
 from typing import Any
 
 from tgapi import TrainerGroupSpec, TrainerGroupStatus, to_wire
+from tgapi.hub import is_hub_id
 from tgapi.model import PLACEMENT_AUTO, PodSecuritySpec, RayWorkerNodesSpec
 
 
@@ -124,7 +125,11 @@ def cluster_hash(spec: TrainerGroupSpec) -> str:
     if spec.queue is not None:
         fields["queue"] = to_wire(spec.queue)
     if spec.model.pretrained is not None and spec.ray_cluster is not None:
-        fields["headReadsCheckpoints"] = spec.ray_cluster.storage is not None  # head mount
+        fields["headReadsCheckpoints"] = (  # head mount (platform.head_reads_checkpoints)
+            spec.ray_cluster.storage is not None and not is_hub_id(spec.model.pretrained)
+        )
+    if spec.model.hub_token_secret:  # HF_TOKEN in every Ray pod (pods.hub_token_env)
+        fields["hubTokenSecret"] = spec.model.hub_token_secret
     return _digest(fields)
 
 

@@ -302,6 +302,7 @@ def _pod_spec(tg: TrainerGroup, *, python: str) -> dict[str, Any]:
         {"name": "TG_NAME", "value": tg.name},
         {"name": "TG_K8S_NAMESPACE", "value": tg.namespace},
         *ray_token.token_env(tg),
+        *pods.hub_token_env(tg),
     ]
     tls = tg.spec.api.tls
     mounts = [

@@ -201,8 +201,8 @@ def test_the_operator_checks_the_path_and_the_llama_fields_only(tmp_path: Path) 
         "spec.model.activation: is gelu but model.pretrained is a Llama checkpoint, whose MLP "
         "is SwiGLU. Fix: set model.activation: swiglu, or remove model.pretrained",
     ]
-    (err,) = _errors({**spec, "model": {"pretrained": "relative/dir"}}, local=False)
-    assert err.startswith("spec.model.pretrained: 'relative/dir' has the wrong format")
+    (err,) = _errors({**spec, "model": {"pretrained": "relative/dir/x"}}, local=False)
+    assert err.startswith("spec.model.pretrained: 'relative/dir/x' has the wrong format")
 
 
 def test_the_crd_states_the_llama_rules_and_the_api_fields() -> None:

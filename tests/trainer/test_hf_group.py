@@ -6,7 +6,9 @@ key/value groups):
 * TP=2: train 2 steps, ``export_hf`` -> ``LlamaForCausalLM.from_pretrained`` gives the same
   log-probs as ``compute_log_prob``; ``import_hf`` of a Llama that transformers created
   gives transformers' log-probs, and exporting it again gives its tensors bit for bit.
-* PP=2 (a fresh group): ``import_hf`` of the TP=2 group's export, then ``export_hf`` in
+* PP=2 (a fresh group, started from ``spec.model.pretrained`` given as a hub id, which its
+  workers download from a stand-in hub, ``tests/fixtures_hub.py``): ``import_hf`` of the TP=2
+  group's export, then ``export_hf`` in
   small shards, is bit-identical to that export; its log-probs equal transformers'; the same
   for the transformers-created Llama.
 
@@ -16,6 +18,7 @@ same but tensor parallelism reduces them in another order (measured: ~1e-6).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 from pathlib import Path
@@ -31,6 +34,7 @@ pytest.importorskip("megatron.core")
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
+from tests.fixtures_hub import DirectoryHub, serve_hub  # noqa: E402
 from tests.fixtures_ray import RayCluster  # noqa: E402
 from tests.trainer.scenarios import fixed_batch, tiny_spec, write_tokenizer  # noqa: E402
 from tgruntime.controller import (  # noqa: E402
@@ -45,6 +49,7 @@ from tgruntime.trainer.worker import MegatronTrainer  # noqa: E402
 pytestmark = [pytest.mark.ray, pytest.mark.megatron]
 
 ATOL = 2e-5
+HUB_REPO = "org/theirs-llama"
 MODEL = {"positionEmbedding": "rope", "numQueryGroups": 2}
 
 
@@ -53,13 +58,14 @@ def _spec(*, pretrained: Path | None = None, **parallel: int) -> tgapi.TrainerGr
     return tiny_spec(**parallel, **MODEL, **extra)  # type: ignore[arg-type]
 
 
-def _group(spec: tgapi.TrainerGroupSpec) -> WorkerGroup:
+def _group(spec: tgapi.TrainerGroupSpec, env: dict[str, str] | None = None) -> WorkerGroup:
     wg = WorkerGroup.create(
         group_name=f"hf-{uuid.uuid4().hex[:8]}",
         ray_namespace=ray.get_runtime_context().namespace,
         resource_pool=ResourcePool(process_on_nodes=[2], use_gpu=False, strategy="PACK"),
         cls=ClassWithInitArgs(MegatronTrainer, json.dumps(tgapi.to_wire(spec))),
         detached=False,
+        env=env,
         pg_timeout_s=120,
         actor_timeout_s=180,
     )
@@ -134,8 +140,15 @@ def tp_run(ray_driver: RayCluster, tmp_path_factory: pytest.TempPathFactory) -> 
 def pp_run(tp_run: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("hf-pp")
     # spec.model.pretrained: init_model loads the transformers-created Llama (shape from its
-    # config.json), before any import_hf
-    wg = _group(_spec(pp=2, pretrained=tp_run["theirs"]))
+    # config.json), before any import_hf; named by its hub id, which each worker downloads
+    # (tgapi.hub) from a stand-in hub (HF_ENDPOINT is read when huggingface_hub is imported:
+    # the workers get it at start; this process parses the spec from the directory)
+    spec = _spec(pp=2, pretrained=tp_run["theirs"])
+    spec = dataclasses.replace(spec, model=dataclasses.replace(spec.model, pretrained=HUB_REPO))
+    hub = DirectoryHub(HUB_REPO, tp_run["theirs"])
+    with serve_hub(hub) as url:
+        wg = _group(spec, env={"HF_ENDPOINT": url, "HF_HOME": str(root / "hf-home")})
+    assert any("model.safetensors" in r for r in hub.requests), hub.requests
     try:
         out: dict[str, Any] = {"pretrained_log_probs": _group_log_probs(wg)}
         out["import"] = wg.import_hf(str(tp_run["trained"]))

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import tgapi
+from tgapi.hub import local_dir
 from tgruntime.driver.trainer_client import TrainerClient
 from tgruntime.service import policy as policy_flags
 from tgruntime.service import tls as tls_flags
@@ -46,7 +47,8 @@ def group_info(
     (:func:`tgruntime.service.stops.eos_token_ids`)."""
     pretrained = spec.model.pretrained
     name = base_model or spec.model.name or pretrained or tg_name
-    tok_dir = tokenizer or pretrained
+    # a hub id's config and tokenizer are downloaded (tgapi.hub; the parse did it already)
+    tok_dir = tokenizer or (local_dir(pretrained) if pretrained else None)
     if not eos_token_ids and tok_dir and Path(tok_dir).is_dir():
         eos_token_ids = eos_from_dir(tok_dir)
     return GroupInfo(

@@ -42,6 +42,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 
 from tgapi import TrainerGroupSpec, parse_spec
+from tgapi.hub import local_dir
 from tgapi.progress import MAX_LISTED_RUNS, RunProgress, TrainingProgress
 from tgruntime.controller import (
     Dispatch,
@@ -140,7 +141,7 @@ class MegatronTrainer(SamplingMixin, HFWeightsMixin, Worker):
             self.resumed_from = self.engine.resume()
             pretrained = self.spec.model.pretrained
             if pretrained and self.resumed_from is None:
-                self.import_hf(pretrained)
+                self.import_hf(local_dir(pretrained, weights=True))  # a hub id: downloaded
                 self.pretrained_from = pretrained
             if warm_up.wanted(self.engine):  # compile now, not in the first requests
                 self.warm_up_s = warm_up.warm_up(self.engine, self._sampler_for(self.engine))

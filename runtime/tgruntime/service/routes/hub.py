@@ -67,27 +67,32 @@ def _error(status: int, code: str, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status, headers={"X-Error-Code": code})
 
 
-class TokenizerHub:
-    """The routes over one server's :class:`GroupInfo` and :class:`KeyStore`."""
+class RepoRoutes:
+    """The hub's read-only HTTP API over one set of files (``files``), served under the repo
+    names ``_check`` accepts: ``resolve`` (HEAD and GET of one file), ``model_info`` and
+    ``tree``. A subclass says which files and who may read them."""
 
-    def __init__(self, service: Any) -> None:
-        self.service = service
+    def __init__(self) -> None:
         self._commit: str | None = None
-        # name -> (bytes, ETag): read and hashed once, like the commit id (the tokenizer is
-        # loaded once at start too), not on the event loop at every download
+        # name -> (bytes, ETag): read and hashed once, like the commit id, not on the event
+        # loop at every download
         self._blobs: dict[str, tuple[bytes, str]] = {}
 
-    @property
-    def info(self) -> GroupInfo:
-        info: GroupInfo = self.service.info
-        return info
-
     def files(self) -> dict[str, Path]:
-        d = self.info.tokenizer_id
-        root = Path(d) if d else None
-        if root is None or not root.is_dir():
-            return {}
-        return {f: root / f for f in FILES if (root / f).is_file()}
+        raise NotImplementedError
+
+    def _check(self, request: web.Request) -> tuple[str, web.Response | None]:
+        """(the repo named, None) when the caller and the name are good; else an error."""
+        raise NotImplementedError
+
+    def _check_revision(self, request: web.Request, repo: str) -> web.Response | None:
+        rev = request.match_info.get("revision", "main")
+        if rev not in ("main", self.commit()):
+            return _error(
+                404, "RevisionNotFound",
+                f"revision {rev!r} of {repo} is not served (main or {self.commit()})",
+            )
+        return None
 
     def commit(self) -> str:
         if self._commit is None:
@@ -97,34 +102,14 @@ class TokenizerHub:
             self._commit = h.hexdigest()
         return self._commit
 
-    def _check(self, request: web.Request) -> tuple[str, web.Response | None]:
-        """(the repo named, None) when the key and the name are good; else an error answer."""
-        bearer = request.headers.get("Authorization", "")
-        key = request.headers.get("X-API-Key") or (
-            bearer[7:].strip() if bearer.lower().startswith("bearer ") else None
-        )
-        who, why = self.service.keys.resolve(key)
-        if who is None:
-            return "", _error(
-                401, "Unauthorized",
-                f"{why} (huggingface_hub sends HF_TOKEN: set HF_TOKEN=$TINKER_API_KEY)",
-            )
-        request["principal"] = who
-        repo = f"{request.match_info['org']}/{request.match_info['model']}"
-        if repo not in hub_names(self.info) or not self.files():
-            served = ", ".join(hub_names(self.info)) if self.files() else "none"
-            return repo, _error(
-                404, "RepoNotFound",
-                f"{repo!r} is not served here (this group's tokenizer is served as: {served}; "
-                "set spec.model.name to the model's org/model id)",
-            )
-        rev = request.match_info.get("revision", "main")
-        if rev not in ("main", self.commit()):
-            return repo, _error(
-                404, "RevisionNotFound",
-                f"revision {rev!r} of {repo} is not served (main or {self.commit()})",
-            )
-        return repo, None
+    def add_to(self, app: web.Application, prefix: str) -> None:
+        repo = prefix + "/{org}/{model}"
+        api = prefix + "/api/models/{org}/{model}"
+        app.router.add_get(repo + "/resolve/{revision}/{file}", self.resolve)  # HEAD too
+        app.router.add_get(api, self.model_info)
+        app.router.add_get(api + "/revision/{revision}", self.model_info)
+        app.router.add_get(api + "/tree/{revision}", self.tree)
+
 
     async def resolve(self, request: web.Request) -> web.StreamResponse:
         repo, err = self._check(request)
@@ -175,12 +160,48 @@ class TokenizerHub:
         return web.json_response(self._listing())
 
 
+class TokenizerHub(RepoRoutes):
+    """The routes over one server's :class:`GroupInfo` and :class:`KeyStore`."""
+
+    def __init__(self, service: Any) -> None:
+        super().__init__()
+        self.service = service
+
+    @property
+    def info(self) -> GroupInfo:
+        info: GroupInfo = self.service.info
+        return info
+
+    def files(self) -> dict[str, Path]:
+        d = self.info.tokenizer_id
+        root = Path(d) if d else None
+        if root is None or not root.is_dir():
+            return {}
+        return {f: root / f for f in FILES if (root / f).is_file()}
+
+    def _check(self, request: web.Request) -> tuple[str, web.Response | None]:
+        bearer = request.headers.get("Authorization", "")
+        key = request.headers.get("X-API-Key") or (
+            bearer[7:].strip() if bearer.lower().startswith("bearer ") else None
+        )
+        who, why = self.service.keys.resolve(key)
+        if who is None:
+            return "", _error(
+                401, "Unauthorized",
+                f"{why} (huggingface_hub sends HF_TOKEN: set HF_TOKEN=$TINKER_API_KEY)",
+            )
+        request["principal"] = who
+        repo = f"{request.match_info['org']}/{request.match_info['model']}"
+        if repo not in hub_names(self.info) or not self.files():
+            served = ", ".join(hub_names(self.info)) if self.files() else "none"
+            return repo, _error(
+                404, "RepoNotFound",
+                f"{repo!r} is not served here (this group's tokenizer is served as: {served}; "
+                "set spec.model.name to the model's org/model id)",
+            )
+        return repo, self._check_revision(request, repo)
+
+
 def add_routes(app: web.Application, service: Any) -> None:
     """Register the hub routes of ``service`` (app.create_app)."""
-    hub = TokenizerHub(service)
-    repo = PREFIX + "/{org}/{model}"
-    api = PREFIX + "/api/models/{org}/{model}"
-    app.router.add_get(repo + "/resolve/{revision}/{file}", hub.resolve)  # HEAD too
-    app.router.add_get(api, hub.model_info)
-    app.router.add_get(api + "/revision/{revision}", hub.model_info)
-    app.router.add_get(api + "/tree/{revision}", hub.tree)
+    TokenizerHub(service).add_to(app, PREFIX)

@@ -37,8 +37,15 @@ def test_the_kubelets_token_volume_sync_timeout_is_not_a_defect_but_other_mounts
         "cache: timed out waiting for the condition"
     )
     claim = 'MountVolume.SetUp failed for volume "ckpt" : hostPath type check failed'
+    graph = (
+        'MountVolume.SetUp failed for volume "kube-api-access-xf6wv" : failed to fetch token: '
+        'serviceaccounts "default" is forbidden: User "system:node:tg-e2e-worker2" cannot '
+        'create resource "serviceaccounts/token" in API group "" in the namespace "default": '
+        "no relationship found between node 'tg-e2e-worker2' and this object"
+    )
     events = [
         _event("Pod", "2026-12-02T06:05:00Z", reason="FailedMount", message=token),
+        _event("Pod", "2026-12-02T06:05:00Z", reason="FailedMount", message=graph),
         _event("Pod", "2026-12-02T06:05:00Z", reason="FailedMount", message=claim),
     ]
     assert warnings(events, since=since, skip_kinds=set()) == [f"Pod/x FailedMount x1: {claim}"]

@@ -170,6 +170,11 @@ diagnose() {
 finish() {
   local rc=$?
   kill "$MEM_PID" 2>/dev/null || true
+  if [[ -n "${POD_CPU_PID:-}" ]]; then  # CPU seconds per pod and node (tests/e2e/pod_cpu.py)
+    kill "$POD_CPU_PID" 2>/dev/null || true
+    log "CPU seconds by workload and node (issue 34):"
+    python3 tests/e2e/pod_cpu.py report "$ARTIFACTS/pod-cpu.json" >&2 || true
+  fi
   if (( rc != 0 )); then diagnose; fi
   if [[ "${E2E_KEEP_CLUSTER:-0}" != 1 && -z "${E2E_STOP_AFTER:-}" ]]; then
     kind delete cluster --name "$CLUSTER" >/dev/null 2>&1 || true
@@ -217,6 +222,10 @@ if [[ "$MODE" == fake ]]; then
   GPU_NODE="$(k get nodes -l nvidia.com/gpu.present=true -o jsonpath='{.items[0].metadata.name}')"
   [[ -n "$GPU_NODE" ]] || die "no node labelled nvidia.com/gpu.present=true"
   stamp cluster
+  # CPU seconds per pod and node from the host's cgroups, reported at the end (finish)
+  python3 tests/e2e/pod_cpu.py sample "$ARTIFACTS/pod-cpu.json" --cluster "$CLUSTER" \
+    2>"$ARTIFACTS/pod-cpu.err" &
+  POD_CPU_PID=$!
   # Only the workers run our pods (the control plane keeps its NoSchedule taint): the runtime
   # image (several GB) goes to both, the operators' images to the untainted CPU worker.
   CPU_NODE="$(k get nodes -l '!nvidia.com/gpu.present,!node-role.kubernetes.io/control-plane' -o jsonpath='{.items[0].metadata.name}')"

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import re
 
+from tgapi.errors import PicklableError
 from tgapi.model import HF_MODEL_ID
 
 __all__ = ["HubError", "hub_dir", "is_hub_id", "local_dir"]
@@ -24,7 +25,7 @@ META_FILES = ("config.json", "generation_config.json", "*token*", "*.model", "vo
 WEIGHT_FILES = ("*.safetensors", "*.safetensors.index.json")
 
 
-class HubError(ValueError):
+class HubError(PicklableError, ValueError):
     """The hub id could not be downloaded: ``problem`` says why, ``fix`` what to do."""
 
     def __init__(self, *, problem: str, fix: str) -> None:

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 CGROUP = Path("/sys/fs/cgroup/cpuacct/docker")
-_UID = r"[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}"
+# a UUID, or a static pod's 32 hex digits (etcd, the API server: the hash of its manifest)
+_UID = r"[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}|[0-9a-f]{32}"
 POD_DIR = re.compile(rf"pod({_UID})(\.slice)?$")
 # a pod's random suffix and a ReplicaSet's template hash: Kubernetes' "safe" alphabet (no vowels)
 SAFE = "[bcdfghjklmnpqrstvwxz2456789]"
@@ -70,8 +71,10 @@ def workload(name: str) -> str:
 
 def _nodes(cluster: str) -> dict[str, tuple[str, int]]:
     """kind node name -> (container id, pid)."""
-    names = subprocess.run(["kind", "get", "nodes", "--name", cluster], capture_output=True,
-                           text=True, check=False).stdout.split()
+    names = subprocess.run(
+        ["docker", "ps", "--filter", f"label=io.x-k8s.kind.cluster={cluster}",
+         "--format", "{{.Names}}"], capture_output=True, text=True, check=False,
+    ).stdout.split()
     out = {}
     for n in names:
         got = subprocess.run(["docker", "inspect", "-f", "{{.Id}} {{.State.Pid}}", n],

@@ -21,6 +21,7 @@ import torch
 
 from tgapi.errors import PicklableError, SpecError, SpecErrors
 from tgapi.expr import CelError
+from tgapi.hub import HubError
 from tgapi.kube_view.ready import (
     TrainerGroupFailed,
     TrainerGroupForbidden,
@@ -59,6 +60,10 @@ CASES: dict[str, Callable[[], BaseException]] = {
         [_spec(), SpecError(field="spec.model", problem="missing", fix="set spec.model.path")]
     ),
     "tgapi.expr:CelError": lambda: CelError("no such key: foo"),
+    "tgapi.hub:HubError": lambda: HubError(  # raised on workers (their base weights' download)
+        problem="'org/m' is not on the hub, or is private",
+        fix="check the id, or set spec.model.hubTokenSecret",
+    ),
     "tgapi.kube_view.ready:TrainerGroupNotFound": lambda: TrainerGroupNotFound("no group 'g'"),
     "tgapi.kube_view.ready:TrainerGroupForbidden": lambda: TrainerGroupForbidden("403 on get"),
     "tgapi.kube_view.ready:TrainerGroupFailed": lambda: TrainerGroupFailed(

@@ -25,7 +25,10 @@ def test_pod_cgroups_in_both_layouts_and_names_from_the_log_directories(tmp_path
     _cg(node / "kubelet.slice/kubepods.slice/kubepods-burstable.slice"
         / f"kubepods-burstable-pod{UID1.replace('-', '_')}.slice/cri-containerd-abc.scope", 1)
     _cg(node / f"kubepods/besteffort/pod{UID2}", 5_000_000_000)
-    assert sorted(pod_usages(node)) == [(UID1, 3_000_000_000), (UID2, 5_000_000_000)]
+    static = "9c446778e12b388cc5d1a585cc8d6842"  # a static pod (the API server)
+    _cg(node / f"kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-pod{static}.slice", 7)
+    assert sorted(pod_usages(node)) == [
+        (UID1, 3_000_000_000), (UID2, 5_000_000_000), (static, 7)]
     logs = tmp_path / "root/var/log/pods"
     (logs / f"default_llama-tp2-tinker-58d8c66954-7prcs_{UID1}").mkdir(parents=True)
     assert pod_names(tmp_path / "root") == {UID1: "default/llama-tp2-tinker-58d8c66954-7prcs"}

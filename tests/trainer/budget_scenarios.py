@@ -11,7 +11,7 @@ import torch
 
 from tests.trainer.rl_scenarios import _batch, _full_log_probs, rl_inputs
 from tests.trainer.scenarios import SEQ, _quiet, tiny_spec
-from tests.trainer.soft_scenarios import soft_checks
+from tests.trainer.soft_scenarios import _flat, _max_diff, soft_checks
 
 ROWS = 10
 BUDGET = 2 * SEQ  # two full rows per micro-batch: the call below is 5x the budget
@@ -28,16 +28,6 @@ LOSSES: dict[str, dict[str, Any]] = {
     "tinker_cispo": {},
     "tinker_dro": {"beta": 0.1},
 }
-
-
-def _flat(engine: Any) -> dict[str, torch.Tensor]:
-    return {n: p.grad.detach().clone() for n, p in engine.state.module.named_parameters()
-            if p.grad is not None}
-
-
-def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    assert a.keys() == b.keys()
-    return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
 
 
 def _rows(t: dict[str, torch.Tensor], lo: int, hi: int) -> dict[str, torch.Tensor]:

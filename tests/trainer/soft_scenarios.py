@@ -15,7 +15,7 @@ ROWS, K = 5, 3
 LENGTHS = (32, 7, 20, 3, 12)
 
 
-def _flat(engine: Any) -> dict[str, torch.Tensor]:
+def _flat(engine: Any) -> dict[str, torch.Tensor]:  # every parameter's gradient (a copy)
     return {n: p.grad.detach().clone() for n, p in engine.state.module.named_parameters()
             if p.grad is not None}
 

@@ -167,14 +167,17 @@ diagnose() {
     log "Tinker server, before its last restart:"; tail -n 15 "$ARTIFACTS/tinker-server.previous.log" >&2 || true
   fi
 }
+pod_cpu_report() {  # once: CPU seconds per pod and node (tests/e2e/pod_cpu.py)
+  [[ -n "${POD_CPU_PID:-}" ]] || return 0
+  kill "$POD_CPU_PID" 2>/dev/null || true
+  POD_CPU_PID=""
+  log "CPU seconds by workload and node (issue 34):"
+  python3 tests/e2e/pod_cpu.py report "$ARTIFACTS/pod-cpu.json" >&2 || true
+}
 finish() {
   local rc=$?
   kill "$MEM_PID" 2>/dev/null || true
-  if [[ -n "${POD_CPU_PID:-}" ]]; then  # CPU seconds per pod and node (tests/e2e/pod_cpu.py)
-    kill "$POD_CPU_PID" 2>/dev/null || true
-    log "CPU seconds by workload and node (issue 34):"
-    python3 tests/e2e/pod_cpu.py report "$ARTIFACTS/pod-cpu.json" >&2 || true
-  fi
+  pod_cpu_report  # a run that passed reported it before its last line
   if (( rc != 0 )); then diagnose; fi
   if [[ "${E2E_KEEP_CLUSTER:-0}" != 1 && -z "${E2E_STOP_AFTER:-}" ]]; then
     kind delete cluster --name "$CLUSTER" >/dev/null 2>&1 || true
@@ -536,4 +539,5 @@ source tests/e2e/phases/gcs_ft.sh   # GCS fault tolerance: the head pod dies, th
 # ---- record -------------------------------------------------------------------------------------
 python3 tests/e2e/timeline.py "$ARTIFACTS" | tee "$ARTIFACTS/timeline.txt"
 log "all checks passed in $(( $(date +%s) - T_START ))s"
+pod_cpu_report  # before the last line: "E2E PASSED" must end the output (test_e2e_kind.py)
 echo "E2E PASSED"

@@ -256,10 +256,16 @@ def test_lifecycle_train_delete(
     # a normal apply is quiet: Normal events only, no ERROR or WARNING in the operator's log
     # from the apply to Ready (test_apply_to_ready_posts_no_warning_and_logs_no_error's checks,
     # on a noop group of its own until 2026-12-06)
-    events = ks.events_of(k8s_plane, ns, name)
-    assert [e["reason"] for e in events if e.get("type") == "Warning"] == [], ks.dump(events)
-    normal = {e["reason"] for e in events if e.get("type") == "Normal"}
-    assert {"RayClusterCreated", "ServerSubmitted", "Ready"} <= normal, normal
+    # (the Ready event is posted after the status that says Ready: wait for it, CI 15:27)
+    def normal_reasons() -> set[str]:
+        events = ks.events_of(k8s_plane, ns, name)
+        warned = [(e["reason"], e.get("message")) for e in events if e.get("type") == "Warning"]
+        assert warned == [], ks.dump(events)
+        return {e["reason"] for e in events if e.get("type") == "Normal"}
+
+    want = {"RayClusterCreated", "ServerSubmitted", "Ready"}
+    ks.wait_for(lambda: want <= normal_reasons(), timeout=30,
+                what=f"the Normal events {sorted(want)}")
     with operator.log_path.open("rb") as f:
         f.seek(offset)
         lines = f.read().decode(errors="replace").splitlines()

@@ -117,7 +117,11 @@ def test_a_queued_group_waits_suspended_then_starts_once_admitted(
     assert pods["items"] == [], "a queued group must have no pod (no partial placement)"
     rc = k8s_plane.kubectl_json("get", "raycluster", name, "-n", ns)
     assert rc["spec"]["suspend"] is True  # the operator never unsuspends
-    warnings = [e for e in ks.events_of(k8s_plane, ns, name) if e.get("type") == "Warning"]
+    warnings = [
+        (e["involvedObject"].get("kind"), e.get("source", {}).get("component"), e["reason"],
+         e.get("message"))
+        for e in ks.events_of(k8s_plane, ns, name) if e.get("type") == "Warning"
+    ]
     assert warnings == [], warnings
 
     # admitted: Kueue clears spec.suspend; KubeRay starts the pods; the group becomes Ready

@@ -38,9 +38,10 @@ try:
 except tgapi.SpecErrors as exc:
     print(json.dumps({"errors": [str(e) for e in exc.errors]}))
     sys.exit(0)
+parsed = sorted(os.listdir(local_dir(m.pretrained)))  # what the parse downloaded
 files = sorted(os.listdir(local_dir(m.pretrained, weights=True)))
 print(json.dumps({"pretrained": m.pretrained, "hidden": m.hidden_size,
-                  "layers": m.num_layers, "files": files}))
+                  "layers": m.num_layers, "parsed": parsed, "files": files}))
 """
 
 
@@ -80,6 +81,7 @@ def test_a_hub_id_is_downloaded_where_the_spec_is_parsed_and_a_token_opens_a_gat
         got = _parse(url, tmp_path / "home-open")
         assert got["pretrained"] == REPO  # the spec keeps the id: it is the served name
         assert (got["hidden"], got["layers"]) == (64, 2)  # config.json's, downloaded
+        assert got["parsed"] == ["config.json", "tokenizer.json"]  # no weights for the parse
         assert got["files"] == ["config.json", "model.safetensors", "tokenizer.json"]
         # a gated model: without the token the parse fails naming the fix, with it it works
         hub.token = "hf_s3cret"

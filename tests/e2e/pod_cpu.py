@@ -2,11 +2,11 @@
 kubelet, containerd and the node's other processes), read from the host's cgroup-v1
 ``cpuacct`` tree of each kind node container, which holds the node's pod cgroups.
 
-``sample OUT``: every few seconds until killed, read each node's total and each pod cgroup's
-``cpuacct.usage``, and the pods' names from the node's ``/var/log/pods/<ns>_<name>_<uid>``
-(through ``/proc/<node pid>/root``); a pod's figure is the largest seen, so a pod deleted
-during the run keeps what it used until its last sample (up to one interval is lost). The
-state is rewritten as JSON at each sample.
+``sample OUT``: every few seconds until killed (or its parent is gone), read each node's total
+and each pod cgroup's ``cpuacct.usage``, and the pods' names from the node's
+``/var/log/pods/<ns>_<name>_<uid>`` (through ``/proc/<node pid>/root``); a pod's figure is the
+largest seen, so a pod deleted during the run keeps what it used until its last sample (up to
+one interval is lost). The state is rewritten as JSON at each sample.
 
 ``report OUT``: a table, costliest first, of pods grouped by their workload (the name without
 the ReplicaSet/Job/KubeRay suffixes), and the nodes.
@@ -85,10 +85,13 @@ def _nodes(cluster: str) -> dict[str, tuple[str, int]]:
 
 
 def sample(out: Path, cluster: str, interval: float) -> None:
+    """Until killed, or until the process that started it is gone (a run.sh killed outright
+    runs no trap: the sampler must not outlive it)."""
     state: dict[str, Any] = {"pods": {}, "nodes": {}}
     nodes: dict[str, tuple[str, int]] = {}
-    while True:
-        if len(nodes) < 2:
+    parent = os.getppid()
+    while os.getppid() == parent:
+        if not nodes:  # started once the cluster exists: its nodes are all there
             nodes = _nodes(cluster)
         for node, (cid, pid) in nodes.items():
             cg = CGROUP / cid

@@ -265,7 +265,8 @@ def test_lifecycle_train_delete(
 
     want = {"RayClusterCreated", "ServerSubmitted", "Ready"}
     ks.wait_for(lambda: want <= normal_reasons(), timeout=30,
-                what=f"the Normal events {sorted(want)}")
+                what=f"the Normal events {sorted(want)}",
+                detail=lambda: ks.dump(ks.events_of(k8s_plane, ns, name)))
     with operator.log_path.open("rb") as f:
         f.seek(offset)
         lines = f.read().decode(errors="replace").splitlines()

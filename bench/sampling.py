@@ -30,6 +30,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_step
 import tgapi
 
+# path name -> (environment while its Sampler is built, CUDA graphs). The decode step runs
+# the lean layers (compiled on a GPU) unless TG_SAMPLER_LEAN=0 (the model's modules);
+# TG_SAMPLER_COMPILE=0 keeps the lean layers eager (docs/sampling.md, "The decode step").
+PATHS: dict[str, tuple[dict[str, str], bool]] = {
+    "graphs": ({}, True),
+    "graphs-modules": ({"TG_SAMPLER_LEAN": "0"}, True),
+    "graphs-uncompiled": ({"TG_SAMPLER_COMPILE": "0"}, True),
+    "eager": ({}, False),
+    "eager-modules": ({"TG_SAMPLER_LEAN": "0"}, False),
+}
+
 
 def _sync(device: str) -> None:
     import torch
@@ -63,8 +74,13 @@ def _copy_bandwidth() -> float:
 
 
 def _hf_row(
-    hf: Any, ids: Any, kwargs: dict[str, Any], args: argparse.Namespace, device: str,
-    batch: int, base: int,
+    hf: Any,
+    ids: Any,
+    kwargs: dict[str, Any],
+    args: argparse.Namespace,
+    device: str,
+    batch: int,
+    base: int,
 ) -> dict[str, Any]:
     """transformers' ``generate`` on the same prompts and lengths: one row of the table."""
     import torch
@@ -147,8 +163,35 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     hf.generation_config.eos_token_id = None
     hf.generation_config.pad_token_id = 0
 
-    samplers = {"graphs": Sampler(engine.state.module, cuda_graphs=True)} if gpu else {}
-    samplers["eager"] = Sampler(engine.state.module, cuda_graphs=False)
+    samplers: dict[str, Any] = {}
+    paths = ["eager", *[p for p in args.paths if p != "eager"]]
+    for name in paths:  # "eager" first: the transformers check below uses it
+        env, graphs = PATHS[name]
+        if graphs and not gpu:
+            continue
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            samplers[name] = Sampler(engine.state.module, cuda_graphs=graphs)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+    out["paths"] = {
+        name: {
+            "decode": (
+                "modules"
+                if s.decoder.lean is None
+                else "lean, compiled"
+                if s.decoder.lean.compiled
+                else "lean"
+            ),
+            "cuda_graphs": bool(s.cuda_graphs),
+        }
+        for name, s in samplers.items()
+    }
     gen = torch.Generator().manual_seed(0)
     kv_heads = m.num_query_groups or m.num_attention_heads
     head_dim = m.hidden_size // m.num_attention_heads
@@ -196,6 +239,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             }
             sampler.clear()
         # transformers' generate, the same prompts and lengths
+        if args.no_transformers:
+            _bound(row, args, batch, kv_per_token, weight_bytes, bw)
+            out["rows"].append(row)
+            continue
         ids = torch.tensor(prompts, device=device)
         kwargs = {
             "do_sample": True,
@@ -213,16 +260,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             row["transformers"] = {"error": f"{type(exc).__name__}: {exc}"}
             if gpu:
                 torch.cuda.empty_cache()
-        # the bandwidth bound: weights once + the KV of the average context, per step
-        avg_ctx = args.prompt + args.new / 2
-        kv_bytes = batch * avg_ctx * kv_per_token
-        row["kv_cache_bytes"] = batch * (args.prompt + args.new) * kv_per_token
-        row["bytes_per_step"] = weight_bytes + kv_bytes
-        if bw:
-            row["bound_step_ms"] = (weight_bytes + kv_bytes) / bw * 1e3  # as issue 25 counts
+        _bound(row, args, batch, kv_per_token, weight_bytes, bw)
         out["rows"].append(row)
     engine.shutdown()
     return out
+
+
+def _bound(
+    row: dict[str, Any],
+    args: argparse.Namespace,
+    batch: int,
+    kv_per_token: int,
+    weight_bytes: int,
+    bw: float | None,
+) -> None:
+    """The bandwidth bound: weights once + the KV of the average context, per step."""
+    avg_ctx = args.prompt + args.new / 2
+    kv_bytes = batch * avg_ctx * kv_per_token
+    row["kv_cache_bytes"] = batch * (args.prompt + args.new) * kv_per_token
+    row["bytes_per_step"] = weight_bytes + kv_bytes
+    if bw:
+        row["bound_step_ms"] = (weight_bytes + kv_bytes) / bw * 1e3  # as issue 25 counts
 
 
 def _table(res: dict[str, Any]) -> str:
@@ -235,8 +293,8 @@ def _table(res: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in res["rows"]:
-        hf = row["transformers"]
-        for name in ("graphs", "eager", "transformers"):
+        hf = row.get("transformers", {"error": "skipped"})
+        for name in (*PATHS, "transformers"):
             r = row.get(name)
             if r is None:
                 continue
@@ -250,8 +308,9 @@ def _table(res: dict[str, Any]) -> str:
             share = "" if bound is None else f"{bound / step:.2f}"
             peak_s = "" if peak is None else f"{peak / 2**30:.2f}"
             ratio_s = "" if "error" in hf else f"{r['tokens_per_s'] / hf['tokens_per_s']:.2f}"
+            decode = res.get("paths", {}).get(name, {}).get("decode", "")
             lines.append(
-                f"| {row['batch']} | {name} | {r['tokens_per_s']:,.0f} | {step:.2f} | "
+                f"| {row['batch']} | {name} ({decode}) | {r['tokens_per_s']:,.0f} | {step:.2f} | "
                 f"{r['prefill_seconds']:.3f} | {ratio_s} | {bound_s} | {share} | {peak_s} |"
             )
     return "\n".join(lines)
@@ -266,6 +325,14 @@ def main() -> None:
     p.add_argument("--batches", type=int, nargs="+", default=[1, 32])
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--json", default="")
+    p.add_argument(
+        "--paths",
+        nargs="+",
+        default=["graphs", "eager"],
+        choices=sorted(PATHS),
+        help="sampler paths to time (graph paths only on a GPU)",
+    )
+    p.add_argument("--no-transformers", action="store_true", help="skip generate's rows")
     args = p.parse_args()
     res = run(args)
     print(_table(res))

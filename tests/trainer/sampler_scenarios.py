@@ -10,14 +10,17 @@ import torch
 from tests.trainer.scenarios import tiny_spec
 
 
-def kv_cache_matches_full_forward(position_embedding: str) -> dict[str, Any]:
-    """Max |logit difference| of prefill and cached decode against ``GPTModel.forward``."""
+def kv_cache_matches_full_forward(
+    position_embedding: str, extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Max |logit difference| of prefill and cached decode against ``GPTModel.forward``,
+    and which decode path ran (``lean``: the plain-function layers; ``compiled``)."""
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
     from tgruntime.trainer.engine import TrainEngine
     from tgruntime.trainer.sampling.decoder import CachedDecoder
 
-    model: dict[str, Any] = {"numQueryGroups": 2}
+    model: dict[str, Any] = {"numQueryGroups": 2, **(extra or {})}
     if position_embedding == "rope":
         model["positionEmbedding"] = "rope"
     engine = TrainEngine.create(spec=tiny_spec(world=1, **model))
@@ -45,6 +48,8 @@ def kv_cache_matches_full_forward(position_embedding: str) -> dict[str, Any]:
             "decode": worst_decode,
             "staggered": float((mixed - want).abs().max()),
             "scale": float(full.abs().max()),
+            "lean": decoder.lean is not None,
+            "compiled": decoder.lean is not None and decoder.lean.compiled,
         }
     finally:
         engine.shutdown()

@@ -185,12 +185,38 @@ def test_bad_requests_are_refused(
     assert len(client.sample([[1, 2]], max_tokens=2, seed=0).result()) == 1
 
 
-@pytest.mark.parametrize("positions", ["rope", "learned_absolute"])
-def test_kv_cache_decode_equals_full_forward(positions: str) -> None:
+_QWEN = {"positionEmbedding": "rope", "normalization": "RMSNorm", "activation": "swiglu"}
+
+
+@pytest.mark.parametrize(
+    ("positions", "extra", "env", "path"),
+    [
+        ("rope", {}, {}, "lean"),
+        ("learned_absolute", {"normalization": "LayerNorm", "activation": "gelu"}, {}, "lean"),
+        ("rope", {**_QWEN, "architecture": "qwen2"}, {}, "lean"),
+        ("rope", {**_QWEN, "architecture": "qwen3"}, {"TG_SAMPLER_COMPILE": "1"}, "compiled"),
+        ("rope", {}, {"TG_SAMPLER_LEAN": "0"}, "modules"),
+    ],
+    ids=["rope", "learned-layernorm-gelu", "qwen2-bias", "qwen3-qknorm-compiled", "modules"],
+)
+def test_kv_cache_decode_equals_full_forward(
+    positions: str,
+    extra: dict[str, str],
+    env: dict[str, str],
+    path: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Prefill and cached decode (rows in step, and rows at different positions) give
+    ``GPTModel.forward``'s logits, through the decode path named (the lean layers, eager or
+    compiled with ``torch.compile`` on the CPU, or the model's modules)."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
     (r,) = launch(
         sampler_scenarios.kv_cache_matches_full_forward,
         world_size=1,
-        kwargs={"position_embedding": positions},
-        timeout_s=300,
+        kwargs={"position_embedding": positions, "extra": extra},
+        timeout_s=600,
     )
+    ran = "compiled" if r["compiled"] else "lean" if r["lean"] else "modules"
+    assert ran == path, r
     assert r["prefill"] < 1e-5 and r["decode"] < 1e-5 and r["staggered"] < 1e-5, r

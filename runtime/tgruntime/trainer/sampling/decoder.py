@@ -23,6 +23,8 @@ head_dim]`` per layer (this rank's key/value groups), the layout SDPA reads with
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
 from typing import Any
 
 import torch
@@ -30,6 +32,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from megatron.core import parallel_state
 from megatron.core.models.common.embeddings.rope_utils import apply_rotary_pos_emb
+
+from tgruntime.trainer.sampling.lean_layer import LeanLayers, lean_support
+
+log = logging.getLogger(__name__)
 
 __all__ = ["CachedDecoder", "KVCache", "unwrap_gpt"]
 
@@ -101,6 +107,26 @@ class CachedDecoder:
             self.config.rotary_interleaved or table.shape[-1] != self.head_dim
         ):
             raise NotImplementedError("the sampler's RoPE is non-interleaved over the full head")
+        self.lean = self._lean(model)
+
+    def _lean(self, model: Any) -> LeanLayers | None:
+        """The lean decode layers (``TG_SAMPLER_LEAN=0``: off), or None where the model
+        needs its modules (the reason is logged)."""
+        if os.environ.get("TG_SAMPLER_LEAN", "1") == "0":
+            return None
+        reason = lean_support(model)
+        if reason is not None:
+            log.info("sampler: decode through the model's modules (%s)", reason)
+            return None
+        return LeanLayers(
+            self.layers,
+            groups=self.groups,
+            heads=self.heads,
+            head_dim=self.head_dim,
+            scale=self.scale,
+            tp_group=parallel_state.get_tensor_model_parallel_group() if self.tp_size > 1 else None,
+            device=self.device,
+        )
 
     # -- buffers ------------------------------------------------------------------------
     def allocate(self, rows: int, length: int) -> KVCache:
@@ -109,9 +135,7 @@ class CachedDecoder:
         def buf() -> torch.Tensor:
             return torch.zeros(shape, dtype=self.dtype, device=self.device)
 
-        return KVCache(
-            keys=[buf() for _ in self.layers], values=[buf() for _ in self.layers]
-        )
+        return KVCache(keys=[buf() for _ in self.layers], values=[buf() for _ in self.layers])
 
     def freqs(self) -> torch.Tensor | None:
         """RoPE angles ``[max_sequence_length, 1, 1, rot_dim]`` (None for learned positions)."""
@@ -236,6 +260,16 @@ class CachedDecoder:
         span = torch.arange(cache.length, device=pos.device)
         mask = (span.unsqueeze(0) <= pos.unsqueeze(1)).view(b, 1, 1, cache.length)
         x = self._embed(tokens.unsqueeze(1), pos.unsqueeze(1))
+        if self.lean is not None and self.lean.usable():
+            x = self.lean.run(
+                x[0],
+                cache.keys,
+                cache.values,
+                pos,
+                mask,
+                None if rope is None else (rope[0].view(b, -1), rope[1].view(b, -1)),
+            ).unsqueeze(0)
+            return self.logits(x)[0]
         x = self._layers(
             x,
             lambda layer, h, i: self._attention_decode(layer, h, cache, i, pos, mask, rope),

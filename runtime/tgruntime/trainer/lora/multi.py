@@ -5,32 +5,55 @@ switches, trained on this model) and puts one forward hook on every base linear 
 them adapts. The hook adds, for row ``r`` of the batch, ``scaling[s] * B_s @ A_s @ x_r`` of
 the slot ``s = index[r]`` that row uses; slot 0 is no adapter (the base weights).
 
-Per adapted linear and per Hugging Face projection inside it, the slots' ``A``
-(``[rank, in]``) and ``B`` (``[out, rank]``) are stacked into ``[slots, r_max, in]`` and
-``[slots, out, r_max]``, zero-padded to the largest rank: a padded row of ``A`` gives a zero
-in ``A x``, and a padded column of ``B`` multiplies it, so padding adds exactly 0. A slot
-whose adapter set does not adapt this linear (its ``train_*`` switch off), and slot 0, hold
-zeros: their rows get a zero delta. The forward is then, for ``x`` ``[s, b, in]``:
+Concatenate and mask: no per-row gathers. Every adapter's columns sit side by side, and a
+per-row mask keeps the row's own. ``R`` is one rank for the whole :class:`MultiLora` (the
+largest adapter rank), and the adapter slots ``1..n`` own the columns ``(s-1)*R .. s*R - 1``
+(slot 0, the base, owns none). Per adapted linear and per Hugging Face projection (key)
+inside it, built once:
 
-1. gather each row's ``A`` and ``B`` (``[b, r_max, in]``, ``[b, out, r_max]``);
-2. ``h = bmm(x_b, A_rows^T)`` through the same tensor-parallel region as
-   :meth:`LinearLora.forward` (``copy_to`` for column-parallel, ``reduce_from``, an
-   all-reduce of the partial sums, for row-parallel);
-3. ``bmm(h, B_rows^T)``, the parts combined into the fused layout (q/k/v per key/value
-   group, gate then up) by the adapters' own ``_combine``, times the row's scaling; in the
-   input's dtype, as ``LinearLora.forward``.
+* ``A_cat`` ``[n*R, in]``: the slots' ``A`` (``[rank, in]``) stacked, each zero-padded to
+  ``R`` rows; ``B_cat`` ``[out, n*R]``: their ``B`` (``[out, rank]``) side by side, each
+  zero-padded to ``R`` columns. A padded row of ``A`` gives a zero in ``A x`` and a padded
+  column of ``B`` multiplies it, so padding adds exactly 0; a slot whose adapter set does
+  not adapt this linear (its ``train_*`` switch off) holds zeros there.
+* both already in the model's dtype: :meth:`LinearLora.forward` casts its float32
+  adapters to the input's dtype at every call; the same cast, done once, gives the same
+  values, so a step runs no cast.
 
-This is for sampling (no autograd through the stacked copies). The hooks read the row ->
-slot map :attr:`MultiLora.index`; :meth:`MultiLora.narrowed` points it at a slice of the
-rows for a forward over those rows only (the sampler's per-prompt prompt log-probs). The
-decode step has no host synchronisation here, so it can be captured in a CUDA graph: the
-stacks and the row maps keep their addresses.
+:meth:`MultiLora.set_rows` writes, once per batch, the column mask ``M`` ``[b, n*R]``:
+``M[r, c] = scaling[s]`` where column ``c`` belongs to slot ``s = index[r]``, else 0 (a row
+of slot 0 is all zeros). The shared ``R`` is what lets one mask serve every linear. Then,
+for ``x`` ``[s, b, in]``:
+
+1. ``h = x @ A_cat^T`` (``[s, b, n*R]``; all keys' ``A_cat`` in one matrix, as
+   :meth:`LinearLora.forward` concatenates its keys' ``A``), through the same
+   tensor-parallel region as :meth:`LinearLora.forward` (``copy_to`` for column-parallel,
+   ``reduce_from``, an all-reduce of the partial sums, for row-parallel);
+2. ``h = h * M`` (broadcast over ``s``): each row keeps its slot's columns, already scaled.
+   The scaling is folded into the mask, applied on ``h``, not on the output: it costs no
+   extra multiply over ``[s, b, out]``, and is in the model's dtype, as the scale the
+   per-row version applied to the output was;
+3. ``h @ B_cat^T`` per key, the parts combined into the fused layout (q/k/v per key/value
+   group, gate then up) by the adapters' own ``_combine``.
+
+Two small GEMMs over all slots' columns and one elementwise multiply, where gathering each
+row's ``A`` and ``B`` (``[b, R, in]``, ``[b, out, R]``) copied ``b`` adapters at every
+decode step. The price is the other slots' columns: ``n*R*(in + out)`` multiply-adds per row
+and token, where the row's own adapter needs ``R*(in + out)``; both are negligible against
+the base weights' ``in*out``.
+
+This is for sampling (no autograd through the copies). The hooks read the mask
+:attr:`MultiLora.mask` (and the row -> slot map :attr:`MultiLora.index`);
+:meth:`MultiLora.narrowed` points both at a slice of the rows for a forward over those rows
+only (the sampler's per-prompt prompt log-probs). The hooks have no host synchronisation,
+so the decode step can be captured in a CUDA graph: the copies, the masks and the row maps
+keep their addresses (one mask and one map per row count, rewritten in place).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -42,127 +65,222 @@ from megatron.core.tensor_parallel import (
 from tgruntime.trainer.lora.adapters import COLUMN, LinearLora
 from tgruntime.trainer.lora.inject import LoraAdapters
 
-__all__ = ["MultiLora", "StackedLinear"]
+__all__ = ["MultiLora", "StackedLinear", "column_mask"]
 
 
 def _part_key(hf_module: str) -> str:
     return hf_module.rsplit(".", 1)[-1]
 
 
-class StackedLinear:
-    """The stacked adapters of one megatron linear (slot 0: zeros)."""
+def column_mask(slots: Sequence[int], *, scaling: Sequence[float], rank: int) -> torch.Tensor:
+    """The mask ``M`` (float32, on the host) of rows in ``slots`` over the columns of the
+    adapter slots ``1..len(scaling)-1``, ``rank`` columns each: ``M[r, c] = scaling[s]``
+    where column ``c`` belongs to slot ``s = slots[r]``, else 0 (``scaling[0]``, the base's,
+    is unused: slot 0 owns no column)."""
+    owner = torch.arange((len(scaling) - 1) * rank) // rank + 1  # the slot of each column
+    rows = torch.tensor(list(slots), dtype=torch.int64).view(-1, 1)
+    scale = torch.tensor(list(scaling), dtype=torch.float32)[owner]
+    return torch.where(rows == owner, scale, torch.zeros(()))
 
-    def __init__(self, name: str, entries: Sequence[LinearLora | None]) -> None:
+
+class StackedLinear:
+    """All slots' adapters of one megatron linear side by side (see the module docstring).
+
+    ``entries[i]`` is slot ``i + 1``'s adapter of this linear (None: that set does not adapt
+    it). ``rank`` is the columns per slot (default: the largest rank here; a
+    :class:`MultiLora` passes its own, shared by all its linears); ``dtype`` the one the
+    model computes in (the copies are stored in it).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        entries: Sequence[LinearLora | None],
+        *,
+        rank: int | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
         present = [e for e in entries if e is not None]
         if not present:
             raise ValueError(f"{name}: no adapter set adapts this linear")
         template = present[0]
+        largest = max(e.rank for e in present)
+        if rank is not None and rank < largest:
+            raise ValueError(f"{name}: rank {rank} is below an adapter's rank {largest}")
         self.name = name
         self.template = template
         self.kind = template.kind
         self.keys = [_part_key(p.hf_module) for p in template.parts]
-        self.rank = max(e.rank for e in present)
-        slots = len(entries) + 1
-        device = template.lora_A[self.keys[0]].device
-        self.scaling = torch.zeros(slots, dtype=torch.float32, device=device)
-        self.a: dict[str, torch.Tensor] = {}
+        self.rank = largest if rank is None else rank
+        self.slots = len(entries) + 1
+        self.width = len(entries) * self.rank  # the adapter columns of one key
+        self.dtype = dtype
+        self.scaling = (0.0, *(0.0 if e is None else float(e.scaling) for e in entries))
+        self.adapts = (False, *(e is not None for e in entries))
+        a0 = template.lora_A[self.keys[0]]
+        self.device = a0.device
+        # all keys' A in one matrix (their rows k*width..(k+1)*width): one GEMM for q/k/v
+        a_cat = torch.zeros(len(self.keys) * self.width, a0.shape[1], dtype=dtype, device=a0.device)
         self.b: dict[str, torch.Tensor] = {}
-        for key in self.keys:
-            a0, b0 = template.lora_A[key], template.lora_B[key]
-            a = torch.zeros(slots, self.rank, a0.shape[1], dtype=torch.float32, device=device)
-            b = torch.zeros(slots, b0.shape[0], self.rank, dtype=torch.float32, device=device)
+        for k, key in enumerate(self.keys):
+            a_ref, b_ref = template.lora_A[key], template.lora_B[key]
+            b_cat = torch.zeros(b_ref.shape[0], self.width, dtype=dtype, device=a0.device)
             for slot, entry in enumerate(entries, start=1):
                 if entry is None:
                     continue
                 ea, eb = entry.lora_A[key], entry.lora_B[key]
-                if ea.shape[1] != a0.shape[1] or eb.shape[0] != b0.shape[0]:
+                if ea.shape[1] != a_ref.shape[1] or eb.shape[0] != b_ref.shape[0]:
                     raise ValueError(
                         f"{name}.{key}: adapter shapes {tuple(ea.shape)}/{tuple(eb.shape)} do "
-                        f"not fit {tuple(a0.shape)}/{tuple(b0.shape)} (another model or layout)"
+                        f"not fit {tuple(a_ref.shape)}/{tuple(b_ref.shape)} (another model "
+                        "or layout)"
                     )
-                a[slot, : entry.rank].copy_(ea.detach())
-                b[slot, :, : entry.rank].copy_(eb.detach())
-            self.a[key], self.b[key] = a, b
-        for slot, entry in enumerate(entries, start=1):
-            if entry is not None:
-                self.scaling[slot] = entry.scaling
+                row = k * self.width + (slot - 1) * self.rank
+                a_cat[row : row + entry.rank].copy_(ea.detach())
+                col = (slot - 1) * self.rank
+                b_cat[:, col : col + entry.rank].copy_(eb.detach())
+            self.b[key] = b_cat
+        self.a = a_cat
 
-    def delta(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-        """Row ``r``'s delta from slot ``index[r]``; ``x`` ``[s, b, in]`` -> ``[s, b, out]``
-        (this rank's fused output layout). Computed in ``x``'s dtype, as
-        :meth:`LinearLora.forward` does: the float32 stacks are cast after the gather."""
-        dtype = x.dtype
-        xb = x.transpose(0, 1)  # [b, s, in]
-        pieces = []
-        for key in self.keys:
-            a = self.a[key].index_select(0, index).to(dtype)  # [b, r, in]
-            h = torch.bmm(xb, a.transpose(1, 2))  # [b, s, r]
-            if self.kind == COLUMN:
-                h = copy_to_tensor_model_parallel_region(h)
-            else:
-                h = reduce_from_tensor_model_parallel_region(h)
-            b = self.b[key].index_select(0, index).to(dtype)  # [b, out, r]
-            pieces.append(torch.bmm(h, b.transpose(1, 2)))  # [b, s, out]
-        scale = self.scaling.index_select(0, index).to(dtype).view(-1, 1, 1)
-        out = self.template._combine(pieces) * scale
-        return out.transpose(0, 1)
+    def mask(self, slots: Sequence[int]) -> torch.Tensor:
+        """The column mask of rows in ``slots`` with this linear's scalings, on its device
+        (a :class:`MultiLora` writes one mask for all its linears instead)."""
+        values = column_mask(slots, scaling=self.scaling, rank=self.rank)
+        return values.to(device=self.device, dtype=self.dtype)
+
+    def delta(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Each row's delta from its own slot; ``x`` ``[s, b, in]``, ``mask`` ``[b, width]``
+        (:meth:`mask`) -> ``[s, b, out]`` (this rank's fused output layout).
+
+        In the model's dtype; an input in another dtype gets the copies cast to its own at
+        this call, as :meth:`LinearLora.forward` would (slower, but the same function)."""
+        a, m, b = self.a, mask, self.b
+        if x.dtype != self.dtype:
+            a, m = a.to(x.dtype), m.to(x.dtype)
+            b = {key: t.to(x.dtype) for key, t in b.items()}
+        h = torch.matmul(x, a.t())  # [s, b, keys * width]
+        if self.kind == COLUMN:
+            h = copy_to_tensor_model_parallel_region(h)
+        else:
+            h = reduce_from_tensor_model_parallel_region(h)
+        h = h.unflatten(-1, (len(self.keys), self.width)) * m.unsqueeze(-2)
+        pieces = [torch.matmul(h[..., k, :], b[key].t()) for k, key in enumerate(self.keys)]
+        return self.template._combine(pieces)
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.a.values(), *self.b.values()))
+        return sum(t.numel() * t.element_size() for t in (self.a, *self.b.values()))
+
+
+def _model_dtype(module: torch.nn.Module, bases: Iterable[torch.nn.Module]) -> torch.dtype:
+    """The dtype the adapted linears compute in: their weights' (megatron's bf16 model holds
+    bf16 weights and activations); else the model's first floating parameter's."""
+    for base in bases:
+        weight = getattr(base, "weight", None)
+        if isinstance(weight, torch.Tensor) and weight.is_floating_point():
+            return weight.dtype
+    for param in module.parameters():
+        if param.is_floating_point():
+            return param.dtype
+    return torch.float32
+
+
+def _slot_scaling(linears: Iterable[StackedLinear], slots: int) -> tuple[float, ...]:
+    """One scaling per slot, shared by every linear its set adapts (one mask for all);
+    0 for the base and for a set that adapts nothing."""
+    found: list[float | None] = [None] * slots
+    for linear in linears:
+        for slot in range(1, slots):
+            if not linear.adapts[slot]:
+                continue
+            value = linear.scaling[slot]
+            if found[slot] is None:
+                found[slot] = value
+            elif found[slot] != value:
+                raise ValueError(
+                    f"slot {slot}: {linear.name} has scaling {value:g}, another linear of the "
+                    f"same adapter set {found[slot]:g} (one scaling per set is assumed)"
+                )
+    return tuple(0.0 if s is None else s for s in found)
 
 
 class MultiLora:
     """Per-row adapters over one model: slot ``i + 1`` is ``sets[i]``, slot 0 the base.
 
     Built detached; :meth:`attach` puts the hooks on (the model's own adapters, i.e. the
-    active run's, must be detached first), :meth:`detach` takes them off.
+    active run's, must be detached first), :meth:`detach` takes them off. ``dtype``: the
+    one the model computes in (default: its adapted linears' weights').
     """
 
-    def __init__(self, module: torch.nn.Module, sets: Sequence[LoraAdapters]) -> None:
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        sets: Sequence[LoraAdapters],
+        *,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         if not sets:
             raise ValueError("MultiLora needs at least one adapter set")
-        names: dict[str, None] = {}
-        for adapters in sets:
-            for name, _ in adapters.items():
-                names.setdefault(name, None)
         by_set = [dict(adapters.items()) for adapters in sets]
-        self.linears = {
-            name: StackedLinear(name, [found.get(name) for found in by_set]) for name in names
-        }
+        names: dict[str, None] = {}
+        for found in by_set:
+            for name in found:
+                names.setdefault(name, None)
+        if not names:
+            raise ValueError("MultiLora: none of the adapter sets adapts a linear")
+        self.rank = max(e.rank for found in by_set for e in found.values())
         self.slots = len(sets) + 1
-        device = next(iter(self.linears.values())).scaling.device
-        self._bases = {name: module.get_submodule(name) for name in self.linears}
-        self._device = device
-        self._maps: dict[int, torch.Tensor] = {}  # row count -> its row map (fixed address)
-        self._full = torch.zeros(1, dtype=torch.int64, device=device)
+        self._bases = {name: module.get_submodule(name) for name in names}
+        self.dtype = dtype if dtype is not None else _model_dtype(module, self._bases.values())
+        self.linears = {
+            name: StackedLinear(
+                name, [found.get(name) for found in by_set], rank=self.rank, dtype=self.dtype
+            )
+            for name in names
+        }
+        self.scaling = _slot_scaling(self.linears.values(), self.slots)
+        self.width = (self.slots - 1) * self.rank
+        self._device = next(iter(self.linears.values())).device
+        # row count -> its row map and column mask (each at a fixed address)
+        self._maps: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._full = torch.zeros(1, dtype=torch.int64, device=self._device)
+        self._full_mask = torch.zeros(1, self.width, dtype=self.dtype, device=self._device)
         self.index = self._full
+        self.mask = self._full_mask
         self._handles: list[Any] = []
 
     def set_rows(self, slots: Sequence[int]) -> None:
         """The slot of every batch row (0: base weights; ``i + 1``: ``sets[i]``).
 
-        The map of a given row count keeps its address (written in place), so a CUDA graph
-        captured over these hooks reads the current map when it is replayed."""
+        Writes the row map and the column mask of this row count in place (they keep their
+        addresses), so a CUDA graph captured over these hooks reads the current ones when it
+        is replayed."""
         bad = [s for s in slots if not 0 <= s < self.slots]
         if bad:
             raise ValueError(f"slot {bad[0]} is outside [0, {self.slots})")
         values = torch.tensor(list(slots), dtype=torch.int64)
-        buffer = self._maps.get(len(values))
-        if buffer is None:
-            buffer = torch.empty(len(values), dtype=torch.int64, device=self._device)
-            self._maps[len(values)] = buffer
-        buffer.copy_(values)
-        self._full = buffer
-        self.index = self._full
+        mask = column_mask(list(slots), scaling=self.scaling, rank=self.rank)
+        buffers = self._maps.get(len(values))
+        if buffers is None:
+            buffers = (
+                torch.empty(len(values), dtype=torch.int64, device=self._device),
+                torch.empty(len(values), self.width, dtype=self.dtype, device=self._device),
+            )
+            self._maps[len(values)] = buffers
+        buffers[0].copy_(values)
+        buffers[1].copy_(mask)
+        self._full, self._full_mask = buffers
+        self.index, self.mask = buffers
 
     @contextlib.contextmanager
     def narrowed(self, start: int, stop: int) -> Iterator[None]:
         """Forwards inside the block run rows ``start:stop`` of the batch only."""
         self.index = self._full[start:stop]
+        self.mask = self._full_mask[start:stop]
         try:
             yield
         finally:
             self.index = self._full
+            self.mask = self._full_mask
 
     def nbytes(self) -> int:
         """Bytes of the stacked copies (what a multi-adapter batch adds)."""
@@ -190,13 +308,13 @@ class MultiLora:
         ) -> Any:
             x = args[0] if args else kwargs["input_"]
             out, bias = output
-            index = self.index
-            if x.shape[1] != index.numel():
+            mask = self.mask
+            if x.shape[1] != mask.shape[0]:
                 raise RuntimeError(
                     f"multi-LoRA on {linear.name}: the batch has {x.shape[1]} rows, the row "
-                    f"map {index.numel()} (set_rows / narrowed)"
+                    f"map {mask.shape[0]} (set_rows / narrowed)"
                 )
-            delta = linear.delta(x, index)
+            delta = linear.delta(x, mask)
             if delta.shape != out.shape:
                 raise RuntimeError(
                     f"multi-LoRA on {linear.name}: the delta has shape {tuple(delta.shape)}, "

@@ -1,9 +1,12 @@
-"""The sampling queue. On a full-weight group, by default, requests go to the continuous-
-batching scheduler (``continuous.py``): a request joins the rows decoding in the workers at
-their next chunk, whatever its parameters (``TG_CONTINUOUS_BATCHING=0`` turns it off).
-Otherwise (and on a LoRA group) concurrent ``asample`` requests with the same weights and
-parameters go to the group as one ``TrainerClient.sample`` call that runs to completion; on
-a LoRA group (``multi_lora``) the requests with the same parameters go as one
+"""The sampling queue. By default requests go to the continuous-batching scheduler
+(``continuous.py``): a request joins the rows decoding in the workers at their next chunk,
+whatever its parameters (``TG_CONTINUOUS_BATCHING=0`` turns it off). On a LoRA group
+(``multi_lora``) every request carries its adapter (its ``weights``: a snapshot, or None for
+the base) and the scheduler sees them all as one weights, so rows of every adapter decode in
+one batch (the workers' ``sample_step`` gives each row its own adapter).
+Otherwise (and for a request the pool can never hold) concurrent ``asample`` requests with
+the same weights and parameters go to the group as one ``TrainerClient.sample`` call that
+runs to completion; on a LoRA group the requests with the same parameters go as one
 ``sample_batch`` call whatever their adapters: one forward pass serves every adapter
 (docs/lora.md)."""
 
@@ -58,7 +61,7 @@ class SampleQueue:
         if continuous is None:
             continuous = os.environ.get("TG_CONTINUOUS_BATCHING", "1") != "0"
         self.continuous: ContinuousScheduler | None = None
-        if continuous and not multi_lora:
+        if continuous:
             self.continuous = ContinuousScheduler(
                 self._step, gather_s=gather_s, overflow=self._one_shot
             )
@@ -105,6 +108,10 @@ class SampleQueue:
             self._queue.put_nowait(job)
             return
         request = {"prompt": job.prompt, **_params(job.key)}
+        if self.multi_lora:  # the adapter is per request: one weights for the scheduler
+            request["weights"] = job.key[0]
+            self.continuous.put(ContinuousJob(None, request, job.done, origin=job))
+            return
         self.continuous.put(ContinuousJob(job.key[0], request, job.done, origin=job))
 
     async def _run(self) -> None:

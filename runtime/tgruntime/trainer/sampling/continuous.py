@@ -20,17 +20,40 @@ filters in use), captured the first time that bucket runs and replayed from then
 buckets are a fixed list, so in steady state no request shape captures anything. Capture
 runs its warm-up steps on a scratch column (the last position of every slot, which no row
 ever reads or writes: a row's last token is never fed), so it can happen while rows decode.
+
+LoRA groups (``RowAdapters``): every request names its adapter (a snapshot's sampling-only
+``LoraAdapters``, or None for the base model), and the rows of different adapters decode in
+one batch through ``lora.multi.MultiLora`` (per-row deltas from forward hooks). The pool
+keeps a row -> adapter map of ``slots`` rows (``MultiLora.set_rows`` over the whole pool,
+free slots 0 = the base), rewritten in place when rows are admitted or move, so its address
+never changes: a step over slots ``[0, b)`` reads rows ``[0, b)`` of it
+(``MultiLora.narrowed``), and a CUDA graph captured over the hooks stays valid while rows come
+and go. A prefill runs the new rows' slots ``[start, end)`` of the same map.
+
+The stack (the adapters the ``MultiLora`` holds) grows by rebuilding, never by waiting: when
+an admission brings an adapter the stack lacks, a new stack is built of the adapters of the
+rows still decoding and of the rows being admitted (the union; adapters no row uses any more
+are dropped then), the map is rewritten for the new stack, the old hooks are swapped for the
+new ones and the captured graphs are dropped (they replay the old stack's hooks): the next
+step captures again, once per bucket in use. A row's adapter is the snapshot's adapter set
+itself (keyed by identity), so a snapshot saved again under the same name is a new adapter;
+rows already decoding keep the copy the stack made of the old one. Requests for the base only
+need no stack (no hooks: the lean decode path).
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
 
 from tgruntime.trainer.logprob_options import MAX_WIDTH
+from tgruntime.trainer.lora.inject import LoraAdapters
+from tgruntime.trainer.lora.multi import MultiLora
 from tgruntime.trainer.sampling.decoder import CachedDecoder, KVCache
 from tgruntime.trainer.sampling.generate import _agree
 from tgruntime.trainer.sampling.params import SamplingParams, row_keys
@@ -38,7 +61,7 @@ from tgruntime.trainer.sampling.pool import PoolSize
 from tgruntime.trainer.sampling.prompt_scores import score_prompt, topk_rows
 from tgruntime.trainer.sampling.rows import RowSettings, next_token_rows
 
-__all__ = ["BUCKETS", "SlotEngine", "bucket", "topk_width"]
+__all__ = ["BUCKETS", "RowAdapters", "SlotEngine", "bucket", "topk_width"]
 
 BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 """Graph batch sizes; above 512, multiples of 128."""
@@ -67,6 +90,7 @@ class _Request:
     sequences: list[dict[str, Any] | None]
     left: int
     submitted_step: int
+    adapter: LoraAdapters | None = None  # a LoRA group's adapter set (None: the base model)
     admitted_step: int = -1
     reported: bool = False
     scores: dict[str, Any] = dataclasses.field(default_factory=dict)  # prompt_scores' keys
@@ -111,11 +135,90 @@ class _Row:
         self.request.left -= 1
 
 
+class RowAdapters:
+    """The per-row LoRA adapters of a LoRA group's pool (module docstring): the stack
+    (``multi``, slot ``i + 1`` = ``stack[i]``) and the pool's row -> adapter map in it."""
+
+    def __init__(self, module: torch.nn.Module, slots: int) -> None:
+        self.module = module  # the GPT model the adapters were made for (``unwrap_gpt``)
+        self.slots = slots
+        self.stack: list[LoraAdapters] = []
+        self.multi: MultiLora | None = None
+        self.on = False  # the stack's hooks are attached (inside ``attached()``)
+        self.rebuilds = 0
+
+    def holds(self, adapter: LoraAdapters) -> bool:
+        return any(a is adapter for a in self.stack)
+
+    def cover(self, needed: Iterable[LoraAdapters | None]) -> bool:
+        """Make the stack hold every adapter in ``needed`` (the live rows' and the admitted
+        rows'); True when it was rebuilt, of exactly those (the old graphs are stale then)."""
+        want: list[LoraAdapters] = []
+        for adapter in needed:
+            if adapter is not None and not any(a is adapter for a in want):
+                want.append(adapter)
+        if all(self.holds(a) for a in want):
+            return False
+        old, self.multi = self.multi, None
+        if old is not None:
+            old.detach()
+        del old  # free the old copies before the new ones are made
+        self.stack = want
+        self.multi = MultiLora(self.module, want)
+        if self.on:
+            self.multi.attach()
+        self.rebuilds += 1
+        return True
+
+    def write(self, adapters: Sequence[LoraAdapters | None]) -> None:
+        """The adapter of every pool slot (None: the base, or a free slot), written in
+        place into the stack's row map of ``slots`` rows."""
+        if self.multi is None:
+            return
+        index = {id(a): i + 1 for i, a in enumerate(self.stack)}
+        self.multi.set_rows([0 if a is None else index[id(a)] for a in adapters])
+
+    def scope(self, start: int, stop: int) -> contextlib.AbstractContextManager[None]:
+        """A forward over pool slots ``start:stop`` only, each with its row's adapter."""
+        if self.multi is None:
+            return contextlib.nullcontext()
+        return self.multi.narrowed(start, stop)
+
+    @contextlib.contextmanager
+    def attached(self) -> Iterator[None]:
+        """The stack's hooks on inside the block (a rebuild inside swaps them), off after;
+        the caller has taken every other adapter set's hooks off."""
+        self.on = True
+        if self.multi is not None:
+            self.multi.attach()
+        try:
+            yield
+        finally:
+            self.on = False
+            if self.multi is not None:
+                self.multi.detach()
+
+    def info(self) -> dict[str, Any]:
+        return {"adapters": len(self.stack), "adapter_rebuilds": self.rebuilds}
+
+
+def _whole(start: int, stop: int) -> contextlib.AbstractContextManager[None]:
+    return contextlib.nullcontext()
+
+
 class SlotEngine:
     """Continuous batching on one rank; every rank of the group runs the same calls."""
 
-    def __init__(self, decoder: CachedDecoder, size: PoolSize, *, cuda_graphs: bool) -> None:
+    def __init__(
+        self,
+        decoder: CachedDecoder,
+        size: PoolSize,
+        *,
+        cuda_graphs: bool,
+        lora: RowAdapters | None = None,
+    ) -> None:
         self.decoder = decoder
+        self.lora = lora  # a LoRA group's per-row adapters (None: a full-weight group)
         self.size = size
         slots, dev = size.slots, decoder.device
         self.cache: KVCache = decoder.allocate(slots, size.length)
@@ -165,9 +268,18 @@ class SlotEngine:
         ids.update(row.request.rid for row in self.rows[: self.n] if row is not None)
         return ids
 
-    def submit(self, rid: str, prompt: list[int], params: SamplingParams) -> None:
+    def submit(
+        self,
+        rid: str,
+        prompt: list[int],
+        params: SamplingParams,
+        adapter: LoraAdapters | None = None,
+    ) -> None:
         """Queue a checked request (``check_prompts`` / ``SamplingParams.build`` done) for
-        admission; refuses what the pool can never hold, naming the limit."""
+        admission; refuses what the pool can never hold, naming the limit. ``adapter``: the
+        request's adapter set on a LoRA group (None: the base model)."""
+        if adapter is not None and self.lora is None:
+            raise ValueError("a request's adapter needs a LoRA group's engine (RowAdapters)")
         n, slots, length = params.num_samples, self.size.slots, self.size.length
         if n > slots:
             raise ValueError(
@@ -192,6 +304,7 @@ class SlotEngine:
                 sequences=[None] * n,
                 left=n,
                 submitted_step=self.steps,
+                adapter=adapter,
             )
         )
 
@@ -203,6 +316,7 @@ class SlotEngine:
         self.live.zero_()
         self.pos.zero_()
         self.weights = None
+        self._write_adapters()
 
     def info(self) -> dict[str, Any]:
         return {
@@ -216,7 +330,32 @@ class SlotEngine:
             "calls": self.calls,
             "admitted_rows": self.admitted_rows,
             "graphs": len(self._graphs),
+            **(self.lora.info() if self.lora is not None else {}),
         }
+
+    # -- LoRA rows -----------------------------------------------------------------------
+    def _scope(self, start: int, stop: int) -> contextlib.AbstractContextManager[None]:
+        return _whole(start, stop) if self.lora is None else self.lora.scope(start, stop)
+
+    def _write_adapters(self, admitted: Sequence[_Request] = ()) -> None:
+        """Rewrite the pool's row -> adapter map: the active rows', then the rows of
+        ``admitted`` (prompt-major, as ``_prefill`` places them), then free slots (base)."""
+        if self.lora is None:
+            return
+        adapters = [row.request.adapter if row else None for row in self.rows[: self.n]]
+        adapters += [req.adapter for req in admitted for _ in range(req.params.num_samples)]
+        adapters += [None] * (self.size.slots - len(adapters))
+        self.lora.write(adapters)
+
+    def _cover(self, batch: Sequence[_Request]) -> None:
+        """Make the stack hold every adapter the active rows and ``batch`` use; a rebuilt
+        stack drops the graphs captured over the old one's hooks."""
+        if self.lora is None:
+            return
+        live = [row.request.adapter for row in self.rows[: self.n] if row is not None]
+        if self.lora.cover([*live, *(req.adapter for req in batch)]):
+            self._graphs.clear()
+            self._write_adapters()
 
     # -- the loop ------------------------------------------------------------------------
     @torch.no_grad()
@@ -241,6 +380,7 @@ class SlotEngine:
             room -= req.params.num_samples
             batch.append(req)
         if batch:
+            self._cover(batch)
             self._prefill(batch, finished)
 
     def _prefill(self, batch: list[_Request], finished: list[tuple[str, dict[str, Any]]]) -> None:
@@ -273,9 +413,11 @@ class SlotEngine:
             keys=[k[start:end] for k in self.cache.keys],
             values=[v[start:end] for v in self.cache.values],
         )
-        hidden = d.prefill(padded, view)  # [W, m, h]
-        last = hidden[lengths - 1, torch.arange(m, device=d.device)]
-        logits = d.logits(last.unsqueeze(0))[0]
+        self._write_adapters(batch)
+        with self._scope(start, end):
+            hidden = d.prefill(padded, view)  # [W, m, h]
+            last = hidden[lengths - 1, torch.arange(m, device=d.device)]
+            logits = d.logits(last.unsqueeze(0))[0]
         sub = RowSettings(
             *(t[start:end] for t in (s.temperature, s.top_k, s.top_p, s.keys, s.step))
         )
@@ -289,7 +431,7 @@ class SlotEngine:
         for req in batch:
             req.admitted_step = self.steps
             if req.params.prompt_logprobs or req.params.logprobs.scores_prompt:
-                req.scores = self._prompt_scores(hidden, first, req)
+                req.scores = self._prompt_scores(hidden, first, req, start)
             first += req.params.num_samples
         kw = topk_width([p.logprobs.topk_sample for p in params], vocab)
         topk = topk_rows(torch.log_softmax(logits, dim=-1), kw) if kw else None
@@ -305,12 +447,15 @@ class SlotEngine:
         self.admitted_rows += m
         self._retire(done, finished)
 
-    def _prompt_scores(self, hidden: torch.Tensor, r: int, req: _Request) -> dict[str, Any]:
+    def _prompt_scores(
+        self, hidden: torch.Tensor, r: int, req: _Request, start: int = 0
+    ) -> dict[str, Any]:
         """The request's prompt scores (``prompt_scores.score_prompt``) from the prefill's
-        hidden states of its first row ``r``."""
+        hidden states of its first row ``r`` (pool slot ``start + r``)."""
 
         def logits_of(a: int, b: int) -> torch.Tensor:
-            return self.decoder.logits(hidden[a:b, r : r + 1])[:, 0]
+            with self._scope(start + r, start + r + 1):
+                return self.decoder.logits(hidden[a:b, r : r + 1])[:, 0]
 
         return score_prompt(logits_of, req.prompt, req.params, seed=req.params.seed)
 
@@ -324,7 +469,8 @@ class SlotEngine:
     def _advance(self, b: int, cache: KVCache, top_k: bool, top_p: bool, kw: int = 0) -> None:
         """One decode step over slots ``[0, b)`` (device work only: capturable); ``kw``: the
         top-k width to record (0: none)."""
-        logits = self.decoder.decode(self.tokens[:b], self.pos[:b], cache)
+        with self._scope(0, b):
+            logits = self.decoder.decode(self.tokens[:b], self.pos[:b], cache)
         token, logprob = next_token_rows(logits, self.settings.narrow(b), top_k=top_k, top_p=top_p)
         token = _agree(token, self.decoder.tp_size)
         self.last_token[:b].copy_(token)
@@ -364,9 +510,7 @@ class SlotEngine:
             )
             topk = [[[int(i), float(v)] for i, v in row] for row in pairs.cpu().tolist()]
         self.steps += 1
-        done = [
-            r for r, row in enumerate(active) if row.add(int(tokens[r]), logprobs[r], topk[r])
-        ]
+        done = [r for r, row in enumerate(active) if row.add(int(tokens[r]), logprobs[r], topk[r])]
         self._retire(done, finished)
 
     def _retire(self, slots: list[int], finished: list[tuple[str, dict[str, Any]]]) -> None:
@@ -396,6 +540,7 @@ class SlotEngine:
         self.live[n_new:n] = 0
         self.pos[n_new:n] = 0
         self.n = n_new
+        self._write_adapters()
         if self.n == 0 and not self.waiting:
             self.weights = None
 

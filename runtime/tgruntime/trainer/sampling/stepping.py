@@ -7,7 +7,18 @@ Continuous batching driven in chunks (docs/sampling.md, "Continuous batching"): 
 stay in the workers' pool for the next call. Ray runs an actor's calls one at a time, so
 training calls interleave between chunks, never inside one.
 
-Full-weight groups only; a LoRA group samples through ``sample`` / ``sample_batch``.
+Full-weight groups: one weights per engine (``weights``: the training weights, or a
+snapshot held swapped in between chunks); a call with other weights while rows decode is
+refused (the scheduler waits for the rows to drain).
+
+LoRA groups: every request names its own adapter (its ``weights`` field: a snapshot name or
+directory, as ``sample_batch``'s entries; absent: the call's ``weights``; None: the base
+model without adapters, as in ``sample_batch``; the active run's live adapters are not
+served here, they change under training between chunks). Rows of different adapters decode
+in one batch (``continuous.RowAdapters``: per-row ``MultiLora`` deltas; the stack is rebuilt
+with the union of the adapters in use when a request brings a new one, never waiting for the
+rows to drain). During a chunk the active run's hooks are off and the stack's on; after it,
+exactly the active run's again. A request whose adapter cannot be resolved fails alone.
 """
 
 from __future__ import annotations
@@ -20,7 +31,10 @@ import torch
 
 from tgruntime.controller import Dispatch, register
 from tgruntime.trainer.engine import TrainEngine
-from tgruntime.trainer.sampling.continuous import SlotEngine
+from tgruntime.trainer.lora.inject import LoraAdapters
+from tgruntime.trainer.lora.multi import MultiLora
+from tgruntime.trainer.sampling.continuous import RowAdapters, SlotEngine
+from tgruntime.trainer.sampling.decoder import unwrap_gpt
 from tgruntime.trainer.sampling.generate import Sampler
 from tgruntime.trainer.sampling.params import SamplingParams, check_prompts
 from tgruntime.trainer.sampling.pool import PoolConfig, PoolSize
@@ -41,8 +55,17 @@ _REQUEST_FIELDS = frozenset(
         "num_samples",
         "prompt_logprobs",
         "logprob_options",
+        "weights",
     }
 )
+
+_RESOLVE_ERRORS = (KeyError, ValueError, FileNotFoundError)
+"""What resolving a weights name may raise for a bad name (the request fails alone)."""
+
+
+def _message(exc: Exception) -> str:
+    """An exception's message (a KeyError's without the repr quotes)."""
+    return str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
 
 
 class ContinuousSamplingMixin:
@@ -84,12 +107,15 @@ class ContinuousSamplingMixin:
     def _sampling(self) -> tuple[Sampler, SnapshotStore]:  # SamplingMixin provides it
         raise NotImplementedError
 
+    def _snapshot_adapters(self, engine: TrainEngine, weights: str) -> LoraAdapters:
+        raise NotImplementedError  # SamplingMixin provides it
+
+    def _hooks_swapped(
+        self, engine: TrainEngine, other: LoraAdapters | MultiLora | None
+    ) -> contextlib.AbstractContextManager[None]:
+        raise NotImplementedError  # SamplingMixin provides it
+
     def _continuous(self, engine: TrainEngine) -> SlotEngine:
-        if engine.adapters is not None:
-            raise ValueError(
-                "sample_step: continuous batching serves full-weight groups; a LoRA group "
-                "samples through sample / sample_batch (docs/sampling.md)"
-            )
         slot_engine = self._slot_engine
         if slot_engine is None:
             sampler, _ = self._sampling()
@@ -103,8 +129,14 @@ class ContinuousSamplingMixin:
                 free_bytes=free,
             )
             graphs = os.environ.get("TG_SAMPLER_CUDA_GRAPHS", "1") != "0"
+            lora = None
+            if engine.adapters is not None:
+                lora = RowAdapters(unwrap_gpt(engine.state.module), size.slots)
             slot_engine = SlotEngine(
-                d, size, cuda_graphs=graphs and d.device.type == "cuda" and d.tp_size == 1
+                d,
+                size,
+                cuda_graphs=graphs and d.device.type == "cuda" and d.tp_size == 1,
+                lora=lora,
             )
             self._slot_engine = slot_engine
         return slot_engine
@@ -153,7 +185,9 @@ class ContinuousSamplingMixin:
         up to ``max_steps`` decode steps for every active row, and return ``{"finished":
         {id: sample's per-prompt dict + "engine": steps}, "failed": {id: message}, ...the
         pool's info}``. ``weights`` as ``sample``'s; one weights at a time: a call with other
-        weights while rows decode is refused. ``reset``: drop every row first."""
+        weights while rows decode is refused. On a LoRA group each request may name its own
+        ``weights`` (the module docstring; None: the base), rows of any adapters decode
+        together. ``reset``: drop every row first."""
         self._in_chunk = True  # _engine() keeps a held snapshot swapped in
         try:
             return self._sample_step(admit, max_steps, weights, reset)
@@ -169,6 +203,8 @@ class ContinuousSamplingMixin:
             slot_engine.reset()
         if not isinstance(max_steps, int) or max_steps < 0:
             raise ValueError(f"sample_step: max_steps must be an integer >= 0, not {max_steps!r}")
+        if slot_engine.lora is not None:
+            return self._lora_step(engine, slot_engine, admit, max_steps, weights)
         if slot_engine.busy and slot_engine.weights != weights:
             raise ValueError(
                 f"sample_step: the sampler is decoding rows of weights {slot_engine.weights!r}; "
@@ -183,11 +219,16 @@ class ContinuousSamplingMixin:
             except (KeyError, ValueError, FileNotFoundError) as exc:
                 if slot_engine.busy:
                     raise
-                why = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
+                why = _message(exc)
                 return {"finished": {}, "failed": {str(r.get("id")): why for r in admit}}
         for request in admit:
             rid = str(request.get("id"))
             try:
+                if isinstance(request, dict) and request.get("weights", weights) != weights:
+                    raise ValueError(
+                        "sample_step: a request's own weights need a LoRA group; on a "
+                        "full-weight group pass weights= to the call (one weights a call)"
+                    )
                 self._submit(engine, slot_engine, request)
             except (ValueError, TypeError) as exc:
                 failed[rid] = str(exc)
@@ -207,15 +248,63 @@ class ContinuousSamplingMixin:
             self._drop_held()
         return {"finished": dict(done), "failed": failed, **slot_engine.info()}
 
+    def _lora_step(
+        self,
+        engine: TrainEngine,
+        slot_engine: SlotEngine,
+        admit: list[dict[str, Any]],
+        max_steps: int,
+        weights: str | None,
+    ) -> dict[str, Any]:
+        """``sample_step`` on a LoRA group: each request with its own adapter, one batch."""
+        assert slot_engine.lora is not None
+        failed: dict[str, str] = {}
+        for request in admit:
+            rid = str(request.get("id")) if isinstance(request, dict) else str(request)
+            try:
+                adapter = self._request_adapter(engine, request, weights)
+                self._submit(engine, slot_engine, request, adapter)
+            except (TypeError, *_RESOLVE_ERRORS) as exc:
+                failed[rid] = _message(exc)
+        try:
+            with self._hooks_swapped(engine, None), slot_engine.lora.attached():
+                done = slot_engine.run(max_steps)
+        except BaseException:
+            slot_engine.reset()  # the rows' state is unknown now; the caller fails them
+            raise
+        return {"finished": dict(done), "failed": failed, **slot_engine.info()}
+
+    def _request_adapter(
+        self, engine: TrainEngine, request: Any, weights: str | None
+    ) -> LoraAdapters | None:
+        """The adapter set a LoRA group's request names (its ``weights``, else the call's;
+        None: the base model)."""
+        if not isinstance(request, dict):
+            raise ValueError("sample_step: each request is a dict with 'id' and 'prompt'")
+        name = request.get("weights", weights)
+        if name is None:
+            return None
+        if not isinstance(name, str) or not name:
+            raise ValueError(
+                "sample_step: a request's weights must be a snapshot name, a directory or "
+                f"None for the base model, not {name!r}"
+            )
+        return self._snapshot_adapters(engine, name)
+
     @staticmethod
-    def _submit(engine: TrainEngine, slot_engine: SlotEngine, request: Any) -> None:
+    def _submit(
+        engine: TrainEngine,
+        slot_engine: SlotEngine,
+        request: Any,
+        adapter: LoraAdapters | None = None,
+    ) -> None:
         if not isinstance(request, dict) or "id" not in request or "prompt" not in request:
             raise ValueError("sample_step: each request is a dict with 'id' and 'prompt'")
         unknown = set(request) - _REQUEST_FIELDS
         if unknown:
             raise ValueError(f"sample_step: unknown request fields {sorted(unknown)}")
         model = engine.spec.model
-        kwargs = {k: v for k, v in request.items() if k not in ("id", "prompt")}
+        kwargs = {k: v for k, v in request.items() if k not in ("id", "prompt", "weights")}
         if "max_tokens" not in kwargs:
             raise ValueError("sample_step: max_tokens is required")
         params = SamplingParams.build(vocab_size=model.vocab_size, **kwargs)
@@ -226,4 +315,4 @@ class ContinuousSamplingMixin:
             max_tokens=params.max_tokens,
             logprobs=params.logprobs,
         )
-        slot_engine.submit(str(request["id"]), prompt, params)
+        slot_engine.submit(str(request["id"]), prompt, params, adapter)

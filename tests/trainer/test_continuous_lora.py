@@ -1,0 +1,261 @@
+"""Continuous batching on a LoRA group (issue 35): every request with its own adapter, one batch.
+
+One module-scoped TP=2 group (Ray, CPU, gloo; tiny Llama: RoPE, GQA) with ``spec.lora``, two
+runs trained a few steps at a high learning rate and snapshotted: ``a-snap`` (rank 4) and
+``b-snap`` (rank 2, no MLP adapters); the pool sized to 6 slots of 24 positions. Checked:
+
+* requests for a, b and the base, each sent in its own ``sample_step`` call while the others
+  decode, are served in one running batch (admitted before the first one finishes; the
+  adapter stack rebuilt with the union, never waiting for a drain), and each equals the
+  one-shot ``sample`` / ``sample_batch`` of that request alone with its seed (tokens; log-probs
+  within 1e-5), prompt log-probs included;
+* sampled log-probs equal ``compute_log_prob`` under that adapter (1e-4);
+* a request naming an unknown adapter (or a bad one) fails alone; the rest are served, the
+  active run's function is untouched and both paths still sample;
+* through the service's ``SampleQueue`` (``multi_lora``): requests for the three weights go to
+  the continuous engine, in one batch, with what each gives alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+ray = pytest.importorskip("ray")
+pytest.importorskip("megatron.core")
+
+from tests.fixtures_ray import RayCluster  # noqa: E402
+from tests.trainer.groups import trainer_group  # noqa: E402
+from tests.trainer.scenarios import fixed_batch, tiny_spec  # noqa: E402
+from tgruntime.driver.trainer_client import TrainerClient  # noqa: E402
+
+pytestmark = [pytest.mark.ray, pytest.mark.megatron]
+
+SLOTS, LENGTH = 6, 24
+LR = 5e-2
+RUNS: dict[str, dict[str, Any]] = {
+    "a": {"rank": 4, "alpha": 8.0, "seed": 1},
+    "b": {"rank": 2, "alpha": 4.0, "seed": 2, "train_mlp": False},
+}
+# (id, weights, prompt, parameters): each sent in a call of its own while the others decode
+REQUESTS: list[tuple[str, str | None, list[int], dict[str, Any]]] = [
+    ("a0", "a-snap", [3, 17, 42, 5, 9], {"max_tokens": 14, "seed": 1, "num_samples": 2}),
+    ("b0", "b-snap", [100, 2], {"max_tokens": 6, "seed": 2, "temperature": 0.7, "top_k": 5}),
+    (
+        "base0",
+        None,
+        [7, 7, 8, 1, 30, 31],
+        {"max_tokens": 8, "seed": 3, "top_p": 0.8, "prompt_logprobs": True},
+    ),
+    ("a1", "a-snap", [9, 9], {"max_tokens": 5, "temperature": 0.0}),
+    ("b1", "b-snap", [5, 6, 7], {"max_tokens": 9, "seed": 9, "stop": [[11], [12, 13]]}),
+]
+
+
+@pytest.fixture(scope="module")
+def client(ray_driver: RayCluster) -> Iterator[TrainerClient]:
+    import tgapi
+
+    wire = tgapi.to_wire(tiny_spec(tp=2, positionEmbedding="rope", numQueryGroups=2))
+    wire["lora"] = {"rank": 4, "alpha": 8}
+    wg = trainer_group(tgapi.parse_spec(wire, local=True), prefix="contlora")
+    try:
+        wg.init_model()
+        c = TrainerClient(wg)
+        for run, settings in RUNS.items():
+            c.create_run(run, settings).result()
+            for seed in (0, 1):
+                c.forward_backward({"input_ids": fixed_batch(seed)}).result()
+                c.optim_step(lr=LR).result()
+            c.save_sampler_weights(f"{run}-snap").result()
+        info = c.sampler_pool(slots=SLOTS, length=LENGTH).result()
+        assert info["slots"] == SLOTS and info["length"] == LENGTH
+        yield c
+    finally:
+        wg.teardown()
+
+
+def _request(rid: str, weights: str | None, prompt: list[int], params: dict[str, Any]) -> Any:
+    return {"id": rid, "prompt": prompt, "weights": weights, **params}
+
+
+def _drain(c: TrainerClient, out: dict[str, Any]) -> dict[str, Any]:
+    last: dict[str, Any] = {}
+    for _ in range(100):
+        last = c.sample_step([], max_steps=5).result()
+        out.update(last["finished"])
+        if not last["active_rows"] and not last["waiting_requests"]:
+            return last
+    raise AssertionError(f"the engine did not drain: {last}")
+
+
+def _alone(c: TrainerClient, weights: str | None, prompt: list[int], params: Any) -> Any:
+    """The one-shot result of one request: ``sample`` with the snapshot, or ``sample_batch``
+    with None for the base (``sample``'s None is the active run)."""
+    if weights is None:
+        return c.sample_batch([prompt], [None], **params).result()[0]
+    return c.sample([prompt], weights=weights, **params).result()[0]
+
+
+def _assert_same(alone: dict[str, Any], got: dict[str, Any]) -> None:
+    assert len(alone["sequences"]) == len(got["sequences"])
+    for a, g in zip(alone["sequences"], got["sequences"], strict=True):
+        assert a["tokens"] == g["tokens"] and a["stop_reason"] == g["stop_reason"]
+        torch.testing.assert_close(
+            torch.tensor(g["logprobs"]), torch.tensor(a["logprobs"]), atol=1e-5, rtol=0
+        )
+    if alone["prompt_logprobs"] is None:
+        assert got["prompt_logprobs"] is None
+    else:
+        torch.testing.assert_close(
+            torch.tensor(got["prompt_logprobs"][1:]),
+            torch.tensor(alone["prompt_logprobs"][1:]),
+            atol=1e-5,
+            rtol=0,
+        )
+
+
+def test_requests_for_different_adapters_decode_in_one_batch(client: TrainerClient) -> None:
+    got: dict[str, Any] = {}
+    infos = []
+    for rid, weights, prompt, params in REQUESTS:
+        out = client.sample_step([_request(rid, weights, prompt, params)], max_steps=2).result()
+        assert not out["failed"], out["failed"]
+        got.update(out["finished"])
+        infos.append(out)
+    last = _drain(client, got)
+    assert set(got) == {r[0] for r in REQUESTS}
+    first = got["a0"]["engine"]
+    for rid in ("b0", "base0", "a1"):  # joined a0's batch while it decoded
+        assert first["admitted_step"] < got[rid]["engine"]["admitted_step"]
+        assert got[rid]["engine"]["admitted_step"] < first["finished_step"]
+    assert infos[1]["active_rows"] == 3  # a0's two rows and b0's: two adapters in one batch
+    assert last["adapters"] == 2 and last["adapter_rebuilds"] >= 2
+    for rid, weights, prompt, params in REQUESTS:
+        _assert_same(_alone(client, weights, prompt, params), got[rid])
+    # the adapters matter (the comparison has teeth): a's rows are not the base's
+    base = _alone(client, None, REQUESTS[0][2], REQUESTS[0][3])
+    moved = max(
+        abs(x - y)
+        for s, t in zip(base["sequences"], got["a0"]["sequences"], strict=True)
+        for x, y in zip(s["logprobs"], t["logprobs"], strict=False)
+    )
+    assert moved > 1e-3, moved
+
+
+def test_sampled_logprobs_equal_compute_log_prob_under_the_adapter(
+    client: TrainerClient,
+) -> None:
+    prompts = {"a": [3, 17, 42, 5, 9], "b": [100, 2, 8], "default": [7, 7, 8, 1]}
+    weights = {"a": "a-snap", "b": "b-snap", "default": None}  # default's B is 0: the base
+    got: dict[str, Any] = {}
+    for run, prompt in prompts.items():
+        request = _request(run, weights[run], prompt, {"max_tokens": 10, "seed": 7})
+        got.update(client.sample_step([request], max_steps=3).result()["finished"])
+    _drain(client, got)
+    for run, prompt in prompts.items():
+        client.use_run(run).result()
+        tokens = got[run]["sequences"][0]["tokens"]
+        seq = torch.tensor([prompt + tokens])
+        batch = (
+            client.compute_log_prob({"input_ids": seq, "attention_mask": torch.ones_like(seq)})
+            .result()
+            .batch
+        )
+        assert batch is not None
+        want = batch["log_probs"][0, len(prompt) - 1 :].float()
+        have = torch.tensor(got[run]["sequences"][0]["logprobs"])
+        torch.testing.assert_close(have, want, atol=1e-4, rtol=0)
+    client.use_run("b").result()
+
+
+def test_an_unknown_adapter_fails_alone_and_the_group_stays_usable(
+    client: TrainerClient,
+) -> None:
+    probe = {"input_ids": fixed_batch(seed=6)}
+    before = client.compute_log_prob(probe).result().batch
+    params = {"max_tokens": 6, "seed": 4}
+    got: dict[str, Any] = {}
+    out = client.sample_step([_request("ok", "a-snap", [1, 2], params)], max_steps=2).result()
+    got.update(out["finished"])
+    admit = [
+        _request("nope", "nope", [1, 2], params),
+        _request("empty", "", [1, 2], params),
+        _request("late", "b-snap", [3, 4], params),
+    ]
+    out = client.sample_step(admit, max_steps=2).result()
+    assert set(out["failed"]) == {"nope", "empty"}
+    assert "no sampler weights named 'nope'" in out["failed"]["nope"]
+    assert "weights must be a snapshot name" in out["failed"]["empty"]
+    got.update(out["finished"])
+    # between chunks the active run's hooks are back: its function, bit for bit
+    between = client.compute_log_prob(probe).result().batch
+    _drain(client, got)
+    assert before is not None and between is not None
+    assert torch.equal(between["log_probs"], before["log_probs"])
+    assert set(got) == {"ok", "late"}
+    _assert_same(_alone(client, "a-snap", [1, 2], params), got["ok"])
+    _assert_same(_alone(client, "b-snap", [3, 4], params), got["late"])
+    after = client.compute_log_prob(probe).result().batch
+    assert after is not None and torch.equal(after["log_probs"], before["log_probs"])
+
+
+class _Backend:
+    """What ``SampleQueue`` uses of the service's ``Backend``: the client and ``wait``."""
+
+    def __init__(self, client: TrainerClient) -> None:
+        self.client = client
+
+    async def wait(self, future: Any) -> Any:
+        return await asyncio.to_thread(future.result, 120)
+
+
+def test_the_service_queue_sends_lora_requests_to_the_engine(client: TrainerClient) -> None:
+    from tgruntime.service.sampling import SampleJob, SampleQueue
+    from tgruntime.trainer.logprob_options import LogprobOptions
+
+    cases = [("a-snap", [4, 5, 6], 20), ("b-snap", [8, 9], 4), (None, [2, 3], 4)]
+
+    async def main() -> tuple[dict[int, Any], SampleQueue]:
+        queue = SampleQueue(_Backend(client), multi_lora=True, continuous=True)  # type: ignore[arg-type]
+        assert queue.continuous is not None
+        sched = queue.continuous
+        sched.steps = sched.steps_busy = sched.steps_max = 2  # short chunks: room to join
+        queue.start()
+        results: dict[int, Any] = {}
+
+        def put(i: int) -> None:
+            weights, prompt, max_tokens = cases[i]
+            key = (weights, max_tokens, 1.0, -1, 1.0, 30 + i, None, 1, False, LogprobOptions())
+
+            def done(result: dict[str, Any] | None, exc: BaseException | None) -> None:
+                results[i] = exc if exc is not None else result
+
+            queue.put(SampleJob(key, prompt, done))
+
+        put(0)
+        while queue.continuous.calls < 2:  # the long one decodes; the others join it
+            await asyncio.sleep(0.01)
+        put(1)
+        put(2)
+        for _ in range(6000):
+            await asyncio.sleep(0.02)
+            if len(results) == len(cases):
+                break
+        await queue.stop()
+        return results, queue
+
+    results, queue = asyncio.run(main())
+    assert queue.continuous is not None and queue.continuous.overflowed == 0
+    long = results[0]["engine"]
+    for i, (weights, prompt, max_tokens) in enumerate(cases):
+        assert not isinstance(results[i], BaseException), results[i]
+        if i:
+            assert long["admitted_step"] < results[i]["engine"]["admitted_step"]
+            assert results[i]["engine"]["admitted_step"] < long["finished_step"]
+        params = {"max_tokens": max_tokens, "seed": 30 + i}
+        _assert_same(_alone(client, weights, prompt, params), results[i])

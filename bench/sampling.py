@@ -32,11 +32,13 @@ import tgapi
 
 # path name -> (environment while its Sampler is built, CUDA graphs). The decode step runs
 # the lean layers (compiled on a GPU) unless TG_SAMPLER_LEAN=0 (the model's modules);
-# TG_SAMPLER_COMPILE=0 keeps the lean layers eager (docs/sampling.md, "The decode step").
+# TG_SAMPLER_COMPILE=0 keeps the lean layers eager, TG_SAMPLER_ATTENTION=sdpa replaces the
+# Triton decode attention by masked SDPA (docs/sampling.md, "The decode step").
 PATHS: dict[str, tuple[dict[str, str], bool]] = {
     "graphs": ({}, True),
     "graphs-modules": ({"TG_SAMPLER_LEAN": "0"}, True),
     "graphs-uncompiled": ({"TG_SAMPLER_COMPILE": "0"}, True),
+    "graphs-sdpa": ({"TG_SAMPLER_ATTENTION": "sdpa"}, True),
     "eager": ({}, False),
     "eager-modules": ({"TG_SAMPLER_LEAN": "0"}, False),
 }

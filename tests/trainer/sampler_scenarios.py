@@ -18,6 +18,7 @@ def kv_cache_matches_full_forward(
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
     from tgruntime.trainer.engine import TrainEngine
+    from tgruntime.trainer.sampling.decode_attention import kernel_applies
     from tgruntime.trainer.sampling.decoder import CachedDecoder
 
     model: dict[str, Any] = {"numQueryGroups": 2, **(extra or {})}
@@ -50,6 +51,7 @@ def kv_cache_matches_full_forward(
             "scale": float(full.abs().max()),
             "lean": decoder.lean is not None,
             "compiled": decoder.lean is not None and decoder.lean.compiled,
+            "kernel": kernel_applies(torch.empty(1, 1, 1, decoder.head_dim)),
         }
     finally:
         engine.shutdown()

@@ -196,8 +196,17 @@ _QWEN = {"positionEmbedding": "rope", "normalization": "RMSNorm", "activation": 
         ("rope", {**_QWEN, "architecture": "qwen2"}, {}, "lean"),
         ("rope", {**_QWEN, "architecture": "qwen3"}, {"TG_SAMPLER_COMPILE": "1"}, "compiled"),
         ("rope", {}, {"TG_SAMPLER_LEAN": "0"}, "modules"),
+        # spawn: Triton must import after TRITON_INTERPRET is set, not in the fork server
+        ("rope", {}, {"TRITON_INTERPRET": "1", "TG_LAUNCH_START": "spawn"}, "lean+kernel"),
     ],
-    ids=["rope", "learned-layernorm-gelu", "qwen2-bias", "qwen3-qknorm-compiled", "modules"],
+    ids=[
+        "rope",
+        "learned-layernorm-gelu",
+        "qwen2-bias",
+        "qwen3-qknorm-compiled",
+        "modules",
+        "gqa-triton-kernel-interpreted",
+    ],
 )
 def test_kv_cache_decode_equals_full_forward(
     positions: str,
@@ -208,7 +217,8 @@ def test_kv_cache_decode_equals_full_forward(
 ) -> None:
     """Prefill and cached decode (rows in step, and rows at different positions) give
     ``GPTModel.forward``'s logits, through the decode path named (the lean layers, eager or
-    compiled with ``torch.compile`` on the CPU, or the model's modules)."""
+    compiled with ``torch.compile`` on the CPU, with the Triton decode-attention kernel run by
+    Triton's interpreter, or the model's modules)."""
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     (r,) = launch(
@@ -218,5 +228,7 @@ def test_kv_cache_decode_equals_full_forward(
         timeout_s=600,
     )
     ran = "compiled" if r["compiled"] else "lean" if r["lean"] else "modules"
+    if r["kernel"]:
+        ran += "+kernel"
     assert ran == path, r
     assert r["prefill"] < 1e-5 and r["decode"] < 1e-5 and r["staggered"] < 1e-5, r

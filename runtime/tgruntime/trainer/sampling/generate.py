@@ -304,9 +304,7 @@ class Sampler:
                 if out_topk is not None:
                     seq["topk_logprobs"] = out_topk[r][:keep]
                 sequences.append(seq)
-            results.append(
-                {"sequences": sequences, "prompt_logprobs": None, **scores[i]}
-            )
+            results.append({"sequences": sequences, "prompt_logprobs": None, **scores[i]})
         return results
 
     @staticmethod

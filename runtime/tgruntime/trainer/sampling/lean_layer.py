@@ -15,8 +15,10 @@ shape's constants. Eager, they already save the module plumbing; on a GPU with t
 parallel size 1 each is compiled once with ``torch.compile`` (every layer has the same
 shapes and constants, so one compiled graph serves all of them, and the batch dimension
 becomes symbolic after the second bucket), which fuses the norm, RoPE, activation and
-residual pieces into a few Triton kernels around the four GEMMs. The cache writes stay
-outside the compiled graphs, so no compiled graph mutates its inputs. The compiled
+residual pieces into a few Triton kernels around the four GEMMs. The cache writes and
+the attention stay outside the compiled graphs (no compiled graph mutates its inputs): they
+are one Triton kernel on a GPU (``decode_attention.py``) that reads each row's live
+positions only. The compiled
 function launches no host synchronisation, so the decode step is still captured in the
 sampler's CUDA graphs.
 
@@ -37,6 +39,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+
+from tgruntime.trainer.sampling.decode_attention import decode_attention
 
 __all__ = ["LayerShape", "LeanLayers", "lean_support", "post_attention", "pre_attention"]
 
@@ -244,11 +248,10 @@ class LeanLayers:
             )
         ]
         self.compiled = compile_wanted(device=device, tp=tp_group is not None)
-        self._pre: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = pre_attention
-        self._post: Callable[..., torch.Tensor] = post_attention
-        if self.compiled:
-            self._pre = torch.compile(pre_attention, fullgraph=True)
-            self._post = torch.compile(post_attention, fullgraph=True)
+        pair: tuple[Callable[..., Any], Callable[..., Any]] = (
+            _compiled() if self.compiled else (pre_attention, post_attention)
+        )
+        self._pre, self._post = pair
 
     def usable(self) -> bool:
         """False while any layer module carries forward hooks (LoRA adapters add deltas)."""
@@ -264,7 +267,6 @@ class LeanLayers:
         rope: tuple[torch.Tensor, torch.Tensor] | None,
     ) -> torch.Tensor:
         """Every layer over ``x`` ``[b, h]``; writes each row's key/value at ``pos[r]``."""
-        rows = torch.arange(x.shape[0], device=x.device)
         cos, sin = rope if rope is not None else (None, None)
         shape = self.shape
         for index, layer in enumerate(self.layers):
@@ -280,12 +282,7 @@ class LeanLayers:
                 sin,
                 shape,
             )
-            keys[index][rows, :, pos] = k
-            values[index][rows, :, pos] = v
-            # the group's query heads act as the query "sequence" of its key/value head
-            out = F.scaled_dot_product_attention(
-                q, keys[index], values[index], attn_mask=mask, scale=shape.scale
-            )
+            out = decode_attention(q, k, v, keys[index], values[index], pos, shape.scale, mask=mask)
             x = self._post(
                 x,
                 out.reshape(x.shape[0], shape.heads * shape.head_dim),
@@ -300,6 +297,22 @@ class LeanLayers:
                 self.tp_group,
             )
         return x
+
+
+_COMPILED: list[tuple[Callable[..., Any], Callable[..., Any]]] = []
+
+
+def _compiled() -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """The compiled pair, made once per process: every sampler of the process (the one-shot
+    path's, the continuous engine's, the warm-up's) shares the graphs Dynamo caches for it."""
+    if not _COMPILED:
+        _COMPILED.append(
+            (
+                torch.compile(pre_attention, fullgraph=True),
+                torch.compile(post_attention, fullgraph=True),
+            )
+        )
+    return _COMPILED[0]
 
 
 def compile_wanted(*, device: torch.device, tp: bool) -> bool:

@@ -61,8 +61,7 @@ class SamplingParams:
         for seq in stop or ():
             if isinstance(seq, int):
                 raise ValueError(
-                    f"stop must be a list of token sequences; write a single stop token as "
-                    f"[{seq}]"
+                    f"stop must be a list of token sequences; write a single stop token as [{seq}]"
                 )
             tokens = tuple(int(t) for t in seq)
             if not tokens:

@@ -274,7 +274,8 @@ def _differ(a: list[tuple[list[int], list[float]]], b: list[tuple[list[int], lis
 def test_sampling_from_runs_and_base_in_one_batch(lora_served: dict[str, Any]) -> None:
     """save_weights_for_sampler snapshots a run's adapter; its samples' logprobs equal
     compute_logprobs under it; requests for two runs' adapters and the base arriving together
-    go to the workers as one multi-LoRA batch and give what each gives alone."""
+    go to the workers' continuous engine in one call (one multi-LoRA batch) and give what each
+    gives alone."""
     base = lora_served["base"]
     queue = lora_served["service"].samples
     prompt = T.ModelInput.from_ints([5, 6, 7, 8])
@@ -300,18 +301,29 @@ def test_sampling_from_runs_and_base_in_one_batch(lora_served: dict[str, Any]) -
         # that served one of them as the base, or as the other adapter, shows here and below
         for a, b in (("r8", "base"), ("r32", "base"), ("r8", "r32")):
             assert _differ(alone[a], alone[b]), (a, b, alone[a], alone[b])
-        queue.gather_s = 0.5  # the three requests below join one call
+        # the three requests below join one call: the continuous engine (the default) admits
+        # them together, whatever their adapters
+        sched = queue.continuous
+        assert sched is not None
+        admitted: list[list[Any]] = []
+        step = sched.step
+
+        async def recorded(admit: list[Any], k: int, w: str | None, reset: bool) -> Any:
+            if admit:
+                admitted.append([a.get("weights") for a in admit])
+            return await step(admit, k, w, reset)
+
+        sched.step, sched.gather_s, queue.gather_s = recorded, 0.5, 0.5
         try:
-            calls = queue.calls
             futures = {k: v.sample(prompt, 2, params) for k, v in samplers.items()}
             together = {k: _seqs(f) for k, f in futures.items()}
-            batched = queue.calls - calls
         finally:
-            queue.gather_s = 0.002
+            sched.step, sched.gather_s, queue.gather_s = step, 0.002, 0.002
     assert {k: [t for t, _ in v] for k, v in together.items()} == {
         k: [t for t, _ in v] for k, v in alone.items()
     }
     for k in alone:
         for (_, lp_together), (_, lp_alone) in zip(together[k], alone[k], strict=True):
             np.testing.assert_allclose(lp_together, lp_alone, atol=1e-4)
-    assert batched == 1, f"{batched} sample calls for 3 requests (one multi-LoRA batch expected)"
+    assert len(admitted) == 1 and len(set(admitted[0])) == 3, admitted  # one call, 3 weights
+    assert sched.overflowed == 0

@@ -163,8 +163,9 @@ class RowAdapters:
         if old is not None:
             old.detach()
         del old  # free the old copies before the new ones are made
-        self.stack = want
+        self.stack = []  # a failed build leaves no stack (the caller resets the engine)
         self.multi = MultiLora(self.module, want)
+        self.stack = want
         if self.on:
             self.multi.attach()
         self.rebuilds += 1

@@ -146,6 +146,7 @@ class RowAdapters:
         self.multi: MultiLora | None = None
         self.on = False  # the stack's hooks are attached (inside ``attached()``)
         self.rebuilds = 0
+        self._written: list[int] | None = None  # the map last written into ``multi``
 
     def holds(self, adapter: LoraAdapters) -> bool:
         return any(a is adapter for a in self.stack)
@@ -163,7 +164,8 @@ class RowAdapters:
         if old is not None:
             old.detach()
         del old  # free the old copies before the new ones are made
-        self.stack = []  # a failed build leaves no stack (the caller resets the engine)
+        self.stack, self._written = [], None  # a failed build leaves no stack (the caller
+        # resets the engine)
         self.multi = MultiLora(self.module, want)
         self.stack = want
         if self.on:
@@ -177,7 +179,10 @@ class RowAdapters:
         if self.multi is None:
             return
         index = {id(a): i + 1 for i, a in enumerate(self.stack)}
-        self.multi.set_rows([0 if a is None else index[id(a)] for a in adapters])
+        slots = [0 if a is None else index[id(a)] for a in adapters]
+        if slots != self._written:  # most retirements move rows of one adapter: no copy
+            self.multi.set_rows(slots)
+            self._written = slots
 
     def scope(self, start: int, stop: int) -> contextlib.AbstractContextManager[None]:
         """A forward over pool slots ``start:stop`` only, each with its row's adapter."""

@@ -273,11 +273,12 @@ def test_continuous_batching_off_sends_lora_requests_one_shot(
 
 
 # -- GPU: CUDA graphs over the per-row adapters, the stack rebuilt mid-decode ------------------
-def gpu_continuous_lora() -> dict[str, Any]:
+def gpu_continuous_lora(gpu: bool = True) -> dict[str, Any]:
     """One GPU, bf16, TP=1, pieces driven directly (no Ray on the device): two runs trained
     at a high lr and snapshotted; the same arrivals (a, the base, then b while they decode:
     a stack rebuild mid-decode, then a again) served by the engine with CUDA graphs and
-    without; and each request alone through the one-shot sampler under its own hooks."""
+    without; and each request alone through the one-shot sampler under its own hooks.
+    ``gpu=False``: the same on the CPU without graphs (a check of this script itself)."""
     from tests.trainer.scenarios import _quiet
 
     _quiet()
@@ -297,7 +298,7 @@ def gpu_continuous_lora() -> dict[str, Any]:
     vocab = 512
     spec = tgapi.parse_spec(
         {
-            "workers": {"useGpu": True, "processesPerNode": [1]},
+            "workers": {"useGpu": gpu, "processesPerNode": [1]},
             "model": {
                 "vocabSize": vocab,
                 "hiddenSize": 512,
@@ -364,7 +365,7 @@ def gpu_continuous_lora() -> dict[str, Any]:
                     got.update(slot_engine.run(8))
             return got, slot_engine.info()
 
-        graphed, out["graphed_info"] = serve(True)
+        graphed, out["graphed_info"] = serve(gpu)
         eager, out["eager_info"] = serve(False)
         alone: dict[str, Any] = {}
         for rid, name, prompt, params, _ in arrivals:

@@ -98,7 +98,7 @@ def test_kernel_on_gpu_in_bf16(h: int, d: int, length: int) -> None:
     ref_caches = [c.float() for c in caches]
     assert kernel_applies(q)
     out = decode_attention(q, k, v, caches[0], caches[1], pos, d**-0.5)
-    want = reference(q.float(), k.float(), v.float(), *ref_caches, pos, d**-0.5)
+    want = reference(q.float(), k.float(), v.float(), ref_caches[0], ref_caches[1], pos, d**-0.5)
     torch.cuda.synchronize()
     err = float((out.float() - want).norm() / want.norm())
     assert torch.isfinite(out).all() and err < 1e-2, err

@@ -55,3 +55,60 @@ def kv_cache_matches_full_forward(
         }
     finally:
         engine.shutdown()
+
+
+def pipeline_sampling(root: str, pipeline: int, tensor: int = 1) -> dict[str, Any]:
+    """Sample on a group of ``pipeline`` stages (the layers split over ranks), export the
+    weights as Hugging Face's, and (rank 0) score the sampled sequences with
+    ``LlamaForCausalLM``: what every rank sampled, and the reference log-probs."""
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+
+    from tgruntime.trainer.engine import TrainEngine
+    from tgruntime.trainer.hf_worker import export_hf_checkpoint
+    from tgruntime.trainer.sampling import Sampler, SamplingParams
+
+    model: dict[str, Any] = {
+        "numQueryGroups": 2,
+        "positionEmbedding": "rope",
+        "normalization": "RMSNorm",
+        "activation": "swiglu",
+    }
+    world = pipeline * tensor
+    engine = TrainEngine.create(spec=tiny_spec(world=world, tp=tensor, pp=pipeline, **model))
+    try:
+        sampler = Sampler(engine.state.module)
+        prompts = [[3, 17, 9], [40, 2, 8, 11, 5, 30], [7]]
+        params = SamplingParams.build(
+            max_tokens=10, seed=11, num_samples=2, vocab_size=128, prompt_logprobs=True
+        )
+        results = sampler.generate(prompts, params)
+        alone = sampler.generate([prompts[1]], params)
+        path = f"{root}/hf"
+        export_hf_checkpoint(engine, path=path)
+        dist.barrier()
+        reference: list[list[float]] | None = None
+        if engine.mesh_info.rank == 0:
+            import transformers
+
+            hf: Any = transformers.LlamaForCausalLM.from_pretrained(path)
+            hf.eval()
+            reference = []
+            for prompt, res in zip(prompts, results, strict=True):
+                for seq in res["sequences"]:
+                    ids = torch.tensor([prompt + seq["tokens"]])
+                    with torch.no_grad():
+                        logits = hf(input_ids=ids).logits.float()
+                    lp = torch.log_softmax(logits[0, :-1], -1).gather(-1, ids[0, 1:, None])
+                    reference.append(lp[:, 0].tolist())
+        return {
+            "rank": engine.mesh_info.rank,
+            "results": results,
+            "alone": alone,
+            "reference": reference,
+            "pp": sampler.decoder.pp_size,
+            "graphs": sampler.cuda_graphs,
+        }
+    finally:
+        engine.shutdown()

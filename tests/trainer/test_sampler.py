@@ -232,3 +232,36 @@ def test_kv_cache_decode_equals_full_forward(
         ran += "+kernel"
     assert ran == path, r
     assert r["prefill"] < 1e-5 and r["decode"] < 1e-5 and r["staggered"] < 1e-5, r
+
+
+def test_sampling_under_pipeline_parallelism(tmp_path: Path) -> None:
+    """Two pipeline stages: the first embeds and runs its layers, hands the hidden states to
+    the second, which computes the logits and shares them; both ranks sample the same
+    tokens, whose log-probs (and the prompt's) equal ``LlamaForCausalLM``'s on the exported
+    weights (1e-4, fp32), and a prompt sampled alone gets the tokens it got in the batch."""
+    ranks = launch(
+        sampler_scenarios.pipeline_sampling,
+        world_size=2,
+        kwargs={"root": str(tmp_path), "pipeline": 2},
+        timeout_s=600,
+    )
+    first, last = sorted(ranks, key=lambda r: r["rank"])
+    assert first["pp"] == 2 and not first["graphs"]
+    assert first["results"] == last["results"]  # every stage holds the same tokens
+    alone, batched = first["alone"][0]["sequences"], first["results"][1]["sequences"]
+    assert [q["tokens"] for q in alone] == [q["tokens"] for q in batched]
+    for a, b in zip(alone, batched, strict=True):  # other batch shapes: last-bit rounding
+        torch.testing.assert_close(torch.tensor(a["logprobs"]), torch.tensor(b["logprobs"]))
+    reference = iter(first["reference"])
+    for res in first["results"]:
+        plp = res["prompt_logprobs"]
+        for seq in res["sequences"]:
+            want = next(reference)
+            n = len(plp)
+            assert len(seq["tokens"]) == 10
+            torch.testing.assert_close(
+                torch.tensor(seq["logprobs"]), torch.tensor(want[n - 1 :]), atol=ATOL, rtol=0
+            )
+            torch.testing.assert_close(
+                torch.tensor(plp[1:]), torch.tensor(want[: n - 1]), atol=ATOL, rtol=0
+            )

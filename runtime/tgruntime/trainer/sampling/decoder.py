@@ -16,6 +16,13 @@ Here every row has its own position: prompts are right-padded for the prefill (c
 attention never sees the padding) and each decode step writes row ``r``'s key/value at
 ``pos[r]`` and attends to ``[0, pos[r]]``.
 
+Pipeline parallelism: each stage runs its own layers over its own cache. The first stage
+embeds, every stage but the last sends its output hidden states to the next (point to point),
+and the last stage computes the logits and broadcasts them over its pipeline group, so every
+rank of the group draws the same tokens and holds the same results. One message of
+``[s, b, h]`` per stage boundary and one of ``[s, b, V]`` logits per step; no CUDA graphs
+under pipelining (a captured step with send/receive was not tried).
+
 Tensor layouts follow megatron: hidden states ``[s, b, h]``; the cache is ``[b, groups, L,
 head_dim]`` per layer (this rank's key/value groups), the layout SDPA reads without a copy.
 """
@@ -81,11 +88,16 @@ class CachedDecoder:
 
     def __init__(self, module: torch.nn.Module) -> None:
         model = unwrap_gpt(module)
-        if parallel_state.get_pipeline_model_parallel_world_size() > 1:
+        if (parallel_state.get_virtual_pipeline_model_parallel_world_size() or 1) > 1:
             raise NotImplementedError(
-                "sampling under pipeline parallelism is not implemented: the sampler needs "
-                "every layer on one rank (run the group with parallelism.pipeline = 1)"
+                "sampling under interleaved (virtual) pipeline stages is not implemented: "
+                "run the group without virtual pipeline stages"
             )
+        self.pp_size = parallel_state.get_pipeline_model_parallel_world_size()
+        self.first = self.pp_size == 1 or parallel_state.is_pipeline_first_stage(
+            ignore_virtual=True
+        )
+        self.last = self.pp_size == 1 or parallel_state.is_pipeline_last_stage(ignore_virtual=True)
         self.model = model
         self.config = model.config
         self.layers = list(model.decoder.layers)
@@ -98,9 +110,10 @@ class CachedDecoder:
         self.head_dim = int(attn.hidden_size_per_attention_head)
         self.scale = float(attn.core_attention.softmax_scale)
         self.tp_size = parallel_state.get_tensor_model_parallel_world_size()
-        weight = model.embedding.word_embeddings.weight
+        weight = next(model.parameters())  # a pipeline stage past the first has no embedding
         self.device = weight.device
         self.dtype = weight.dtype
+        self.hidden_size = int(self.config.hidden_size)
         self._freqs: torch.Tensor | None = None
         table = self.freqs()
         if table is not None and (
@@ -213,7 +226,17 @@ class CachedDecoder:
         return x
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Final norm + output layer: hidden ``[s, b, h]`` -> full-vocabulary fp32 ``[s, b, V]``."""
+        """Final norm + output layer: hidden ``[s, b, h]`` -> full-vocabulary fp32 ``[s, b, V]``.
+
+        Under pipeline parallelism the last stage computes them and broadcasts them to the
+        other stages of its pipeline (whose ``hidden`` is only their own stage's output, of
+        the same shape), so every rank draws the same tokens from the same logits."""
+        if self.pp_size > 1 and not self.last:
+            shared = torch.empty(
+                (*hidden.shape[:2], self.vocab_size), dtype=torch.float32, device=self.device
+            )
+            self._from_last_stage(shared)
+            return shared
         x = self.model.decoder.final_layernorm(hidden)
         # tied embeddings: the output layer holds no weight of its own (GPTModel.forward's way)
         weight = (
@@ -229,8 +252,33 @@ class CachedDecoder:
                 parts, shard.contiguous(), group=parallel_state.get_tensor_model_parallel_group()
             )
             shard = torch.cat(parts, dim=-1)
-        full: torch.Tensor = shard.float()
+        full: torch.Tensor = shard.float().contiguous()
+        if self.pp_size > 1:
+            self._from_last_stage(full)
         return full
+
+    # -- pipeline stages ------------------------------------------------------------------
+    def _stage_input(self, embed: Any, shape: tuple[int, int]) -> torch.Tensor:
+        """The first stage embeds; a later stage receives the previous stage's hidden
+        states ``[s, b, h]`` (point to point, in the order every stage runs its layers)."""
+        if self.first:
+            out: torch.Tensor = embed()
+            return out
+        x = torch.empty((*shape, self.hidden_size), dtype=self.dtype, device=self.device)
+        dist.recv(x, src=parallel_state.get_pipeline_model_parallel_prev_rank())
+        return x
+
+    def _stage_output(self, x: torch.Tensor) -> None:
+        if not self.last:
+            dist.send(x.contiguous(), dst=parallel_state.get_pipeline_model_parallel_next_rank())
+
+    @staticmethod
+    def _from_last_stage(t: torch.Tensor) -> None:
+        dist.broadcast(
+            t,
+            src=parallel_state.get_pipeline_model_parallel_last_rank(),
+            group=parallel_state.get_pipeline_model_parallel_group(),
+        )
 
     @torch.no_grad()
     def prefill(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
@@ -239,10 +287,10 @@ class CachedDecoder:
         positions = torch.arange(s, device=tokens.device).unsqueeze(0).expand(b, s)
         freqs = self.freqs()
         freqs = None if freqs is None else freqs[:s]
-        x = self._embed(tokens, positions)
-        return self._layers(
-            x, lambda layer, h, i: self._attention_prefill(layer, h, cache, i, freqs)
-        )
+        x = self._stage_input(lambda: self._embed(tokens, positions), (s, b))
+        x = self._layers(x, lambda layer, h, i: self._attention_prefill(layer, h, cache, i, freqs))
+        self._stage_output(x)
+        return x
 
     @torch.no_grad()
     def decode(self, tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> torch.Tensor:
@@ -259,7 +307,7 @@ class CachedDecoder:
             rope = (torch.cos(angles).to(self.dtype), torch.sin(angles).to(self.dtype))
         span = torch.arange(cache.length, device=pos.device)
         mask = (span.unsqueeze(0) <= pos.unsqueeze(1)).view(b, 1, 1, cache.length)
-        x = self._embed(tokens.unsqueeze(1), pos.unsqueeze(1))
+        x = self._stage_input(lambda: self._embed(tokens.unsqueeze(1), pos.unsqueeze(1)), (1, b))
         if self.lean is not None and self.lean.usable():
             x = self.lean.run(
                 x[0],
@@ -269,9 +317,10 @@ class CachedDecoder:
                 mask,
                 None if rope is None else (rope[0].view(b, -1), rope[1].view(b, -1)),
             ).unsqueeze(0)
-            return self.logits(x)[0]
-        x = self._layers(
-            x,
-            lambda layer, h, i: self._attention_decode(layer, h, cache, i, pos, mask, rope),
-        )
+        else:
+            x = self._layers(
+                x,
+                lambda layer, h, i: self._attention_decode(layer, h, cache, i, pos, mask, rope),
+            )
+        self._stage_output(x)
         return self.logits(x)[0]

@@ -173,7 +173,9 @@ class Sampler:
         on_gpu = self.decoder.device.type == "cuda"
         if cuda_graphs is None:
             cuda_graphs = os.environ.get("TG_SAMPLER_CUDA_GRAPHS", "1") != "0"
-        self.cuda_graphs = bool(cuda_graphs and on_gpu and self.decoder.tp_size == 1)
+        self.cuda_graphs = bool(
+            cuda_graphs and on_gpu and self.decoder.tp_size == 1 and self.decoder.pp_size == 1
+        )
         self.max_graphs = max_graphs
         self._graphs: collections.OrderedDict[tuple[Any, ...], _GraphedStep] = (
             collections.OrderedDict()

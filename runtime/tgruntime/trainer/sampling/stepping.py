@@ -135,7 +135,7 @@ class ContinuousSamplingMixin:
             slot_engine = SlotEngine(
                 d,
                 size,
-                cuda_graphs=graphs and d.device.type == "cuda" and d.tp_size == 1,
+                cuda_graphs=graphs and d.device.type == "cuda" and d.tp_size == d.pp_size == 1,
                 lora=lora,
             )
             self._slot_engine = slot_engine

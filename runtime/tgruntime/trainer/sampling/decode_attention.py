@@ -2,7 +2,7 @@
 
 The lean decode step (``lean_layer.py``) used to write the cache with two indexed copies and
 call SDPA with a boolean mask over the whole allocated cache: on an H100 at batch 32 (seed
-shape) that was about 45% of the step's kernel time (``bench/decode_profile.py``): cuDNN's
+shape) that was about 38% of the step's kernel time (``bench/decode_profile.py``): cuDNN's
 attention over every allocated position, a mask converted to an additive one in every
 layer, a copy to make the query contiguous, and the two index kernels.
 

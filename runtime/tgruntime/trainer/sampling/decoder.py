@@ -41,6 +41,7 @@ from megatron.core import parallel_state
 from megatron.core.models.common.embeddings.rope_utils import apply_rotary_pos_emb
 
 from tgruntime.trainer.sampling.lean_layer import LeanLayers, lean_support
+from tgruntime.trainer.sampling.rope import rotate
 
 log = logging.getLogger(__name__)
 
@@ -74,13 +75,6 @@ def unwrap_gpt(module: torch.nn.Module) -> Any:
     if not hasattr(inner, "decoder"):
         raise TypeError(f"{type(module).__name__} holds no megatron GPTModel")
     return inner
-
-
-def _rotate(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Non-interleaved RoPE over the whole head dim: megatron's unfused arithmetic
-    (``t * cos + rotate_half(t) * sin``) with cos/sin computed once per step."""
-    x1, x2 = torch.chunk(t, 2, dim=-1)
-    return t * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
 class CachedDecoder:
@@ -201,7 +195,7 @@ class CachedDecoder:
         query, key, value = attn.get_query_key_value_tensors(x, None)[:3]  # [1, b, n, d]
         b = query.shape[1]
         if rope is not None:  # (cos, sin) [1, b, 1, d]: each row at its own position
-            query, key = _rotate(query, *rope), _rotate(key, *rope)
+            query, key = rotate(query, *rope), rotate(key, *rope)
         rows = torch.arange(b, device=pos.device)
         cache.keys[index][rows, :, pos] = key[0]
         cache.values[index][rows, :, pos] = value[0]

@@ -41,6 +41,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from tgruntime.trainer.sampling.decode_attention import decode_attention
+from tgruntime.trainer.sampling.rope import rotate
 
 __all__ = ["LayerShape", "LeanLayers", "lean_support", "post_attention", "pre_attention"]
 
@@ -156,8 +157,8 @@ def pre_attention(
         q = _apply_norm(q, *shape.qk_norm, qn_w, qn_b)
         k = _apply_norm(k, *shape.qk_norm, kn_w, kn_b)
     if cos is not None and sin is not None:  # [b, d]
-        q = _rotate(q, cos.view(b, 1, 1, d), sin.view(b, 1, 1, d))
-        k = _rotate(k, cos.view(b, 1, d), sin.view(b, 1, d))
+        q = rotate(q, cos.view(b, 1, 1, d), sin.view(b, 1, 1, d))
+        k = rotate(k, cos.view(b, 1, d), sin.view(b, 1, d))
     return q, k, v
 
 
@@ -185,11 +186,6 @@ def post_attention(
     else:
         u = shape.act(u)
     return x + _row_parallel(u, fc2_w, fc2_b, tp_group)
-
-
-def _rotate(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    x1, x2 = torch.chunk(t, 2, dim=-1)
-    return t * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
 def _row_parallel(

@@ -75,7 +75,9 @@ def _direct_fb(client: Any, data: list[Any], vocab: int, limit: int) -> dict[str
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--preset", default="tiny", choices=["tiny", "seed"])
+    ap.add_argument("--preset", default="tiny", choices=["tiny", "seed", "llama8b-block"])
+    ap.add_argument("--layers", type=int, default=0,
+                    help="override the preset's layer count (0: the preset's)")
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--iters", type=int, default=45)
     ap.add_argument("--prompts", type=int, default=32)
@@ -105,7 +107,7 @@ def main() -> int:
 
     T = tinker.types
     tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"rl-memory-{uuid.uuid4().hex[:6]}"
-    sp = spec(args.tp, str(tmp), args.preset)
+    sp = spec(args.tp, str(tmp), args.preset, layers=args.layers)
     if args.lora:
         import tgapi
 

@@ -24,9 +24,13 @@ import tgapi
 __all__ = ["Served", "served_group", "spec"]
 
 
-def spec(tp: int, ckpt: str, preset: str) -> tgapi.TrainerGroupSpec:
-    """The benchmarks' group: ``tiny`` (CPU-sized) or ``seed`` (a 1.3B-shaped Llama), TP=tp."""
-    shape = {
+def spec(tp: int, ckpt: str, preset: str, *, layers: int = 0) -> tgapi.TrainerGroupSpec:
+    """The benchmarks' group: ``tiny`` (CPU-sized), ``seed`` (a 1.3B-shaped Llama) or
+    ``llama8b-block`` (Llama-3-8B's block: hidden 4096, 32 heads in 8 key/value groups, FFN
+    14336, vocabulary 128,256, RoPE theta 500,000; 8 of its 32 layers unless ``layers``, so that
+    full-weight training with Adam fits one 80 GB GPU), TP=tp. ``layers``: override the
+    preset's layer count (0: the preset's)."""
+    shape: dict[str, Any] = {
         "tiny": dict(
             vocabSize=128,
             hiddenSize=64,
@@ -43,7 +47,19 @@ def spec(tp: int, ckpt: str, preset: str) -> tgapi.TrainerGroupSpec:
             ffnHiddenSize=5504,
             maxSequenceLength=1024,
         ),
+        "llama8b-block": dict(
+            vocabSize=128256,
+            hiddenSize=4096,
+            numLayers=8,
+            numAttentionHeads=32,
+            numQueryGroups=8,
+            ffnHiddenSize=14336,
+            maxSequenceLength=1024,
+            ropeTheta=500000.0,
+        ),
     }[preset]
+    if layers:
+        shape = {**shape, "numLayers": layers}
     return tgapi.parse_spec(
         {
             "workers": {"processesPerNode": [tp]},

@@ -31,7 +31,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--preset", default="tiny", choices=["tiny", "seed"])
+    ap.add_argument("--preset", default="tiny", choices=["tiny", "seed", "llama8b-block"])
+    ap.add_argument("--layers", type=int, default=0,
+                    help="override the preset's layer count (0: the preset's)")
     ap.add_argument("--tp", type=int, default=2)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=32)
@@ -44,7 +46,7 @@ def main() -> int:
 
     T = tinker.types
     tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"tinker-bench-{uuid.uuid4().hex[:6]}"
-    sp = spec(args.tp, str(tmp), args.preset)
+    sp = spec(args.tp, str(tmp), args.preset, layers=args.layers)
     g = np.random.default_rng(0)
     vocab = sp.model.vocab_size
     toks = g.integers(0, vocab, size=(args.batch, args.seq + 1))

@@ -4,12 +4,19 @@ The pool (``slots`` rows x ``length`` positions, every layer's keys and values o
 rank) is allocated once. A request becomes ``num_samples`` rows; rows are admitted into free
 slots when there is room (the prompts of the newly admitted rows only are prefilled, into
 their slots), then every decode step advances all active rows, each at its own position and
-step, each with its own temperature / top-k / top-p / noise key (``rows.py``). After every
-step the chosen tokens come to the host, which checks each row's stop sequences and
-``max_tokens``: a finished row leaves at once (the last active row moves into its slot, so
-the active rows are always slots ``[0, n)`` and a step computes exactly them; on a GPU, the
-graph bucket just above ``n``). Admission happens between steps, so a request submitted
-while others decode joins them at the next step.
+step, each with its own temperature / top-k / top-p / noise key (``rows.py``). Steps run in
+windows of up to ``window`` steps with no host sync inside: each step writes its chosen
+tokens into a ``[slots, window]`` buffer at a device cursor, and a row stops advancing on the
+device once it has its ``max_tokens`` (so it never writes past its slot). After a window the
+tokens come to the host in one copy, which checks each row's stop sequences token by token
+(a row that met a stop sequence inside a window computed the window's remaining steps for
+nothing; its tokens after the stop are dropped). Finished rows leave then (the last active
+row moves into a free slot, so the active rows are always slots ``[0, n)`` and a step
+computes exactly them; on a GPU, the graph bucket just above ``n``). Admission happens
+between windows, and a request submitted while others decode joins them at the next one. A
+window is never longer than the call's steps left nor the most tokens an active row still
+needs, so a row that ends by ``max_tokens`` costs nothing after it. (One host sync per step,
+as before, cost the GPU idle time of the host's per-row work at every step.)
 
 Every decision (admission order, slots, when a row finishes) is a function of the calls'
 arguments and of the chosen tokens, which the tensor-parallel ranks agree on (broadcast from
@@ -92,6 +99,7 @@ class _Request:
     submitted_step: int
     adapter: LoraAdapters | None = None  # a LoRA group's adapter set (None: the base model)
     admitted_step: int = -1
+    finished_step: int = -1
     reported: bool = False
     scores: dict[str, Any] = dataclasses.field(default_factory=dict)  # prompt_scores' keys
 
@@ -222,7 +230,11 @@ class SlotEngine:
         *,
         cuda_graphs: bool,
         lora: RowAdapters | None = None,
+        window: int = 16,
     ) -> None:
+        if window < 1:
+            raise ValueError(f"window must be >= 1 decode step, not {window}")
+        self.window = window
         self.decoder = decoder
         self.lora = lora  # a LoRA group's per-row adapters (None: a full-weight group)
         self.size = size
@@ -235,18 +247,22 @@ class SlotEngine:
         def floats() -> torch.Tensor:
             return torch.zeros(slots, dtype=torch.float32, device=dev)
 
-        self.tokens, self.pos, self.live = ints(), ints(), ints()
+        self.tokens, self.pos, self.live, self.limit = ints(), ints(), ints(), ints()
         self.settings = RowSettings(
             temperature=floats(), top_k=ints(), top_p=floats(), keys=ints(), step=ints()
         )
-        self.last_token, self.last_logprob = ints(), floats()
-        width = min(MAX_WIDTH, decoder.vocab_size)  # topk_sample_logprobs of the last step
-        self.last_topk_ids = torch.zeros(slots, width, dtype=torch.int64, device=dev)
-        self.last_topk_lps = torch.zeros(slots, width, dtype=torch.float32, device=dev)
+        # a window's chosen tokens (and top-k pairs), column ``cursor`` for its current step
+        self.cursor = torch.zeros(1, dtype=torch.int64, device=dev)
+        self.out_token = torch.zeros(slots, window, dtype=torch.int64, device=dev)
+        self.out_logprob = torch.zeros(slots, window, dtype=torch.float32, device=dev)
+        width = min(MAX_WIDTH, decoder.vocab_size)  # topk_sample_logprobs of each step
+        self.out_topk_ids = torch.zeros(slots, window, width, dtype=torch.int64, device=dev)
+        self.out_topk_lps = torch.zeros(slots, window, width, dtype=torch.float32, device=dev)
         self._slot_tensors = (
             self.tokens,
             self.pos,
             self.live,
+            self.limit,
             self.settings.temperature,
             self.settings.top_k,
             self.settings.top_p,
@@ -371,10 +387,9 @@ class SlotEngine:
         self.calls += 1
         finished: list[tuple[str, dict[str, Any]]] = []
         self._admit(finished)
-        for _ in range(max_steps):
-            if self.n == 0:
-                break
-            self._step(finished)
+        left = max_steps
+        while left > 0 and self.n > 0:
+            left -= self._window(left, finished)
             self._admit(finished)
         return finished
 
@@ -432,7 +447,8 @@ class SlotEngine:
         self.tokens[start:end] = token
         self.pos[start:end] = lengths
         s.step[start:end] = 1
-        self.live[start:end] = 1
+        self.limit[start:end] = column([p.max_tokens for p in params], torch.int64)
+        self.live[start:end] = (self.limit[start:end] > 1).long()
         first = 0
         for req in batch:
             req.admitted_step = self.steps
@@ -479,57 +495,94 @@ class SlotEngine:
             logits = self.decoder.decode(self.tokens[:b], self.pos[:b], cache)
         token, logprob = next_token_rows(logits, self.settings.narrow(b), top_k=top_k, top_p=top_p)
         token = _agree(token, self.decoder.tp_size)
-        self.last_token[:b].copy_(token)
-        self.last_logprob[:b].copy_(logprob)
+        at = self.cursor
+        self.out_token[:b].index_copy_(1, at, token.unsqueeze(1))
+        self.out_logprob[:b].index_copy_(1, at, logprob.unsqueeze(1))
         if kw:
             values, ids = torch.topk(torch.log_softmax(logits, dim=-1), kw, dim=-1)
-            self.last_topk_ids[:b, :kw].copy_(ids)
-            self.last_topk_lps[:b, :kw].copy_(values)
+            self.out_topk_ids[:b, :, :kw].index_copy_(1, at, ids.unsqueeze(1))
+            self.out_topk_lps[:b, :, :kw].index_copy_(1, at, values.unsqueeze(1))
+        self.cursor.add_(1)
         self.tokens[:b].copy_(token)
         live = self.live[:b]
         self.pos[:b].add_(live)
-        self.settings.step[:b].add_(live)
+        step = self.settings.step[:b]
+        step.add_(live)
+        live.mul_((step < self.limit[:b]).long())  # max_tokens reached: stop advancing
 
-    def _step(self, finished: list[tuple[str, dict[str, Any]]]) -> None:
+    def _window(self, left: int, finished: list[tuple[str, dict[str, Any]]]) -> int:
+        """Up to ``min(window, left)`` decode steps with no host sync between them, then the
+        host's reading of their tokens (module docstring); the steps run."""
         n = self.n
         active = [row for row in self.rows[:n] if row is not None]
+        need = max(row.request.params.max_tokens - len(row.tokens) for row in active)
+        w = max(1, min(self.window, left, need))
         flags = self._filters([row.request.params for row in active])
         kw = topk_width(
             [row.request.params.logprobs.topk_sample for row in active], self.decoder.vocab_size
         )
         if self.cuda_graphs:
-            b = bucket(n, self.size.slots)
-            self._graph(b, flags["top_k"], flags["top_p"], kw).replay()
+            graph = self._graph(bucket(n, self.size.slots), flags["top_k"], flags["top_p"], kw)
+            self.cursor.zero_()
+            for _ in range(w):
+                graph.replay()
         else:  # attend only the live prefix of the cache
-            span = max(row.pos for row in active) + 1
+            span = min(self.size.length, max(row.pos for row in active) + w)
             view = KVCache(
                 keys=[k[:n, :, :span] for k in self.cache.keys],
                 values=[v[:n, :, :span] for v in self.cache.values],
             )
-            self._advance(n, view, flags["top_k"], flags["top_p"], kw)
-        host = torch.stack((self.last_token[:n].double(), self.last_logprob[:n].double()))
+            self.cursor.zero_()
+            for _ in range(w):
+                self._advance(n, view, flags["top_k"], flags["top_p"], kw)
+        host = torch.stack((self.out_token[:n, :w].double(), self.out_logprob[:n, :w].double()))
         tokens, logprobs = host.cpu().tolist()
-        topk: list[list[list[float]]] | list[None] = [None] * n
+        topk: list[list[list[list[float]]]] | None = None
         if kw:
             pairs = torch.stack(
-                (self.last_topk_ids[:n, :kw].double(), self.last_topk_lps[:n, :kw].double()), -1
+                (
+                    self.out_topk_ids[:n, :w, :kw].double(),
+                    self.out_topk_lps[:n, :w, :kw].double(),
+                ),
+                -1,
             )
-            topk = [[[int(i), float(v)] for i, v in row] for row in pairs.cpu().tolist()]
-        self.steps += 1
-        done = [r for r, row in enumerate(active) if row.add(int(tokens[r]), logprobs[r], topk[r])]
-        self._retire(done, finished)
+            topk = pairs.cpu().tolist()
+        first = self.steps
+        self.steps += w
+        done: list[int] = []
+        ends: dict[int, int] = {}
+        for r, row in enumerate(active):
+            for j in range(w):
+                step_topk = None if topk is None else topk[r][j]
+                if row.add(int(tokens[r][j]), logprobs[r][j], step_topk):
+                    done.append(r)
+                    ends[r] = first + j + 1
+                    break
+        self._retire(done, finished, ends)
+        return w
 
-    def _retire(self, slots: list[int], finished: list[tuple[str, dict[str, Any]]]) -> None:
-        """Free finished rows' slots; keep the active rows in ``[0, n)``."""
+    def _retire(
+        self,
+        slots: list[int],
+        finished: list[tuple[str, dict[str, Any]]],
+        ends: dict[int, int] | None = None,
+    ) -> None:
+        """Free finished rows' slots; keep the active rows in ``[0, n)``. ``ends``: the step
+        at which each slot's row finished (default: now)."""
         if not slots:
             return
+        ends = ends or {}
+        reported: list[_Request] = []
         for s in slots:
             row = self.rows[s]
             assert row is not None
             req = row.request
+            req.finished_step = max(req.finished_step, ends.get(s, self.steps))
             if req.left == 0 and not req.reported:  # two of its rows may end in one step
                 req.reported = True
-                finished.append((req.rid, self._result(req)))
+                reported.append(req)
+        reported.sort(key=lambda req: req.finished_step)  # in the order they finished
+        finished.extend((req.rid, self._result(req)) for req in reported)
         n, gone = self.n, set(slots)
         n_new = n - len(gone)
         holes = sorted(s for s in gone if s < n_new)
@@ -558,7 +611,7 @@ class SlotEngine:
             "engine": {
                 "submitted_step": req.submitted_step,
                 "admitted_step": req.admitted_step,
-                "finished_step": self.steps,
+                "finished_step": req.finished_step,
             },
         }
 
@@ -585,7 +638,9 @@ class SlotEngine:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
+                self.cursor.zero_()  # the window's buffers have ``window`` >= 1 columns
                 self._advance(b, view, top_k, top_p, kw)
+            self.cursor.zero_()
         torch.cuda.current_stream().wait_stream(side)
         if self._graph_pool is None:
             self._graph_pool = torch.cuda.graph_pool_handle()

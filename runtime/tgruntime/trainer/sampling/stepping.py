@@ -137,6 +137,7 @@ class ContinuousSamplingMixin:
                 size,
                 cuda_graphs=graphs and d.device.type == "cuda" and d.tp_size == d.pp_size == 1,
                 lora=lora,
+                window=int(os.environ.get("TG_SAMPLER_WINDOW", "16")),
             )
             self._slot_engine = slot_engine
         return slot_engine

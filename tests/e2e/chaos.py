@@ -41,6 +41,7 @@ from typing import Any
 
 FAULTS = (
     "worker-killed-mid-step",
+    "worker-and-operator-killed",
     "head-killed",
     "operator-killed-creating",
     "operator-killed-restarting",
@@ -322,7 +323,29 @@ def kill_operator(c: Cluster) -> None:
     c.kubectl("-n", OPERATOR_NS, "delete", "pod", "-l", OPERATOR_SEL, "--wait=false")
 
 
-def fault_worker(x: Ctx) -> tuple[Outcome, bool]:
+def kill_operator_once_degraded(x: Ctx, w: Watch) -> tuple[float, str]:
+    """Once the group is Degraded (restarting), 0-3 s later (seeded), the operator pod
+    deleted; (that delay, the status message then)."""
+    c = x.c
+
+    def degraded() -> bool:
+        st = c.status()
+        w.note(st)
+        return st.get("phase") == "Degraded"
+
+    wait("the group Degraded (restarting)", x.timeout_s, degraded)
+    delay = x.rng.uniform(0.0, 3.0)
+    time.sleep(delay)  # the fault's timing (drawn from the seed), not a synchronisation
+    at = c.status().get("message", "")[:40]
+    kill_operator(c)
+    return delay, at
+
+
+def fault_worker(x: Ctx, *, operator_too: bool = False) -> tuple[Outcome, bool]:
+    """The worker pod deleted after step k of a training client. ``operator_too``: also the
+    operator pod, 0-3 s (seeded) after the group shows Degraded: worker-killed-mid-step and
+    operator-killed-restarting in one re-creation (the CI subset's "worker-and-operator-killed",
+    docs/chaos.md)."""
     c, k = x.c, x.rng.randint(1, 3)
     job = f"{c.name}-chaos-mid-step"
     client_job(c, name=job, steps=200)
@@ -330,16 +353,25 @@ def fault_worker(x: Ctx) -> tuple[Outcome, bool]:
     old = c.status()["workerNames"]
     t0, w = time.monotonic(), Watch()
     c.ns("delete", "pod", c.pods("worker")[0]["metadata"]["name"], "--wait=false")
+    detail = f"after step {k}"
+    if operator_too:
+        delay, _ = kill_operator_once_degraded(x, w)
+        detail += f", the operator {delay:.1f}s into the re-creation"
     phase = settled(c, timeout_s=x.timeout_s, watch=w, not_names=old)
     took = time.monotonic() - t0
     failed = c.json("-n", c.namespace, "get", "job", job).get("status", {}).get("failed")
     c.ns("delete", "job", job, "--wait=false", check=False)
-    detail = f"after step {k}; the client {'failed' if failed else 'did not fail (yet)'}"
+    detail += f"; the client {'failed' if failed else 'did not fail (yet)'}"
     # The status must say so while it recovers (tests/e2e/run.sh's step 7 leaves this to us).
     problems = () if any(p == "Degraded" for p, _ in w.seen) else (
         f"the status never showed Degraded (seen: {[p for p, _ in w.seen]})",)
-    return Outcome(fault="worker-killed-mid-step", detail=detail, recovered_s=took,
+    name = "worker-and-operator-killed" if operator_too else "worker-killed-mid-step"
+    return Outcome(fault=name, detail=detail, recovered_s=took,
                    phase=phase, cause=w.cause(), problems=problems), True
+
+
+def fault_worker_and_operator(x: Ctx) -> tuple[Outcome, bool]:
+    return fault_worker(x, operator_too=True)
 
 
 def fault_head(x: Ctx) -> tuple[Outcome, bool]:
@@ -394,17 +426,7 @@ def fault_operator_restarting(x: Ctx) -> tuple[Outcome, bool]:
     old = c.status()["workerNames"]
     t0, w = time.monotonic(), Watch()
     c.ns("delete", "pod", c.pods("worker")[0]["metadata"]["name"], "--wait=false")
-
-    def degraded() -> bool:
-        st = c.status()
-        w.note(st)
-        return st.get("phase") == "Degraded"
-
-    wait("the group Degraded (restarting)", x.timeout_s, degraded)
-    delay = x.rng.uniform(0.0, 3.0)
-    time.sleep(delay)  # the fault's timing (drawn from the seed)
-    at = c.status().get("message", "")[:40]
-    kill_operator(c)
+    delay, at = kill_operator_once_degraded(x, w)
     phase = settled(c, timeout_s=x.timeout_s, watch=w, not_names=old)
     return Outcome(fault="operator-killed-restarting", detail=f"{delay:.1f}s into: {at}",
                    recovered_s=time.monotonic() - t0, phase=phase, cause=w.cause()), True
@@ -478,6 +500,7 @@ def fault_drain(x: Ctx) -> tuple[Outcome, bool]:
 
 RUNNERS: dict[str, Callable[[Ctx], tuple[Outcome, bool]]] = {
     "worker-killed-mid-step": fault_worker,
+    "worker-and-operator-killed": fault_worker_and_operator,
     "head-killed": fault_head,
     "operator-killed-creating": fault_operator_creating,
     "operator-killed-restarting": fault_operator_restarting,

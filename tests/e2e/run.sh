@@ -31,7 +31,8 @@
 #   E2E_READY_TIMEOUT=1800          seconds for the TrainerGroup to become Ready
 #   E2E_PHASES="resume tinker gateway tls"  phases run after the recovery step (tests/e2e/phases/);
 #                                   "" none.
-#                                   With the chaos faults worker-killed-mid-step among those
+#                                   With the chaos fault worker-killed-mid-step (or
+#                                   worker-and-operator-killed) among those
 #                                   run, the default is "tinker gateway tls" and step 7 is left out: the
 #                                   fault covers both (docs/testing.md, "Merged"). resume: a
 #                                   ReadWriteMany claim on two nodes; tls: HTTPS (after tinker);
@@ -487,11 +488,11 @@ grep -qxF "trainergroup_training_step{name=\"$TG\",namespace=\"$TG_NS\"} $STEPS.
 # trains after it, its first loss continues the checkpoint's): when it runs, step 7 and the
 # resume phase are left out (docs/testing.md, "Merged").
 CHAOS_COVERS_KILL=0
-if [[ "${E2E_CHAOS:-0}" == 1 ]] && [[ -z "${E2E_CHAOS_FAULTS:-}" || ",${E2E_CHAOS_FAULTS}," == *",worker-killed-mid-step,"* ]]; then
+if [[ "${E2E_CHAOS:-0}" == 1 ]] && [[ -z "${E2E_CHAOS_FAULTS:-}" || ",${E2E_CHAOS_FAULTS}," == *",worker-killed-mid-step,"* || ",${E2E_CHAOS_FAULTS}," == *",worker-and-operator-killed,"* ]]; then
   CHAOS_COVERS_KILL=1
 fi
 if (( CHAOS_COVERS_KILL )); then
-  log "step 7 (a worker pod dies) and the resume phase: covered by the chaos fault worker-killed-mid-step below"
+  log "step 7 (a worker pod dies) and the resume phase: covered by the chaos fault that kills a worker mid-step below"
 else
 OLD_NAMES="$(k -n "$TG_NS" get tg "$TG" -o jsonpath='{.status.workerNames}')"
 WPOD="$(k -n "$TG_NS" get pod -l "ray.io/cluster=$TG,ray.io/node-type=worker" -o jsonpath='{.items[0].metadata.name}')"

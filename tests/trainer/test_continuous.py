@@ -142,6 +142,31 @@ def test_results_equal_each_request_alone(client: TrainerClient) -> None:
     assert got["r2"]["prompt_logprobs"] is not None
 
 
+def test_a_stop_inside_a_window_ends_the_row_there(client: TrainerClient) -> None:
+    """Steps run in windows of up to 16 with the stop checks after each (continuous.py): a row
+    that meets its stop sequence at its 4th token, inside a 16-step window, ends there (its
+    later tokens dropped, its slot freed), its rows' tokens equal its run alone up to the stop,
+    and a long request beside it is untouched."""
+    free = client.sample([[21, 4, 8]], max_tokens=12, temperature=0.0).result()[0]
+    tokens = free["sequences"][0]["tokens"]
+    stop = tokens[2:4]  # the 3rd and 4th tokens: a two-token stop sequence
+    cut = next(i for i in range(2, len(tokens) + 1) if tokens[i - 2 : i] == stop)
+    admit = [
+        _request("long", [3, 4, 5], {"max_tokens": 18, "seed": 4}),
+        _request("stops", [21, 4, 8], {"max_tokens": 12, "temperature": 0.0, "stop": [stop]}),
+    ]
+    out = client.sample_step(admit, max_steps=16).result()
+    assert set(out["finished"]) == {"stops"} and out["active_rows"] == 1
+    got = out["finished"]["stops"]["sequences"][0]
+    assert got["stop_reason"] == "stop" and got["tokens"] == tokens[:cut]
+    engine = out["finished"]["stops"]["engine"]
+    assert engine["finished_step"] - engine["admitted_step"] == cut - 1  # exact, not the window's
+    rest: dict[str, Any] = {}
+    _drain(client, rest)
+    alone = client.sample([[3, 4, 5]], max_tokens=18, seed=4).result()[0]
+    _assert_same(alone, rest["long"])
+
+
 def test_sampled_logprobs_equal_compute_log_prob(client: TrainerClient) -> None:
     prompts = [[3, 17, 42, 5, 9], [100, 2], [7, 7, 8, 1, 30]]
     admit = [_request(f"p{i}", p, {"max_tokens": 10, "seed": 7 + i}) for i, p in enumerate(prompts)]

@@ -69,8 +69,11 @@ def _direct_fb(client: Any, data: list[Any], vocab: int, limit: int) -> dict[str
                                   reduction="sum").result(timeout=1200)
     fb_s = time.perf_counter() - t0
     client.zero_grad().result(timeout=600)
+    meta = out.meta_info
     return {"client_fb_s": round(fb_s, 3),
-            "client_fb_worker_s": round(float(out.meta_info.get("elapsed_s", 0.0)), 3)}
+            "client_fb_worker_s": round(float(meta.get("elapsed_s", 0.0)), 3),
+            **{f"client_fb_{k}": meta.get(k) for k in ("micro_batches", "cuda_mallocs",
+                                                       "alloc_retries")}}
 
 
 def main() -> int:

@@ -75,6 +75,11 @@ class ForwardBackwardResult:
     metrics: dict[str, float]  # the loss's metrics, token means over the global batch
     elapsed_s: float
     reduction: str = "mean"
+    micro_batches: int = 1  # the token budget's split of the call
+    # the CUDA caching allocator during the call (0 on CPU): new device allocations
+    # (cudaMalloc) and allocations that had to free the cache and retry (near a full GPU)
+    cuda_mallocs: int = 0
+    alloc_retries: int = 0
     # per-token log-probs [b, T] of the local batch before this call's update (float32, CPU,
     # 0 on padding); only on the last pipeline stage, None elsewhere
     log_probs: torch.Tensor | None = None
@@ -271,6 +276,7 @@ class Primitives:
         """
         self._check_open()
         start = time.perf_counter()
+        alloc0 = _allocator_counts(self.device, self.settings.on_gpu)
         if reduction not in REDUCTIONS:
             raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
         pending = None if self._grads_stale else self._reduction
@@ -344,6 +350,8 @@ class Primitives:
             metrics=metrics,
             elapsed_s=time.perf_counter() - start,
             reduction=reduction,
+            micro_batches=len(micro),
+            **_allocator_delta(alloc0, _allocator_counts(self.device, self.settings.on_gpu)),
             log_probs=log_probs,
         )
 
@@ -417,3 +425,15 @@ class Primitives:
             skipped=not ok,
             tokens=tokens,
         )
+
+
+def _allocator_counts(device: torch.device, on_gpu: bool) -> tuple[int, int]:
+    """(cudaMalloc calls, allocation retries) of the caching allocator so far; zeros on CPU."""
+    if not on_gpu:
+        return (0, 0)
+    stats = torch.cuda.memory_stats(device)
+    return (int(stats.get("num_device_alloc", 0)), int(stats.get("num_alloc_retries", 0)))
+
+
+def _allocator_delta(before: tuple[int, int], after: tuple[int, int]) -> dict[str, int]:
+    return {"cuda_mallocs": after[0] - before[0], "alloc_retries": after[1] - before[1]}

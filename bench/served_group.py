@@ -30,7 +30,7 @@ def spec(tp: int, ckpt: str, preset: str, *, layers: int = 0) -> tgapi.TrainerGr
     14336, vocabulary 128,256, RoPE theta 500,000; 8 of its 32 layers unless ``layers``, so that
     full-weight training with Adam fits one 80 GB GPU), TP=tp. ``layers``: override the
     preset's layer count (0: the preset's)."""
-    shape: dict[str, Any] = {
+    shapes: dict[str, dict[str, Any]] = {
         "tiny": dict(
             vocabSize=128,
             hiddenSize=64,
@@ -57,7 +57,8 @@ def spec(tp: int, ckpt: str, preset: str, *, layers: int = 0) -> tgapi.TrainerGr
             maxSequenceLength=1024,
             ropeTheta=500000.0,
         ),
-    }[preset]
+    }
+    shape = dict(shapes[preset])
     if layers:
         shape = {**shape, "numLayers": layers}
     return tgapi.parse_spec(

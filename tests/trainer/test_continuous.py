@@ -167,6 +167,25 @@ def test_a_stop_inside_a_window_ends_the_row_there(client: TrainerClient) -> Non
     _assert_same(alone, rest["long"])
 
 
+def test_topk_sample_logprobs_are_int_ids_with_the_sampled_token(client: TrainerClient) -> None:
+    """``topk_sample_logprobs`` through the engine: per token, k (int id, log-prob) pairs in
+    descending order; under greedy sampling the chosen token is the first, with its log-prob
+    (the window buffers carry the ids as floats to the host; they must come back as ints)."""
+    req = _request("tk", [3, 17, 42], {"max_tokens": 20, "temperature": 0.0,
+                                        "logprob_options": {"topk_sample_logprobs": 3}})
+    got: dict[str, Any] = {}
+    out = client.sample_step([req], max_steps=20).result()
+    assert not out["failed"], out["failed"]
+    got.update(out["finished"])
+    _drain(client, got)
+    seq = got["tk"]["sequences"][0]
+    assert len(seq["topk_logprobs"]) == len(seq["tokens"]) == 20
+    for token, lp, pairs in zip(seq["tokens"], seq["logprobs"], seq["topk_logprobs"], strict=True):
+        assert len(pairs) == 3 and all(type(i) is int for i, _ in pairs)
+        assert pairs[0][0] == token and abs(pairs[0][1] - lp) < 1e-5
+        assert pairs[0][1] >= pairs[1][1] >= pairs[2][1]
+
+
 def test_sampled_logprobs_equal_compute_log_prob(client: TrainerClient) -> None:
     prompts = [[3, 17, 42, 5, 9], [100, 2], [7, 7, 8, 1, 30]]
     admit = [_request(f"p{i}", p, {"max_tokens": 10, "seed": 7 + i}) for i, p in enumerate(prompts)]

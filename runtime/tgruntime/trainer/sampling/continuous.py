@@ -119,8 +119,8 @@ class _Row:
         self.tokens.append(token)
         self.logprobs.append(logprob)
         k = self.request.params.logprobs.topk_sample
-        if k and topk is not None:
-            self.topk.append(topk[:k])
+        if k and topk is not None:  # (id, log-prob) pairs; the ids come as floats
+            self.topk.append([[int(i), float(v)] for i, v in topk[:k]])
         self.pos += 1
         for stop in self.request.params.stop:
             if len(stop) <= len(self.tokens) and tuple(self.tokens[-len(stop) :]) == stop:

@@ -284,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{time.strftime('%H:%M:%S')}] group {case}", file=sys.stderr, flush=True)
         group = run_group(spec, name=name, steps=args.steps, warmup=args.warmup, gpus=ngpu)
         group["case"] = case
+        for row in (direct, group):
+            if row is not None:
+                row["megatron_core"] = _megatron_version()
         if direct is not None:
             if "matmul_tflops" in direct:
                 group["matmul_tflops"] = direct["matmul_tflops"]
@@ -312,6 +315,13 @@ def main(argv: list[str] | None = None) -> int:
             f"ratio {c['ratio']:.3f}, overhead {c['overhead_ms']:+.1f} ms/step"
         )
     return 0
+
+
+def _megatron_version() -> str:
+    """The megatron-core this process imported (stack comparisons put another one first)."""
+    import megatron.core
+
+    return str(megatron.core.__version__)
 
 
 if __name__ == "__main__":

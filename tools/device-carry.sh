@@ -8,6 +8,9 @@
 #
 #   tools/device-carry.sh            # writes .whl/carry/{site,tinker}-py312.tar.xz (+ .sha256, .txt)
 #   tools/device-carry.sh tinker     # only the tinker tarball
+#   tools/device-carry.sh mcore016   # only .whl/carry/mcore016-py312.tar.xz: megatron-core
+#                                    # 0.16.1, the stack before issue 36's move, for
+#                                    # bench/gpu/stack_compare.sh's old-vs-new step figures
 #   then: run(command="bash bench/gpu/run_on_device.sh ...", carry=[".whl/carry"])
 #
 # Why a tarball and not wheels: Ray's cp312 wheel alone is ~79 MB, over a device call's
@@ -102,11 +105,15 @@ pack() {
   echo "== $out: $(( $(stat -c %s "$out") / 1024 / 1024 )) MiB ($(du -sh "$build" | cut -f1) unpacked)"
 }
 
-if [ "${1:-}" != tinker ]; then
-  pack "$OUT" "$BUILD" "${TOP[@]}" "${DEPS[@]}"
-  cp "${OUT%.tar.xz}.packages.txt" "$(dirname "$OUT")/packages.txt"
-fi
-pack "$(dirname "$OUT")/tinker-py312.tar.xz" .whl/build/tinker "${TINKER[@]}"
+case "${1:-}" in
+  mcore016) pack "$(dirname "$OUT")/mcore016-py312.tar.xz" .whl/build/mcore016 megatron-core==0.16.1 ;;
+  tinker) pack "$(dirname "$OUT")/tinker-py312.tar.xz" .whl/build/tinker "${TINKER[@]}" ;;
+  *)
+    pack "$OUT" "$BUILD" "${TOP[@]}" "${DEPS[@]}"
+    cp "${OUT%.tar.xz}.packages.txt" "$(dirname "$OUT")/packages.txt"
+    pack "$(dirname "$OUT")/tinker-py312.tar.xz" .whl/build/tinker "${TINKER[@]}"
+    ;;
+esac
 size=$(du -cb .whl/carry/*.tar.xz | tail -1 | cut -f1)
 echo "== .whl/carry: $((size / 1024 / 1024)) MiB"
 if (( size > 56 * 1024 * 1024 )); then

@@ -12,7 +12,9 @@ SITE=/tmp/tgsite
 if [ ! -d "$SITE/ray" ]; then
   mkdir -p "$SITE" && tar -C "$SITE" -xJf .whl/carry/site-py312.tar.xz || { echo "unpack failed"; exit 2; }
 fi
-export PYTHONPATH="$SITE:$PWD/api:$PWD/runtime:$PWD/operator:$PWD/bench"
+# TG_SITE_FIRST: a folder put before the carried packages (bench/gpu/stack_compare.sh puts
+# megatron-core 0.16.1 there to time the stack before issue 36's move in the same session).
+export PYTHONPATH="${TG_SITE_FIRST:+$TG_SITE_FIRST:}$SITE:$PWD/api:$PWD/runtime:$PWD/operator:$PWD/bench"
 export PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0 TG_RAY_INCLUDE_DASHBOARD="${TG_RAY_INCLUDE_DASHBOARD:-0}"
 PYDIR="$(dirname "$(python3 -c 'import sys; print(sys.executable)')")"
 # The carried ray has no console script: put a `ray` next to the interpreter.

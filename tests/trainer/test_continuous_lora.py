@@ -12,6 +12,8 @@ runs trained a few steps at a high learning rate and snapshotted: ``a-snap`` (ra
 * sampled log-probs equal ``compute_log_prob`` under that adapter (1e-4);
 * a request naming an unknown adapter (or a bad one) fails alone; the rest are served, the
   active run's function is untouched and both paths still sample;
+* a run's next snapshot takes the old one's slot in place (a refill, no rebuild), and
+  samples as it does alone;
 * through the service's ``SampleQueue`` (``multi_lora``): requests for the three weights go to
   the continuous engine, in one batch, with what each gives alone.
 """
@@ -204,6 +206,39 @@ def test_an_unknown_adapter_fails_alone_and_the_group_stays_usable(
     assert after is not None and torch.equal(after["log_probs"], before["log_probs"])
 
 
+def test_a_new_snapshot_takes_the_old_ones_slot_in_place(client: TrainerClient) -> None:
+    """An RL loop's next snapshot: the stack (a and b, two slots) is refilled in place with
+    it, not rebuilt (on a GPU the captured graphs stay valid), and it samples as alone."""
+    _drain(client, {})
+    start = client.sample_step([], max_steps=1).result()
+    client.use_run("a").result()
+    client.forward_backward({"input_ids": fixed_batch(3)}).result()
+    client.optim_step(lr=LR).result()
+    client.save_sampler_weights("a-next").result()
+    client.use_run("b").result()
+    params = {"max_tokens": 8, "seed": 11, "num_samples": 2}
+    got: dict[str, Any] = {}
+    out = client.sample_step([_request("next", "a-next", [5, 6, 7], params)], max_steps=2).result()
+    got.update(out["finished"])
+    last = _drain(client, got)
+    assert last["adapters"] == 1
+    assert last["adapter_refills"] == start["adapter_refills"] + 1
+    assert last["adapter_rebuilds"] == start["adapter_rebuilds"]
+    _assert_same(_alone(client, "a-next", [5, 6, 7], params), got["next"])
+    old = _alone(client, "a-snap", [5, 6, 7], params)  # the refill wrote the new values
+    assert old["sequences"][0]["logprobs"] != got["next"]["sequences"][0]["logprobs"]
+    # a and b together again: two sets in two slots, in place as well
+    both = [
+        _request("a", "a-snap", [1, 2, 3], {"max_tokens": 5, "seed": 1}),
+        _request("b", "b-snap", [4, 5], {"max_tokens": 5, "seed": 2}),
+    ]
+    got.update(client.sample_step(both, max_steps=2).result()["finished"])
+    last = _drain(client, got)
+    assert last["adapters"] == 2 and last["adapter_rebuilds"] == start["adapter_rebuilds"]
+    _assert_same(_alone(client, "a-snap", [1, 2, 3], {"max_tokens": 5, "seed": 1}), got["a"])
+    _assert_same(_alone(client, "b-snap", [4, 5], {"max_tokens": 5, "seed": 2}), got["b"])
+
+
 class _Backend:
     """What ``SampleQueue`` uses of the service's ``Backend``: the client and ``wait``."""
 
@@ -333,10 +368,15 @@ def gpu_continuous_lora(gpu: bool = True) -> dict[str, Any]:
             store.save(
                 run, engine.adapters, run=run, base=engine.base_fingerprint(), mesh=engine.mesh_info
             )
+        runs.use("a")  # a's next snapshot, as an RL loop saves one every step
+        engine.train_step(data[0])
         assert engine.adapters is not None
+        store.save(
+            "a2", engine.adapters, run="a", base=engine.base_fingerprint(), mesh=engine.mesh_info
+        )
         gpt, shape = unwrap_gpt(module), engine.adapters.shape
         sets: dict[str | None, Any] = {None: None}
-        for run in ("a", "b"):
+        for run in ("a", "b", "a2"):
             snap = store.resolve(run, mesh=engine.mesh_info, base="", device=engine.device)
             sets[run] = store.adapters_for(snap, gpt, shape)
         engine.adapters.detach()  # the active run's hooks off: the engine's stack only
@@ -350,6 +390,9 @@ def gpu_continuous_lora(gpu: bool = True) -> dict[str, Any]:
             ("b0", "b", prompts[2], SamplingParams(max_tokens=32, seed=3, num_samples=2), 6),
             ("a1", "a", prompts[3], SamplingParams(max_tokens=16, seed=4, temperature=0.0), 6),
         ]
+        # after the first ones drain, a's next snapshot alone: it takes a slot of the stack
+        # in place (a refill), and the graphs captured before serve it
+        later = [("a2_0", "a2", prompts[0], SamplingParams(max_tokens=24, seed=5, num_samples=2))]
         sampler = Sampler(module, cuda_graphs=False)
 
         def serve(graphs: bool) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -363,12 +406,17 @@ def gpu_continuous_lora(gpu: bool = True) -> dict[str, Any]:
                     got.update(slot_engine.run(steps))
                 while slot_engine.busy:
                     got.update(slot_engine.run(8))
-            return got, slot_engine.info()
+                before = slot_engine.info()
+                for rid, run, prompt, params in later:
+                    slot_engine.submit(rid, prompt, params, sets[run])
+                while slot_engine.busy:
+                    got.update(slot_engine.run(8))
+            return got, {**slot_engine.info(), "before_refill": before}
 
         graphed, out["graphed_info"] = serve(gpu)
         eager, out["eager_info"] = serve(False)
         alone: dict[str, Any] = {}
-        for rid, name, prompt, params, _ in arrivals:
+        for rid, name, prompt, params in [a[:4] for a in arrivals] + later:
             hooks = sets[name]
             if hooks is not None:
                 hooks.attach()
@@ -379,7 +427,8 @@ def gpu_continuous_lora(gpu: bool = True) -> dict[str, Any]:
                     hooks.detach()
 
         def rows(results: dict[str, Any]) -> list[list[int]]:
-            return [s["tokens"] for r, *_ in arrivals for s in results[r]["sequences"]]
+            ids = [r for r, *_ in arrivals] + [r for r, *_ in later]
+            return [s["tokens"] for r in ids for s in results[r]["sequences"]]
 
         out["graphed_equals_eager"] = [
             x == y for x, y in zip(rows(graphed), rows(eager), strict=True)
@@ -409,7 +458,12 @@ def test_gpu_graphs_over_per_row_adapters_survive_a_stack_rebuild() -> None:
     (r,) = launch(gpu_continuous_lora, world_size=1, timeout_s=600)
     print("\n", json.dumps(r, indent=1, default=str))
     assert r["joined"]
-    assert r["graphed_info"]["graphs"] > 0 and r["graphed_info"]["adapter_rebuilds"] >= 2
+    info, before = r["graphed_info"], r["graphed_info"]["before_refill"]
+    assert info["graphs"] > 0 and before["adapter_rebuilds"] >= 2
+    # a's next snapshot was written into the stack in place: no rebuild, no graph dropped
+    assert info["adapter_refills"] == before["adapter_refills"] + 1
+    assert info["adapter_rebuilds"] == before["adapter_rebuilds"]
+    assert info["graphs"] >= before["graphs"]
     # bf16: the graphed step is the eager step's kernels over the whole slot length, and the
     # one-shot sampler batches other rows; a wrong adapter (a stale stack, a wrong row map)
     # changes nearly every row

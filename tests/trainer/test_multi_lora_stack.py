@@ -297,3 +297,46 @@ def test_model_dtype_and_refusals(model: _Model, sets: list[LoraAdapters]) -> No
     dict(odd.items())["proj"].scaling = 3.0  # a set whose linears disagree
     with pytest.raises(ValueError, match="one scaling per set"):
         MultiLora(model, [odd])
+
+
+def test_refill_writes_new_sets_in_place_and_refuses_what_does_not_fit(
+    model: _Model, sets: list[LoraAdapters]
+) -> None:
+    """``refill`` (an RL loop's new snapshot taking the old one's slot): the same buffers
+    (a CUDA graph captured over the hooks stays valid), deltas of the new sets, zeros in the
+    slots past them; a set that does not fit changes nothing."""
+    multi = MultiLora(model, sets[:2])  # ranks 4 and 8: 8 columns a slot, fc1 in slot 1 only
+    addresses = {
+        name: (linear.a.data_ptr(), *(b.data_ptr() for b in linear.b.values()))
+        for name, linear in multi.linears.items()
+    }
+    fresh = [
+        _adapters(model, rank=r, alpha=a, mlp=m, seed=20 + i)
+        for i, (r, a, m) in enumerate([(8, 4.0, True), (4, 6.0, False)])
+    ]
+    assert multi.refill(fresh) is None
+    assert multi.scaling == (0.0, 0.5, 1.5)
+    slots = [0, 2, 1, 2, 1, 0, 1, 2]
+    multi.set_rows(slots)
+    for name, linear in multi.linears.items():
+        assert (linear.a.data_ptr(), *(b.data_ptr() for b in linear.b.values())) == addresses[
+            name
+        ]
+        x = _input(name, len(slots))
+        assert _rel_err(linear.delta(x, multi.mask), _reference(fresh, name, x, slots)) < REL
+    # one set into two slots: slot 2 holds zeros, its rows get no delta
+    assert multi.refill(sets[:1]) is None
+    multi.set_rows([1, 2, 0])
+    x = _input("fc1", 3)
+    got = multi.linears["fc1"].delta(x, multi.mask)
+    assert _rel_err(got[:, :1], _reference(sets[:1], "fc1", x[:, :1], [1])) < REL
+    assert torch.equal(got[:, 1:], torch.zeros_like(got[:, 1:]))
+    before = {name: linear.a.clone() for name, linear in multi.linears.items()}
+    assert "3 adapters for 2 slots" in str(multi.refill(sets))
+    assert "rank 16 over the 8 columns" in str(multi.refill([sets[2]]))
+    assert all(torch.equal(linear.a, before[n]) for n, linear in multi.linears.items())
+    odd = _adapters(model, rank=4, alpha=6.0, mlp=True, seed=9)
+    dict(odd.items())["proj"].scaling = 3.0  # a set whose linears disagree
+    assert "one scaling per set" in str(multi.refill([odd]))
+    assert multi.scaling == (0.0, 1.5, 0.0)
+    assert all(torch.equal(linear.a, before[n]) for n, linear in multi.linears.items())

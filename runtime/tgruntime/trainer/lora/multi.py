@@ -115,32 +115,67 @@ class StackedLinear:
         self.slots = len(entries) + 1
         self.width = len(entries) * self.rank  # the adapter columns of one key
         self.dtype = dtype
-        self.scaling = (0.0, *(0.0 if e is None else float(e.scaling) for e in entries))
-        self.adapts = (False, *(e is not None for e in entries))
         a0 = template.lora_A[self.keys[0]]
         self.device = a0.device
         # all keys' A in one matrix (their rows k*width..(k+1)*width): one GEMM for q/k/v
-        a_cat = torch.zeros(len(self.keys) * self.width, a0.shape[1], dtype=dtype, device=a0.device)
-        self.b: dict[str, torch.Tensor] = {}
+        self.a = torch.zeros(
+            len(self.keys) * self.width, a0.shape[1], dtype=dtype, device=a0.device
+        )
+        self.b: dict[str, torch.Tensor] = {
+            key: torch.zeros(
+                template.lora_B[key].shape[0], self.width, dtype=dtype, device=a0.device
+            )
+            for key in self.keys
+        }
+        self.scaling: tuple[float, ...] = ()
+        self.adapts: tuple[bool, ...] = ()
+        self.fill(entries)
+
+    def fits(self, entries: Sequence[LinearLora | None]) -> str | None:
+        """Why ``entries`` cannot be written into these buffers (None: they can): more
+        adapters than slots, a rank above the columns per slot, other keys or shapes."""
+        if len(entries) > self.slots - 1:
+            return f"{len(entries)} adapters for {self.slots - 1} slots"
+        for entry in entries:
+            if entry is None:
+                continue
+            if entry.rank > self.rank:
+                return f"rank {entry.rank} over the {self.rank} columns of a slot"
+            keys = [_part_key(p.hf_module) for p in entry.parts]
+            if keys != self.keys or entry.kind != self.kind:
+                return f"keys {keys} ({entry.kind}), the stack's {self.keys} ({self.kind})"
+            for key in self.keys:
+                ea, eb = entry.lora_A[key], entry.lora_B[key]
+                if ea.shape[1] != self.a.shape[1] or eb.shape[0] != self.b[key].shape[0]:
+                    return (
+                        f"{key}: adapter shapes {tuple(ea.shape)}/{tuple(eb.shape)} do not fit "
+                        f"in {self.a.shape[1]}/{self.b[key].shape[0]} (another model or layout)"
+                    )
+        return None
+
+    def fill(self, entries: Sequence[LinearLora | None]) -> None:
+        """Write ``entries`` (slot ``i + 1`` = ``entries[i]``; slots past them hold zeros)
+        into the buffers in place: their addresses, which CUDA graphs captured over the
+        hooks read, never change."""
+        reason = self.fits(entries)
+        if reason is not None:
+            raise ValueError(f"{self.name}: {reason}")
+        present = [e for e in entries if e is not None]
+        if present:
+            self.template = present[0]  # the fused layout's combiner (the same for all)
+        padded = [*entries, *([None] * (self.slots - 1 - len(entries)))]
+        self.scaling, self.adapts = _padded_flags(entries, self.slots)
+        self.a.zero_()
         for k, key in enumerate(self.keys):
-            a_ref, b_ref = template.lora_A[key], template.lora_B[key]
-            b_cat = torch.zeros(b_ref.shape[0], self.width, dtype=dtype, device=a0.device)
-            for slot, entry in enumerate(entries, start=1):
+            b_cat = self.b[key]
+            b_cat.zero_()
+            for slot, entry in enumerate(padded, start=1):
                 if entry is None:
                     continue
-                ea, eb = entry.lora_A[key], entry.lora_B[key]
-                if ea.shape[1] != a_ref.shape[1] or eb.shape[0] != b_ref.shape[0]:
-                    raise ValueError(
-                        f"{name}.{key}: adapter shapes {tuple(ea.shape)}/{tuple(eb.shape)} do "
-                        f"not fit {tuple(a_ref.shape)}/{tuple(b_ref.shape)} (another model "
-                        "or layout)"
-                    )
                 row = k * self.width + (slot - 1) * self.rank
-                a_cat[row : row + entry.rank].copy_(ea.detach())
+                self.a[row : row + entry.rank].copy_(entry.lora_A[key].detach())
                 col = (slot - 1) * self.rank
-                b_cat[:, col : col + entry.rank].copy_(eb.detach())
-            self.b[key] = b_cat
-        self.a = a_cat
+                b_cat[:, col : col + entry.rank].copy_(entry.lora_B[key].detach())
 
     def mask(self, slots: Sequence[int]) -> torch.Tensor:
         """The column mask of rows in ``slots`` with this linear's scalings, on its device
@@ -203,6 +238,18 @@ def _slot_scaling(linears: Iterable[StackedLinear], slots: int) -> tuple[float, 
     return tuple(0.0 if s is None else s for s in found)
 
 
+def _padded_flags(
+    entries: Sequence[LinearLora | None], slots: int
+) -> tuple[tuple[float, ...], tuple[bool, ...]]:
+    """A linear's per-slot scalings and switches for ``entries`` over ``slots`` (slot 0 the
+    base; the slots past the entries hold nothing)."""
+    padded = [*entries, *([None] * (slots - 1 - len(entries)))]
+    return (
+        (0.0, *(0.0 if e is None else float(e.scaling) for e in padded)),
+        (False, *(e is not None for e in padded)),
+    )
+
+
 class MultiLora:
     """Per-row adapters over one model: slot ``i + 1`` is ``sets[i]``, slot 0 the base.
 
@@ -247,6 +294,40 @@ class MultiLora:
         self.index = self._full
         self.mask = self._full_mask
         self._handles: list[Any] = []
+
+    def refill(self, sets: Sequence[LoraAdapters]) -> str | None:
+        """Put ``sets`` in the slots in place (slot ``i + 1`` = ``sets[i]``, the slots past
+        them zeros, the base's slot 0 unchanged), keeping every buffer's address, so the
+        CUDA graphs captured over these hooks stay valid. None when done; else why the sets
+        do not fit this stack (more sets than slots, a larger rank, a linear the stack does
+        not adapt, other shapes), and nothing was changed. The row maps keep their slot
+        numbers: call :meth:`set_rows` after (the masks carry the new scalings)."""
+        if not sets:
+            return "no adapter set"
+        by_set = [dict(adapters.items()) for adapters in sets]
+        extra = sorted({name for found in by_set for name in found} - set(self.linears))
+        if extra:
+            return f"linears {extra[:3]} the stack does not adapt"
+        plans = {name: [found.get(name) for found in by_set] for name in self.linears}
+        for name, entries in plans.items():
+            reason = self.linears[name].fits(entries)
+            if reason is not None:
+                return f"{name}: {reason}"
+        old = [(linear.scaling, linear.adapts) for linear in self.linears.values()]
+        for name, entries in plans.items():
+            self.linears[name].scaling, self.linears[name].adapts = _padded_flags(
+                entries, self.slots
+            )
+        try:
+            scaling = _slot_scaling(self.linears.values(), self.slots)
+        except ValueError as err:
+            for linear, (scale, adapts) in zip(self.linears.values(), old, strict=True):
+                linear.scaling, linear.adapts = scale, adapts
+            return str(err)
+        for name, entries in plans.items():
+            self.linears[name].fill(entries)
+        self.scaling = scaling
+        return None
 
     def set_rows(self, slots: Sequence[int]) -> None:
         """The slot of every batch row (0: base weights; ``i + 1``: ``sets[i]``).

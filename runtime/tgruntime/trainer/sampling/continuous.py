@@ -37,15 +37,19 @@ never changes: a step over slots ``[0, b)`` reads rows ``[0, b)`` of it
 (``MultiLora.narrowed``), and a CUDA graph captured over the hooks stays valid while rows come
 and go. A prefill runs the new rows' slots ``[start, end)`` of the same map.
 
-The stack (the adapters the ``MultiLora`` holds) grows by rebuilding, never by waiting: when
-an admission brings an adapter the stack lacks, a new stack is built of the adapters of the
-rows still decoding and of the rows being admitted (the union; adapters no row uses any more
-are dropped then), the map is rewritten for the new stack, the old hooks are swapped for the
-new ones and the captured graphs are dropped (they replay the old stack's hooks): the next
-step captures again, once per bucket in use. A row's adapter is the snapshot's adapter set
-itself (keyed by identity), so a snapshot saved again under the same name is a new adapter;
-rows already decoding keep the copy the stack made of the old one. Requests for the base only
-need no stack (no hooks: the lean decode path).
+The stack (the adapters the ``MultiLora`` holds) changes between windows, never by waiting:
+when an admission brings an adapter the stack lacks, the stack is made to hold exactly the
+adapters of the rows still decoding and of the rows being admitted (the union; adapters no row
+uses any more are dropped then). Where the union fits the stack's slots and fills at least half
+of them (an RL loop's new snapshot each step takes the old one's slot), it is written into the
+stack's buffers in place (``MultiLora.refill``): every address stays, so the captured graphs
+stay valid and nothing is captured again. Otherwise a new stack is built, the map is rewritten
+for it, the old hooks are swapped for the new ones and the captured graphs are dropped (they
+replay the old stack's hooks): the next step captures again, once per bucket in use. Either
+way the row map is rewritten (the masks carry the slots' scalings). A row's adapter is the
+snapshot's adapter set itself (keyed by identity), so a snapshot saved again under the same
+name is a new adapter; rows already decoding keep the copy the stack made of the old one.
+Requests for the base only need no stack (no hooks: the lean decode path).
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import os
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -154,20 +159,35 @@ class RowAdapters:
         self.multi: MultiLora | None = None
         self.on = False  # the stack's hooks are attached (inside ``attached()``)
         self.rebuilds = 0
+        self.refills = 0
         self._written: list[int] | None = None  # the map last written into ``multi``
 
     def holds(self, adapter: LoraAdapters) -> bool:
         return any(a is adapter for a in self.stack)
 
-    def cover(self, needed: Iterable[LoraAdapters | None]) -> bool:
+    def cover(self, needed: Iterable[LoraAdapters | None]) -> str:
         """Make the stack hold every adapter in ``needed`` (the live rows' and the admitted
-        rows'); True when it was rebuilt, of exactly those (the old graphs are stale then)."""
+        rows'): ``"kept"`` when it already did; ``"refilled"`` when exactly those were written
+        into the stack's buffers in place (the captured graphs stay valid; the row map must be
+        written again); ``"rebuilt"`` when a new stack of exactly those was made (the old
+        graphs are stale)."""
         want: list[LoraAdapters] = []
         for adapter in needed:
             if adapter is not None and not any(a is adapter for a in want):
                 want.append(adapter)
         if all(self.holds(a) for a in want):
-            return False
+            return "kept"
+        # at least half the stack's slots in use: reuse it (an RL loop's new snapshot each
+        # step takes the old one's slot, and no graph is captured again); "0": always rebuild
+        if (
+            self.multi is not None
+            and 2 * len(want) >= self.multi.slots - 1
+            and os.environ.get("TG_SAMPLER_REFILL", "1") != "0"
+            and self.multi.refill(want) is None
+        ):
+            self.stack, self._written = want, None
+            self.refills += 1
+            return "refilled"
         old, self.multi = self.multi, None
         if old is not None:
             old.detach()
@@ -179,7 +199,7 @@ class RowAdapters:
         if self.on:
             self.multi.attach()
         self.rebuilds += 1
-        return True
+        return "rebuilt"
 
     def write(self, adapters: Sequence[LoraAdapters | None]) -> None:
         """The adapter of every pool slot (None: the base, or a free slot), written in
@@ -213,7 +233,11 @@ class RowAdapters:
                 self.multi.detach()
 
     def info(self) -> dict[str, Any]:
-        return {"adapters": len(self.stack), "adapter_rebuilds": self.rebuilds}
+        return {
+            "adapters": len(self.stack),
+            "adapter_rebuilds": self.rebuilds,
+            "adapter_refills": self.refills,
+        }
 
 
 def _whole(start: int, stop: int) -> contextlib.AbstractContextManager[None]:
@@ -375,8 +399,10 @@ class SlotEngine:
         if self.lora is None:
             return
         live = [row.request.adapter for row in self.rows[: self.n] if row is not None]
-        if self.lora.cover([*live, *(req.adapter for req in batch)]):
+        done = self.lora.cover([*live, *(req.adapter for req in batch)])
+        if done == "rebuilt":
             self._graphs.clear()
+        if done != "kept":
             self._write_adapters()
 
     # -- the loop ------------------------------------------------------------------------

@@ -401,7 +401,11 @@ class SlotEngine:
         live = [row.request.adapter for row in self.rows[: self.n] if row is not None]
         done = self.lora.cover([*live, *(req.adapter for req in batch)])
         if done == "rebuilt":
+            # a new memory pool too: capturing into the old one once its graphs are gone
+            # fails in PyTorch's allocator ("use_count > 0" assert, seen on an H100) while
+            # tensors made during those captures are still alive
             self._graphs.clear()
+            self._graph_pool = None
         if done != "kept":
             self._write_adapters()
 

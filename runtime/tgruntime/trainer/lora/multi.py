@@ -219,28 +219,31 @@ def _model_dtype(module: torch.nn.Module, bases: Iterable[torch.nn.Module]) -> t
     return torch.float32
 
 
-def _slot_scaling(linears: Iterable[StackedLinear], slots: int) -> tuple[float, ...]:
+Flags = tuple[tuple[float, ...], tuple[bool, ...]]
+"""A linear's per-slot scalings and adapts switches (slot 0 the base)."""
+
+
+def _slot_scaling(flags: Iterable[tuple[str, Flags]], slots: int) -> tuple[float, ...]:
     """One scaling per slot, shared by every linear its set adapts (one mask for all);
-    0 for the base and for a set that adapts nothing."""
+    0 for the base and for a set that adapts nothing. ``flags``: each linear's name and
+    :data:`Flags`."""
     found: list[float | None] = [None] * slots
-    for linear in linears:
+    for name, (scaling, adapts) in flags:
         for slot in range(1, slots):
-            if not linear.adapts[slot]:
+            if not adapts[slot]:
                 continue
-            value = linear.scaling[slot]
+            value = scaling[slot]
             if found[slot] is None:
                 found[slot] = value
             elif found[slot] != value:
                 raise ValueError(
-                    f"slot {slot}: {linear.name} has scaling {value:g}, another linear of the "
+                    f"slot {slot}: {name} has scaling {value:g}, another linear of the "
                     f"same adapter set {found[slot]:g} (one scaling per set is assumed)"
                 )
     return tuple(0.0 if s is None else s for s in found)
 
 
-def _padded_flags(
-    entries: Sequence[LinearLora | None], slots: int
-) -> tuple[tuple[float, ...], tuple[bool, ...]]:
+def _padded_flags(entries: Sequence[LinearLora | None], slots: int) -> Flags:
     """A linear's per-slot scalings and switches for ``entries`` over ``slots`` (slot 0 the
     base; the slots past the entries hold nothing)."""
     padded = [*entries, *([None] * (slots - 1 - len(entries)))]
@@ -284,7 +287,9 @@ class MultiLora:
             )
             for name in names
         }
-        self.scaling = _slot_scaling(self.linears.values(), self.slots)
+        self.scaling = _slot_scaling(
+            ((n, (li.scaling, li.adapts)) for n, li in self.linears.items()), self.slots
+        )
         self.width = (self.slots - 1) * self.rank
         self._device = next(iter(self.linears.values())).device
         # row count -> its row map and column mask (each at a fixed address)
@@ -313,16 +318,12 @@ class MultiLora:
             reason = self.linears[name].fits(entries)
             if reason is not None:
                 return f"{name}: {reason}"
-        old = [(linear.scaling, linear.adapts) for linear in self.linears.values()]
-        for name, entries in plans.items():
-            self.linears[name].scaling, self.linears[name].adapts = _padded_flags(
-                entries, self.slots
-            )
         try:
-            scaling = _slot_scaling(self.linears.values(), self.slots)
+            scaling = _slot_scaling(
+                ((n, _padded_flags(entries, self.slots)) for n, entries in plans.items()),
+                self.slots,
+            )
         except ValueError as err:
-            for linear, (scale, adapts) in zip(self.linears.values(), old, strict=True):
-                linear.scaling, linear.adapts = scale, adapts
             return str(err)
         for name, entries in plans.items():
             self.linears[name].fill(entries)

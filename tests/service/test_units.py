@@ -72,6 +72,46 @@ def test_futures_long_poll_and_restart() -> None:
     asyncio.run(run())
 
 
+def test_fetched_futures_are_bounded_by_count_and_bytes_per_owner() -> None:
+    """A loop that fetches every result holds at most ``delivered_keep_n`` of them per owner
+    (and ``delivered_keep_bytes`` of payload), however fast it runs; a fetched result is still
+    answered again while it is among the newest; an unfetched one and another owner's stay."""
+
+    async def run() -> None:
+        store = FutureStore(delivered_keep_n=4, delivered_keep_bytes=250)
+        unfetched = store.new("a")
+        store.resolve(unfetched, Outcome(proto=b"u" * 100))
+        other = store.new("b")
+        store.resolve(other, Outcome(proto=b"o"))
+        assert await store.wait(other, 0.01, "b") is not None
+        fetched = []
+        owner = "a"
+        for i in range(10):
+            rid = store.new("a")
+            store.resolve(rid, Outcome(proto=bytes([i]) * 10))
+            assert (await store.wait(rid, 0.01, owner)) is not None
+            fetched.append(rid)
+        # the newest four of a's fetched results, the unfetched one, b's one
+        assert len(store) == 4 + 1 + 1
+        for rid in fetched[-4:]:  # a retried fetch of a recent one is answered again
+            out = await store.wait(rid, 0.01, owner)
+            assert out is not None and out.proto == bytes([fetched.index(rid)]) * 10
+        with pytest.raises(ServiceError, match="no longer held") as gone:
+            await store.wait(fetched[0], 0.01, "a")
+        assert gone.value.status == 410
+        assert await store.wait(unfetched, 0.01, "a") is not None  # fetched now: counts from here
+        assert await store.wait(other, 0.01, "b") is not None  # b's is not a's to evict
+        # bytes: two 200-byte results exceed 250, so only the newest stays (never none)
+        owner = "c"
+        for _ in range(2):
+            rid = store.new("c")
+            store.resolve(rid, Outcome(proto=b"x" * 200))
+            assert await store.wait(rid, 0.01, owner) is not None
+        assert sum(1 for e in store._entries.values() if e.owner == "c") == 1
+
+    asyncio.run(run())
+
+
 def test_one_full_weight_run_per_group() -> None:
     reg = Registry()
     a, b = reg.new_session([], None), reg.new_session([], None)

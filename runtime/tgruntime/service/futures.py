@@ -36,8 +36,8 @@ def lost(rid: str, boot: str) -> ServiceError:
         why = ("was made before the Tinker server restarted; its result is lost (the group and "
                "saved weights are intact): retry it")
     else:
-        why = ("is no longer held (its result was kept an hour, or 30 s after it was fetched): "
-               "retry it")
+        why = ("is no longer held (a result is kept an hour unfetched; once fetched, 30 s and "
+               "only among its owner's newest fetched results): retry it")
     return ServiceError(f"request {rid} {why}", status=410, category="server")
 
 
@@ -59,17 +59,35 @@ class _Entry:
     delivered_at: float | None = None  # when a retrieve_future first answered its outcome
     owner: str = "default"
 
+    def size(self) -> int:
+        """The payload bytes its outcome holds (protobuf; a JSON body or an error is small)."""
+        out = self.outcome
+        return len(out.proto) if out is not None and out.proto is not None else 0
+
 
 class FutureStore:
-    def __init__(self, *, keep_s: float = 3600.0, delivered_keep_s: float = 30.0) -> None:
-        """A finished future is kept ``keep_s`` for a client to fetch, and ``delivered_keep_s``
-        once fetched (for a client whose answer was lost on the way and asks again): a long
-        training loop holds its last seconds of outputs, not its last hour."""
+    def __init__(
+        self,
+        *,
+        keep_s: float = 3600.0,
+        delivered_keep_s: float = 30.0,
+        delivered_keep_n: int = 64,
+        delivered_keep_bytes: int = 64 << 20,
+    ) -> None:
+        """A finished future is kept ``keep_s`` for a client to fetch. Once fetched it is kept
+        for a client whose answer was lost on the way and asks again: ``delivered_keep_s`` at
+        most, and only among its owner's ``delivered_keep_n`` newest fetched results, whose
+        payloads sum to at most ``delivered_keep_bytes`` (the newest is always kept). A long
+        training loop holds a bounded tail of its outputs, whatever its pace."""
         self.boot = uuid.uuid4().hex[:12]
         self._entries: dict[str, _Entry] = {}
         self._keep_s = keep_s
         self._delivered_keep_s = delivered_keep_s
+        self._delivered_keep_n = delivered_keep_n
+        self._delivered_keep_bytes = delivered_keep_bytes
         self._queued: collections.Counter[str] = collections.Counter()  # owner -> pending
+        # owner -> its fetched results still held, oldest first: request id -> payload bytes
+        self._delivered: dict[str, collections.OrderedDict[str, int]] = {}
 
     def new(self, owner: str = "default") -> str:
         rid = f"{self.boot}-{secrets.token_hex(16)}"
@@ -108,7 +126,26 @@ class FutureStore:
             or (e.delivered_at is not None and now - e.delivered_at > self._delivered_keep_s)
         ]
         for k in old:
-            del self._entries[k]
+            self._forget(k)
+
+    def _forget(self, rid: str) -> None:
+        entry = self._entries.pop(rid)
+        held = self._delivered.get(entry.owner)
+        if held is not None and held.pop(rid, None) is not None and not held:
+            del self._delivered[entry.owner]
+
+    def _delivered_now(self, rid: str, entry: _Entry) -> None:
+        """Record a first delivery; the owner's oldest fetched results past the bounds go."""
+        entry.delivered_at = time.monotonic()
+        held = self._delivered.setdefault(entry.owner, collections.OrderedDict())
+        held[rid] = entry.size()
+        total = sum(held.values())
+        while len(held) > 1 and (
+            len(held) > self._delivered_keep_n or total > self._delivered_keep_bytes
+        ):
+            old, size = next(iter(held.items()))
+            total -= size
+            self._forget(old)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -128,6 +165,7 @@ class FutureStore:
                 await asyncio.wait_for(entry.event.wait(), timeout_s)
             except TimeoutError:
                 return None
-        if entry.delivered_at is None:
-            entry.delivered_at = time.monotonic()
-        return entry.outcome
+        outcome = entry.outcome
+        if entry.delivered_at is None and rid in self._entries:
+            self._delivered_now(rid, entry)
+        return outcome

@@ -61,10 +61,26 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 _SKIPS = os.environ.get("TG_SKIPS_FILE", "")
 
 
+_FAILS = os.environ.get("TG_FAILS_FILE", "")
+
+
+def _record_failure(report: pytest.TestReport) -> None:
+    """Append a failed test's id, stage and first error line to ``$TG_FAILS_FILE``:
+    tools/test.sh prints them as the run's last lines, which a truncated CI log still shows."""
+    lines = [ln for ln in report.longreprtext.splitlines() if ln.strip()]
+    errors = [ln.removeprefix("E").strip() for ln in lines if ln.startswith("E ")]
+    first = " ".join((errors or lines[-1:] or ["(no message)"])[0].split())
+    with open(_FAILS, "a", encoding="utf-8") as f:
+        f.write(f"{report.nodeid}\t{report.when}\t{first[:240]}\n")
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """Append every skipped test's id and reason to ``$TG_SKIPS_FILE``: tools/skips.py counts
     them by reason and fails the run on a reason outside tests/skip-allow.txt (a broken
-    install must not pass as skips). An expected failure (xfail) is not a skip."""
+    install must not pass as skips). An expected failure (xfail) is not a skip. A failure
+    goes to ``$TG_FAILS_FILE`` (:func:`_record_failure`)."""
+    if _FAILS and report.failed:
+        _record_failure(report)
     if not (_SKIPS and report.skipped) or hasattr(report, "wasxfail"):
         return
     longrepr = report.longrepr

@@ -103,7 +103,7 @@ pytest_phase() {  # NAME MARKEXPR [pytest args]
   log "$name"
   t0=$(date +%s)
   cg_run "$name" env PYTHONFAULTHANDLER=1 TG_PYTEST_STATUS_FILE="$done_file" \
-    TG_SKIPS_FILE="$WORK/$name.skips.tsv" \
+    TG_SKIPS_FILE="$WORK/$name.skips.tsv" TG_FAILS_FILE="$WORK/$name.fails.tsv" \
     TG_CPU_USAGE_FILE="$(cg_usage_file "$name")" TG_TEST_CPU_FILE="$WORK/$name.test-cpu.tsv" \
     "$PY" -m pytest -q -m "$expr" -p no:cacheprovider --durations=8 "$@"; rc=$?
   shown=$rc
@@ -309,12 +309,27 @@ if (( ! QUICK )); then
 fi
 # Skips by reason; one outside tests/skip-allow.txt fails the run (a broken install or a
 # missing tool must not pass as skipped tests).
-python3 tools/skips.py "$WORK" tests/skip-allow.txt || [[ "${TG_ALLOW_MISSING_TIERS:-0}" == 1 ]] || status=1
+SKIPS_OK=1
+python3 tools/skips.py "$WORK" tests/skip-allow.txt || [[ "${TG_ALLOW_MISSING_TIERS:-0}" == 1 ]] || { status=1; SKIPS_OK=0; }
+# What failed, as the run's last lines (a CI log cut in the middle still shows its tail): the
+# phases whose status is not 0, each failed test with its last error line, a refused skip.
+failures() {
+  (( status == 0 )) && return 0
+  log "what failed:"
+  awk -F'\t' '$4 !~ /^0( |$)/ {printf "  phase %s: status %s\n", $1, $4}' "$PHASES" >&2
+  local f
+  for f in "$WORK"/*.fails.tsv; do
+    [[ -f "$f" ]] || continue
+    awk -F'\t' -v p="$(basename "$f" .fails.tsv)" \
+      'NR <= 20 {printf "  %s: %s (%s): %s\n", p, $1, $2, $3}' "$f" >&2
+  done
+  (( SKIPS_OK )) || echo "  skips: a reason outside tests/skip-allow.txt (the skip table above)" >&2
+}
 if (( QUICK )); then
-  table
+  table; failures
   log "quick tier finished in $(( $(date +%s) - T0 ))s with status $status (it left out the flow tests, Go, Docker and kind; CI runs everything: ./tools/test.sh)"
   exit $status
 fi
-table
+table; failures
 log "finished in $(( $(date +%s) - T0 ))s with status $status"
 exit $status

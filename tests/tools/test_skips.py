@@ -57,3 +57,28 @@ def test_the_conftest_hook_writes_skips_not_xfails(tmp_path: Path) -> None:
     )
     lines = out.read_text().splitlines()
     assert lines == ["test_x.py::test_s\tno widget here"], lines
+
+
+def test_the_conftest_hook_writes_failures_with_their_first_error_line(tmp_path: Path) -> None:
+    """tools/test.sh ends a failed run with these lines (its ``failures``): a failed call and a
+    setup error each give one, an xfail and a pass none."""
+    t = tmp_path / "test_f.py"
+    t.write_text(
+        "import pytest\n"
+        "def test_a():\n    assert 1 == 2, 'one is not two'\n"
+        "@pytest.fixture\ndef bad():\n    raise RuntimeError('setup broke')\n"
+        "def test_b(bad):\n    pass\n"
+        "@pytest.mark.xfail(reason='known')\ndef test_x():\n    assert False\n"
+        "def test_ok():\n    pass\n"
+    )
+    (tmp_path / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text())
+    out = tmp_path / "p.fails.tsv"
+    subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(t)],
+        cwd=tmp_path, env={**os.environ, "TG_FAILS_FILE": str(out), "PYTHONPATH": str(ROOT)},
+        capture_output=True, text=True, check=False,
+    )
+    assert out.read_text().splitlines() == [
+        "test_f.py::test_a\tcall\tAssertionError: one is not two",
+        "test_f.py::test_b\tsetup\tRuntimeError: setup broke",
+    ]

@@ -14,8 +14,9 @@
 # discard_unpacked_layers does the same for pulled images). Without that a node holds every
 # layer twice: a 6 GB image costs 13 GB of disk per node instead of 6.5.
 # Nodes that already hold the same image ID are skipped. A node that holds an older image of the
-# same name can get only the layers it lacks (TG_KIND_LOAD_DELTA=1, opt-in until measured in kind
-# nodes: hack/kind/image_delta.py; otherwise the whole image), so a code change costs its small top layers, not the whole image per node.
+# same name gets only the layers it lacks (hack/kind/image_delta.py; TG_KIND_LOAD_DELTA=0 loads
+# the whole image, as does any failure of the delta), so a code change costs its small top
+# layers, not the whole image per node.
 #
 # Env: TG_KIND_CLUSTER (default tg-kind), TG_KIND_LOAD_NODES (comma list; default all nodes),
 #      TG_KIND_LOAD_KEEP_LAYERS=1 (keep the layer blobs), TG_KIND_LOAD_VIA_KIND=1 (plain
@@ -98,7 +99,7 @@ for img in "$@"; do
       tn=$SECONDS
       have="$WORK/have.$n"
       node_layers "$n" "$img" > "$have"
-      if [[ "${TG_KIND_LOAD_DELTA:-0}" == 1 && -s "$have" ]] && import_delta "$n" "$img" "$have"; then
+      if [[ "${TG_KIND_LOAD_DELTA:-1}" == 1 && -s "$have" ]] && import_delta "$n" "$img" "$have"; then
         :
       else
         log "loading $img ($mib MiB) into $n"

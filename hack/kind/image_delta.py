@@ -59,15 +59,16 @@ def read_save(stream: IO[bytes], *, have: set[str], work: Path) -> dict[str, Any
     """Read a docker-save stream: the manifest, configs, and each layer's digest and size; the
     layers not in ``have`` are kept as files under ``work``."""
     layers: dict[str, tuple[str, int, Path | None]] = {}  # tar path -> digest, size, file
+    links: dict[str, str] = {}  # tar path -> the tar path of the layer it links to
     files: dict[str, bytes] = {}
     with tarfile.open(fileobj=stream, mode="r|") as tar:
         for member in tar:
             if member.issym() and member.name.endswith("/layer.tar"):
-                # a layer that occurs twice is saved once; the second is a link to the first
-                target = posixpath.normpath(
+                # a layer that occurs twice is saved once and linked to; the link may come
+                # before the layer in the stream, so links are resolved at the end
+                links[member.name] = posixpath.normpath(
                     posixpath.join(posixpath.dirname(member.name), member.linkname)
                 )
-                layers[member.name] = layers[target]
                 continue
             if not member.isfile():
                 continue
@@ -85,6 +86,10 @@ def read_save(stream: IO[bytes], *, have: set[str], work: Path) -> dict[str, Any
                 files[member.name] = src.read()
             else:
                 _hash(src)
+    for name, target in links.items():
+        if target not in layers:
+            raise SystemExit(f"image_delta: {name} links to {target}, which the stream lacks")
+        layers[name] = layers[target]
     return {"layers": layers, "files": files}
 
 

@@ -8,9 +8,12 @@ then the next version as a delta with the previous image tagged during the impor
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import shutil
 import subprocess
+import tarfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +34,31 @@ def test_tags_are_named_the_way_containerd_names_them() -> None:
         "ghcr.io/trainergroup/runtime:0.1.0"
     )
     assert image_delta.normalized("localhost/x:1") == "localhost/x:1"
+
+
+def test_a_layer_linked_before_it_appears_in_the_stream(tmp_path: Path) -> None:
+    """docker save writes a layer that occurs twice once, and the other occurrence as a link to
+    it; the link can come first in the stream (the runtime image's did, 2026-12-07). Both
+    occurrences resolve to the layer, which is kept when the node lacks it."""
+    layer = b"x" * 1000
+    digest = f"sha256:{hashlib.sha256(layer).hexdigest()}"
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        link = tarfile.TarInfo("b/layer.tar")
+        link.type, link.linkname = tarfile.SYMTYPE, "../a/layer.tar"
+        tar.addfile(link)
+        for name, data in (("a/layer.tar", layer), ("manifest.json", b"[]")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    buf.seek(0)
+    saved = image_delta.read_save(buf, have=set(), work=tmp_path)
+    a, b = saved["layers"]["a/layer.tar"], saved["layers"]["b/layer.tar"]
+    assert a == b and a[:2] == (digest, len(layer)) and a[2] is not None
+    buf.seek(0)
+    assert image_delta.read_save(buf, have={digest}, work=tmp_path)["layers"]["b/layer.tar"] == (
+        digest, len(layer), None
+    )
 
 
 def _run(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:

@@ -2,10 +2,10 @@
 
 Ids are ``<boot>-<128 random bits>`` (hex): the boot id of the server that made them, and
 bits that make one's own id tell nothing of another's. A well-formed id the store does not
-hold (made before a restart, expired after it was kept, or another principal's: all
-answered alike) is *gone*: HTTP 410, which SDK 0.38 turns into a ``RetryableException`` (a
-sampling client re-sends the sample by itself; a training call reports it). An id of any
-other shape is a 404.
+hold (made before a restart, expired after it was kept, pushed out by its owner's newer
+fetched results, or another principal's: all answered alike) is *gone*: HTTP 410, which SDK
+0.38 turns into a ``RetryableException`` (a sampling client re-sends the sample by itself; a
+training call reports it). An id of any other shape is a 404.
 """
 
 from __future__ import annotations

@@ -49,6 +49,16 @@ node_layers() {  # <node> <ref>: the layer digests of the image the node holds u
     m=$(ctr -n k8s.io images ls 2>/dev/null | awk -v r="$0" "\$1==r {print \$3}")
     [ -n "$m" ] && ctr -n k8s.io content get "$m" | jq -r ".layers[].digest"' "$2" 2>/dev/null || true
 }
+delta_took() {  # <node> <ref> <id>: after a delta import the node lists the image under its
+  # ID, unpacked (`ctr images check`'s last column), so a container can start from its snapshots
+  local got unpacked
+  got="$(node_image_id "$1" "$2")"
+  unpacked="$("$DOCKER" exec "$1" ctr -n k8s.io images check 2>/dev/null \
+    | awk -v r="$2" '$1 == r {print $NF}')"
+  [[ "$got" == "$3" && "$unpacked" == true ]] && return 0
+  log "after the delta import $1 lists $2 as '${got:-none}' (unpacked: '${unpacked:-?}'), expected $3 unpacked: loading it whole"
+  return 1
+}
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/tg-load.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
 # A changed image whose lower layers the node already has (the usual case: a code change in
@@ -99,7 +109,8 @@ for img in "$@"; do
       tn=$SECONDS
       have="$WORK/have.$n"
       node_layers "$n" "$img" > "$have"
-      if [[ "${TG_KIND_LOAD_DELTA:-1}" == 1 && -s "$have" ]] && import_delta "$n" "$img" "$have"; then
+      if [[ "${TG_KIND_LOAD_DELTA:-1}" == 1 && -s "$have" ]] && import_delta "$n" "$img" "$have" \
+          && delta_took "$n" "$img" "$id"; then
         :
       else
         log "loading $img ($mib MiB) into $n"

@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import IO, Any
 
 CHUNK = 1 << 20
+KEEP_HAVE_BYTES = 64 << 20
+"""A layer the node has is still kept up to this size: it may sit above a changed layer."""
 MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
 CONFIG_TYPE = "application/vnd.oci.image.config.v1+json"
 LAYER_TYPE = "application/vnd.oci.image.layer.v1.tar"
@@ -77,7 +79,7 @@ def read_save(stream: IO[bytes], *, have: set[str], work: Path) -> dict[str, Any
             if member.name.endswith("/layer.tar"):
                 spool = work / f"layer{len(layers)}.tar"
                 digest, size = _spool(src, spool)
-                if digest in have:
+                if digest in have and size > KEEP_HAVE_BYTES:
                     spool.unlink()
                     layers[member.name] = (digest, size, None)
                 else:
@@ -93,8 +95,14 @@ def read_save(stream: IO[bytes], *, have: set[str], work: Path) -> dict[str, Any
     return {"layers": layers, "files": files}
 
 
-def write_oci(saved: dict[str, Any], *, out: Path) -> dict[str, int]:
-    """Write the OCI layout for the one image in ``saved``; return counts for the summary."""
+def write_oci(saved: dict[str, Any], *, out: Path, have: list[str]) -> dict[str, int]:
+    """Write the OCI layout for the one image in ``saved``; return counts for the summary.
+
+    ``have``: the node's image's layers, in order. A snapshot is found by its chain ID (the
+    layers below it and itself), so only the layers of the common prefix are left out; every
+    layer from the first changed one up is in the archive, even one the node has further up
+    (an empty layer recurs in most images). One of those not kept (over ``KEEP_HAVE_BYTES``)
+    fails the delta, and the caller loads the whole image."""
     manifest_list = json.loads(saved["files"]["manifest.json"])
     if len(manifest_list) != 1:
         raise SystemExit(f"image_delta: expected one image in the stream, got {len(manifest_list)}")
@@ -104,15 +112,23 @@ def write_oci(saved: dict[str, Any], *, out: Path) -> dict[str, int]:
     diff_ids = json.loads(config_bytes)["rootfs"]["diff_ids"]
     descriptors, kept, skipped, kept_bytes = [], 0, 0, 0
     blobs: list[tuple[str, Path | bytes]] = [(config_digest, config_bytes)]
-    for path, diff_id in zip(entry["Layers"], diff_ids, strict=True):
+    prefix = 0
+    while prefix < min(len(diff_ids), len(have)) and diff_ids[prefix] == have[prefix]:
+        prefix += 1
+    for i, (path, diff_id) in enumerate(zip(entry["Layers"], diff_ids, strict=True)):
         digest, size, spool = saved["layers"][path]
         if digest != diff_id:
             raise SystemExit(
                 f"image_delta: layer {path} hashes to {digest}, its diff ID is {diff_id}"
             )
         descriptors.append({"mediaType": LAYER_TYPE, "digest": digest, "size": size})
-        if spool is None:
+        if i < prefix:
             skipped += 1
+        elif spool is None:
+            raise SystemExit(
+                f"image_delta: layer {i} ({digest}, {size >> 20} MiB) is above a changed layer "
+                "and was not kept: load the whole image"
+            )
         elif all(d != digest for d, _ in blobs):
             blobs.append((digest, spool))
             kept += 1
@@ -174,11 +190,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--have", type=Path, required=True, help="layer digests the node has")
     ap.add_argument("--out", type=Path, required=True, help="the OCI archive to write")
     args = ap.parse_args(argv)
-    have = {line.strip() for line in args.have.read_text().splitlines() if line.strip()}
+    have = [line.strip() for line in args.have.read_text().splitlines() if line.strip()]
     work = Path(tempfile.mkdtemp(prefix="image-delta.", dir=str(args.out.parent)))
     try:
-        saved = read_save(sys.stdin.buffer, have=have, work=work)
-        counts = write_oci(saved, out=args.out)
+        saved = read_save(sys.stdin.buffer, have=set(have), work=work)
+        counts = write_oci(saved, out=args.out, have=have)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(

@@ -312,7 +312,7 @@ fi
 SKIPS_OK=1
 python3 tools/skips.py "$WORK" tests/skip-allow.txt || [[ "${TG_ALLOW_MISSING_TIERS:-0}" == 1 ]] || { status=1; SKIPS_OK=0; }
 # What failed, as the run's last lines (a CI log cut in the middle still shows its tail): the
-# phases whose status is not 0, each failed test with its last error line, a refused skip.
+# phases whose status is not 0, each failed test with its first error line, a refused skip.
 failures() {
   (( status == 0 )) && return 0
   log "what failed:"

@@ -59,7 +59,8 @@ def _hash(src: IO[bytes]) -> tuple[str, int]:
 
 def read_save(stream: IO[bytes], *, have: set[str], work: Path) -> dict[str, Any]:
     """Read a docker-save stream: the manifest, configs, and each layer's digest and size; the
-    layers not in ``have`` are kept as files under ``work``."""
+    layers not in ``have``, and those in it up to ``KEEP_HAVE_BYTES``, are kept as files under
+    ``work`` (which of them the delta needs is known only from the manifest, at the end)."""
     layers: dict[str, tuple[str, int, Path | None]] = {}  # tar path -> digest, size, file
     links: dict[str, str] = {}  # tar path -> the tar path of the layer it links to
     files: dict[str, bytes] = {}
@@ -187,7 +188,9 @@ def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--have", type=Path, required=True, help="layer digests the node has")
+    ap.add_argument(
+        "--have", type=Path, required=True, help="the layer digests of the node's image, in order"
+    )
     ap.add_argument("--out", type=Path, required=True, help="the OCI archive to write")
     args = ap.parse_args(argv)
     have = [line.strip() for line in args.have.read_text().splitlines() if line.strip()]

@@ -14,9 +14,9 @@
 # discard_unpacked_layers does the same for pulled images). Without that a node holds every
 # layer twice: a 6 GB image costs 13 GB of disk per node instead of 6.5.
 # Nodes that already hold the same image ID are skipped. A node that holds an older image of the
-# same name gets only the layers it lacks (hack/kind/image_delta.py; TG_KIND_LOAD_DELTA=0 loads
-# the whole image, as does any failure of the delta), so a code change costs its small top
-# layers, not the whole image per node.
+# same name gets only the layers from the first one that differs up (hack/kind/image_delta.py;
+# TG_KIND_LOAD_DELTA=0 loads the whole image, as does any failure of the delta), so a code
+# change costs its small top layers, not the whole image per node.
 #
 # Env: TG_KIND_CLUSTER (default tg-kind), TG_KIND_LOAD_NODES (comma list; default all nodes),
 #      TG_KIND_LOAD_KEEP_LAYERS=1 (keep the layer blobs), TG_KIND_LOAD_VIA_KIND=1 (plain
@@ -62,10 +62,10 @@ delta_took() {  # <node> <ref> <id>: after a delta import the node lists the ima
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/tg-load.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
 # A changed image whose lower layers the node already has (the usual case: a code change in
-# the runtime image): an OCI archive of only the layers it lacks (hack/kind/image_delta.py),
-# made once per image and set of layers the node has. The old image stays tagged during the
-# import, so its snapshots (the new image's lower layers) are referenced until the new one is
-# unpacked. Any failure: the whole image, as before.
+# the runtime image): an OCI archive of the layers from the first changed one up
+# (hack/kind/image_delta.py), made once per image and set of layers the node has. The old
+# image stays tagged during the import, so its snapshots (the new image's lower layers) are
+# referenced until the new one is unpacked. Any failure: the whole image, as before.
 import_delta() {  # <node> <ref> <have file>
   local n="$1" img="$2" have="$3" key delta
   key="$(sha256sum < "$have" | cut -c1-16)"
@@ -77,7 +77,7 @@ import_delta() {  # <node> <ref> <have file>
         "$DELTA_PY" "$have" "$delta.part" \
       && mv "$delta.part" "$delta" || { log "delta of $img failed: loading it whole"; return 1; }
   fi
-  log "loading the layers of $img that $n lacks ($(( $(stat -c %s "$delta") >> 20 )) MiB of $mib MiB)"
+  log "loading the layers of $img from the first that $n lacks up ($(( $(stat -c %s "$delta") >> 20 )) MiB of $mib MiB)"
   "$DOCKER" exec "$n" ctr -n k8s.io images tag --force "$img" "$img-tg-previous" >/dev/null 2>&1 || true
   if ! with_timeout "$TMO" "importing the delta of $img into $n" bash -c '
       "$1" exec -i "$2" ctr --namespace=k8s.io images import --all-platforms --digests \

@@ -36,8 +36,9 @@ def lost(rid: str, boot: str) -> ServiceError:
         why = ("was made before the Tinker server restarted; its result is lost (the group and "
                "saved weights are intact): retry it")
     else:
-        why = ("is no longer held (a result is kept an hour unfetched; once fetched, 30 s and "
-               "only among its owner's newest fetched results): retry it")
+        why = ("is no longer held (a result is kept an hour unfetched, among its owner's "
+               "newest unfetched results; once fetched, 30 s and only among its owner's newest "
+               "fetched results): retry it")
     return ServiceError(f"request {rid} {why}", status=410, category="server")
 
 
@@ -70,23 +71,30 @@ class FutureStore:
         self,
         *,
         keep_s: float = 3600.0,
+        keep_n: int = 1024,
+        keep_bytes: int = 1 << 30,
         delivered_keep_s: float = 30.0,
         delivered_keep_n: int = 64,
         delivered_keep_bytes: int = 64 << 20,
     ) -> None:
-        """A finished future is kept ``keep_s`` for a client to fetch. Once fetched it is kept
-        for a client whose answer was lost on the way and asks again: ``delivered_keep_s`` at
-        most, and only among its owner's ``delivered_keep_n`` newest fetched results, whose
-        payloads sum to at most ``delivered_keep_bytes`` (the newest is always kept). A long
-        training loop holds a bounded tail of its outputs, whatever its pace."""
+        """A finished future is kept ``keep_s`` for a client to fetch, and only among its
+        owner's ``keep_n`` newest unfetched results, whose payloads sum to at most
+        ``keep_bytes`` (the newest is always kept): a client that sends and never fetches
+        holds a bounded number of results, not an hour of them. Once fetched it is kept for a
+        client whose answer was lost on the way and asks again: ``delivered_keep_s`` at most,
+        and only among its owner's ``delivered_keep_n`` newest fetched results, whose payloads
+        sum to at most ``delivered_keep_bytes``. A long training loop holds a bounded tail of
+        its outputs, whatever its pace."""
         self.boot = uuid.uuid4().hex[:12]
         self._entries: dict[str, _Entry] = {}
         self._keep_s = keep_s
+        self._keep = (keep_n, keep_bytes)
         self._delivered_keep_s = delivered_keep_s
-        self._delivered_keep_n = delivered_keep_n
-        self._delivered_keep_bytes = delivered_keep_bytes
+        self._delivered_keep = (delivered_keep_n, delivered_keep_bytes)
         self._queued: collections.Counter[str] = collections.Counter()  # owner -> pending
-        # owner -> its fetched results still held, oldest first: request id -> payload bytes
+        # owner -> its finished results still held, oldest first: request id -> payload bytes
+        # (unfetched ones, and fetched ones, each in order of finishing / first delivery)
+        self._unfetched: dict[str, collections.OrderedDict[str, int]] = {}
         self._delivered: dict[str, collections.OrderedDict[str, int]] = {}
 
     def new(self, owner: str = "default") -> str:
@@ -109,6 +117,7 @@ class FutureStore:
         if self._queued[entry.owner] <= 0:
             del self._queued[entry.owner]
         entry.event.set()
+        self._hold(self._unfetched, rid, entry, self._keep)
         self._expire()
 
     def fail(self, rid: str, message: str, category: str = "user") -> None:
@@ -130,22 +139,39 @@ class FutureStore:
 
     def _forget(self, rid: str) -> None:
         entry = self._entries.pop(rid)
-        held = self._delivered.get(entry.owner)
+        self._unlist(self._unfetched, rid, entry.owner)
+        self._unlist(self._delivered, rid, entry.owner)
+
+    @staticmethod
+    def _unlist(
+        lists: dict[str, collections.OrderedDict[str, int]], rid: str, owner: str
+    ) -> None:
+        held = lists.get(owner)
         if held is not None and held.pop(rid, None) is not None and not held:
-            del self._delivered[entry.owner]
+            del lists[owner]
+
+    def _hold(
+        self,
+        lists: dict[str, collections.OrderedDict[str, int]],
+        rid: str,
+        entry: _Entry,
+        bounds: tuple[int, int],
+    ) -> None:
+        """List ``rid`` as its owner's newest in ``lists``; the owner's oldest there past
+        ``bounds`` (count, payload bytes) go, the newest never."""
+        held = lists.setdefault(entry.owner, collections.OrderedDict())
+        held[rid] = entry.size()
+        total = sum(held.values())
+        while len(held) > 1 and (len(held) > bounds[0] or total > bounds[1]):
+            old, size = next(iter(held.items()))
+            total -= size
+            self._forget(old)
 
     def _delivered_now(self, rid: str, entry: _Entry) -> None:
         """Record a first delivery; the owner's oldest fetched results past the bounds go."""
         entry.delivered_at = time.monotonic()
-        held = self._delivered.setdefault(entry.owner, collections.OrderedDict())
-        held[rid] = entry.size()
-        total = sum(held.values())
-        while len(held) > 1 and (
-            len(held) > self._delivered_keep_n or total > self._delivered_keep_bytes
-        ):
-            old, size = next(iter(held.items()))
-            total -= size
-            self._forget(old)
+        self._unlist(self._unfetched, rid, entry.owner)
+        self._hold(self._delivered, rid, entry, self._delivered_keep)
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -10,7 +10,11 @@ one, 1.38x with the compiler off). So ``init_model`` runs, before the group is R
 * ``forward_backward`` (cross-entropy) at two batch shapes, then ``zero_grad``: the gradient
   calls' graphs, forward and backward;
 * two short greedy generations of different shapes (full-weight or the active LoRA run's
-  hooks), when the group samples (pipeline size 1): the no-gradient prefill and decode graphs.
+  hooks), when the group samples (pipeline size 1): the no-gradient prefill and decode graphs;
+* the continuous engine's KV pool and its CUDA graphs, one per batch bucket up to the pool's
+  slots (``graphs``: ``SlotEngine.capture_buckets``; tensor and pipeline size 1). Left to the
+  first iteration of an RL loop, a LoRA group captured ten buckets' graphs through the
+  adapters' hooks there: that iteration took 1.29x a steady one on an H100 (docs/tinker.md).
 
 The model's weights, the optimizer's state, the step and the RNGs are untouched (no dropout,
 greedy sampling, fixed token ids); only gradients, which ``zero_grad`` discards, and the
@@ -22,6 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -53,9 +58,15 @@ def _ids(rows: int, tokens: int, vocab: int) -> torch.Tensor:
     return (torch.arange(rows * tokens, dtype=torch.int64).reshape(rows, tokens) % (vocab - 1)) + 1
 
 
-def warm_up(engine: TrainEngine, sampler: Sampler | None) -> float:
+def warm_up(
+    engine: TrainEngine,
+    sampler: Sampler | None,
+    *,
+    graphs: Callable[[], int] | None = None,
+) -> float:
     """Run the warm-up calls (every rank of the group at once: they are collective); the
-    seconds taken. ``sampler``: the group's sampler (None: no sampling warm-up)."""
+    seconds taken. ``sampler``: the group's sampler (None: no sampling warm-up); ``graphs``:
+    captures the continuous engine's graphs, the number captured (None: none)."""
     start = time.perf_counter()
     vocab = engine.spec.model.vocab_size
     limit = engine.spec.model.max_sequence_length
@@ -69,8 +80,14 @@ def warm_up(engine: TrainEngine, sampler: Sampler | None) -> float:
         for rows, tokens in SHAPES:
             prompts = _ids(rows, min(tokens, limit - 3) // 2, vocab).tolist()
             sampler.generate(prompts, params, hooks=engine.adapters)
+    captured = graphs() if graphs is not None and engine.mesh_info.pp_size == 1 else 0
     if engine.device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
-    log.info("warm-up: compiled the fused kernels in %.1f s (TG_WARM_UP=0 skips it)", seconds)
+    log.info(
+        "warm-up: compiled the fused kernels and captured %d sampler graphs in %.1f s "
+        "(TG_WARM_UP=0 skips it)",
+        captured,
+        seconds,
+    )
     return seconds

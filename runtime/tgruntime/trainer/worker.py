@@ -144,7 +144,11 @@ class MegatronTrainer(SamplingMixin, HFWeightsMixin, Worker):
                 self.import_hf(local_dir(pretrained, weights=True))  # a hub id: downloaded
                 self.pretrained_from = pretrained
             if warm_up.wanted(self.engine):  # compile now, not in the first requests
-                self.warm_up_s = warm_up.warm_up(self.engine, self._sampler_for(self.engine))
+                self.warm_up_s = warm_up.warm_up(
+                    self.engine,
+                    self._sampler_for(self.engine),
+                    graphs=lambda: self._capture_graphs(self._engine()),
+                )
         return self.get_mesh()
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name=TRAIN_MESH))

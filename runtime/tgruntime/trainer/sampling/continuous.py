@@ -646,6 +646,32 @@ class SlotEngine:
         }
 
     # -- CUDA graphs ---------------------------------------------------------------------
+    def capture_buckets(self, adapter: LoraAdapters | None = None) -> int:
+        """Capture now, on an idle pool, the graph of every batch bucket up to the pool's
+        slots for the filters an RL loop's sampling uses (no top-k, no top-p, no top-k
+        record), so the first requests capture nothing (the group's warm-up, ``warm_up.py``);
+        the graphs captured (0 without CUDA graphs). Other filters still capture at their
+        first use. On a LoRA group ``adapter`` (the active run's adapters: the linears and
+        rank of its snapshots) becomes the stack's one set, and the first snapshot takes its
+        slot in place (``RowAdapters.cover``'s refill), so these graphs serve it; call it
+        inside ``lora.attached()``."""
+        if not self.cuda_graphs:
+            return 0
+        if self.busy:
+            raise ValueError("capture_buckets: the pool has rows decoding; capture when idle")
+        if self.lora is not None:
+            if adapter is None:
+                raise ValueError("capture_buckets: a LoRA group's engine needs an adapter set")
+            if self.lora.cover([adapter]) == "rebuilt":
+                self._graphs.clear()
+                self._graph_pool = None
+            self._write_adapters()
+        before = len(self._graphs)
+        slots = self.size.slots
+        for b in sorted({bucket(n, slots) for n in range(1, slots + 1)}):
+            self._graph(b, False, False, 0)
+        return len(self._graphs) - before
+
     def _graph(self, b: int, top_k: bool, top_p: bool, kw: int = 0) -> torch.cuda.CUDAGraph:
         key = (b, top_k, top_p, kw)
         graph = self._graphs.get(key)

@@ -68,6 +68,17 @@ def _message(exc: Exception) -> str:
     return str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
 
 
+def _graphs_on(sampler: Sampler) -> bool:
+    """Whether the continuous engine replays CUDA graphs: on a GPU at tensor and pipeline
+    size 1, unless ``TG_SAMPLER_CUDA_GRAPHS=0``."""
+    d = sampler.decoder
+    return (
+        os.environ.get("TG_SAMPLER_CUDA_GRAPHS", "1") != "0"
+        and d.device.type == "cuda"
+        and d.tp_size == d.pp_size == 1
+    )
+
+
 class ContinuousSamplingMixin:
     """Continuous-batching group methods for a worker that owns a ``TrainEngine``."""
 
@@ -128,19 +139,33 @@ class ContinuousSamplingMixin:
                 bytes_per_position=per_position,
                 free_bytes=free,
             )
-            graphs = os.environ.get("TG_SAMPLER_CUDA_GRAPHS", "1") != "0"
             lora = None
             if engine.adapters is not None:
                 lora = RowAdapters(unwrap_gpt(engine.state.module), size.slots)
             slot_engine = SlotEngine(
                 d,
                 size,
-                cuda_graphs=graphs and d.device.type == "cuda" and d.tp_size == d.pp_size == 1,
+                cuda_graphs=_graphs_on(sampler),
                 lora=lora,
                 window=int(os.environ.get("TG_SAMPLER_WINDOW", "16")),
             )
             self._slot_engine = slot_engine
         return slot_engine
+
+    def _capture_graphs(self, engine: TrainEngine) -> int:
+        """The warm-up's part (``warm_up.py``): allocate the pool and capture its graphs now
+        (``SlotEngine.capture_buckets``), when the engine would use CUDA graphs; the graphs
+        captured. A LoRA group captures over a stack of the active run's adapters, with that
+        run's hooks off meanwhile."""
+        sampler, _ = self._sampling()
+        if not _graphs_on(sampler):
+            return 0
+        slot_engine = self._continuous(engine)
+        if slot_engine.lora is None:
+            self._drop_held()
+            return slot_engine.capture_buckets()
+        with self._hooks_swapped(engine, None), slot_engine.lora.attached():
+            return slot_engine.capture_buckets(engine.adapters)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def sampler_pool(

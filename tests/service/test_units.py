@@ -112,6 +112,38 @@ def test_fetched_futures_are_bounded_by_count_and_bytes_per_owner() -> None:
     asyncio.run(run())
 
 
+def test_unfetched_futures_are_bounded_by_count_and_bytes_per_owner() -> None:
+    """A client that sends and never fetches holds at most ``keep_n`` finished results (and
+    ``keep_bytes`` of payload) per owner, the newest; an older one is gone (410), a pending
+    one and another owner's are not counted, and a fetched one leaves the unfetched list."""
+
+    async def run() -> None:
+        store = FutureStore(keep_n=3, keep_bytes=250)
+        pending = store.new("a")
+        other = store.new("b")
+        store.resolve(other, Outcome(proto=b"o"))
+        sent = []
+        for i in range(6):
+            rid = store.new("a")
+            store.resolve(rid, Outcome(proto=bytes([i]) * 10))
+            sent.append(rid)
+        assert len(store) == 1 + 1 + 3  # the pending one, b's, a's newest three
+        with pytest.raises(ServiceError, match="no longer held") as gone:
+            await store.wait(sent[0], 0.01, "a")
+        assert gone.value.status == 410
+        out = await store.wait(sent[-3], 0.01, "a")  # fetched: no longer counts as unfetched
+        assert out is not None and out.proto == bytes([3]) * 10
+        store.resolve(pending, Outcome(proto=b"p"))
+        assert all(rid in store._entries for rid in (sent[-3], sent[-2], sent[-1], pending))
+        assert await store.wait(other, 0.01, "b") is not None
+        # bytes: two 200-byte results exceed 250, so only the newest stays (never none)
+        for _ in range(2):
+            store.resolve(store.new("c"), Outcome(proto=b"x" * 200))
+        assert sum(1 for e in store._entries.values() if e.owner == "c") == 1
+
+    asyncio.run(run())
+
+
 def test_one_full_weight_run_per_group() -> None:
     reg = Registry()
     a, b = reg.new_session([], None), reg.new_session([], None)

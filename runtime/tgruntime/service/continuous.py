@@ -22,6 +22,7 @@ import collections
 import itertools
 import logging
 import secrets
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -99,6 +100,7 @@ class ContinuousScheduler:
         self._task: asyncio.Task[None] | None = None
         self._reset = False
         self.calls = 0  # sample_step calls
+        self.call_s = 0.0  # seconds spent awaiting them (the rest of a sample is the service's)
         self.prompts = 0  # requests admitted
         self.last: dict[str, Any] = {}  # the last call's pool info
         self.overflow = overflow  # takes the requests the pool can never hold (or all, when
@@ -197,6 +199,7 @@ class ContinuousScheduler:
             self.calls += 1
             self.prompts += len(chosen)
             arrived = False
+            began = time.perf_counter()
             try:
                 out = await self.step(admit, k, self._weights, self._reset)
                 self._reset = False
@@ -208,6 +211,8 @@ class ContinuousScheduler:
                 for job in jobs:
                     _finish(job, None, exc)
                 continue
+            finally:
+                self.call_s += time.perf_counter() - began
             self.last = {k: v for k, v in out.items() if k not in ("finished", "failed")}
             for rid, message in (out.get("failed") or {}).items():
                 failed = self._inflight.pop(rid, None)

@@ -72,6 +72,11 @@ class SampleQueue:
         return self._calls + (self.continuous.calls if self.continuous else 0)
 
     @property
+    def call_s(self) -> float:
+        """Seconds spent awaiting ``sample_step`` chunks (continuous batching only)."""
+        return self.continuous.call_s if self.continuous else 0.0
+
+    @property
     def prompts(self) -> int:
         return self._prompts + (self.continuous.prompts if self.continuous else 0)
 

@@ -35,6 +35,14 @@ log = logging.getLogger("tgruntime.service.sampling")
 Key = tuple[Any, ...]
 
 
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name, "")
+    try:
+        return int(raw) if raw else default
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} must be an integer") from None
+
+
 @dataclass
 class SampleJob:
     key: Key
@@ -63,7 +71,10 @@ class SampleQueue:
         self.continuous: ContinuousScheduler | None = None
         if continuous:
             self.continuous = ContinuousScheduler(
-                self._step, gather_s=gather_s, overflow=self._one_shot
+                self._step,
+                gather_s=gather_s,
+                overflow=self._one_shot,
+                steps_max=_env_int("TG_SAMPLER_CHUNK_MAX", 64),
             )
 
     @property

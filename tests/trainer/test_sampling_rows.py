@@ -125,8 +125,21 @@ class _FakeGroup:
         self.rows: dict[str, int] = {}
         self.weights: str | None = None
         self.fail_next = False
+        self.lock = asyncio.Lock()
+        self.on_way = self.on_way_max = 0
 
     async def step(
+        self, admit: list[dict[str, Any]], k: int, weights: str | None, reset: bool
+    ) -> dict[str, Any]:
+        self.on_way += 1  # sent and not back: 2 when the next call waits behind one
+        self.on_way_max = max(self.on_way_max, self.on_way)
+        try:
+            async with self.lock:  # one call at a time, in the order sent, as a Ray actor
+                return await self._step(admit, k, weights, reset)
+        finally:
+            self.on_way -= 1
+
+    async def _step(
         self, admit: list[dict[str, Any]], k: int, weights: str | None, reset: bool
     ) -> dict[str, Any]:
         self.calls.append(([a["prompt"][0] for a in admit], k, weights, reset))
@@ -207,7 +220,7 @@ def test_scheduler_order_weights_and_failures() -> None:
             request = {"prompt": [first], "max_tokens": max_tokens, "seed": None}
             return ContinuousJob(weights, request, done)
 
-        sched.put(job(1, "w1", 120))  # long
+        sched.put(job(1, "w1", 400))  # long
         await asyncio.sleep(0.01)
         sched.put(job(2, "w1", 2))  # joins the running batch, finishes first
         sched.put(job(3, "w2", 2))  # other weights: waits for w1 to drain
@@ -217,6 +230,10 @@ def test_scheduler_order_weights_and_failures() -> None:
             await asyncio.sleep(0.001)
             if len(order) == 5:
                 break
+        for _ in range(3000):  # the trailing call sent ahead (pipelining) has come back
+            if not sched._sent:
+                break
+            await asyncio.sleep(0.001)
         group.fail_next = True
         sched.put(job(5, "w1", 4))
         for _ in range(3000):
@@ -234,7 +251,7 @@ def test_scheduler_order_weights_and_failures() -> None:
     out = asyncio.run(main())
     assert out["order"] == [2, 1, 3, 4, 99, 5, 6], out
     assert isinstance(out["errors"][99], ServiceError) and "refused" in str(out["errors"][99])
-    assert str(out["errors"][5]) == "boom" and 6 not in out["errors"]
+    assert str(out["errors"].get(5)) == "boom" and 6 not in out["errors"], str(out["calls"])
     calls = out["calls"]
     assert [c[0] for c in calls if c[0]] == [[1], [2], [3], [4], [99], [5], [6]]
     # the call after the failure resets the workers' rows; no other call does
@@ -270,13 +287,18 @@ def test_settle_waits_for_a_burst_and_not_for_a_lone_request() -> None:
     assert got == 0 and waited < 0.5
 
 
-def test_scheduler_chunks_grow_while_nothing_arrives() -> None:
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_scheduler_chunks_grow_while_nothing_arrives(pipeline: bool) -> None:
     """A lone long request: the call that admits it runs ``steps_busy`` steps, then each quiet
-    call doubles the chunk from ``steps`` up to ``steps_max``; an arrival starts over."""
+    call doubles the chunk from ``steps`` up to ``steps_max``; an arrival starts over. With
+    the pipeline on, the next call is sent while one runs, so one more (empty) call follows
+    the rows' last one."""
 
     async def main() -> list[Any]:
         group = _FakeGroup()
-        sched = ContinuousScheduler(group.step, steps=8, steps_busy=2, steps_max=32)
+        sched = ContinuousScheduler(
+            group.step, steps=8, steps_busy=2, steps_max=32, pipeline=pipeline
+        )
         sched.start()
         done: list[int] = []
 
@@ -295,9 +317,12 @@ def test_scheduler_chunks_grow_while_nothing_arrives() -> None:
             if len(done) == 2:
                 break
         await sched.stop()
+        assert group.on_way_max == (2 if pipeline else 1)
         return group.calls
 
     calls = asyncio.run(main())
-    assert [c[1] for c in calls] == [2, 8, 16, 32, 32, 2, 8]
+    want = [2, 8, 16, 32, 32, 32, 2, 8, 16] if pipeline else [2, 8, 16, 32, 32, 2, 8]
+    assert [c[1] for c in calls] == want
+    assert all(not c[0] for c in calls if c[1] not in (2,))  # only the busy calls admit
     with pytest.raises(ValueError, match="steps_max"):
         ContinuousScheduler(_FakeGroup().step, steps=16, steps_max=8)

@@ -203,10 +203,11 @@ def test_scheduler_sends_what_the_pool_cannot_hold_to_the_one_shot_path() -> Non
     assert calls[0] == ([], 0, None, False)  # the pool's size is read first
 
 
-def test_scheduler_order_weights_and_failures() -> None:
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_scheduler_order_weights_and_failures(pipeline: bool) -> None:
     async def main() -> dict[str, Any]:
         group = _FakeGroup()
-        sched = ContinuousScheduler(group.step, steps=8, steps_busy=2)
+        sched = ContinuousScheduler(group.step, steps=8, steps_busy=2, pipeline=pipeline)
         sched.start()
         order: list[int] = []
         errors: dict[int, BaseException] = {}

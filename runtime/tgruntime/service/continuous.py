@@ -10,13 +10,14 @@ then joins that batch (``steps_busy`` steps after a call during which requests a
 absorbed quickly, a steady batch pays the per-call overhead rarely; a request arriving during
 a long chunk waits for it, at most ``steps_max`` decode steps).
 
-Pipelined (``pipeline``, the default; ``TG_SAMPLER_PIPELINE=0`` in the service turns it off):
-while rows decode, the next call is sent before the one running comes back, so it waits in
-the workers' queue (Ray runs an actor's calls one at a time, in the order sent) and starts as
-soon as the running one ends: the GPU does not idle for the round trip between chunks (about
-6 ms a call measured on an H100). The price: a request that arrives during a chunk joins at
-the call after the one already sent, and the rows' last chunk is followed by one call that
-finds nothing to do. A failed call fails every request on its way, and the next call sent
+Pipelined (``pipeline``; the service's ``SampleQueue`` turns it on with
+``TG_SAMPLER_PIPELINE=1``, off by default until it is measured on a GPU): while rows decode,
+the next call is sent before the one running comes back, so it waits in the workers' queue
+(Ray runs an actor's calls one at a time, in the order sent) and starts as soon as the running
+one ends: the GPU need not idle for the round trip between chunks (about 6 ms a call on an
+H100, by a measurement of one call fewer). The price: a request that arrives during a chunk
+joins at the call after the one already sent, and the rows' last chunk is followed by one call
+that finds nothing to do. A failed call fails every request on its way, and the next call sent
 drops whatever the workers still hold (``reset``).
 
 One weights at a time: the engine decodes rows of one weights; requests are admitted in
@@ -91,7 +92,7 @@ class ContinuousScheduler:
         steps_max: int = 64,
         gather_s: float = 0.002,
         overflow: Callable[[ContinuousJob], None] | None = None,
-        pipeline: bool = True,
+        pipeline: bool = False,
     ) -> None:
         if steps < 1 or steps_busy < 1 or steps_max < steps:
             raise ValueError("steps and steps_busy must be >= 1, and steps_max >= steps")

@@ -204,10 +204,17 @@ def test_a_code_change_loads_as_its_new_layer_only(ctr: list[str], tmp_path: Pat
         config = json.loads(_run(*ctr, "content", "get", _digest(ctr, ref)).stdout)["config"]
         image_id = _run("docker", "image", "inspect", "-f", "{{.Id}}", f"{tag}:two").stdout
         assert config["digest"] == image_id.decode().strip()
+        # the container writes into a bind-mounted file, not to ctr's stdout: under load (a CI
+        # run, 2026-12-07 07:14) ctr returned 0 with an empty stdout for this short-lived task
+        host = tmp_path / "out"
+        host.mkdir()
         name = f"t{uuid.uuid4().hex[:6]}"
-        got = _run(
-            *ctr, "run", "--rm", "--snapshotter", "overlayfs", ref, name, "cat", "/f", "/big"
-        ).stdout.decode()
+        _run(
+            *ctr, "run", "--rm", "--snapshotter", "overlayfs",
+            "--mount", f"type=bind,src={host},dst=/out,options=rbind:rw",
+            ref, name, "sh", "-c", "cat /f /big > /out/got",
+        )
+        got = (host / "got").read_text()
         assert got == "twobig\n", got  # the new top layer over the old lower ones
     finally:
         subprocess.run(

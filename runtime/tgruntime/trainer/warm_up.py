@@ -12,7 +12,8 @@ one, 1.38x with the compiler off). So ``init_model`` runs, before the group is R
 * two short greedy generations of different shapes (full-weight or the active LoRA run's
   hooks), when the group samples (pipeline size 1): the no-gradient prefill and decode graphs;
 * the continuous engine's KV pool and its CUDA graphs, one per batch bucket up to the pool's
-  slots (``graphs``: ``SlotEngine.capture_buckets``; tensor and pipeline size 1). Left to the
+  slots (``graphs``: ``SlotEngine.capture_buckets``; tensor and pipeline size 1; groups that
+  serve the Tinker API, ``spec.api.tinker``, whose sampling uses the pool). Left to the
   first iteration of an RL loop, a LoRA group captured ten buckets' graphs through the
   adapters' hooks there: that iteration took 1.29x a steady one on an H100 (docs/tinker.md).
 

@@ -144,10 +144,14 @@ class MegatronTrainer(SamplingMixin, HFWeightsMixin, Worker):
                 self.import_hf(local_dir(pretrained, weights=True))  # a hub id: downloaded
                 self.pretrained_from = pretrained
             if warm_up.wanted(self.engine):  # compile now, not in the first requests
+                # the sampler's pool and graphs at start only for a group that serves the
+                # Tinker API (whose sampling uses them): a training-only group keeps that
+                # memory until something samples
+                graphs = None
+                if self.spec.api.tinker:
+                    graphs = lambda: self._capture_graphs(self._engine())  # noqa: E731
                 self.warm_up_s = warm_up.warm_up(
-                    self.engine,
-                    self._sampler_for(self.engine),
-                    graphs=lambda: self._capture_graphs(self._engine()),
+                    self.engine, self._sampler_for(self.engine), graphs=graphs
                 )
         return self.get_mesh()
 

@@ -138,8 +138,9 @@ def main() -> int:
                     break
                 t0 = time.perf_counter()
                 sampler = tc.save_weights_and_get_sampling_client().result()
-                calls0 = served.running.service.samples.calls
-                call_s0 = served.running.service.samples.call_s
+                samples = served.running.service.samples
+                calls0, call_s0, worker_s0 = samples.calls, samples.call_s, samples.worker_s
+                engine0 = samples.engine
                 t1 = time.perf_counter()
                 prompts = [
                     [int(x) for x in g.integers(2, vocab, size=int(g.integers(lo, hi + 1)))]
@@ -152,8 +153,15 @@ def main() -> int:
                 ]
                 results = [f.result(timeout=1200) for f in futures]
                 t_sampled = time.perf_counter()
-                group_calls = served.running.service.samples.calls - calls0
-                group_s = served.running.service.samples.call_s - call_s0
+                group_calls = samples.calls - calls0
+                group_s = samples.call_s - call_s0
+                # inside the workers' calls, and the engine's own split (SlotEngine.info)
+                split = {"sample_worker_s": round(samples.worker_s - worker_s0, 3)}
+                engine1 = samples.engine
+                for key in ("run_s", "prefill_s", "host_s", "steps"):
+                    if key in engine1:
+                        split[f"sample_engine_{key}"] = round(
+                            engine1[key] - engine0.get(key, 0), 4)
                 data, sampled = [], 0
                 for p, res in zip(prompts, results, strict=True):
                     for seq in res.sequences:
@@ -207,6 +215,7 @@ def main() -> int:
                     # inside sample_step chunks; sample_s minus this: the SDK's and the
                     # service's own time (requests, gather, futures)
                     "sample_group_s": round(group_s, 3),
+                    **split,
                     "fb_s": round(t3 - t2, 3),
                     **({"sdk_fb_over_client": round(direct["client_fb_s"] / max(t3 - t2, 1e-9), 3)}
                        if "client_fb_s" in direct else {}),
@@ -222,6 +231,7 @@ def main() -> int:
                           f"{row['sample_tok_s']:>8} {row['fb_s']:>6} {row['fb_tokens']:>9} "
                           f"{row['step_s']:>6}"
                           + f" calls {group_calls} ({group_s:.3f} s)"
+                          + "".join(f" {k.removeprefix('sample_')} {v}" for k, v in split.items())
                           + (f" client {row['client_sample_s']} s" if direct else "")
                           + (f" sdk/client {row['sdk_over_client']}" if direct else ""),
                           flush=True)

@@ -125,6 +125,7 @@ def test_a_request_joins_the_running_batch_and_a_short_one_finishes_first(
 
 def test_results_equal_each_request_alone(client: TrainerClient) -> None:
     got: dict[str, Any] = {}
+    base = client.sample_step([], max_steps=0).result()
     out = client.sample_step([_request("r0", *REQUESTS[0])], max_steps=3).result()
     got.update(out["finished"])
     for i, (prompt, params) in enumerate(REQUESTS[1:], start=1):  # each while others decode
@@ -132,7 +133,10 @@ def test_results_equal_each_request_alone(client: TrainerClient) -> None:
         assert not out["failed"], out["failed"]
         got.update(out["finished"])
     waited = out["waiting_requests"]  # 9 rows for 6 slots: the last request had to wait
-    _drain(client, got)
+    last = _drain(client, got)
+    # 8 rows, 5 prompts prefilled: a request's samples share one prefill of its prompt
+    assert last["admitted_rows"] - base["admitted_rows"] == 8
+    assert last["prefilled_prompts"] - base["prefilled_prompts"] == len(REQUESTS)
     assert waited == 1 and got["r4"]["engine"]["admitted_step"] > got["r4"]["engine"][
         "submitted_step"
     ]

@@ -166,3 +166,27 @@ def test_the_reported_logprob_is_the_models_own() -> None:
     for options in ({}, {"temperature": 0.3, "top_k": 4}, {"temperature": 3.0, "top_p": 0.5}):
         tokens, logprobs = _draw(logits, n=500, **options)  # type: ignore[arg-type]
         np.testing.assert_allclose(logprobs, own[tokens], atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (CUDA)")
+@pytest.mark.parametrize("vocab", [32_000, 128_256])
+def test_the_compiled_draw_chooses_what_the_eager_one_does_on_a_gpu(vocab: int) -> None:
+    """``draw.draw`` (compiled on CUDA) against its eager body: the same tokens, bit for bit
+    (the noise hash is integer arithmetic), the same log-probs to fp32 rounding; rows at
+    temperature 0 (greedy), filtered and unfiltered logits, batches of 1, 7 and 64."""
+    from tgruntime.trainer.sampling.draw import _draw as eager
+    from tgruntime.trainer.sampling.draw import draw
+    from tgruntime.trainer.sampling.noise import token_salts
+
+    g = torch.Generator(device="cuda").manual_seed(3)
+    for rows, step in ((1, 0), (7, 5), (64, 200)):
+        logits = torch.randn(rows, vocab, device="cuda", generator=g) * 4
+        temperature = torch.rand(rows, device="cuda", generator=g) + 0.25
+        temperature[0] = 0.0
+        keys = torch.randint(0, 2**62, (rows,), device="cuda", generator=g)
+        steps = torch.full((rows,), step, dtype=torch.int64, device="cuda")
+        for z in (None, logits / 0.7):
+            want = eager(logits, z, temperature, keys, steps, token_salts(vocab, logits.device))
+            got = draw(logits, z, temperature, keys, steps)
+            assert torch.equal(got[0], want[0]), (rows, vocab, z is None)
+            torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-5)

@@ -111,6 +111,7 @@ class ContinuousScheduler:
         self._reset = False
         self.calls = 0  # sample_step calls
         self.call_s = 0.0  # seconds with a call on its way (the rest of a sample is the service's)
+        self.worker_s = 0.0  # of them, inside the workers' sample_step (the rest: Ray's)
         self._call_end = 0.0
         self.depth = 2 if pipeline else 1  # calls on their way at once
         # the calls on their way, oldest first, with the request ids each admits
@@ -252,6 +253,7 @@ class ContinuousScheduler:
         """A call's results: finished and failed requests; requests the workers no longer
         hold (none active or waiting, and not admitted by a call still on its way) fail."""
         self.last = {k: v for k, v in out.items() if k not in ("finished", "failed")}
+        self.worker_s += float(out.get("worker_s") or 0.0)
         for rid, message in (out.get("failed") or {}).items():
             failed = self._inflight.pop(rid, None)
             if failed is not None:

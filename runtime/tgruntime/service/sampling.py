@@ -90,6 +90,16 @@ class SampleQueue:
         return self.continuous.call_s if self.continuous else 0.0
 
     @property
+    def worker_s(self) -> float:
+        """Of ``call_s``, the seconds inside the workers' ``sample_step`` (the rest: Ray's)."""
+        return self.continuous.worker_s if self.continuous else 0.0
+
+    @property
+    def engine(self) -> dict[str, Any]:
+        """The engine's pool info as of the last ``sample_step`` (``SlotEngine.info``)."""
+        return dict(self.continuous.last) if self.continuous else {}
+
+    @property
     def prompts(self) -> int:
         return self._prompts + (self.continuous.prompts if self.continuous else 0)
 

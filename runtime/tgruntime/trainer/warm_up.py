@@ -9,8 +9,9 @@ one, 1.38x with the compiler off). So ``init_model`` runs, before the group is R
 
 * ``forward_backward`` (cross-entropy) at two batch shapes, then ``zero_grad``: the gradient
   calls' graphs, forward and backward;
-* two short greedy generations of different shapes (full-weight or the active LoRA run's
-  hooks), when the group samples (pipeline size 1): the no-gradient prefill and decode graphs;
+* two short generations of different shapes, temperature 1 with a fixed seed (full-weight or
+  the active LoRA run's hooks), when the group samples (pipeline size 1): the no-gradient
+  prefill, decode and draw graphs;
 * the continuous engine's KV pool and its CUDA graphs, one per batch bucket up to the pool's
   slots (``graphs``: ``SlotEngine.capture_buckets``; tensor and pipeline size 1; groups that
   serve the Tinker API, ``spec.api.tinker``, whose sampling uses the pool). Left to the
@@ -18,7 +19,7 @@ one, 1.38x with the compiler off). So ``init_model`` runs, before the group is R
   adapters' hooks there: that iteration took 1.29x a steady one on an H100 (docs/tinker.md).
 
 The model's weights, the optimizer's state, the step and the RNGs are untouched (no dropout,
-greedy sampling, fixed token ids); only gradients, which ``zero_grad`` discards, and the
+seeded sampling, fixed token ids); only gradients, which ``zero_grad`` discards, and the
 sampler's graph cache change. ``TG_WARM_UP=0`` turns it off (the first calls compile instead).
 """
 
@@ -77,7 +78,9 @@ def warm_up(
         engine.forward_backward(batch, loss="cross_entropy")
     engine.zero_grad()
     if sampler is not None and engine.mesh_info.pp_size == 1:
-        params = SamplingParams.build(vocab_size=vocab, max_tokens=3, temperature=0.0, seed=0)
+        # temperature 1: the draw (draw.py, compiled on CUDA) compiles here too; a fixed seed
+        # draws nothing from any RNG (the noise is a hash of seed, step and token)
+        params = SamplingParams.build(vocab_size=vocab, max_tokens=3, temperature=1.0, seed=0)
         for rows, tokens in SHAPES:
             prompts = _ids(rows, min(tokens, limit - 3) // 2, vocab).tolist()
             sampler.generate(prompts, params, hooks=engine.adapters)

@@ -58,6 +58,7 @@ import collections
 import contextlib
 import dataclasses
 import os
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -299,6 +300,10 @@ class SlotEngine:
         self.steps = 0  # decode steps run since the pool was made
         self.calls = 0
         self.admitted_rows = 0
+        self.prefilled = 0  # prompts prefilled (one a request, whatever its num_samples)
+        # seconds inside ``run`` since the pool was made; of them, in prefills and in the
+        # host's reading of windows' tokens (the GPU idles then; docs/sampling.md)
+        self.run_s = self.prefill_s = self.host_s = 0.0
         self.weights: str | None = None  # the weights the active rows decode with
         self.cuda_graphs = cuda_graphs
         self._graphs: dict[tuple[int, bool, bool, int], torch.cuda.CUDAGraph] = {}
@@ -375,7 +380,11 @@ class SlotEngine:
             "steps": self.steps,
             "calls": self.calls,
             "admitted_rows": self.admitted_rows,
+            "prefilled_prompts": self.prefilled,
             "graphs": len(self._graphs),
+            "run_s": round(self.run_s, 4),
+            "prefill_s": round(self.prefill_s, 4),
+            "host_s": round(self.host_s, 4),
             **(self.lora.info() if self.lora is not None else {}),
         }
 
@@ -383,13 +392,16 @@ class SlotEngine:
     def _scope(self, start: int, stop: int) -> contextlib.AbstractContextManager[None]:
         return _whole(start, stop) if self.lora is None else self.lora.scope(start, stop)
 
-    def _write_adapters(self, admitted: Sequence[_Request] = ()) -> None:
+    def _write_adapters(self, admitted: Sequence[_Request] = (), *, each: bool = True) -> None:
         """Rewrite the pool's row -> adapter map: the active rows', then the rows of
-        ``admitted`` (prompt-major, as ``_prefill`` places them), then free slots (base)."""
+        ``admitted`` (prompt-major, as ``_prefill`` places them; ``each=False``: one slot a
+        request, as its prefill runs), then free slots (base)."""
         if self.lora is None:
             return
         adapters = [row.request.adapter if row else None for row in self.rows[: self.n]]
-        adapters += [req.adapter for req in admitted for _ in range(req.params.num_samples)]
+        adapters += [
+            req.adapter for req in admitted for _ in range(req.params.num_samples if each else 1)
+        ]
         adapters += [None] * (self.size.slots - len(adapters))
         self.lora.write(adapters)
 
@@ -415,12 +427,16 @@ class SlotEngine:
         """Admit what fits, then up to ``max_steps`` decode steps (admitting between steps);
         the requests whose rows have all finished, in the order they finished."""
         self.calls += 1
+        began = time.perf_counter()
         finished: list[tuple[str, dict[str, Any]]] = []
-        self._admit(finished)
-        left = max_steps
-        while left > 0 and self.n > 0:
-            left -= self._window(left, finished)
+        try:
             self._admit(finished)
+            left = max_steps
+            while left > 0 and self.n > 0:
+                left -= self._window(left, finished)
+                self._admit(finished)
+        finally:
+            self.run_s += time.perf_counter() - began
         return finished
 
     def _admit(self, finished: list[tuple[str, dict[str, Any]]]) -> None:
@@ -431,21 +447,32 @@ class SlotEngine:
             room -= req.params.num_samples
             batch.append(req)
         if batch:
+            began = time.perf_counter()
             self._cover(batch)
             self._prefill(batch, finished)
+            self.prefill_s += time.perf_counter() - began
 
     def _prefill(self, batch: list[_Request], finished: list[tuple[str, dict[str, Any]]]) -> None:
+        """Prefill each admitted request's prompt once, into the first free slots (one slot a
+        request), then copy its keys/values to the slots of all its samples: a request of
+        ``num_samples`` G costs one prompt's prefill, not G (an RL group's 8 samples of a
+        prompt were 8 prefills of the same tokens). Each row then draws its first token
+        from the request's logits with its own noise key."""
         d = self.decoder
         rows = [(req, j) for req in batch for j in range(req.params.num_samples)]
         m, start = len(rows), self.n
         end = start + m
-        lens = [len(req.prompt) for req, _ in rows]
-        width = max(lens)
-        padded = torch.zeros(m, width, dtype=torch.int64)
-        for i, (req, _) in enumerate(rows):
+        q = len(batch)  # prefill rows: slots [start, start + q), request i in slot start + i
+        width = max(len(req.prompt) for req in batch)
+        padded = torch.zeros(q, width, dtype=torch.int64)
+        for i, req in enumerate(batch):
             padded[i, : len(req.prompt)] = torch.tensor(req.prompt, dtype=torch.int64)
         padded = padded.to(d.device)
-        lengths = torch.tensor(lens, dtype=torch.int64, device=d.device)
+        lens = [len(req.prompt) for req, _ in rows]
+        of_row = [i for i, req in enumerate(batch) for _ in range(req.params.num_samples)]
+        source = torch.tensor(of_row, dtype=torch.int64, device=d.device)
+        lengths = torch.tensor([len(req.prompt) for req in batch], dtype=torch.int64)
+        lengths = lengths.to(d.device)
         s = self.settings
         vocab = d.vocab_size
 
@@ -461,30 +488,34 @@ class SlotEngine:
         s.keys[start:end] = column([req.keys[j] for req, j in rows], torch.int64)
         s.step[start:end] = 0
         view = KVCache(
-            keys=[k[start:end] for k in self.cache.keys],
-            values=[v[start:end] for v in self.cache.values],
+            keys=[k[start : start + q] for k in self.cache.keys],
+            values=[v[start : start + q] for v in self.cache.values],
         )
-        self._write_adapters(batch)
-        with self._scope(start, end):
-            hidden = d.prefill(padded, view)  # [W, m, h]
-            last = hidden[lengths - 1, torch.arange(m, device=d.device)]
+        self._write_adapters(batch, each=False)  # slot start + i: request i's adapter
+        with self._scope(start, start + q):
+            hidden = d.prefill(padded, view)  # [W, q, h]
+            last = hidden[lengths - 1, torch.arange(q, device=d.device)]
             logits = d.logits(last.unsqueeze(0))[0]
+        for i, req in enumerate(batch):  # the map still has request i in slot start + i
+            if req.params.prompt_logprobs or req.params.logprobs.scores_prompt:
+                req.scores = self._prompt_scores(hidden, i, req, start)
+        slots = source + start
+        for t in (*self.cache.keys, *self.cache.values):  # every sample's copy of its prompt
+            t[start:end, :, :width] = t[:, :, :width].index_select(0, slots)
+        self._write_adapters(batch)  # each row's adapter in its own slot
+        logits = logits.index_select(0, source)
         sub = RowSettings(
             *(t[start:end] for t in (s.temperature, s.top_k, s.top_p, s.keys, s.step))
         )
         token, logprob = next_token_rows(logits, sub, **self._filters(params))
         token = _agree(token, d.tp_size)
         self.tokens[start:end] = token
-        self.pos[start:end] = lengths
+        self.pos[start:end] = lengths.index_select(0, source)
         s.step[start:end] = 1
         self.limit[start:end] = column([p.max_tokens for p in params], torch.int64)
         self.live[start:end] = (self.limit[start:end] > 1).long()
-        first = 0
         for req in batch:
             req.admitted_step = self.steps
-            if req.params.prompt_logprobs or req.params.logprobs.scores_prompt:
-                req.scores = self._prompt_scores(hidden, first, req, start)
-            first += req.params.num_samples
         kw = topk_width([p.logprobs.topk_sample for p in params], vocab)
         topk = topk_rows(torch.log_softmax(logits, dim=-1), kw) if kw else None
         del hidden, last, logits
@@ -497,6 +528,7 @@ class SlotEngine:
                 done.append(start + i)
         self.n = end
         self.admitted_rows += m
+        self.prefilled += q
         self._retire(done, finished)
 
     def _prompt_scores(
@@ -567,6 +599,7 @@ class SlotEngine:
                 self._advance(n, view, flags["top_k"], flags["top_p"], kw)
         host = torch.stack((self.out_token[:n, :w].double(), self.out_logprob[:n, :w].double()))
         tokens, logprobs = host.cpu().tolist()
+        began = time.perf_counter()
         topk: list[list[list[list[float]]]] | None = None
         if kw:
             pairs = torch.stack(
@@ -589,6 +622,7 @@ class SlotEngine:
                     ends[r] = first + j + 1
                     break
         self._retire(done, finished, ends)
+        self.host_s += time.perf_counter() - began
         return w
 
     def _retire(
@@ -646,6 +680,7 @@ class SlotEngine:
         }
 
     # -- CUDA graphs ---------------------------------------------------------------------
+    @torch.no_grad()  # as ``run``: Dynamo's graphs for the draw are per grad mode
     def capture_buckets(self, adapter: LoraAdapters | None = None) -> int:
         """Capture now, on an idle pool, the graph of every batch bucket up to the pool's
         slots for the filters an RL loop's sampling uses (no top-k, no top-p, no top-k
@@ -670,6 +705,13 @@ class SlotEngine:
         slots = self.size.slots
         for b in sorted({bucket(n, slots) for n in range(1, slots + 1)}):
             self._graph(b, False, False, 0)
+        # a prefill's draw runs eagerly (compiled on CUDA, draw.py): compile it now, at two
+        # batch sizes (the second compiles the dynamic-shape graph every later size reuses)
+        vocab = self.decoder.vocab_size
+        for rows in (2, 3):
+            if rows <= slots:
+                logits = torch.zeros(rows, vocab, dtype=torch.float32, device=self.decoder.device)
+                next_token_rows(logits, self.settings.narrow(rows), top_k=False, top_p=False)
         return len(self._graphs) - before
 
     def _graph(self, b: int, top_k: bool, top_p: bool, kw: int = 0) -> torch.cuda.CUDAGraph:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["gumbel_noise", "uniform_noise"]
+__all__ = ["gumbel_noise", "token_salts", "uniform_noise"]
 
 
 def _signed(x: int) -> int:
@@ -40,19 +40,32 @@ def _mix(z: torch.Tensor) -> torch.Tensor:
     return z ^ _shr(z, 31)
 
 
-def uniform_noise(keys: torch.Tensor, step: torch.Tensor | int, vocab: int) -> torch.Tensor:
+def token_salts(vocab: int, device: torch.device) -> torch.Tensor:
+    """Each token id's term of the hash, ``(id + 1) * GOLDEN`` (int64 ``[vocab]``). A compiled
+    caller passes it in: Inductor folds an ``arange`` into its int32 index arithmetic, where
+    the 64-bit constant does not fit (a Triton compile error, torch 2.9)."""
+    return torch.arange(1, vocab + 1, dtype=torch.int64, device=device) * _GOLDEN
+
+
+def uniform_noise(
+    keys: torch.Tensor, step: torch.Tensor | int, vocab: int, *, salts: torch.Tensor | None = None
+) -> torch.Tensor:
     """``u`` in (0, 1), float32 ``[R, vocab]``, from int64 ``keys [R]`` and the decode step
-    (one for every row, or ``[R]``: each row at its own step, as in continuous batching)."""
-    ids = torch.arange(1, vocab + 1, dtype=torch.int64, device=keys.device)
+    (one for every row, or ``[R]``: each row at its own step, as in continuous batching);
+    ``salts``: ``token_salts(vocab)``, made here when not given."""
+    if salts is None:
+        salts = token_salts(vocab, keys.device)
     steps = torch.as_tensor(step, device=keys.device)
     if steps.dim() == 1:
         steps = steps.unsqueeze(1)
     z = _mix(keys.unsqueeze(1) + (steps + 1) * _STEP)
-    z = _mix(z + ids.unsqueeze(0) * _GOLDEN)
+    z = _mix(z + salts.unsqueeze(0))
     # top 24 bits -> (0, 1), never exactly 0 or 1
     return (_shr(z, 40).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
 
 
-def gumbel_noise(keys: torch.Tensor, step: torch.Tensor | int, vocab: int) -> torch.Tensor:
+def gumbel_noise(
+    keys: torch.Tensor, step: torch.Tensor | int, vocab: int, *, salts: torch.Tensor | None = None
+) -> torch.Tensor:
     """Standard Gumbel noise ``[R, vocab]`` (float32)."""
-    return -torch.log(-torch.log(uniform_noise(keys, step, vocab)))
+    return -torch.log(-torch.log(uniform_noise(keys, step, vocab, salts=salts)))

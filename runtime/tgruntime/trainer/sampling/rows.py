@@ -14,7 +14,7 @@ import dataclasses
 
 import torch
 
-from tgruntime.trainer.sampling.noise import gumbel_noise
+from tgruntime.trainer.sampling.draw import draw
 
 __all__ = ["RowSettings", "next_token_rows"]
 
@@ -64,8 +64,5 @@ def next_token_rows(
     logits: torch.Tensor, rows: RowSettings, *, top_k: bool = True, top_p: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(token ``[R]`` int64, its model log-prob ``[R]`` fp32) from fp32 logits ``[R, V]``."""
-    z = filter_rows(logits, rows, top_k=top_k, top_p=top_p)
-    sampled = (z + gumbel_noise(rows.keys, rows.step, z.shape[-1])).argmax(dim=-1)
-    token = torch.where(rows.temperature > 0, sampled, logits.argmax(dim=-1))
-    logprob = torch.log_softmax(logits, dim=-1).gather(-1, token.unsqueeze(-1)).squeeze(-1)
-    return token, logprob
+    z = filter_rows(logits, rows, top_k=top_k, top_p=top_p) if top_k or top_p else None
+    return draw(logits, z, rows.temperature, rows.keys, rows.step)

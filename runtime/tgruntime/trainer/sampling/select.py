@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from tgruntime.trainer.sampling.noise import gumbel_noise
+from tgruntime.trainer.sampling.draw import draw
 from tgruntime.trainer.sampling.params import SamplingParams
 
 __all__ = ["filter_logits", "next_token"]
@@ -42,8 +42,8 @@ def next_token(
     """(token ``[R]`` int64, its model log-prob ``[R]`` fp32) from fp32 logits ``[R, V]``."""
     if params.temperature == 0.0:
         token = logits.argmax(dim=-1)
-    else:
-        z = filter_logits(logits, params)
-        token = (z + gumbel_noise(keys, step, z.shape[-1])).argmax(dim=-1)
-    logprob = torch.log_softmax(logits, dim=-1).gather(-1, token.unsqueeze(-1)).squeeze(-1)
-    return token, logprob
+        logprob = torch.log_softmax(logits, dim=-1).gather(-1, token.unsqueeze(-1)).squeeze(-1)
+        return token, logprob
+    filtered = 0 < params.top_k < logits.shape[-1] or params.top_p < 1.0
+    z = filter_logits(logits, params) if filtered else None
+    return draw(logits, z, logits.new_full((1,), params.temperature), keys, step)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from typing import Any
 
 import torch
@@ -215,10 +216,12 @@ class ContinuousSamplingMixin:
         ``weights`` (the module docstring; None: the base), rows of any adapters decode
         together. ``reset``: drop every row first."""
         self._in_chunk = True  # _engine() keeps a held snapshot swapped in
+        began = time.perf_counter()
         try:
-            return self._sample_step(admit, max_steps, weights, reset)
+            out = self._sample_step(admit, max_steps, weights, reset)
         finally:
             self._in_chunk = False
+        return {**out, "worker_s": round(time.perf_counter() - began, 5)}  # this call's
 
     def _sample_step(
         self, admit: list[dict[str, Any]], max_steps: int, weights: str | None, reset: bool

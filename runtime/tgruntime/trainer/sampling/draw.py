@@ -1,0 +1,81 @@
+"""The draw of a decode step: Gumbel-max over the tempered logits and the chosen token's model
+log-prob, one compiled kernel on CUDA (docs/sampling.md, "The draw").
+
+Eagerly, a draw over ``[R, V]`` logits is some thirty full passes: the noise hash alone is
+a chain of int64 operations, each reading and writing ``R x V x 8`` bytes; with a 128 k
+vocabulary at 64 rows that is about 4 GB of memory traffic a step, more than the 4-layer
+Llama-3-8B block's weights. Compiled (``torch.compile``, dynamic batch), the hash, the
+division, the argmax and the log-softmax fuse into row reductions that read the logits once
+or twice. Both samplers (``select.next_token``, ``rows.next_token_rows``) draw here, so they
+keep choosing the same tokens; the top-k / top-p filters stay eager (their sorts do not fuse).
+``TG_SAMPLER_COMPILE=0`` turns the compiled draw off with the rest of the sampler's compile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from tgruntime.trainer.sampling.lean_layer import compile_wanted
+from tgruntime.trainer.sampling.noise import gumbel_noise, token_salts
+
+__all__ = ["draw"]
+
+
+def _draw(
+    logits: torch.Tensor,
+    z: torch.Tensor | None,
+    temperature: torch.Tensor,
+    keys: torch.Tensor,
+    step: torch.Tensor | int,
+    salts: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if z is None:  # no filter: only the division by the temperature (0: greedy, divide by 1)
+        safe = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
+        z = logits / safe.to(logits.dtype).unsqueeze(-1)
+    sampled = (z + gumbel_noise(keys, step, z.shape[-1], salts=salts)).argmax(dim=-1)
+    token = torch.where(temperature > 0, sampled, logits.argmax(dim=-1))
+    logprob = torch.log_softmax(logits, dim=-1).gather(-1, token.unsqueeze(-1)).squeeze(-1)
+    return token, logprob
+
+
+_COMPILED: list[Callable[..., Any]] = []
+
+
+def draw(
+    logits: torch.Tensor,
+    z: torch.Tensor | None,
+    temperature: torch.Tensor,
+    keys: torch.Tensor,
+    step: torch.Tensor | int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(token ``[R]`` int64, its model log-prob ``[R]`` fp32) from fp32 ``logits [R, V]``.
+
+    ``z``: the filtered, tempered logits (None: ``logits / temperature``); ``temperature``
+    ``[R]`` or ``[1]`` (a row at 0 takes the argmax of ``logits``); ``keys`` ``[R]`` and
+    ``step`` (``[R]``, ``[1]`` or an int) seed the row's noise (``noise.py``)."""
+    # CUDA only: Inductor's CPU code for the hash's int64 shifts crashed (torch 2.9, AVX2)
+    salts = _salts(logits.shape[-1], logits.device)
+    if logits.device.type != "cuda" or not compile_wanted(device=logits.device, tp=False):
+        return _draw(logits, z, temperature, keys, step, salts)
+    if not _COMPILED:  # one per process: every sampler shares Dynamo's cache for it
+        _COMPILED.append(torch.compile(_draw, fullgraph=True, dynamic=True))
+    out: tuple[torch.Tensor, torch.Tensor] = _COMPILED[0](
+        logits, z, temperature, keys, step, salts
+    )
+    return out
+
+
+_SALTS: dict[tuple[int, str], torch.Tensor] = {}
+
+
+def _salts(vocab: int, device: torch.device) -> torch.Tensor:
+    """``noise.token_salts``, made once per vocabulary and device (a persistent address, so a
+    CUDA graph that captured a draw keeps reading it)."""
+    key = (vocab, str(device))
+    salts = _SALTS.get(key)
+    if salts is None:
+        salts = _SALTS[key] = token_salts(vocab, device)
+    return salts

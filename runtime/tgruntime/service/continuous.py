@@ -11,7 +11,8 @@ absorbed quickly, a steady batch pays the per-call overhead rarely; a request ar
 a long chunk waits for it, at most ``steps_max`` decode steps).
 
 Pipelined (``pipeline``; the service's ``SampleQueue`` turns it on with
-``TG_SAMPLER_PIPELINE=1``, off by default until it is measured on a GPU): while rows decode,
+``TG_SAMPLER_PIPELINE=1``; off by default: on an H100 it gained nothing, the round trips
+being ~4 ms of a call, docs/sampling.md): while rows decode,
 the next call is sent before the one running comes back, so it waits in the workers' queue
 (Ray runs an actor's calls one at a time, in the order sent) and starts as soon as the running
 one ends: the GPU need not idle for the round trip between chunks (about 6 ms a call on an

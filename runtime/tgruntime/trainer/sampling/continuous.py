@@ -22,7 +22,9 @@ Every decision (admission order, slots, when a row finishes) is a function of th
 arguments and of the chosen tokens, which the tensor-parallel ranks agree on (broadcast from
 the first tensor rank each step), so the ranks can never diverge.
 
-CUDA graphs (GPU, tensor parallel 1, as the one-shot path): one graph per (batch bucket,
+CUDA graphs (GPU, tensor parallel 1, as the one-shot path; at tensor size > 1 with
+``TG_SAMPLER_CUDA_GRAPHS=tp``, every rank capturing the same buckets at the same calls, as
+every decision here is the same on every rank): one graph per (batch bucket,
 filters in use), captured the first time that bucket runs and replayed from then on; the
 buckets are a fixed list, so in steady state no request shape captures anything. Capture
 runs its warm-up steps on a scratch column (the last position of every slot, which no row

@@ -4,7 +4,8 @@ One call: every prompt is repeated ``num_samples`` times (a row each), the rows 
 right-padded and prefilled together, then decoded one token per step for all rows at once.
 A step is ``decode -> next_token -> write`` on device tensors only (:func:`advance`); on a
 GPU with tensor parallel size 1 it is captured once in a CUDA graph per batch shape and
-replayed (``TG_SAMPLER_CUDA_GRAPHS=0`` turns that off). A graph replays the kernels it
+replayed (``TG_SAMPLER_CUDA_GRAPHS``: ``0`` off, ``tp`` at tensor size > 1 too;
+:func:`graphs_allowed`). A graph replays the kernels it
 captured, forward hooks included, so one captured with one LoRA hook set (the active run's, a
 snapshot's, a multi-adapter batch's) must never serve another: the caller names the hook set
 attached for the call (``hooks``), graphs are keyed by it and keep it alive (its tensors are
@@ -89,6 +90,24 @@ class DecodeState:
         )
 
 
+def graphs_allowed(decoder: CachedDecoder, setting: str | None = None) -> bool:
+    """Whether a sampler over ``decoder`` replays CUDA graphs, by ``TG_SAMPLER_CUDA_GRAPHS``
+    (``setting`` instead when given): ``0`` never; ``1``, the default, on a GPU at tensor and
+    pipeline size 1; ``tp`` at tensor size > 1 too, the tensor-parallel all-reduces and the
+    tokens' broadcast captured in the graphs as NCCL kernels (opt-in: not yet run on two GPUs,
+    docs/sampling.md). Pipeline stages never: their send/receive is host-driven."""
+    if setting is None:
+        setting = os.environ.get("TG_SAMPLER_CUDA_GRAPHS", "1")
+    if setting not in ("0", "1", "tp"):
+        raise ValueError(
+            f"TG_SAMPLER_CUDA_GRAPHS must be 0, 1 or tp, not {setting!r} (unset: 1, one GPU "
+            "per model copy)"
+        )
+    if setting == "0" or decoder.device.type != "cuda" or decoder.pp_size != 1:
+        return False
+    return decoder.tp_size == 1 or setting == "tp"
+
+
 def _agree(token: torch.Tensor, tp_size: int) -> torch.Tensor:
     if tp_size > 1:
         dist.broadcast(
@@ -170,11 +189,9 @@ class Sampler:
     ) -> None:
         self.decoder = CachedDecoder(module)
         self.check_every = check_every
-        on_gpu = self.decoder.device.type == "cuda"
-        if cuda_graphs is None:
-            cuda_graphs = os.environ.get("TG_SAMPLER_CUDA_GRAPHS", "1") != "0"
-        self.cuda_graphs = bool(
-            cuda_graphs and on_gpu and self.decoder.tp_size == 1 and self.decoder.pp_size == 1
+        # None: TG_SAMPLER_CUDA_GRAPHS; True: where the default allows them; False: never
+        self.cuda_graphs = graphs_allowed(
+            self.decoder, None if cuda_graphs is None else "1" if cuda_graphs else "0"
         )
         self.max_graphs = max_graphs
         self._graphs: collections.OrderedDict[tuple[Any, ...], _GraphedStep] = (

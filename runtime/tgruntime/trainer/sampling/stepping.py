@@ -36,7 +36,7 @@ from tgruntime.trainer.lora.inject import LoraAdapters
 from tgruntime.trainer.lora.multi import MultiLora
 from tgruntime.trainer.sampling.continuous import RowAdapters, SlotEngine
 from tgruntime.trainer.sampling.decoder import unwrap_gpt
-from tgruntime.trainer.sampling.generate import Sampler
+from tgruntime.trainer.sampling.generate import Sampler, graphs_allowed
 from tgruntime.trainer.sampling.params import SamplingParams, check_prompts
 from tgruntime.trainer.sampling.pool import PoolConfig, PoolSize
 from tgruntime.trainer.sampling.snapshots import SnapshotStore
@@ -70,14 +70,9 @@ def _message(exc: Exception) -> str:
 
 
 def _graphs_on(sampler: Sampler) -> bool:
-    """Whether the continuous engine replays CUDA graphs: on a GPU at tensor and pipeline
-    size 1, unless ``TG_SAMPLER_CUDA_GRAPHS=0``."""
-    d = sampler.decoder
-    return (
-        os.environ.get("TG_SAMPLER_CUDA_GRAPHS", "1") != "0"
-        and d.device.type == "cuda"
-        and d.tp_size == d.pp_size == 1
-    )
+    """Whether the continuous engine replays CUDA graphs: as the one-shot sampler does
+    (``generate.graphs_allowed``: on a GPU at tensor and pipeline size 1 by default)."""
+    return graphs_allowed(sampler.decoder)
 
 
 class ContinuousSamplingMixin:

@@ -121,9 +121,9 @@ def _agree(token: torch.Tensor, tp_size: int) -> torch.Tensor:
 def advance(decoder: CachedDecoder, state: DecodeState, params: SamplingParams) -> None:
     """One decode step for every row: feed ``tokens`` at ``pos``, choose and record the next."""
     logits = decoder.decode(state.tokens, state.pos, state.cache)
-    token, logprob = next_token(logits, state.keys, state.step, params)
+    column = state.step.view(1)  # [1]: the prefill's shape too, so the draw compiles once
+    token, logprob = next_token(logits, state.keys, column, params)
     token = _agree(token, decoder.tp_size)
-    column = state.step.view(1)
     state.out_tokens.index_copy_(1, column, token.view(-1, 1))
     state.out_logprobs.index_copy_(1, column, logprob.view(-1, 1))
     if state.out_topk_ids is not None and state.out_topk_lps is not None:
@@ -264,7 +264,7 @@ class Sampler:
         hidden = d.prefill(padded, state.cache)  # [P, R, h]
         last = hidden[lengths - 1, torch.arange(r_count, device=d.device)]  # [R, h]
         logits = d.logits(last.unsqueeze(0))[0]
-        token, logprob = next_token(logits, state.keys, 0, params)
+        token, logprob = next_token(logits, state.keys, state.step.new_zeros(1), params)
         token = _agree(token, d.tp_size)
         state.out_tokens[:, 0] = token
         state.out_logprobs[:, 0] = logprob

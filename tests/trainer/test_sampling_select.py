@@ -190,3 +190,38 @@ def test_the_compiled_draw_chooses_what_the_eager_one_does_on_a_gpu(vocab: int) 
             got = draw(logits, z, temperature, keys, steps)
             assert torch.equal(got[0], want[0]), (rows, vocab, z is None)
             torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-5)
+
+
+def test_a_draw_that_fails_to_compile_falls_back_to_the_eager_one(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A compile error (as Inductor's int32 refusal was, torch 2.9) must not fail sampling:
+    the draw warns once and draws eagerly from then on, with the same tokens."""
+    from tgruntime.trainer.sampling import draw as module
+
+    calls: list[int] = []
+
+    class Failed(torch._dynamo.exc.BackendCompilerFailed):
+        def __init__(self, message: str) -> None:  # the real one's arguments vary by version
+            Exception.__init__(self, message)
+
+    def broken(*args: object) -> None:
+        calls.append(1)
+        raise Failed("CompilationError: Scalar out of range for type int32")
+
+    monkeypatch.setattr(module, "_COMPILED", [broken])
+    monkeypatch.setattr(module, "_BROKEN", [])
+    logits = torch.stack([_logits(seed) for seed in range(4)])
+    keys = _keys(len(logits))
+    temperature = torch.ones(len(logits))
+    step = torch.zeros(1, dtype=torch.int64)
+    salts = module._salts(logits.shape[-1], logits.device)
+    want = module._draw(logits, None, temperature, keys, step, salts)
+    # the compiled path is CUDA's: take it here on the CPU, as _use_compiled would there
+    monkeypatch.setattr(module, "_use_compiled", lambda device: not module._BROKEN)
+    with caplog.at_level("WARNING", logger="tgruntime.trainer.sampling.draw"):
+        for _ in range(3):
+            got = module.draw(logits, None, temperature, keys, step)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert calls == [1]  # tried once, then given up for the process
+    assert "drawing eagerly from now on" in caplog.text and "int32" in caplog.text

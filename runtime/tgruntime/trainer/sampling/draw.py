@@ -13,15 +13,20 @@ keep choosing the same tokens; the top-k / top-p filters stay eager (their sorts
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch._dynamo.exc
+import torch._inductor.exc
 
 from tgruntime.trainer.sampling.lean_layer import compile_wanted
 from tgruntime.trainer.sampling.noise import gumbel_noise, token_salts
 
 __all__ = ["draw"]
+
+log = logging.getLogger("tgruntime.trainer.sampling.draw")
 
 
 def _draw(
@@ -56,16 +61,38 @@ def draw(
     ``z``: the filtered, tempered logits (None: ``logits / temperature``); ``temperature``
     ``[R]`` or ``[1]`` (a row at 0 takes the argmax of ``logits``); ``keys`` ``[R]`` and
     ``step`` (``[R]``, ``[1]`` or an int) seed the row's noise (``noise.py``)."""
-    # CUDA only: Inductor's CPU code for the hash's int64 shifts crashed (torch 2.9, AVX2)
     salts = _salts(logits.shape[-1], logits.device)
-    if logits.device.type != "cuda" or not compile_wanted(device=logits.device, tp=False):
-        return _draw(logits, z, temperature, keys, step, salts)
-    if not _COMPILED:  # one per process: every sampler shares Dynamo's cache for it
-        _COMPILED.append(torch.compile(_draw, fullgraph=True, dynamic=True))
-    out: tuple[torch.Tensor, torch.Tensor] = _COMPILED[0](
-        logits, z, temperature, keys, step, salts
-    )
-    return out
+    if _use_compiled(logits.device):
+        if not _COMPILED:  # one per process: every sampler shares Dynamo's cache for it
+            _COMPILED.append(torch.compile(_draw, fullgraph=True, dynamic=True))
+        try:
+            out: tuple[torch.Tensor, torch.Tensor] = _COMPILED[0](
+                logits, z, temperature, keys, step, salts
+            )
+            return out
+        except _COMPILE_ERRORS as exc:
+            # the same tokens eagerly (tested bit for bit), only slower
+            _BROKEN.append(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            log.warning(
+                "sampler: the compiled draw failed to compile (%s); drawing eagerly from now "
+                "on in this process (TG_SAMPLER_COMPILE=0 skips the compiler)",
+                _BROKEN[-1],
+            )
+    return _draw(logits, z, temperature, keys, step, salts)
+
+
+_INDUCTOR_ERROR = getattr(torch._inductor.exc, "InductorError", None)  # torch >= 2.7
+_COMPILE_ERRORS: tuple[type[Exception], ...] = (
+    torch._dynamo.exc.BackendCompilerFailed,
+    *((_INDUCTOR_ERROR,) if _INDUCTOR_ERROR is not None else ()),
+)
+_BROKEN: list[str] = []  # why the compiled draw was given up (empty: it was not)
+
+
+def _use_compiled(device: torch.device) -> bool:
+    """On CUDA (where it was measured) with the sampler's compile on (``TG_SAMPLER_COMPILE``),
+    unless a compile of it failed in this process."""
+    return device.type == "cuda" and not _BROKEN and compile_wanted(device=device, tp=False)
 
 
 _SALTS: dict[tuple[int, str], torch.Tensor] = {}

@@ -203,11 +203,10 @@ def test_scheduler_sends_what_the_pool_cannot_hold_to_the_one_shot_path() -> Non
     assert calls[0] == ([], 0, None, False)  # the pool's size is read first
 
 
-@pytest.mark.parametrize("pipeline", [False, True])
-def test_scheduler_order_weights_and_failures(pipeline: bool) -> None:
+def test_scheduler_order_weights_and_failures() -> None:
     async def main() -> dict[str, Any]:
         group = _FakeGroup()
-        sched = ContinuousScheduler(group.step, steps=8, steps_busy=2, pipeline=pipeline)
+        sched = ContinuousScheduler(group.step, steps=8, steps_busy=2)
         sched.start()
         order: list[int] = []
         errors: dict[int, BaseException] = {}
@@ -231,10 +230,6 @@ def test_scheduler_order_weights_and_failures(pipeline: bool) -> None:
             await asyncio.sleep(0.001)
             if len(order) == 5:
                 break
-        for _ in range(3000):  # the trailing call sent ahead (pipelining) has come back
-            if not sched._sent:
-                break
-            await asyncio.sleep(0.001)
         group.fail_next = True
         sched.put(job(5, "w1", 4))
         for _ in range(3000):
@@ -288,18 +283,13 @@ def test_settle_waits_for_a_burst_and_not_for_a_lone_request() -> None:
     assert got == 0 and waited < 0.5
 
 
-@pytest.mark.parametrize("pipeline", [False, True])
-def test_scheduler_chunks_grow_while_nothing_arrives(pipeline: bool) -> None:
+def test_scheduler_chunks_grow_while_nothing_arrives() -> None:
     """A lone long request: the call that admits it runs ``steps_busy`` steps, then each quiet
-    call doubles the chunk from ``steps`` up to ``steps_max``; an arrival starts over. With
-    the pipeline on, the next call is sent while one runs, so one more (empty) call follows
-    the rows' last one."""
+    call doubles the chunk from ``steps`` up to ``steps_max``; an arrival starts over."""
 
     async def main() -> list[Any]:
         group = _FakeGroup()
-        sched = ContinuousScheduler(
-            group.step, steps=8, steps_busy=2, steps_max=32, pipeline=pipeline
-        )
+        sched = ContinuousScheduler(group.step, steps=8, steps_busy=2, steps_max=32)
         sched.start()
         done: list[int] = []
 
@@ -318,12 +308,11 @@ def test_scheduler_chunks_grow_while_nothing_arrives(pipeline: bool) -> None:
             if len(done) == 2:
                 break
         await sched.stop()
-        assert group.on_way_max == (2 if pipeline else 1)
+        assert group.on_way_max == 1  # one call on its way at a time
         return group.calls
 
     calls = asyncio.run(main())
-    want = [2, 8, 16, 32, 32, 32, 2, 8, 16] if pipeline else [2, 8, 16, 32, 32, 2, 8]
-    assert [c[1] for c in calls] == want
+    assert [c[1] for c in calls] == [2, 8, 16, 32, 32, 2, 8]
     assert all(not c[0] for c in calls if c[1] not in (2,))  # only the busy calls admit
     with pytest.raises(ValueError, match="steps_max"):
         ContinuousScheduler(_FakeGroup().step, steps=16, steps_max=8)

@@ -10,17 +10,6 @@ then joins that batch (``steps_busy`` steps after a call during which requests a
 absorbed quickly, a steady batch pays the per-call overhead rarely; a request arriving during
 a long chunk waits for it, at most ``steps_max`` decode steps).
 
-Pipelined (``pipeline``; the service's ``SampleQueue`` turns it on with
-``TG_SAMPLER_PIPELINE=1``; off by default: on an H100 it gained nothing, the round trips
-being ~4 ms of a call, docs/sampling.md): while rows decode,
-the next call is sent before the one running comes back, so it waits in the workers' queue
-(Ray runs an actor's calls one at a time, in the order sent) and starts as soon as the running
-one ends: the GPU need not idle for the round trip between chunks (about 6 ms a call on an
-H100, by a measurement of one call fewer). The price: a request that arrives during a chunk
-joins at the call after the one already sent, and the rows' last chunk is followed by one call
-that finds nothing to do. A failed call fails every request on its way, and the next call sent
-drops whatever the workers still hold (``reset``).
-
 One weights at a time: the engine decodes rows of one weights; requests are admitted in
 arrival order while their weights match, and the first request for other weights stops
 admission (nothing overtakes it) until the running rows drain, then the engine switches.
@@ -33,6 +22,7 @@ import collections
 import itertools
 import logging
 import secrets
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -93,7 +83,6 @@ class ContinuousScheduler:
         steps_max: int = 64,
         gather_s: float = 0.002,
         overflow: Callable[[ContinuousJob], None] | None = None,
-        pipeline: bool = False,
     ) -> None:
         if steps < 1 or steps_busy < 1 or steps_max < steps:
             raise ValueError("steps and steps_busy must be >= 1, and steps_max >= steps")
@@ -111,14 +100,8 @@ class ContinuousScheduler:
         self._task: asyncio.Task[None] | None = None
         self._reset = False
         self.calls = 0  # sample_step calls
-        self.call_s = 0.0  # seconds with a call on its way (the rest of a sample is the service's)
+        self.call_s = 0.0  # seconds spent awaiting them (the rest of a sample is the service's)
         self.worker_s = 0.0  # of them, inside the workers' sample_step (the rest: Ray's)
-        self._call_end = 0.0
-        self.depth = 2 if pipeline else 1  # calls on their way at once
-        # the calls on their way, oldest first, with the request ids each admits
-        self._sent: collections.deque[tuple[asyncio.Future[dict[str, Any]], set[str]]] = (
-            collections.deque()
-        )
         self.prompts = 0  # requests admitted
         self.last: dict[str, Any] = {}  # the last call's pool info
         self.overflow = overflow  # takes the requests the pool can never hold (or all, when
@@ -136,9 +119,6 @@ class ContinuousScheduler:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
-        sent = [call for call, _ in self._sent]
-        self._sent.clear()
-        await asyncio.gather(*sent, return_exceptions=True)
         for job in [*self._inflight.values(), *self._pending]:
             _finish(
                 job, None, ServiceError("the server is stopping", status=503, category="server")
@@ -203,56 +183,42 @@ class ContinuousScheduler:
 
     async def _run(self) -> None:
         arrived = False
-        loop = asyncio.get_running_loop()
         while True:
-            if not self._inflight and not self._pending and not self._sent:
+            if not self._inflight and not self._pending:
                 first = await self._queue.get()
                 await self._learn_pool()
                 await settle(self._queue, step_s=self.gather_s, max_s=GATHER_MAX_S)
                 arrived = self._take(first) or arrived
             arrived = self._drain() or arrived
-            # send calls while there is work, ``depth`` at most in flight: with 2, the next
-            # chunk waits in the worker's queue while one decodes, so the GPU does not idle
-            # for the round trip between chunks (it runs with no rows if the rows all finish)
-            while len(self._sent) < self.depth and (self._pending or self._inflight):
-                chosen = self._choose()
-                for rid, job in chosen:
-                    self._inflight[rid] = job
-                if self._sent and not chosen and not self._inflight:
-                    break
-                admit = [{"id": rid, **job.request} for rid, job in chosen]
-                k = self._chunk(busy=bool(arrived or chosen))
-                self.calls += 1
-                self.prompts += len(chosen)
-                arrived = False
-                call = asyncio.ensure_future(self.step(admit, k, self._weights, self._reset))
-                self._reset = False
-                self._sent.append((call, {rid for rid, _ in chosen}))
-                if not self._inflight:
-                    break
-            if not self._sent:
+            if not self._inflight and not self._pending:
                 continue
-            oldest = self._sent[0][0]  # listed until it is back (an idle scheduler has none)
-            began = max(self._call_end, loop.time())
+            chosen = self._choose()
+            for rid, job in chosen:
+                self._inflight[rid] = job
+            admit = [{"id": rid, **job.request} for rid, job in chosen]
+            k = self._chunk(busy=bool(arrived or chosen))
+            self.calls += 1
+            self.prompts += len(chosen)
+            arrived = False
+            began = time.perf_counter()
             try:
-                out = await oldest
+                out = await self.step(admit, k, self._weights, self._reset)
+                self._reset = False
             except Exception as exc:  # the workers dropped their rows: fail what was there
                 log.warning("sample_step failed: %s", exc)
-                self._reset = True  # the next call sent drops whatever the workers hold
+                self._reset = True  # the next call drops whatever the workers hold
                 jobs = list(self._inflight.values())
                 self._inflight.clear()
                 for job in jobs:
                     _finish(job, None, exc)
                 continue
             finally:
-                self._sent.popleft()
-                self._call_end = loop.time()
-                self.call_s += max(0.0, self._call_end - began)
+                self.call_s += time.perf_counter() - began
             self._served(out)
 
     def _served(self, out: dict[str, Any]) -> None:
         """A call's results: finished and failed requests; requests the workers no longer
-        hold (none active or waiting, and not admitted by a call still on its way) fail."""
+        hold (none active or waiting) fail."""
         self.last = {k: v for k, v in out.items() if k not in ("finished", "failed")}
         self.worker_s += float(out.get("worker_s") or 0.0)
         for rid, message in (out.get("failed") or {}).items():
@@ -265,11 +231,11 @@ class ContinuousScheduler:
                 _finish(served, result, None)
         if out.get("active_rows") or out.get("waiting_requests"):
             return
-        coming = set().union(*(rids for _, rids in self._sent))
-        lost = [rid for rid in self._inflight if rid not in coming]
-        for rid in lost:  # the workers hold none of them any more
+        lost = list(self._inflight.values())  # the workers hold none of them any more
+        self._inflight.clear()
+        for job in lost:
             _finish(
-                self._inflight.pop(rid),
+                job,
                 None,
                 ServiceError("the sampler lost this request; retry", status=503, category="server"),
             )

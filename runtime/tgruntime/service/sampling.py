@@ -75,8 +75,6 @@ class SampleQueue:
                 gather_s=gather_s,
                 overflow=self._one_shot,
                 steps_max=_env_int("TG_SAMPLER_CHUNK_MAX", 64),
-                # off by default: measured no gain on an H100 (docs/sampling.md)
-                pipeline=os.environ.get("TG_SAMPLER_PIPELINE", "0") == "1",
             )
 
     @property

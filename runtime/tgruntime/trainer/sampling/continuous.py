@@ -303,6 +303,7 @@ class SlotEngine:
         self.calls = 0
         self.admitted_rows = 0
         self.prefilled = 0  # prompts prefilled (one a request, whatever its num_samples)
+        self.prefills = 0  # prefill forwards (one an admission, however many prompts)
         # seconds inside ``run`` since the pool was made; of them, in prefills and in the
         # host's reading of windows' tokens (the GPU idles then; docs/sampling.md)
         self.run_s = self.prefill_s = self.host_s = 0.0
@@ -383,6 +384,7 @@ class SlotEngine:
             "calls": self.calls,
             "admitted_rows": self.admitted_rows,
             "prefilled_prompts": self.prefilled,
+            "prefills": self.prefills,
             "graphs": len(self._graphs),
             "run_s": round(self.run_s, 4),
             "prefill_s": round(self.prefill_s, 4),
@@ -531,6 +533,7 @@ class SlotEngine:
         self.n = end
         self.admitted_rows += m
         self.prefilled += q
+        self.prefills += 1
         self._retire(done, finished)
 
     def _prompt_scores(

@@ -1,7 +1,9 @@
 """``Sampler``: batched autoregressive generation over a :class:`CachedDecoder`.
 
-One call: every prompt is repeated ``num_samples`` times (a row each), the rows are
-right-padded and prefilled together, then decoded one token per step for all rows at once.
+One call: every prompt is repeated ``num_samples`` times (a row each); the prompts are
+right-padded and prefilled together, each once (its keys and values are then copied to its
+samples' rows; under per-row adapters every row is prefilled), then decoded one token per
+step for all rows at once.
 A step is ``decode -> next_token -> write`` on device tensors only (:func:`advance`); on a
 GPU with tensor parallel size 1 it is captured once in a CUDA graph per batch shape and
 replayed (``TG_SAMPLER_CUDA_GRAPHS``: ``0`` off, ``tp`` at tensor size > 1 too;
@@ -253,17 +255,20 @@ class Sampler:
         t_max = params.max_tokens
         state, graphed = self._state(r_count, width + t_max - 1, params, hooks)
 
-        padded = torch.zeros(r_count, width, dtype=torch.int64)
-        for i, p in enumerate(rows):
-            padded[i, : len(p)] = torch.tensor(p, dtype=torch.int64)
-        padded = padded.to(d.device)
         lengths = torch.tensor(lens, dtype=torch.int64, device=d.device)
         keys = row_keys(prompts, seed=params.seed, num_samples=n)
         state.keys.copy_(torch.tensor(keys, dtype=torch.int64))
 
-        hidden = d.prefill(padded, state.cache)  # [P, R, h]
-        last = hidden[lengths - 1, torch.arange(r_count, device=d.device)]  # [R, h]
-        logits = d.logits(last.unsqueeze(0))[0]
+        # Each prompt is prefilled once, into its first row, and its keys/values copied to
+        # its other samples' rows, as the engine does (an RL group of 8 samples was 8
+        # prefills of one prompt). Per-row adapters (``scope``) need each row's own prefill.
+        shared = n > 1 and scope is None
+        hidden, logits = self._prefill(prompts if shared else rows, state, n if shared else 1)
+        if shared:
+            logits = logits.repeat_interleave(n, dim=0)
+            source = torch.arange(r_count, device=d.device).div(n, rounding_mode="floor") * n
+            for t in (*state.cache.keys, *state.cache.values):
+                t[:, :, :width] = t[:, :, :width].index_select(0, source)
         token, logprob = next_token(logits, state.keys, state.step.new_zeros(1), params)
         token = _agree(token, d.tp_size)
         state.out_tokens[:, 0] = token
@@ -278,8 +283,9 @@ class Sampler:
         state.step.fill_(1)
         scores: list[dict[str, Any]] = [{} for _ in prompts]
         if params.prompt_logprobs or params.logprobs.scores_prompt:
-            scores = self._prompt_scores(hidden, prompts, params, scope or _whole_batch)
-        del hidden, last, logits
+            stride = 1 if shared else n  # the prefill's column of prompt i: i * stride
+            scores = self._prompt_scores(hidden, prompts, params, scope or _whole_batch, stride)
+        del hidden, logits
 
         ends: list[int | None] = [None] * r_count
         scanned = 0
@@ -326,6 +332,27 @@ class Sampler:
             results.append({"sequences": sequences, "prompt_logprobs": None, **scores[i]})
         return results
 
+    def _prefill(
+        self, prompts: list[list[int]], state: DecodeState, every: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prefill right-padded ``prompts`` into the cache rows ``0, every, 2 * every, ...``:
+        their hidden states ``[P, len(prompts), h]`` and last-token logits
+        ``[len(prompts), V]``."""
+        d = self.decoder
+        width = max(len(p) for p in prompts)
+        padded = torch.zeros(len(prompts), width, dtype=torch.int64)
+        for i, p in enumerate(prompts):
+            padded[i, : len(p)] = torch.tensor(p, dtype=torch.int64)
+        lengths = torch.tensor([len(p) for p in prompts], dtype=torch.int64, device=d.device)
+        cache = state.cache
+        if every > 1:
+            cache = KVCache(
+                keys=[k[::every] for k in cache.keys], values=[v[::every] for v in cache.values]
+            )
+        hidden = d.prefill(padded.to(d.device), cache)
+        last = hidden[lengths - 1, torch.arange(len(prompts), device=d.device)]
+        return hidden, d.logits(last.unsqueeze(0))[0]
+
     @staticmethod
     def _scan(
         state: DecodeState, params: SamplingParams, ends: list[int | None], scanned: int, upto: int
@@ -347,17 +374,19 @@ class Sampler:
         prompts: list[list[int]],
         params: SamplingParams,
         scope: RowScope,
+        stride: int,
     ) -> list[dict[str, Any]]:
         """Per prompt, the scores ``params`` asks for (``prompt_scores.score_prompt``), from
-        the prefill's hidden states of the prompt's first row (one prompt at a time)."""
+        the prefill's hidden states of the prompt's first row (one prompt at a time): prompt
+        ``i`` is the prefill's column ``i * stride`` and the batch's row ``i * num_samples``."""
         n = params.num_samples
         out: list[dict[str, Any]] = []
         for i, prompt in enumerate(prompts):
-            r = i * n
+            r, c = i * n, i * stride
 
-            def logits_of(a: int, b: int, r: int = r) -> torch.Tensor:
+            def logits_of(a: int, b: int, r: int = r, c: int = c) -> torch.Tensor:
                 with scope(r, r + 1):
-                    return self.decoder.logits(hidden[a:b, r : r + 1])[:, 0]
+                    return self.decoder.logits(hidden[a:b, c : c + 1])[:, 0]
 
             out.append(score_prompt(logits_of, prompt, params, seed=params.seed))
         return out

@@ -158,7 +158,8 @@ def main() -> int:
                 # inside the workers' calls, and the engine's own split (SlotEngine.info)
                 split = {"sample_worker_s": round(samples.worker_s - worker_s0, 3)}
                 engine1 = samples.engine
-                for key in ("run_s", "prefill_s", "host_s", "steps", "prefills", "calls"):
+                for key in ("run_s", "prefill_s", "prefill_device_s", "host_s", "steps",
+                            "prefills", "prefill_tokens", "calls"):
                     if key in engine1:
                         split[f"sample_engine_{key}"] = round(
                             engine1[key] - engine0.get(key, 0), 4)

@@ -243,6 +243,30 @@ class RowAdapters:
         }
 
 
+class _DeviceSpan:
+    """The device time of the work queued between its start and ``stop`` (CUDA events:
+    no host sync; read once the stream got past ``stop``); 0 off CUDA."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.events: tuple[Any, Any] | None = None
+        if device.type == "cuda":
+            self.events = (
+                torch.cuda.Event(enable_timing=True),  # type: ignore[no-untyped-call]
+                torch.cuda.Event(enable_timing=True),  # type: ignore[no-untyped-call]
+            )
+            self.events[0].record()
+
+    def stop(self) -> None:
+        if self.events is not None:
+            self.events[1].record()
+
+    def seconds(self) -> float:
+        if self.events is None:
+            return 0.0
+        self.events[1].synchronize()
+        return float(self.events[0].elapsed_time(self.events[1])) / 1000.0
+
+
 def _whole(start: int, stop: int) -> contextlib.AbstractContextManager[None]:
     return contextlib.nullcontext()
 
@@ -304,6 +328,8 @@ class SlotEngine:
         self.admitted_rows = 0
         self.prefilled = 0  # prompts prefilled (one a request, whatever its num_samples)
         self.prefills = 0  # prefill forwards (one an admission, however many prompts)
+        self.prefill_tokens = 0  # the prefills' padded prompt tokens
+        self.prefill_device_s = 0.0  # the prefill forwards' GPU time (CUDA events; 0 elsewhere)
         # seconds inside ``run`` since the pool was made; of them, in prefills and in the
         # host's reading of windows' tokens (the GPU idles then; docs/sampling.md)
         self.run_s = self.prefill_s = self.host_s = 0.0
@@ -385,6 +411,8 @@ class SlotEngine:
             "admitted_rows": self.admitted_rows,
             "prefilled_prompts": self.prefilled,
             "prefills": self.prefills,
+            "prefill_tokens": self.prefill_tokens,
+            "prefill_device_s": round(self.prefill_device_s, 4),
             "graphs": len(self._graphs),
             "run_s": round(self.run_s, 4),
             "prefill_s": round(self.prefill_s, 4),
@@ -496,10 +524,12 @@ class SlotEngine:
             values=[v[start : start + q] for v in self.cache.values],
         )
         self._write_adapters(batch, each=False)  # slot start + i: request i's adapter
+        span = _DeviceSpan(d.device)
         with self._scope(start, start + q):
             hidden = d.prefill(padded, view)  # [W, q, h]
             last = hidden[lengths - 1, torch.arange(q, device=d.device)]
             logits = d.logits(last.unsqueeze(0))[0]
+        span.stop()
         for i, req in enumerate(batch):  # the map still has request i in slot start + i
             if req.params.prompt_logprobs or req.params.logprobs.scores_prompt:
                 req.scores = self._prompt_scores(hidden, i, req, start)
@@ -534,6 +564,8 @@ class SlotEngine:
         self.admitted_rows += m
         self.prefilled += q
         self.prefills += 1
+        self.prefill_tokens += q * width
+        self.prefill_device_s += span.seconds()  # the host read above waited for it
         self._retire(done, finished)
 
     def _prompt_scores(

@@ -159,7 +159,7 @@ def main() -> int:
                 split = {"sample_worker_s": round(samples.worker_s - worker_s0, 3)}
                 engine1 = samples.engine
                 for key in ("run_s", "prefill_s", "prefill_device_s", "host_s", "steps",
-                            "prefills", "prefill_tokens", "calls"):
+                            "prefills", "prefill_tokens", "calls", "adapter_s"):
                     if key in engine1:
                         split[f"sample_engine_{key}"] = round(
                             engine1[key] - engine0.get(key, 0), 4)

@@ -88,7 +88,11 @@ class LinearLora(torch.nn.Module):
         device: torch.device,
         heads_per_group: int = 1,
         head_dim: int = 1,
+        initialize: bool = True,
     ) -> None:
+        """``initialize=False``: the parameters are left unset (``torch.empty``), for a
+        caller that loads a state into them next (a sampling snapshot's adapters): no draw
+        on the host and no host-to-device copy."""
         super().__init__()
         if kind not in (COLUMN, ROW):
             raise ValueError(f"kind must be {COLUMN!r} or {ROW!r}, not {kind!r}")
@@ -102,20 +106,26 @@ class LinearLora(torch.nn.Module):
         self.lora_A = torch.nn.ParameterDict()
         self.lora_B = torch.nn.ParameterDict()
         for part in parts:
-            full_a = initial_a(
-                hf_module=part.hf_module, rank=rank, in_features=part.in_features, seed=seed
-            )
             if kind == ROW:
-                a = self._shard(full_a, dim=1, what=f"{part.hf_module} input")
-                b = torch.zeros(part.out_features, rank)
+                a_cols = self._local(part.in_features, what=f"{part.hf_module} input")
+                b_rows = part.out_features
             else:
-                a = full_a
-                b = torch.zeros(
-                    self._local(part.out_features, what=f"{part.hf_module} output"), rank
+                a_cols = part.in_features
+                b_rows = self._local(part.out_features, what=f"{part.hf_module} output")
+            if initialize:
+                a = initial_a(
+                    hf_module=part.hf_module, rank=rank, in_features=part.in_features, seed=seed
                 )
+                if kind == ROW:
+                    a = self._shard(a, dim=1, what=f"{part.hf_module} input")
+                a = a.to(device).contiguous()
+                b = torch.zeros(b_rows, rank, device=device)
+            else:
+                a = torch.empty(rank, a_cols, device=device)
+                b = torch.empty(b_rows, rank, device=device)
             key = _key(part.hf_module)
-            self.lora_A[key] = torch.nn.Parameter(a.to(device).contiguous())
-            self.lora_B[key] = torch.nn.Parameter(b.to(device))
+            self.lora_A[key] = torch.nn.Parameter(a)
+            self.lora_B[key] = torch.nn.Parameter(b)
             sharded_a, sharded_b = kind == ROW, kind == COLUMN
             for param, sharded, dim in (
                 (self.lora_A[key], sharded_a, 1),

@@ -117,13 +117,18 @@ def _stage_first_layer(module: torch.nn.Module) -> int:
 
 
 def inject_lora(
-    module: torch.nn.Module, *, settings: LoraSettings, shape: LlamaShape
+    module: torch.nn.Module,
+    *,
+    settings: LoraSettings,
+    shape: LlamaShape,
+    initialize: bool = True,
 ) -> LoraAdapters:
     """Add ``settings``' adapters to this rank's stage of ``module`` (a built ``GPTModel``).
 
     Model-parallel state must be initialised. The base weights are frozen
     (:func:`freeze_base`). Raises ``ValueError`` naming the field when the settings do not
     fit the model (rank too large, key/value groups not divisible by the TP size).
+    ``initialize=False``: the adapters' tensors are left unset, for a state loaded next.
     """
     if not settings.enabled:
         raise ValueError("lora.rank is 0: no adapters to inject (a full-weight run)")
@@ -156,6 +161,7 @@ def inject_lora(
             device=weight.device,
             heads_per_group=shape.heads_per_group,
             head_dim=d,
+            initialize=initialize,
         )
 
     first = _stage_first_layer(module)

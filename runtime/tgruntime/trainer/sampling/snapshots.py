@@ -323,7 +323,8 @@ class AdapterSnapshotStore:
         """The snapshot's sampling-only adapter set on ``module`` (built once, kept; its
         hooks detached: attach them around a forward)."""
         if snap.adapters is None:
-            adapters = inject_lora(module, settings=snap.settings, shape=shape)
+            # no initial draw: the snapshot's state is loaded into them right below
+            adapters = inject_lora(module, settings=snap.settings, shape=shape, initialize=False)
             adapters.detach()
             try:
                 for p in adapters.parameters():

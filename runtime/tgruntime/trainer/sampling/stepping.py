@@ -86,6 +86,7 @@ class ContinuousSamplingMixin:
     # puts the training weights back first (``_training_weights``, from ``_engine()``).
     _held: tuple[dict[str, torch.Tensor], contextlib.ExitStack] | None = None
     _in_chunk: bool = False
+    _adapter_s: float = 0.0  # a LoRA group's calls: seconds resolving requests' adapters
 
     def _training_weights(self) -> None:
         """Put the training weights back if a snapshot is held between sampling chunks;
@@ -283,6 +284,7 @@ class ContinuousSamplingMixin:
         """``sample_step`` on a LoRA group: each request with its own adapter, one batch."""
         assert slot_engine.lora is not None
         failed: dict[str, str] = {}
+        began = time.perf_counter()
         for request in admit:
             rid = str(request.get("id")) if isinstance(request, dict) else str(request)
             try:
@@ -290,13 +292,19 @@ class ContinuousSamplingMixin:
                 self._submit(engine, slot_engine, request, adapter)
             except (TypeError, *_RESOLVE_ERRORS) as exc:
                 failed[rid] = _message(exc)
+        self._adapter_s += time.perf_counter() - began
         try:
             with self._hooks_swapped(engine, None), slot_engine.lora.attached():
                 done = slot_engine.run(max_steps)
         except BaseException:
             slot_engine.reset()  # the rows' state is unknown now; the caller fails them
             raise
-        return {"finished": dict(done), "failed": failed, **slot_engine.info()}
+        return {
+            "finished": dict(done),
+            "failed": failed,
+            **slot_engine.info(),
+            "adapter_s": round(self._adapter_s, 4),
+        }
 
     def _request_adapter(
         self, engine: TrainEngine, request: Any, weights: str | None

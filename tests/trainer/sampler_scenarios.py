@@ -68,6 +68,7 @@ def pipeline_sampling(root: str, pipeline: int, tensor: int = 1) -> dict[str, An
     from tgruntime.trainer.engine import TrainEngine
     from tgruntime.trainer.hf_worker import export_hf_checkpoint
     from tgruntime.trainer.sampling import Sampler, SamplingParams
+    from tgruntime.trainer.sampling.generate import _whole_batch
 
     model: dict[str, Any] = {
         "numQueryGroups": 2,
@@ -85,6 +86,8 @@ def pipeline_sampling(root: str, pipeline: int, tensor: int = 1) -> dict[str, An
         )
         results = sampler.generate(prompts, params)
         alone = sampler.generate([prompts[1]], params)
+        # a row scope makes every row prefill its own prompt (no prefill shared by samples)
+        every_row = sampler.generate(prompts, params, scope=_whole_batch)
         path = f"{root}/hf"
         export_hf_checkpoint(engine, path=path)
         dist.barrier()
@@ -106,6 +109,7 @@ def pipeline_sampling(root: str, pipeline: int, tensor: int = 1) -> dict[str, An
             "rank": engine.mesh_info.rank,
             "results": results,
             "alone": alone,
+            "every_row": every_row,
             "reference": reference,
             "pp": sampler.decoder.pp_size,
             "graphs": sampler.cuda_graphs,

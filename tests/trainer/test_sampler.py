@@ -238,7 +238,8 @@ def test_sampling_under_pipeline_parallelism(tmp_path: Path) -> None:
     """Two pipeline stages: the first embeds and runs its layers, hands the hidden states to
     the second, which computes the logits and shares them; both ranks sample the same
     tokens, whose log-probs (and the prompt's) equal ``LlamaForCausalLM``'s on the exported
-    weights (1e-4, fp32), and a prompt sampled alone gets the tokens it got in the batch."""
+    weights (1e-4, fp32), and a prompt sampled alone gets the tokens it got in the batch.
+    Each prompt is prefilled once for its two samples; prefilling every row gives the same."""
     ranks = launch(
         sampler_scenarios.pipeline_sampling,
         world_size=2,
@@ -252,6 +253,15 @@ def test_sampling_under_pipeline_parallelism(tmp_path: Path) -> None:
     assert [q["tokens"] for q in alone] == [q["tokens"] for q in batched]
     for a, b in zip(alone, batched, strict=True):  # other batch shapes: last-bit rounding
         torch.testing.assert_close(torch.tensor(a["logprobs"]), torch.tensor(b["logprobs"]))
+    for shared, every in zip(first["results"], first["every_row"], strict=True):
+        assert [q["tokens"] for q in shared["sequences"]] == [
+            q["tokens"] for q in every["sequences"]
+        ]
+        for a, b in zip(shared["sequences"], every["sequences"], strict=True):
+            torch.testing.assert_close(torch.tensor(a["logprobs"]), torch.tensor(b["logprobs"]))
+        torch.testing.assert_close(
+            torch.tensor(shared["prompt_logprobs"][1:]), torch.tensor(every["prompt_logprobs"][1:])
+        )
     reference = iter(first["reference"])
     for res in first["results"]:
         plp = res["prompt_logprobs"]

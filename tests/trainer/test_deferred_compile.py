@@ -59,9 +59,12 @@ def test_the_decorator_with_options_and_non_functions() -> None:
 
 
 def hook_state() -> dict[str, Any]:
-    """In a launched rank (forked from the fork server that preloaded megatron-core)."""
+    """In a launched rank (forked from the fork server that preloaded megatron-core), after
+    importing the Ray worker's module, samplers included."""
     from megatron.core.fusions import fused_bias_swiglu
     from megatron.core.jit import jit_fuser
+
+    import tgruntime.trainer.worker  # noqa: F401
 
     return {
         "dynamo_loaded": "torch._dynamo" in sys.modules,

@@ -18,8 +18,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch._dynamo.exc
-import torch._inductor.exc
 
 from tgruntime.trainer.sampling.lean_layer import compile_wanted
 from tgruntime.trainer.sampling.noise import gumbel_noise, token_salts
@@ -70,7 +68,7 @@ def draw(
                 logits, z, temperature, keys, step, salts
             )
             return out
-        except _COMPILE_ERRORS as exc:
+        except _compile_errors() as exc:
             # the same tokens eagerly (tested bit for bit), only slower
             _BROKEN.append(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
             log.warning(
@@ -81,11 +79,20 @@ def draw(
     return _draw(logits, z, temperature, keys, step, salts)
 
 
-_INDUCTOR_ERROR = getattr(torch._inductor.exc, "InductorError", None)  # torch >= 2.7
-_COMPILE_ERRORS: tuple[type[Exception], ...] = (
-    torch._dynamo.exc.BackendCompilerFailed,
-    *((_INDUCTOR_ERROR,) if _INDUCTOR_ERROR is not None else ()),
-)
+def _compile_errors() -> tuple[type[Exception], ...]:
+    """What a failed compile raises. Imported here, where ``torch.compile`` already loaded
+    Dynamo and Inductor, not at this module's import: a worker that never compiles (the CPU
+    path) keeps starting without the compiler (docs/trainer.md, "CPU path and GPU path")."""
+    import torch._dynamo.exc
+    import torch._inductor.exc
+
+    inductor = getattr(torch._inductor.exc, "InductorError", None)  # torch >= 2.7
+    return (
+        torch._dynamo.exc.BackendCompilerFailed,
+        *((inductor,) if inductor is not None else ()),
+    )
+
+
 _BROKEN: list[str] = []  # why the compiled draw was given up (empty: it was not)
 
 

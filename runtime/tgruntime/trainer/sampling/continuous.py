@@ -496,10 +496,6 @@ class SlotEngine:
         end = start + m
         q = len(batch)  # prefill rows: slots [start, start + q), request i in slot start + i
         width = max(len(req.prompt) for req in batch)
-        padded = torch.zeros(q, width, dtype=torch.int64)
-        for i, req in enumerate(batch):
-            padded[i, : len(req.prompt)] = torch.tensor(req.prompt, dtype=torch.int64)
-        padded = padded.to(d.device)
         lens = [len(req.prompt) for req, _ in rows]
         of_row = [i for i, req in enumerate(batch) for _ in range(req.params.num_samples)]
         source = torch.tensor(of_row, dtype=torch.int64, device=d.device)
@@ -526,16 +522,12 @@ class SlotEngine:
         self._write_adapters(batch, each=False)  # slot start + i: request i's adapter
         span = _DeviceSpan(d.device)
         with self._scope(start, start + q):
-            hidden = d.prefill(padded, view)  # [W, q, h]
-            last = hidden[lengths - 1, torch.arange(q, device=d.device)]
-            logits = d.logits(last.unsqueeze(0))[0]
+            hidden, logits = d.prefill_prompts([req.prompt for req in batch], view)
         span.stop()
         for i, req in enumerate(batch):  # the map still has request i in slot start + i
             if req.params.prompt_logprobs or req.params.logprobs.scores_prompt:
                 req.scores = self._prompt_scores(hidden, i, req, start)
-        slots = source + start
-        for t in (*self.cache.keys, *self.cache.values):  # every sample's copy of its prompt
-            t[start:end, :, :width] = t[:, :, :width].index_select(0, slots)
+        self.cache.copy_rows(source + start, start=start, width=width)  # each sample's copy
         self._write_adapters(batch)  # each row's adapter in its own slot
         logits = logits.index_select(0, source)
         sub = RowSettings(
@@ -552,7 +544,7 @@ class SlotEngine:
             req.admitted_step = self.steps
         kw = topk_width([p.logprobs.topk_sample for p in params], vocab)
         topk = topk_rows(torch.log_softmax(logits, dim=-1), kw) if kw else None
-        del hidden, last, logits
+        del hidden, logits
         host = torch.stack((token.double(), logprob.double())).cpu().tolist()
         done: list[int] = []
         for i, (req, j) in enumerate(rows):

@@ -66,6 +66,21 @@ class KVCache:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
 
+    def strided(self, every: int) -> KVCache:
+        """A view of rows ``0, every, 2 * every, ...``."""
+        if every == 1:
+            return self
+        return KVCache(
+            keys=[k[::every] for k in self.keys], values=[v[::every] for v in self.values]
+        )
+
+    def copy_rows(self, source: torch.Tensor, *, start: int = 0, width: int) -> None:
+        """Rows ``[start, start + len(source))`` take the first ``width`` positions of rows
+        ``source``: a prompt prefilled once, copied to each of its samples' rows."""
+        end = start + int(source.numel())
+        for t in (*self.keys, *self.values):
+            t[start:end, :, :width] = t[:, :, :width].index_select(0, source)
+
 
 def unwrap_gpt(module: torch.nn.Module) -> Any:
     """The ``GPTModel`` inside megatron's DDP / Float16Module wrappers."""
@@ -285,6 +300,22 @@ class CachedDecoder:
         x = self._layers(x, lambda layer, h, i: self._attention_prefill(layer, h, cache, i, freqs))
         self._stage_output(x)
         return x
+
+    @torch.no_grad()
+    def prefill_prompts(
+        self, prompts: list[list[int]], cache: KVCache
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Right-pad ``prompts`` and prefill them into ``cache``'s first rows (one a prompt):
+        their hidden states ``[P, len(prompts), h]`` (P: the longest prompt) and each
+        prompt's last-token logits ``[len(prompts), V]``."""
+        width = max(len(p) for p in prompts)
+        padded = torch.zeros(len(prompts), width, dtype=torch.int64)
+        for i, p in enumerate(prompts):
+            padded[i, : len(p)] = torch.tensor(p, dtype=torch.int64)
+        lengths = torch.tensor([len(p) for p in prompts], dtype=torch.int64).to(self.device)
+        hidden = self.prefill(padded.to(self.device), cache)
+        last = hidden[lengths - 1, torch.arange(len(prompts), device=self.device)]
+        return hidden, self.logits(last.unsqueeze(0))[0]
 
     @torch.no_grad()
     def decode(self, tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> torch.Tensor:

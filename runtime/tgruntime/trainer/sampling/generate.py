@@ -263,12 +263,12 @@ class Sampler:
         # its other samples' rows, as the engine does (an RL group of 8 samples was 8
         # prefills of one prompt). Per-row adapters (``scope``) need each row's own prefill.
         shared = n > 1 and scope is None
-        hidden, logits = self._prefill(prompts if shared else rows, state, n if shared else 1)
+        every = n if shared else 1  # the prefill's rows: 0, n, 2n, ... (or all)
+        hidden, logits = d.prefill_prompts(prompts if shared else rows, state.cache.strided(every))
         if shared:
             logits = logits.repeat_interleave(n, dim=0)
             source = torch.arange(r_count, device=d.device).div(n, rounding_mode="floor") * n
-            for t in (*state.cache.keys, *state.cache.values):
-                t[:, :, :width] = t[:, :, :width].index_select(0, source)
+            state.cache.copy_rows(source, width=width)
         token, logprob = next_token(logits, state.keys, state.step.new_zeros(1), params)
         token = _agree(token, d.tp_size)
         state.out_tokens[:, 0] = token
@@ -331,27 +331,6 @@ class Sampler:
                 sequences.append(seq)
             results.append({"sequences": sequences, "prompt_logprobs": None, **scores[i]})
         return results
-
-    def _prefill(
-        self, prompts: list[list[int]], state: DecodeState, every: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Prefill right-padded ``prompts`` into the cache rows ``0, every, 2 * every, ...``:
-        their hidden states ``[P, len(prompts), h]`` and last-token logits
-        ``[len(prompts), V]``."""
-        d = self.decoder
-        width = max(len(p) for p in prompts)
-        padded = torch.zeros(len(prompts), width, dtype=torch.int64)
-        for i, p in enumerate(prompts):
-            padded[i, : len(p)] = torch.tensor(p, dtype=torch.int64)
-        lengths = torch.tensor([len(p) for p in prompts], dtype=torch.int64, device=d.device)
-        cache = state.cache
-        if every > 1:
-            cache = KVCache(
-                keys=[k[::every] for k in cache.keys], values=[v[::every] for v in cache.values]
-            )
-        hidden = d.prefill(padded.to(d.device), cache)
-        last = hidden[lengths - 1, torch.arange(len(prompts), device=d.device)]
-        return hidden, d.logits(last.unsqueeze(0))[0]
 
     @staticmethod
     def _scan(

@@ -84,6 +84,14 @@ def pipeline_sampling(root: str, pipeline: int, tensor: int = 1) -> dict[str, An
         params = SamplingParams.build(
             max_tokens=10, seed=11, num_samples=2, vocab_size=128, prompt_logprobs=True
         )
+        prefill_rows: list[int] = []  # the rows of each prefill forward
+        prefill = sampler.decoder.prefill
+
+        def counted(tokens: torch.Tensor, cache: Any) -> torch.Tensor:
+            prefill_rows.append(int(tokens.shape[0]))
+            return prefill(tokens, cache)
+
+        sampler.decoder.prefill = counted  # type: ignore[method-assign]
         results = sampler.generate(prompts, params)
         alone = sampler.generate([prompts[1]], params)
         # a row scope makes every row prefill its own prompt (no prefill shared by samples)
@@ -110,6 +118,7 @@ def pipeline_sampling(root: str, pipeline: int, tensor: int = 1) -> dict[str, An
             "results": results,
             "alone": alone,
             "every_row": every_row,
+            "prefill_rows": prefill_rows,
             "reference": reference,
             "pp": sampler.decoder.pp_size,
             "graphs": sampler.cuda_graphs,

@@ -253,6 +253,8 @@ def test_sampling_under_pipeline_parallelism(tmp_path: Path) -> None:
     assert [q["tokens"] for q in alone] == [q["tokens"] for q in batched]
     for a, b in zip(alone, batched, strict=True):  # other batch shapes: last-bit rounding
         torch.testing.assert_close(torch.tensor(a["logprobs"]), torch.tensor(b["logprobs"]))
+    # 3 prompts x 2 samples: one prompt a row, then 1 prompt alone, then every row (6)
+    assert first["prefill_rows"] == [3, 1, 6]
     for shared, every in zip(first["results"], first["every_row"], strict=True):
         assert [q["tokens"] for q in shared["sequences"]] == [
             q["tokens"] for q in every["sequences"]

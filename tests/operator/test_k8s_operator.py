@@ -323,14 +323,21 @@ def test_lifecycle_train_delete(
     assert st_trained["training"]["tokensPerSecond"] > 0 and st_trained["training"]["lastStepTime"]
     training_cond = {c["type"]: c for c in st_trained["conditions"]}["Training"]
     assert (training_cond["status"], training_cond["reason"]) == ("True", "StepsArriving")
-    # a settled, trained group writes no status on its health ticks (measured: writes/tick)
+    # a settled, trained group writes no status on its health ticks (measured: writes/tick).
+    # The API server shows the step-3 status before the operator's patch call returns and
+    # counts it; wait for the operator's own series (set after the count) before sampling.
+    labels = f'name="{name}",namespace="{ns}"'  # the exposition sorts label names
+    ks.wait_for(
+        lambda: f"trainergroup_training_step{{{labels}}} 3.0" in operator.metrics(),
+        timeout=30,
+        what="the operator to count its step-3 status write",
+    )
     writes_before = _sample(operator.metrics(), "tg_operator_status_writes_total")
     time.sleep(5 * HEALTH_INTERVAL_S)
     writes_after = _sample(operator.metrics(), "tg_operator_status_writes_total")
     print(f"status writes over 5 idle health ticks: {writes_after - writes_before:g}")
     assert writes_after == writes_before
     series = operator.metrics()
-    labels = f'name="{name}",namespace="{ns}"'  # the exposition sorts label names
     assert f"trainergroup_training_step{{{labels}}} 3.0" in series, series
     assert f'trainergroup_phase{{{labels},phase="Ready"}} 1.0' in series
 

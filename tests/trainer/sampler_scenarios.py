@@ -10,11 +10,40 @@ import torch
 from tests.trainer.scenarios import tiny_spec
 
 
+def _row_adapters(module: Any, spec: Any, position_embedding: str) -> Any:
+    """Two adapter sets (ranks 4 and 2, the second without MLP adapters, B drawn non-zero)
+    as one attached ``MultiLora`` whose rows 0, 1, 2 use set 1, set 2 and the base."""
+    from tgruntime.trainer.hf_weights import LlamaShape
+    from tgruntime.trainer.lora.inject import inject_lora
+    from tgruntime.trainer.lora.multi import MultiLora
+    from tgruntime.trainer.lora.settings import LoraSettings
+
+    shape = LlamaShape.from_model_spec(spec.model, position_embedding=position_embedding)
+    sets = []
+    for seed, settings in enumerate(
+        (LoraSettings(rank=4, alpha=8.0, seed=1), LoraSettings(rank=2, alpha=2.0, train_mlp=False))
+    ):
+        adapters = inject_lora(module, settings=settings, shape=shape)
+        adapters.detach()
+        noise = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, p in adapters.named_parameters():
+                if "lora_B" in name:
+                    p.copy_(torch.randn(p.shape, generator=noise) * 0.3)
+        sets.append(adapters)
+    multi = MultiLora(module, sets)
+    multi.set_rows([1, 2, 0])
+    multi.attach()
+    return multi
+
+
 def kv_cache_matches_full_forward(
-    position_embedding: str, extra: dict[str, Any] | None = None
+    position_embedding: str, extra: dict[str, Any] | None = None, lora: bool = False
 ) -> dict[str, Any]:
     """Max |logit difference| of prefill and cached decode against ``GPTModel.forward``,
-    and which decode path ran (``lean``: the plain-function layers; ``compiled``)."""
+    and which decode path ran (``lean``: the plain-function layers; ``compiled``;
+    ``path``: the decoder's last step). ``lora``: rows 0 and 1 with their own adapters
+    (:func:`_row_adapters`), the full forward through the same adapters' hooks."""
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
     from tgruntime.trainer.engine import TrainEngine
@@ -24,10 +53,13 @@ def kv_cache_matches_full_forward(
     model: dict[str, Any] = {"numQueryGroups": 2, **(extra or {})}
     if position_embedding == "rope":
         model["positionEmbedding"] = "rope"
-    engine = TrainEngine.create(spec=tiny_spec(world=1, **model))
+    spec = tiny_spec(world=1, **model)
+    engine = TrainEngine.create(spec=spec)
     try:
         module = engine.state.module
         decoder = CachedDecoder(module)
+        if lora:
+            _row_adapters(module, spec, position_embedding)
         b, s, p = 3, 20, 7
         ids = torch.randint(0, 128, (b, s), generator=torch.Generator().manual_seed(0))
         with torch.no_grad():
@@ -50,6 +82,7 @@ def kv_cache_matches_full_forward(
             "staggered": float((mixed - want).abs().max()),
             "scale": float(full.abs().max()),
             "lean": decoder.lean is not None,
+            "path": decoder.last_path,
             "compiled": decoder.lean is not None and decoder.lean.compiled,
             "kernel": kernel_applies(torch.empty(1, 1, 1, decoder.head_dim)),
         }

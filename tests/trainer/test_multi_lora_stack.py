@@ -31,6 +31,7 @@ from tgruntime.trainer.lora.adapters import (
 from tgruntime.trainer.lora.inject import LoraAdapters
 from tgruntime.trainer.lora.multi import MultiLora, StackedLinear
 from tgruntime.trainer.lora.settings import LoraSettings
+from tgruntime.trainer.sampling.lean_layer import _lora_out
 
 pytestmark = pytest.mark.megatron
 
@@ -193,6 +194,9 @@ def test_delta_equals_float64_reference_per_row(model: _Model, sets: list[LoraAd
         want = _reference(sets, name, x, SLOTS)
         assert got.shape == want.shape
         assert _rel_err(got, want) < REL, name
+        # the lean decode step's form: x A^T, the mask, the fused B (one token a row)
+        lean = _lora_out(x[0] @ linear.a.t(), linear.fused, multi.mask)
+        assert _rel_err(lean, want[0]) < REL, name
         for r, slot in enumerate(SLOTS):
             if slot == 0 or (name == "fc1" and slot == 2):
                 assert torch.equal(got[:, r], torch.zeros_like(got[:, r])), (name, r)
@@ -257,9 +261,10 @@ def test_column_mask_and_copies(model: _Model, sets: list[LoraAdapters]) -> None
         "v_proj": (8, 48),
     }
     expected = sum(
-        4 * (linear.a.numel() + sum(b.numel() for b in linear.b.values()))
+        4 * (linear.a.numel() + linear.fused.numel() + sum(b.numel() for b in linear.b.values()))
         for linear in multi.linears.values()
     )
+    assert qkv.fused.shape == (16 + 8 + 8, 3 * 48)  # every output over every key's columns
     assert multi.nbytes() == expected > 0
 
 
@@ -307,7 +312,11 @@ def test_refill_writes_new_sets_in_place_and_refuses_what_does_not_fit(
     slots past them; a set that does not fit changes nothing."""
     multi = MultiLora(model, sets[:2])  # ranks 4 and 8: 8 columns a slot, fc1 in slot 1 only
     addresses = {
-        name: (linear.a.data_ptr(), *(b.data_ptr() for b in linear.b.values()))
+        name: (
+            linear.a.data_ptr(),
+            linear.fused.data_ptr(),
+            *(b.data_ptr() for b in linear.b.values()),
+        )
         for name, linear in multi.linears.items()
     }
     fresh = [
@@ -319,11 +328,13 @@ def test_refill_writes_new_sets_in_place_and_refuses_what_does_not_fit(
     slots = [0, 2, 1, 2, 1, 0, 1, 2]
     multi.set_rows(slots)
     for name, linear in multi.linears.items():
-        assert (linear.a.data_ptr(), *(b.data_ptr() for b in linear.b.values())) == addresses[
-            name
-        ]
+        pointers = (linear.a.data_ptr(), linear.fused.data_ptr())
+        assert (*pointers, *(b.data_ptr() for b in linear.b.values())) == addresses[name]
         x = _input(name, len(slots))
-        assert _rel_err(linear.delta(x, multi.mask), _reference(fresh, name, x, slots)) < REL
+        want = _reference(fresh, name, x, slots)
+        assert _rel_err(linear.delta(x, multi.mask), want) < REL
+        lean = _lora_out(x[0] @ linear.a.t(), linear.fused, multi.mask)
+        assert _rel_err(lean, want[0]) < REL, name  # the fused B was refilled too
     # one set into two slots: slot 2 holds zeros, its rows get no delta
     assert multi.refill(sets[:1]) is None
     multi.set_rows([1, 2, 0])

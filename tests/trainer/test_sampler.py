@@ -192,6 +192,9 @@ _QWEN = {"positionEmbedding": "rope", "normalization": "RMSNorm", "activation": 
     ("positions", "extra", "env", "path"),
     [
         ("rope", {}, {}, "lean"),
+        ("rope", {**_QWEN, "lora": True}, {}, "lean+lora"),
+        ("rope", {**_QWEN, "lora": True}, {"TG_SAMPLER_COMPILE": "1"}, "compiled+lora"),
+        ("rope", {**_QWEN, "lora": True}, {"TG_SAMPLER_LEAN_LORA": "0"}, "modules+lora"),
         ("learned_absolute", {"normalization": "LayerNorm", "activation": "gelu"}, {}, "lean"),
         ("rope", {**_QWEN, "architecture": "qwen2"}, {}, "lean"),
         ("rope", {**_QWEN, "architecture": "qwen3"}, {"TG_SAMPLER_COMPILE": "1"}, "compiled"),
@@ -201,6 +204,9 @@ _QWEN = {"positionEmbedding": "rope", "normalization": "RMSNorm", "activation": 
     ],
     ids=[
         "rope",
+        "row-adapters",
+        "row-adapters-compiled",
+        "row-adapters-modules",
         "learned-layernorm-gelu",
         "qwen2-bias",
         "qwen3-qknorm-compiled",
@@ -221,15 +227,22 @@ def test_kv_cache_decode_equals_full_forward(
     Triton's interpreter, or the model's modules)."""
     for name, value in env.items():
         monkeypatch.setenv(name, value)
+    extra = dict(extra)
+    lora = bool(extra.pop("lora", False))
     (r,) = launch(
         sampler_scenarios.kv_cache_matches_full_forward,
         world_size=1,
-        kwargs={"position_embedding": positions, "extra": extra},
+        kwargs={"position_embedding": positions, "extra": extra, "lora": lora},
         timeout_s=600,
     )
     ran = "compiled" if r["compiled"] else "lean" if r["lean"] else "modules"
+    if r["path"] == "modules":
+        ran = "modules"
     if r["kernel"]:
         ran += "+kernel"
+    if lora:  # the lean layers' own per-row deltas, or the hooks through the modules
+        assert r["path"] in ("lean+lora", "modules"), r
+        ran += "+lora"
     assert ran == path, r
     assert r["prefill"] < 1e-5 and r["decode"] < 1e-5 and r["staggered"] < 1e-5, r
 

@@ -65,7 +65,7 @@ from megatron.core.tensor_parallel import (
 from tgruntime.trainer.lora.adapters import COLUMN, LinearLora
 from tgruntime.trainer.lora.inject import LoraAdapters
 
-__all__ = ["MultiLora", "StackedLinear", "column_mask"]
+__all__ = ["MultiLora", "StackHook", "StackedLinear", "column_mask"]
 
 
 def _part_key(hf_module: str) -> str:
@@ -127,6 +127,13 @@ class StackedLinear:
             )
             for key in self.keys
         }
+        # every key's B in the fused output layout, side by side over the keys' columns
+        # (zeros where a key's columns meet another key's outputs): the lean decode step's
+        # one GEMM for the whole delta (:meth:`fused_delta`)
+        outputs = sum(t.shape[0] for t in self.b.values())
+        self.fused = torch.zeros(
+            outputs, len(self.keys) * self.width, dtype=dtype, device=a0.device
+        )
         self.scaling: tuple[float, ...] = ()
         self.adapts: tuple[bool, ...] = ()
         self.fill(entries)
@@ -176,6 +183,20 @@ class StackedLinear:
                 self.a[row : row + entry.rank].copy_(entry.lora_A[key].detach())
                 col = (slot - 1) * self.rank
                 b_cat[:, col : col + entry.rank].copy_(entry.lora_B[key].detach())
+        self._fuse()
+
+    def _fuse(self) -> None:
+        """:attr:`fused` from :attr:`b`, in place: the combiner of the fused layout is linear
+        in its parts, so applying it to each key's ``B^T`` placed at that key's rows of an
+        otherwise zero matrix gives the fused ``B^T``."""
+        rows = len(self.keys) * self.width
+        pieces = []
+        for k, key in enumerate(self.keys):
+            b_key = self.b[key]
+            piece = torch.zeros(rows, b_key.shape[0], dtype=self.dtype, device=self.device)
+            piece[k * self.width : (k + 1) * self.width] = b_key.t()
+            pieces.append(piece)
+        self.fused.copy_(self.template._combine(pieces).t())
 
     def mask(self, slots: Sequence[int]) -> torch.Tensor:
         """The column mask of rows in ``slots`` with this linear's scalings, on its device
@@ -203,7 +224,7 @@ class StackedLinear:
         return self.template._combine(pieces)
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.a, *self.b.values()))
+        return sum(t.numel() * t.element_size() for t in (self.a, self.fused, *self.b.values()))
 
 
 def _model_dtype(module: torch.nn.Module, bases: Iterable[torch.nn.Module]) -> torch.dtype:
@@ -381,27 +402,39 @@ class MultiLora:
             handle.remove()
         self._handles.clear()
 
-    def _hook(self, linear: StackedLinear) -> Any:
-        def hook(
-            module: torch.nn.Module,
-            args: tuple[Any, ...],
-            kwargs: dict[str, Any],
-            output: Any,
-        ) -> Any:
-            x = args[0] if args else kwargs["input_"]
-            out, bias = output
-            mask = self.mask
-            if x.shape[1] != mask.shape[0]:
-                raise RuntimeError(
-                    f"multi-LoRA on {linear.name}: the batch has {x.shape[1]} rows, the row "
-                    f"map {mask.shape[0]} (set_rows / narrowed)"
-                )
-            delta = linear.delta(x, mask)
-            if delta.shape != out.shape:
-                raise RuntimeError(
-                    f"multi-LoRA on {linear.name}: the delta has shape {tuple(delta.shape)}, "
-                    f"the output {tuple(out.shape)}"
-                )
-            return out + delta.to(out.dtype), bias
+    def _hook(self, linear: StackedLinear) -> StackHook:
+        return StackHook(self, linear)
 
-        return hook
+
+class StackHook:
+    """The forward hook :class:`MultiLora` puts on one base linear: adds each row's delta.
+    A class, not a closure, so that the sampler's lean decode step can tell these hooks
+    from any other and compute the same delta itself (``sampling/lean_layer.py``)."""
+
+    def __init__(self, owner: MultiLora, linear: StackedLinear) -> None:
+        self.owner = owner
+        self.linear = linear
+
+    def __call__(
+        self,
+        module: torch.nn.Module,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        output: Any,
+    ) -> Any:
+        linear = self.linear
+        x = args[0] if args else kwargs["input_"]
+        out, bias = output
+        mask = self.owner.mask
+        if x.shape[1] != mask.shape[0]:
+            raise RuntimeError(
+                f"multi-LoRA on {linear.name}: the batch has {x.shape[1]} rows, the row "
+                f"map {mask.shape[0]} (set_rows / narrowed)"
+            )
+        delta = linear.delta(x, mask)
+        if delta.shape != out.shape:
+            raise RuntimeError(
+                f"multi-LoRA on {linear.name}: the delta has shape {tuple(delta.shape)}, "
+                f"the output {tuple(out.shape)}"
+            )
+        return out + delta.to(out.dtype), bias

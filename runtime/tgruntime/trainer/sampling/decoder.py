@@ -130,6 +130,7 @@ class CachedDecoder:
         ):
             raise NotImplementedError("the sampler's RoPE is non-interleaved over the full head")
         self.lean = self._lean(model)
+        self.last_path = ""  # the last decode step's layers: lean, lean+lora or modules
 
     def _lean(self, model: Any) -> LeanLayers | None:
         """The lean decode layers (``TG_SAMPLER_LEAN=0``: off), or None where the model
@@ -333,7 +334,9 @@ class CachedDecoder:
         span = torch.arange(cache.length, device=pos.device)
         mask = (span.unsqueeze(0) <= pos.unsqueeze(1)).view(b, 1, 1, cache.length)
         x = self._stage_input(lambda: self._embed(tokens.unsqueeze(1), pos.unsqueeze(1)), (1, b))
-        if self.lean is not None and self.lean.usable():
+        plan = False if self.lean is None else self.lean.plan()
+        self.last_path = "modules" if plan is False else "lean" if plan is True else "lean+lora"
+        if self.lean is not None and plan is not False:
             x = self.lean.run(
                 x[0],
                 cache.keys,
@@ -341,6 +344,7 @@ class CachedDecoder:
                 pos,
                 mask,
                 None if rope is None else (rope[0].view(b, -1), rope[1].view(b, -1)),
+                lora=None if plan is True else plan,
             ).unsqueeze(0)
         else:
             x = self._layers(

@@ -25,8 +25,19 @@ sampler's CUDA graphs.
 :func:`lean_support` says why a model cannot take this path (then the module path runs):
 norms other than PyTorch's RMSNorm/LayerNorm, sequence parallelism, fewer key/value groups
 than tensor-parallel ranks, gated attention output, megatron MLP options this function does
-not reproduce. Forward hooks on a layer's linears (LoRA adapters) are checked at every step
-by :meth:`LeanLayers.usable`: the hooks add deltas this function would skip.
+not reproduce. Forward hooks on a layer's modules are checked at every step by
+:meth:`LeanLayers.plan`: a hook adds to a module's output what these functions would skip,
+so any hook sends the step to the modules, except one kind. The per-row adapters of the
+continuous engine's LoRA stack (``lora.multi.StackHook``, one per adapted linear of one
+``MultiLora``) are computed here from the stack's own buffers: per adapted linear ``x A^T``
+(``[b, keys x width]``; every slot's columns), times the row mask (each row keeps its own
+slot's columns, scaled), times the fused ``B`` (``[out, keys x width]``, the combiner of the
+fused q/k/v or gate/up layout applied once when the stack is filled), added to the base
+linear's output; for a row-parallel linear the partial ``x A^T`` is summed over the tensor
+ranks first, as the hook does. Two small GEMMs and a multiply, fused with the rest of the
+layer when compiled, where the hooks ran the layer through its modules (about 2.7x the
+full-weight step on the seed shape, docs/sampling.md). ``TG_SAMPLER_LEAN_LORA=0`` sends
+LoRA steps to the modules again.
 """
 
 from __future__ import annotations
@@ -40,10 +51,18 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from tgruntime.trainer.lora.multi import StackedLinear, StackHook
 from tgruntime.trainer.sampling.decode_attention import decode_attention
 from tgruntime.trainer.sampling.rope import rotate
 
-__all__ = ["LayerShape", "LeanLayers", "lean_support", "post_attention", "pre_attention"]
+__all__ = [
+    "LayerShape",
+    "LeanLayers",
+    "LoraTerms",
+    "lean_support",
+    "post_attention",
+    "pre_attention",
+]
 
 
 def _norm(module: Any) -> tuple[str, float | None] | None:
@@ -142,13 +161,21 @@ def pre_attention(
     cos: torch.Tensor | None,
     sin: torch.Tensor | None,
     shape: LayerShape,
+    qkv_a: torch.Tensor | None = None,
+    qkv_f: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Norm, fused QKV (megatron's layout: per key/value group its query heads, then its key
-    and value), per-head q/k norms, non-interleaved RoPE at each row's own position.
-    ``x`` ``[b, h]`` -> query ``[b, g, q per group, d]``, key and value ``[b, g, d]``."""
+    and value) with its per-row LoRA delta (``qkv_a``, ``qkv_f``, ``mask``: the module
+    docstring; None: none), per-head q/k norms, non-interleaved RoPE at each row's own
+    position. ``x`` ``[b, h]`` -> query ``[b, g, q per group, d]``, key and value
+    ``[b, g, d]``."""
     b, d = x.shape[0], shape.head_dim
     per_group = shape.heads // shape.groups
-    qkv = F.linear(_apply_norm(x, *shape.norm, n1_w, n1_b), qkv_w, qkv_b)
+    h = _apply_norm(x, *shape.norm, n1_w, n1_b)
+    qkv = F.linear(h, qkv_w, qkv_b)
+    if qkv_a is not None and qkv_f is not None and mask is not None:
+        qkv = qkv + _lora_out(F.linear(h, qkv_a), qkv_f, mask)
     qkv = qkv.view(b, shape.groups, per_group + 2, d)
     q = qkv[:, :, :per_group]
     k = qkv[:, :, per_group]
@@ -175,26 +202,70 @@ def post_attention(
     fc2_b: torch.Tensor | None,
     shape: LayerShape,
     tp_group: Any,
+    proj_a: torch.Tensor | None = None,
+    proj_f: torch.Tensor | None = None,
+    fc1_a: torch.Tensor | None = None,
+    fc1_f: torch.Tensor | None = None,
+    fc2_a: torch.Tensor | None = None,
+    fc2_f: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Row-parallel projection (an all-reduce of the partial sums under tensor parallelism),
-    residual, pre-MLP norm, ``act(gate) * up`` (or ``act``), down projection, residual."""
-    x = x + _row_parallel(attn, proj_w, proj_b, tp_group)
-    u = F.linear(_apply_norm(x, *shape.norm, n2_w, n2_b), fc1_w, fc1_b)
+    residual, pre-MLP norm, ``act(gate) * up`` (or ``act``), down projection, residual; each
+    linear with its per-row LoRA delta where its ``*_a``/``*_f`` are given."""
+    x = x + _row_parallel(attn, proj_w, proj_b, tp_group, proj_a, proj_f, mask)
+    h = _apply_norm(x, *shape.norm, n2_w, n2_b)
+    u = F.linear(h, fc1_w, fc1_b)
+    if fc1_a is not None and fc1_f is not None and mask is not None:
+        u = u + _lora_out(F.linear(h, fc1_a), fc1_f, mask)
     if shape.gated:
         gate, up = torch.chunk(u, 2, dim=-1)
         u = shape.act(gate) * up
     else:
         u = shape.act(u)
-    return x + _row_parallel(u, fc2_w, fc2_b, tp_group)
+    return x + _row_parallel(u, fc2_w, fc2_b, tp_group, fc2_a, fc2_f, mask)
+
+
+def _lora_out(h: torch.Tensor, fused: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``h = x A^T`` ``[b, keys x width]`` -> each row's delta ``[b, out]``: the row's own
+    slot's columns kept and scaled (``mask`` ``[b, width]``, the same for every key), then the
+    fused ``B``."""
+    b, width = h.shape[0], mask.shape[-1]
+    kept = (h.view(b, -1, width) * mask.unsqueeze(1)).view(b, -1)
+    return F.linear(kept, fused)
 
 
 def _row_parallel(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, group: Any
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    group: Any,
+    lora_a: torch.Tensor | None = None,
+    lora_f: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     y = F.linear(x, weight)
+    h = None if lora_a is None else F.linear(x, lora_a)
     if group is not None:
         dist.all_reduce(y, group=group)
+        if h is not None:  # the partial x A^T of this rank's input columns, as the hook's
+            dist.all_reduce(h, group=group)
+    if h is not None and lora_f is not None and mask is not None:
+        y = y + _lora_out(h, lora_f, mask)
     return y if bias is None else y + bias
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraTerms:
+    """One step's per-row adapters for the lean layers: per layer the stacked adapters of
+    its QKV, projection, FC1 and FC2 (None: not adapted), and the row mask they share."""
+
+    linears: list[tuple[StackedLinear | None, ...]]
+    mask: torch.Tensor
+
+
+def _pair(linear: StackedLinear | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    return (None, None) if linear is None else (linear.a, linear.fused)
 
 
 class LeanLayers:
@@ -243,15 +314,53 @@ class LeanLayers:
                 layer.mlp.linear_fc2,
             )
         ]
+        self._linears = [
+            (
+                layer.self_attention.linear_qkv,
+                layer.self_attention.linear_proj,
+                layer.mlp.linear_fc1,
+                layer.mlp.linear_fc2,
+            )
+            for layer in layers
+        ]
         self.compiled = compile_wanted(device=device, tp=tp_group is not None)
         pair: tuple[Callable[..., Any], Callable[..., Any]] = (
             _compiled() if self.compiled else (pre_attention, post_attention)
         )
         self._pre, self._post = pair
 
-    def usable(self) -> bool:
-        """False while any layer module carries forward hooks (LoRA adapters add deltas)."""
-        return not any(m._forward_hooks or m._forward_pre_hooks for m in self._hooked)
+    def plan(self) -> LoraTerms | bool:
+        """Whether this step can run here: True with no hook on the layers' modules; the
+        :class:`LoraTerms` to add when the only hooks are one ``MultiLora``'s on the four
+        linears (module docstring); False for any other hook (the modules compute it)."""
+        if not any(m._forward_hooks or m._forward_pre_hooks for m in self._hooked):
+            return True
+        if os.environ.get("TG_SAMPLER_LEAN_LORA", "1") == "0":
+            return False
+        linear_ids = {id(m) for four in self._linears for m in four}
+        if any(
+            m._forward_pre_hooks or (m._forward_hooks and id(m) not in linear_ids)
+            for m in self._hooked
+        ):
+            return False
+        owners: dict[int, Any] = {}
+        linears: list[tuple[StackedLinear | None, ...]] = []
+        for four in self._linears:
+            found: list[StackedLinear | None] = []
+            for module in four:
+                hooks = list(module._forward_hooks.values())
+                if not hooks:
+                    found.append(None)
+                    continue
+                if len(hooks) > 1 or not isinstance(hooks[0], StackHook):
+                    return False
+                owners[id(hooks[0].owner)] = hooks[0].owner
+                found.append(hooks[0].linear)
+            linears.append(tuple(found))
+        if len(owners) != 1:
+            return False
+        (owner,) = owners.values()
+        return LoraTerms(linears=linears, mask=owner.mask)
 
     def run(
         self,
@@ -261,12 +370,17 @@ class LeanLayers:
         pos: torch.Tensor,
         mask: torch.Tensor,
         rope: tuple[torch.Tensor, torch.Tensor] | None,
+        lora: LoraTerms | None = None,
     ) -> torch.Tensor:
-        """Every layer over ``x`` ``[b, h]``; writes each row's key/value at ``pos[r]``."""
+        """Every layer over ``x`` ``[b, h]``; writes each row's key/value at ``pos[r]``;
+        adds ``lora``'s per-row deltas (:meth:`plan`)."""
         cos, sin = rope if rope is not None else (None, None)
         shape = self.shape
+        none: tuple[StackedLinear | None, ...] = (None, None, None, None)
+        rows = None if lora is None else lora.mask
         for index, layer in enumerate(self.layers):
             attn, mlp = layer.self_attention, layer.mlp
+            qkv, proj, fc1, fc2 = none if lora is None else lora.linears[index]
             q, k, v = self._pre(
                 x,
                 *_norm_tensors(layer.input_layernorm),
@@ -277,6 +391,8 @@ class LeanLayers:
                 cos,
                 sin,
                 shape,
+                *_pair(qkv),
+                rows,
             )
             out = decode_attention(q, k, v, keys[index], values[index], pos, shape.scale, mask=mask)
             x = self._post(
@@ -291,6 +407,10 @@ class LeanLayers:
                 mlp.linear_fc2.bias,
                 shape,
                 self.tp_group,
+                *_pair(proj),
+                *_pair(fc1),
+                *_pair(fc2),
+                rows,
             )
         return x
 

@@ -417,6 +417,7 @@ class SlotEngine:
             "run_s": round(self.run_s, 4),
             "prefill_s": round(self.prefill_s, 4),
             "host_s": round(self.host_s, 4),
+            "decode_path": self.decoder.last_path,  # lean, lean+lora or modules
             **(self.lora.info() if self.lora is not None else {}),
         }
 

@@ -351,3 +351,27 @@ def test_refill_writes_new_sets_in_place_and_refuses_what_does_not_fit(
     assert "one scaling per set" in str(multi.refill([odd]))
     assert multi.scaling == (0.0, 1.5, 0.0)
     assert all(torch.equal(linear.a, before[n]) for n, linear in multi.linears.items())
+
+
+def test_a_uniform_map_serves_any_row_count(model: _Model, sets: list[LoraAdapters]) -> None:
+    """``set_uniform``: one row map for every forward (a prompt's prefill of 1 row, its
+    samples' decode of 8), each row with that slot's delta, through the hooks and the lean
+    step's form."""
+    multi = MultiLora(model, sets)
+    multi.set_uniform(3)
+    for rows in (1, 3, 8):
+        x = _input("qkv", rows)
+        want = _reference(sets, "qkv", x, [3] * rows)
+        linear = multi.linears["qkv"]
+        assert _rel_err(linear.delta(x, multi.mask), want) < REL
+        assert _rel_err(_lora_out(x[0] @ linear.a.t(), linear.fused, multi.mask), want[0]) < REL
+    multi.attach()
+    try:
+        x = _input("qkv", 5)
+        assert multi.mask.shape[0] == 1
+        got = model.qkv(x)[0]
+    finally:
+        multi.detach()
+    assert _rel_err(got - model.qkv(x)[0], _reference(sets, "qkv", x, [3] * 5)) < REL
+    with pytest.raises(ValueError, match="slot 4 is outside"):
+        multi.set_uniform(4)

@@ -374,6 +374,15 @@ class MultiLora:
         self._full, self._full_mask = buffers
         self.index, self.mask = buffers
 
+    def set_uniform(self, slot: int) -> None:
+        """Every row of every forward uses ``slot``: a one-row map and mask that broadcast
+        over any batch (a one-shot call with one adapter for all its rows, whose prefill
+        runs one row a prompt and whose decode runs every sample). Not for :meth:`narrowed`.
+        """
+        if not 0 <= slot < self.slots:
+            raise ValueError(f"slot {slot} is outside [0, {self.slots})")
+        self.set_rows([slot])
+
     @contextlib.contextmanager
     def narrowed(self, start: int, stop: int) -> Iterator[None]:
         """Forwards inside the block run rows ``start:stop`` of the batch only."""
@@ -426,7 +435,7 @@ class StackHook:
         x = args[0] if args else kwargs["input_"]
         out, bias = output
         mask = self.owner.mask
-        if x.shape[1] != mask.shape[0]:
+        if x.shape[1] != mask.shape[0] and mask.shape[0] != 1:  # one row: every row's
             raise RuntimeError(
                 f"multi-LoRA on {linear.name}: the batch has {x.shape[1]} rows, the row "
                 f"map {mask.shape[0]} (set_rows / narrowed)"

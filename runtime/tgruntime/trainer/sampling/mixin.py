@@ -192,8 +192,7 @@ class SamplingMixin(ContinuousSamplingMixin):
             if weights is None:  # the active run's hooks are on
                 return sampler.generate(rows, params, hooks=engine.adapters)
             adapters = self._snapshot_adapters(engine, weights)
-            with self._hooks_swapped(engine, adapters):
-                return sampler.generate(rows, params, hooks=adapters)
+            return self._generate_one(engine, sampler, rows, params, weights, adapters)
         sampler, store = self._sampling()
         if weights is None:
             return sampler.generate(rows, params)
@@ -260,10 +259,11 @@ class SamplingMixin(ContinuousSamplingMixin):
         adapter_sets = [self._snapshot_adapters(engine, w) for w in names]  # refusals first
         sampler = self._sampler_for(engine)
         distinct = set(weights)
-        if len(distinct) == 1:  # one adapter (or none) for the whole batch: plain hooks
-            only = adapter_sets[0] if adapter_sets else None
-            with self._hooks_swapped(engine, only):
-                return sampler.generate(rows, params, hooks=only)
+        if len(distinct) == 1:  # one adapter (or none) for the whole batch
+            if not adapter_sets:
+                with self._hooks_swapped(engine, None):
+                    return sampler.generate(rows, params)
+            return self._generate_one(engine, sampler, rows, params, names[0], adapter_sets[0])
         # two or more entries, so at least one adapter: per-row deltas (slot 0: the base)
         multi = self._multi(unwrap_gpt(engine.state.module), names, adapter_sets)
         slot = {name: i + 1 for i, name in enumerate(names)}
@@ -273,10 +273,37 @@ class SamplingMixin(ContinuousSamplingMixin):
         with self._hooks_swapped(engine, multi):
             return sampler.generate(rows, params, scope=multi.narrowed, hooks=multi)
 
-    def _multi(self, module: Any, names: list[str], adapter_sets: list[LoraAdapters]) -> MultiLora:
+    def _generate_one(
+        self,
+        engine: TrainEngine,
+        sampler: Sampler,
+        rows: list[list[int]],
+        params: Any,
+        name: str,
+        adapters: LoraAdapters,
+    ) -> list[dict[str, Any]]:
+        """Every row with snapshot ``name``'s adapters: a one-slot stack with a uniform row
+        map, so that the decode step takes the lean layers with the stack's deltas (the
+        adapters' own hooks send it through the modules, about half the speed: docs/lora.md)
+        and the samples of a prompt still share its prefill (no row scope)."""
+        multi = self._multi(unwrap_gpt(engine.state.module), [name], [adapters], uniform=True)
+        multi.set_uniform(1)
+        with self._hooks_swapped(engine, multi):
+            return sampler.generate(rows, params, hooks=multi)
+
+    def _multi(
+        self,
+        module: Any,
+        names: list[str],
+        adapter_sets: list[LoraAdapters],
+        *,
+        uniform: bool = False,
+    ) -> MultiLora:
         """The stacked adapters of ``names`` (the last combination is kept until a snapshot
-        changes)."""
-        key = (tuple(names), self._adapter_store().version)
+        changes). ``uniform``: a stack of its own for :meth:`MultiLora.set_uniform` (CUDA
+        graphs are keyed by the stack: one captured over a uniform map must never replay
+        for a per-row one)."""
+        key = (tuple(names), self._adapter_store().version, uniform)
         cached = self._multi_cache
         if cached is not None and cached[0] == key:
             return cached[1]

@@ -10,9 +10,10 @@ import torch
 from tests.trainer.scenarios import tiny_spec
 
 
-def _row_adapters(module: Any, spec: Any, position_embedding: str) -> Any:
+def _row_adapters(module: Any, spec: Any, position_embedding: str, uniform: bool) -> Any:
     """Two adapter sets (ranks 4 and 2, the second without MLP adapters, B drawn non-zero)
-    as one attached ``MultiLora`` whose rows 0, 1, 2 use set 1, set 2 and the base."""
+    as one attached ``MultiLora`` whose rows 0, 1, 2 use set 1, set 2 and the base (every
+    row set 1 with ``uniform``: the one-row map of ``MultiLora.set_uniform``)."""
     from tgruntime.trainer.hf_weights import LlamaShape
     from tgruntime.trainer.lora.inject import inject_lora
     from tgruntime.trainer.lora.multi import MultiLora
@@ -32,18 +33,22 @@ def _row_adapters(module: Any, spec: Any, position_embedding: str) -> Any:
                     p.copy_(torch.randn(p.shape, generator=noise) * 0.3)
         sets.append(adapters)
     multi = MultiLora(module, sets)
-    multi.set_rows([1, 2, 0])
+    if uniform:
+        multi.set_uniform(1)
+    else:
+        multi.set_rows([1, 2, 0])
     multi.attach()
     return multi
 
 
 def kv_cache_matches_full_forward(
-    position_embedding: str, extra: dict[str, Any] | None = None, lora: bool = False
+    position_embedding: str, extra: dict[str, Any] | None = None, lora: str = ""
 ) -> dict[str, Any]:
     """Max |logit difference| of prefill and cached decode against ``GPTModel.forward``,
     and which decode path ran (``lean``: the plain-function layers; ``compiled``;
-    ``path``: the decoder's last step). ``lora``: rows 0 and 1 with their own adapters
-    (:func:`_row_adapters`), the full forward through the same adapters' hooks."""
+    ``path``: the decoder's last step). ``lora``: ``rows`` (rows 0 and 1 with their own
+    adapters) or ``uniform`` (every row with one), :func:`_row_adapters`; the full forward
+    through the same adapters' hooks."""
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
     from tgruntime.trainer.engine import TrainEngine
@@ -59,7 +64,7 @@ def kv_cache_matches_full_forward(
         module = engine.state.module
         decoder = CachedDecoder(module)
         if lora:
-            _row_adapters(module, spec, position_embedding)
+            _row_adapters(module, spec, position_embedding, uniform=lora == "uniform")
         b, s, p = 3, 20, 7
         ids = torch.randint(0, 128, (b, s), generator=torch.Generator().manual_seed(0))
         with torch.no_grad():

@@ -192,9 +192,10 @@ _QWEN = {"positionEmbedding": "rope", "normalization": "RMSNorm", "activation": 
     ("positions", "extra", "env", "path"),
     [
         ("rope", {}, {}, "lean"),
-        ("rope", {**_QWEN, "lora": True}, {}, "lean+lora"),
-        ("rope", {**_QWEN, "lora": True}, {"TG_SAMPLER_COMPILE": "1"}, "compiled+lora"),
-        ("rope", {**_QWEN, "lora": True}, {"TG_SAMPLER_LEAN_LORA": "0"}, "modules+lora"),
+        ("rope", {**_QWEN, "lora": "rows"}, {}, "lean+lora"),
+        ("rope", {**_QWEN, "lora": "rows"}, {"TG_SAMPLER_COMPILE": "1"}, "compiled+lora"),
+        ("rope", {**_QWEN, "lora": "uniform"}, {"TG_SAMPLER_COMPILE": "1"}, "compiled+lora"),
+        ("rope", {**_QWEN, "lora": "rows"}, {"TG_SAMPLER_LEAN_LORA": "0"}, "modules+lora"),
         ("learned_absolute", {"normalization": "LayerNorm", "activation": "gelu"}, {}, "lean"),
         ("rope", {**_QWEN, "architecture": "qwen2"}, {}, "lean"),
         ("rope", {**_QWEN, "architecture": "qwen3"}, {"TG_SAMPLER_COMPILE": "1"}, "compiled"),
@@ -206,6 +207,7 @@ _QWEN = {"positionEmbedding": "rope", "normalization": "RMSNorm", "activation": 
         "rope",
         "row-adapters",
         "row-adapters-compiled",
+        "one-adapter-uniform-map-compiled",
         "row-adapters-modules",
         "learned-layernorm-gelu",
         "qwen2-bias",
@@ -228,7 +230,7 @@ def test_kv_cache_decode_equals_full_forward(
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     extra = dict(extra)
-    lora = bool(extra.pop("lora", False))
+    lora = str(extra.pop("lora", ""))
     (r,) = launch(
         sampler_scenarios.kv_cache_matches_full_forward,
         world_size=1,

@@ -163,3 +163,49 @@ def pipeline_sampling(root: str, pipeline: int, tensor: int = 1) -> dict[str, An
         }
     finally:
         engine.shutdown()
+
+
+def compiled_variants() -> dict[str, Any]:
+    """The compiled decode functions' variants over a LoRA group's kinds of step (base rows,
+    per-row adapters, one adapter for every row), each at several batch sizes: Dynamo's
+    variant count per kind (its code object's cache entries)."""
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(1)
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    from tgruntime.trainer.engine import TrainEngine
+    from tgruntime.trainer.sampling import lean_layer
+    from tgruntime.trainer.sampling.decoder import CachedDecoder
+
+    spec = tiny_spec(world=1, numQueryGroups=2, positionEmbedding="rope")
+    engine = TrainEngine.create(spec=spec)
+    try:
+        module = engine.state.module
+        decoder = CachedDecoder(module)
+        multi = _row_adapters(module, spec, "rope", uniform=False)  # base frozen from here on
+        paths = []
+
+        def step(rows: int) -> None:
+            cache = decoder.allocate(rows, 12)
+            decoder.decode(torch.ones(rows, dtype=torch.int64), torch.full((rows,), 2), cache)
+            paths.append(decoder.last_path)
+
+        for rows in (2, 3, 5):
+            multi.set_rows([1, 2, 0, 1, 2][:rows])
+            step(rows)
+        multi.set_uniform(2)
+        for rows in (2, 3, 5):
+            step(rows)
+        multi.detach()
+        for rows in (2, 3, 5):
+            step(rows)
+        return {
+            "paths": paths,
+            "variants": {
+                kind: len(_debug_get_cache_entry_list(pair[0]._torchdynamo_orig_callable.__code__))
+                for kind, pair in lean_layer._COMPILED.items()
+            },
+            "limit": int(torch._dynamo.config.recompile_limit),
+        }
+    finally:
+        engine.shutdown()

@@ -249,6 +249,21 @@ def test_kv_cache_decode_equals_full_forward(
     assert r["prefill"] < 1e-5 and r["decode"] < 1e-5 and r["staggered"] < 1e-5, r
 
 
+def test_each_kind_of_lean_step_compiles_its_own_few_variants(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Base rows, per-row adapters and one adapter for every row, each at three batch
+    sizes, compiled: each kind keeps its own compiled variants (a static and a dynamic
+    batch), far from Dynamo's limit per code object, past which steps run uncompiled (one
+    pair for all kinds reached it in a LoRA group's life)."""
+    monkeypatch.setenv("TG_SAMPLER_COMPILE", "1")
+    (r,) = launch(sampler_scenarios.compiled_variants, world_size=1, timeout_s=600)
+    assert r["paths"] == ["lean+lora"] * 6 + ["lean"] * 3, r
+    assert sorted(r["variants"]) == ["base", "rows", "uniform"], r
+    assert all(1 <= n <= 3 for n in r["variants"].values()), r
+    assert r["limit"] >= 8, r
+
+
 def test_sampling_under_pipeline_parallelism(tmp_path: Path) -> None:
     """Two pipeline stages: the first embeds and runs its layers, hands the hidden states to
     the second, which computes the logits and shares them; both ranks sample the same

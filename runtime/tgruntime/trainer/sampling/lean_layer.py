@@ -324,10 +324,6 @@ class LeanLayers:
             for layer in layers
         ]
         self.compiled = compile_wanted(device=device, tp=tp_group is not None)
-        pair: tuple[Callable[..., Any], Callable[..., Any]] = (
-            _compiled() if self.compiled else (pre_attention, post_attention)
-        )
-        self._pre, self._post = pair
 
     def plan(self) -> LoraTerms | bool:
         """Whether this step can run here: True with no hook on the layers' modules; the
@@ -378,10 +374,14 @@ class LeanLayers:
         shape = self.shape
         none: tuple[StackedLinear | None, ...] = (None, None, None, None)
         rows = None if lora is None else lora.mask
+        pre, post = (pre_attention, post_attention)
+        if self.compiled:
+            kind = "base" if rows is None else "uniform" if rows.shape[0] == 1 else "rows"
+            pre, post = _compiled(kind)
         for index, layer in enumerate(self.layers):
             attn, mlp = layer.self_attention, layer.mlp
             qkv, proj, fc1, fc2 = none if lora is None else lora.linears[index]
-            q, k, v = self._pre(
+            q, k, v = pre(
                 x,
                 *_norm_tensors(layer.input_layernorm),
                 attn.linear_qkv.weight,
@@ -395,7 +395,7 @@ class LeanLayers:
                 rows,
             )
             out = decode_attention(q, k, v, keys[index], values[index], pos, shape.scale, mask=mask)
-            x = self._post(
+            x = post(
                 x,
                 out.reshape(x.shape[0], shape.heads * shape.head_dim),
                 attn.linear_proj.weight,
@@ -415,20 +415,57 @@ class LeanLayers:
         return x
 
 
-_COMPILED: list[tuple[Callable[..., Any], Callable[..., Any]]] = []
+# One pair of functions per kind of step, each its own code object: Dynamo keeps its compiled
+# variants per code object, at most ``recompile_limit`` (8) of them, and runs the plain function
+# for any call past that. One pair for every kind hit the limit in a LoRA group's life (batch 1,
+# a static and a dynamic batch, each with and without the stack's terms, a uniform map's
+# relation of mask rows to batch rows: measured on the CPU), after which the LoRA steps that
+# came last ran eagerly.
 
 
-def _compiled() -> tuple[Callable[..., Any], Callable[..., Any]]:
-    """The compiled pair, made once per process: every sampler of the process (the one-shot
-    path's, the continuous engine's, the warm-up's) shares the graphs Dynamo caches for it."""
-    if not _COMPILED:
-        _COMPILED.append(
-            (
-                torch.compile(pre_attention, fullgraph=True),
-                torch.compile(post_attention, fullgraph=True),
-            )
+def _pre_base(*args: Any) -> Any:
+    return pre_attention(*args)
+
+
+def _post_base(*args: Any) -> Any:
+    return post_attention(*args)
+
+
+def _pre_rows(*args: Any) -> Any:
+    return pre_attention(*args)
+
+
+def _post_rows(*args: Any) -> Any:
+    return post_attention(*args)
+
+
+def _pre_uniform(*args: Any) -> Any:
+    return pre_attention(*args)
+
+
+def _post_uniform(*args: Any) -> Any:
+    return post_attention(*args)
+
+
+_KINDS: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {
+    "base": (_pre_base, _post_base),  # no adapters
+    "rows": (_pre_rows, _post_rows),  # a LoRA stack, one mask row per batch row
+    "uniform": (_pre_uniform, _post_uniform),  # a LoRA stack's one-row (uniform) map
+}
+_COMPILED: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {}
+
+
+def _compiled(kind: str) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """The compiled pair of ``kind`` (:data:`_KINDS`), made once per process: every sampler
+    of the process (the one-shot path's, the continuous engine's, the warm-up's) shares the
+    graphs Dynamo caches for it."""
+    if kind not in _COMPILED:
+        pre, post = _KINDS[kind]
+        _COMPILED[kind] = (
+            torch.compile(pre, fullgraph=True),
+            torch.compile(post, fullgraph=True),
         )
-    return _COMPILED[0]
+    return _COMPILED[kind]
 
 
 def compile_wanted(*, device: torch.device, tp: bool) -> bool:

@@ -202,8 +202,8 @@ def compiled_variants() -> dict[str, Any]:
         return {
             "paths": paths,
             "variants": {
-                kind: len(_debug_get_cache_entry_list(pair[0]._torchdynamo_orig_callable.__code__))
-                for kind, pair in lean_layer._COMPILED.items()
+                kind: len(_debug_get_cache_entry_list(lean_layer._KINDS[kind][0].__code__))
+                for kind in lean_layer._COMPILED
             },
             "limit": int(torch._dynamo.config.recompile_limit),
         }

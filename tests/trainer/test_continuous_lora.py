@@ -149,6 +149,19 @@ def test_requests_for_different_adapters_decode_in_one_batch(client: TrainerClie
     assert moved > 1e-3, moved
 
 
+def test_one_shot_sampling_keeps_a_stack_per_snapshot(client: TrainerClient) -> None:
+    """``sample(weights=...)`` alternating between two snapshots builds one one-slot stack
+    each, then reuses them (CUDA graphs are keyed by the stack), with the same tokens."""
+    before = client.sampler_weights_info().result()
+    params = {"max_tokens": 6, "seed": 5, "num_samples": 2}
+    runs = [_alone(client, w, [3, 17, 42], params) for w in ("a-snap", "b-snap") * 2]
+    after = client.sampler_weights_info().result()
+    assert after["uniform_builds"] - before["uniform_builds"] <= 2, (before, after)
+    assert after["uniform_stacks"] >= 2, after
+    assert runs[0] == runs[2] and runs[1] == runs[3]
+    assert runs[0]["sequences"] != runs[1]["sequences"]  # the two adapters differ
+
+
 def test_sampled_logprobs_equal_compute_log_prob_under_the_adapter(
     client: TrainerClient,
 ) -> None:

@@ -31,12 +31,18 @@ from tgruntime.trainer.sampling.stepping import ContinuousSamplingMixin
 
 __all__ = ["SamplingMixin"]
 
+UNIFORM_STACKS = 4
+"""One-slot stacks kept for one-shot sampling from a snapshot (:meth:`SamplingMixin.
+_generate_one`): about twice the snapshot's adapter bytes each."""
+
 
 class SamplingMixin(ContinuousSamplingMixin):
     """Sampling group methods for a worker that owns a ``TrainEngine`` (continuous batching:
     ``ContinuousSamplingMixin``)."""
 
     _multi_cache: tuple[Any, MultiLora] | None = None  # the last multi-adapter stack, its key
+    _uniform_cache: dict[Any, MultiLora] | None = None  # one-slot stacks by (name, version)
+    _uniform_builds = 0  # one-slot stacks built (sampler_weights_info)
 
     def _engine(self) -> TrainEngine:  # MegatronTrainer provides the real one
         raise NotImplementedError
@@ -123,7 +129,8 @@ class SamplingMixin(ContinuousSamplingMixin):
         ``lora``, the settings)."""
         engine = self._engine()
         if engine.adapters is not None:
-            self._multi_cache = None  # a stack may hold the snapshot this name replaces
+            # a stack may hold the snapshot this name replaces
+            self._multi_cache = self._uniform_cache = None
             return self._adapter_store().save(
                 name,
                 engine.adapters,
@@ -140,7 +147,7 @@ class SamplingMixin(ContinuousSamplingMixin):
         """Forget the in-memory snapshot ``name`` (its files stay); False when unknown."""
         engine = self._engine()
         if engine.adapters is not None:
-            self._multi_cache = None
+            self._multi_cache = self._uniform_cache = None
             return self._adapter_store().drop(name)
         _, store = self._sampling()
         return store.drop(name)
@@ -148,10 +155,17 @@ class SamplingMixin(ContinuousSamplingMixin):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def sampler_weights_info(self) -> dict[str, Any]:
         """The sampler weights this rank holds in memory: ``names`` (saved or read),
-        ``loaded`` (read from directories: a bounded cache) and their ``bytes``."""
+        ``loaded`` (read from directories: a bounded cache) and their ``bytes``; on a LoRA
+        group also the one-slot stacks of one-shot snapshot sampling (``uniform_stacks``
+        kept, ``uniform_builds`` made)."""
         engine = self._engine()
         if engine.adapters is not None:
-            return {**self._adapter_store().resident(), "rank": engine.mesh_info.rank}
+            return {
+                **self._adapter_store().resident(),
+                "uniform_stacks": len(self._uniform_cache or {}),
+                "uniform_builds": self._uniform_builds,
+                "rank": engine.mesh_info.rank,
+            }
         _, store = self._sampling()
         return {**store.resident(), "rank": engine.mesh_info.rank}
 
@@ -285,25 +299,30 @@ class SamplingMixin(ContinuousSamplingMixin):
         """Every row with snapshot ``name``'s adapters: a one-slot stack with a uniform row
         map, so that the decode step takes the lean layers with the stack's deltas (the
         adapters' own hooks send it through the modules, about half the speed: docs/lora.md)
-        and the samples of a prompt still share its prefill (no row scope)."""
-        multi = self._multi(unwrap_gpt(engine.state.module), [name], [adapters], uniform=True)
-        multi.set_uniform(1)
+        and the samples of a prompt still share its prefill (no row scope). The last
+        :data:`UNIFORM_STACKS` snapshots' stacks are kept (CUDA graphs are keyed by the stack:
+        calls alternating between a few snapshots capture nothing again), apart from the
+        per-row stack (a graph captured over a uniform map must never replay for a per-row
+        one)."""
+        key = (name, self._adapter_store().version)
+        stacks = self._uniform_cache
+        if stacks is None or any(k[1] != key[1] for k in stacks):
+            stacks = self._uniform_cache = {}  # a snapshot changed: none is reused
+        multi = stacks.pop(key, None)
+        if multi is None:
+            while len(stacks) >= UNIFORM_STACKS:
+                stacks.pop(next(iter(stacks)))  # the least recently used
+            multi = MultiLora(unwrap_gpt(engine.state.module), [adapters])
+            multi.set_uniform(1)
+            self._uniform_builds += 1
+        stacks[key] = multi
         with self._hooks_swapped(engine, multi):
             return sampler.generate(rows, params, hooks=multi)
 
-    def _multi(
-        self,
-        module: Any,
-        names: list[str],
-        adapter_sets: list[LoraAdapters],
-        *,
-        uniform: bool = False,
-    ) -> MultiLora:
+    def _multi(self, module: Any, names: list[str], adapter_sets: list[LoraAdapters]) -> MultiLora:
         """The stacked adapters of ``names`` (the last combination is kept until a snapshot
-        changes). ``uniform``: a stack of its own for :meth:`MultiLora.set_uniform` (CUDA
-        graphs are keyed by the stack: one captured over a uniform map must never replay
-        for a per-row one)."""
-        key = (tuple(names), self._adapter_store().version, uniform)
+        changes)."""
+        key = (tuple(names), self._adapter_store().version)
         cached = self._multi_cache
         if cached is not None and cached[0] == key:
             return cached[1]

@@ -137,6 +137,7 @@ def test_requests_for_different_adapters_decode_in_one_batch(client: TrainerClie
         assert got[rid]["engine"]["admitted_step"] < first["finished_step"]
     assert infos[1]["active_rows"] == 3  # a0's two rows and b0's: two adapters in one batch
     assert last["adapters"] == 2 and last["adapter_rebuilds"] >= 2
+    assert last["decode_path"] == "lean+lora"  # the stack's deltas in the lean layers (TP=2)
     for rid, weights, prompt, params in REQUESTS:
         _assert_same(_alone(client, weights, prompt, params), got[rid])
     # the adapters matter (the comparison has teeth): a's rows are not the base's

@@ -370,6 +370,9 @@ def test_a_uniform_map_serves_any_row_count(model: _Model, sets: list[LoraAdapte
         x = _input("qkv", 5)
         assert multi.mask.shape[0] == 1
         got = model.qkv(x)[0]
+        multi.set_rows([3])  # a per-row map of one row is not a uniform one
+        with pytest.raises(RuntimeError, match="the batch has 5 rows, the row map 1"):
+            model.qkv(x)
     finally:
         multi.detach()
     assert _rel_err(got - model.qkv(x)[0], _reference(sets, "qkv", x, [3] * 5)) < REL

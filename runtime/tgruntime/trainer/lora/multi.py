@@ -129,7 +129,7 @@ class StackedLinear:
         }
         # every key's B in the fused output layout, side by side over the keys' columns
         # (zeros where a key's columns meet another key's outputs): the lean decode step's
-        # one GEMM for the whole delta (:meth:`fused_delta`)
+        # one GEMM for the whole delta (``sampling.lean_layer._lora_out``)
         outputs = sum(t.shape[0] for t in self.b.values())
         self.fused = torch.zeros(
             outputs, len(self.keys) * self.width, dtype=dtype, device=a0.device
@@ -319,6 +319,7 @@ class MultiLora:
         self._full_mask = torch.zeros(1, self.width, dtype=self.dtype, device=self._device)
         self.index = self._full
         self.mask = self._full_mask
+        self.uniform = False  # set_uniform: the one-row map serves a batch of any size
         self._handles: list[Any] = []
 
     def refill(self, sets: Sequence[LoraAdapters]) -> str | None:
@@ -371,17 +372,17 @@ class MultiLora:
             self._maps[len(values)] = buffers
         buffers[0].copy_(values)
         buffers[1].copy_(mask)
+        self.uniform = False
         self._full, self._full_mask = buffers
         self.index, self.mask = buffers
 
     def set_uniform(self, slot: int) -> None:
         """Every row of every forward uses ``slot``: a one-row map and mask that broadcast
         over any batch (a one-shot call with one adapter for all its rows, whose prefill
-        runs one row a prompt and whose decode runs every sample). Not for :meth:`narrowed`.
-        """
-        if not 0 <= slot < self.slots:
-            raise ValueError(f"slot {slot} is outside [0, {self.slots})")
+        runs one row a prompt and whose decode runs every sample). Not for :meth:`narrowed`;
+        :meth:`set_rows` ends it."""
         self.set_rows([slot])
+        self.uniform = True
 
     @contextlib.contextmanager
     def narrowed(self, start: int, stop: int) -> Iterator[None]:
@@ -435,7 +436,7 @@ class StackHook:
         x = args[0] if args else kwargs["input_"]
         out, bias = output
         mask = self.owner.mask
-        if x.shape[1] != mask.shape[0] and mask.shape[0] != 1:  # one row: every row's
+        if x.shape[1] != mask.shape[0] and not self.owner.uniform:
             raise RuntimeError(
                 f"multi-LoRA on {linear.name}: the batch has {x.shape[1]} rows, the row "
                 f"map {mask.shape[0]} (set_rows / narrowed)"

@@ -329,6 +329,7 @@ class SlotEngine:
         self.prefilled = 0  # prompts prefilled (one a request, whatever its num_samples)
         self.prefills = 0  # prefill forwards (one an admission, however many prompts)
         self.prefill_tokens = 0  # the prefills' padded prompt tokens
+        self.decode_path = ""  # lean, lean+lora or modules (the decoder is shared)
         self.prefill_device_s = 0.0  # the prefill forwards' GPU time (CUDA events; 0 elsewhere)
         # seconds inside ``run`` since the pool was made; of them, in prefills and in the
         # host's reading of windows' tokens (the GPU idles then; docs/sampling.md)
@@ -417,7 +418,7 @@ class SlotEngine:
             "run_s": round(self.run_s, 4),
             "prefill_s": round(self.prefill_s, 4),
             "host_s": round(self.host_s, 4),
-            "decode_path": self.decoder.last_path,  # lean, lean+lora or modules
+            "decode_path": self.decode_path,  # this engine's last traced step's layers
             **(self.lora.info() if self.lora is not None else {}),
         }
 
@@ -585,6 +586,7 @@ class SlotEngine:
         top-k width to record (0: none)."""
         with self._scope(0, b):
             logits = self.decoder.decode(self.tokens[:b], self.pos[:b], cache)
+        self.decode_path = self.decoder.last_path  # at capture or an eager step
         token, logprob = next_token_rows(logits, self.settings.narrow(b), top_k=top_k, top_p=top_p)
         token = _agree(token, self.decoder.tp_size)
         at = self.cursor

@@ -323,6 +323,7 @@ class LeanLayers:
             )
             for layer in layers
         ]
+        self._linear_ids = {id(m) for four in self._linears for m in four}
         self.compiled = compile_wanted(device=device, tp=tp_group is not None)
 
     def plan(self) -> LoraTerms | bool:
@@ -333,9 +334,8 @@ class LeanLayers:
             return True
         if os.environ.get("TG_SAMPLER_LEAN_LORA", "1") == "0":
             return False
-        linear_ids = {id(m) for four in self._linears for m in four}
         if any(
-            m._forward_pre_hooks or (m._forward_hooks and id(m) not in linear_ids)
+            m._forward_pre_hooks or (m._forward_hooks and id(m) not in self._linear_ids)
             for m in self._hooked
         ):
             return False
@@ -417,10 +417,9 @@ class LeanLayers:
 
 # One pair of functions per kind of step, each its own code object: Dynamo keeps its compiled
 # variants per code object, at most ``recompile_limit`` (8) of them, and runs the plain function
-# for any call past that. One pair for every kind hit the limit in a LoRA group's life (batch 1,
-# a static and a dynamic batch, each with and without the stack's terms, a uniform map's
-# relation of mask rows to batch rows: measured on the CPU), after which the LoRA steps that
-# came last ran eagerly.
+# for any call past that. Each kind takes about three (a first batch size, a second, then a
+# dynamic batch): the three kinds at three batch sizes make 9 (tests/trainer/test_sampler.py,
+# on the CPU), so with one pair for every kind the steps that came last ran uncompiled.
 
 
 def _pre_base(*args: Any) -> Any:

@@ -298,7 +298,8 @@ class SamplingMixin(ContinuousSamplingMixin):
     ) -> list[dict[str, Any]]:
         """Every row with snapshot ``name``'s adapters: a one-slot stack with a uniform row
         map, so that the decode step takes the lean layers with the stack's deltas (the
-        adapters' own hooks send it through the modules, about half the speed: docs/lora.md)
+        adapters' own hooks send it through the modules: on the seed shape the engine's LoRA
+        sampling took 1.96x as long that way, docs/tinker.md)
         and the samples of a prompt still share its prefill (no row scope). The last
         :data:`UNIFORM_STACKS` snapshots' stacks are kept (CUDA graphs are keyed by the stack:
         calls alternating between a few snapshots capture nothing again), apart from the

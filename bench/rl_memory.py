@@ -211,6 +211,8 @@ def main() -> int:
                     "copies": len(info["names"]),
                     "copy_gib": round(info["bytes"] / 2**30, 3),
                     "copy_bytes": info["bytes"],
+                    # one-shot snapshot sampling's one-slot stacks built so far (cumulative)
+                    "uniform_builds": info.get("uniform_builds"),
                     "save_s": round(t1 - t0, 3),
                     "sample_s": round(t_sampled - t1, 3),
                     "sample_tok_s": round(sampled / max(t_sampled - t1, 1e-9)),

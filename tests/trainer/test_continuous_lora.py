@@ -163,6 +163,36 @@ def test_one_shot_sampling_keeps_a_stack_per_snapshot(client: TrainerClient) -> 
     assert runs[0]["sequences"] != runs[1]["sequences"]  # the two adapters differ
 
 
+def test_a_new_snapshot_refills_a_one_shot_stack_in_place(client: TrainerClient) -> None:
+    """After a save (the store's version moves), a new snapshot's one-shot call takes a kept
+    stack and writes it in place (an RL loop's new snapshot every step builds nothing), and
+    samples as that snapshot's content does (the same tokens; log-probs within 1e-5):
+    ``c-snap`` is run b's current adapters, i.e. ``b-snap`` (rank 2, no MLP adapters), written
+    into a stack that held a's rank 4 with MLP adapters. A stale row of the old adapters, or
+    the old slot scaling, changes the tokens."""
+    params = {"max_tokens": 6, "seed": 5, "num_samples": 2}
+    want_a = _alone(client, "a-snap", [3, 17, 42], params)
+    want_b = _alone(client, "b-snap", [3, 17, 42], params)  # kept at the current version
+    client.use_run("b").result()
+    client.save_sampler_weights("c-snap").result()
+    try:
+        before = client.sampler_weights_info().result()
+        got_c = _alone(client, "c-snap", [3, 17, 42], params)
+        after = client.sampler_weights_info().result()
+        assert after["uniform_builds"] == before["uniform_builds"], (before, after)
+        assert after["uniform_refills"] == before["uniform_refills"] + 1, (before, after)
+        _assert_same(want_b, got_c)  # tokens; log-probs within 1e-5 (a wider stack's sums)
+        # b's own stack, filled at the old version: refilled
+        _assert_same(want_b, _alone(client, "b-snap", [3, 17, 42], params))
+        last = client.sampler_weights_info().result()
+        assert last["uniform_builds"] == after["uniform_builds"], (after, last)
+        assert last["uniform_refills"] == after["uniform_refills"] + 1, (after, last)
+        # a's rank 4 fits neither kept stack now (c took a's): a new one, the same samples
+        _assert_same(want_a, _alone(client, "a-snap", [3, 17, 42], params))
+    finally:
+        client.drop_sampler_weights("c-snap").result()
+
+
 def test_sampled_logprobs_equal_compute_log_prob_under_the_adapter(
     client: TrainerClient,
 ) -> None:

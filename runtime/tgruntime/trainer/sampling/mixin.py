@@ -28,21 +28,16 @@ from tgruntime.trainer.sampling.generate import Sampler
 from tgruntime.trainer.sampling.params import SamplingParams, check_prompts
 from tgruntime.trainer.sampling.snapshots import AdapterSnapshotStore, SnapshotStore
 from tgruntime.trainer.sampling.stepping import ContinuousSamplingMixin
+from tgruntime.trainer.sampling.uniform import UniformStacks
 
 __all__ = ["SamplingMixin"]
-
-UNIFORM_STACKS = 4
-"""One-slot stacks kept for one-shot sampling from a snapshot (:meth:`SamplingMixin.
-_generate_one`): about twice the snapshot's adapter bytes each."""
-
 
 class SamplingMixin(ContinuousSamplingMixin):
     """Sampling group methods for a worker that owns a ``TrainEngine`` (continuous batching:
     ``ContinuousSamplingMixin``)."""
 
     _multi_cache: tuple[Any, MultiLora] | None = None  # the last multi-adapter stack, its key
-    _uniform_cache: dict[Any, MultiLora] | None = None  # one-slot stacks by (name, version)
-    _uniform_builds = 0  # one-slot stacks built (sampler_weights_info)
+    _uniform: UniformStacks | None = None  # one-shot snapshot sampling's one-slot stacks
 
     def _engine(self) -> TrainEngine:  # MegatronTrainer provides the real one
         raise NotImplementedError
@@ -129,8 +124,9 @@ class SamplingMixin(ContinuousSamplingMixin):
         ``lora``, the settings)."""
         engine = self._engine()
         if engine.adapters is not None:
-            # a stack may hold the snapshot this name replaces
-            self._multi_cache = self._uniform_cache = None
+            # a stack may hold the snapshot this name replaces (one-slot stacks: refilled
+            # in place by the store's version, see UniformStacks)
+            self._multi_cache = None
             return self._adapter_store().save(
                 name,
                 engine.adapters,
@@ -147,7 +143,8 @@ class SamplingMixin(ContinuousSamplingMixin):
         """Forget the in-memory snapshot ``name`` (its files stay); False when unknown."""
         engine = self._engine()
         if engine.adapters is not None:
-            self._multi_cache = self._uniform_cache = None
+            self._multi_cache = None
+            self._uniform_stacks().forget(name)
             return self._adapter_store().drop(name)
         _, store = self._sampling()
         return store.drop(name)
@@ -157,13 +154,14 @@ class SamplingMixin(ContinuousSamplingMixin):
         """The sampler weights this rank holds in memory: ``names`` (saved or read),
         ``loaded`` (read from directories: a bounded cache) and their ``bytes``; on a LoRA
         group also the one-slot stacks of one-shot snapshot sampling (``uniform_stacks``
-        kept, ``uniform_builds`` made)."""
+        kept, ``uniform_builds`` made, ``uniform_refills`` written in place)."""
         engine = self._engine()
         if engine.adapters is not None:
             return {
                 **self._adapter_store().resident(),
-                "uniform_stacks": len(self._uniform_cache or {}),
-                "uniform_builds": self._uniform_builds,
+                "uniform_stacks": len(self._uniform_stacks()),
+                "uniform_builds": self._uniform_stacks().builds,
+                "uniform_refills": self._uniform_stacks().refills,
                 "rank": engine.mesh_info.rank,
             }
         _, store = self._sampling()
@@ -300,25 +298,22 @@ class SamplingMixin(ContinuousSamplingMixin):
         map, so that the decode step takes the lean layers with the stack's deltas (the
         adapters' own hooks send it through the modules: on the seed shape the engine's LoRA
         sampling took 1.96x as long that way, docs/tinker.md)
-        and the samples of a prompt still share its prefill (no row scope). The last
-        :data:`UNIFORM_STACKS` snapshots' stacks are kept (CUDA graphs are keyed by the stack:
-        calls alternating between a few snapshots capture nothing again), apart from the
-        per-row stack (a graph captured over a uniform map must never replay for a per-row
-        one)."""
-        key = (name, self._adapter_store().version)
-        stacks = self._uniform_cache
-        if stacks is None or any(k[1] != key[1] for k in stacks):
-            stacks = self._uniform_cache = {}  # a snapshot changed: none is reused
-        multi = stacks.pop(key, None)
-        if multi is None:
-            while len(stacks) >= UNIFORM_STACKS:
-                stacks.pop(next(iter(stacks)))  # the least recently used
-            multi = MultiLora(unwrap_gpt(engine.state.module), [adapters])
-            multi.set_uniform(1)
-            self._uniform_builds += 1
-        stacks[key] = multi
+        and the samples of a prompt still share its prefill (no row scope). The stacks are
+        kept and refilled in place (:class:`UniformStacks`): CUDA graphs are keyed by the
+        stack, so calls alternating between a few snapshots, or a new snapshot every RL
+        step, capture nothing again for the stack's sake. They are apart from the per-row
+        stack (a graph captured over a uniform map must never replay for a per-row one)."""
+        module = unwrap_gpt(engine.state.module)
+        multi = self._uniform_stacks().get(
+            module, name, self._adapter_store().version, adapters
+        )
         with self._hooks_swapped(engine, multi):
             return sampler.generate(rows, params, hooks=multi)
+
+    def _uniform_stacks(self) -> UniformStacks:
+        if self._uniform is None:
+            self._uniform = UniformStacks()
+        return self._uniform
 
     def _multi(self, module: Any, names: list[str], adapter_sets: list[LoraAdapters]) -> MultiLora:
         """The stacked adapters of ``names`` (the last combination is kept until a snapshot

@@ -372,6 +372,7 @@ def gpu_continuous_lora(gpu: bool = True) -> dict[str, Any]:
     from tgruntime.trainer.sampling.params import SamplingParams
     from tgruntime.trainer.sampling.pool import PoolSize
     from tgruntime.trainer.sampling.snapshots import AdapterSnapshotStore
+    from tgruntime.trainer.sampling.uniform import UniformStacks
     from tgruntime.trainer.settings import resolve_settings
 
     vocab = 512
@@ -490,6 +491,33 @@ def gpu_continuous_lora(gpu: bool = True) -> dict[str, Any]:
                 if hooks is not None:
                     hooks.detach()
 
+        # one-shot calls through one-slot stacks with a uniform row map (the service's
+        # sample(weights=snapshot) path), graphed where allowed; a new store version at every
+        # call, so each after the first refills a kept stack in place (b's rank 8 without
+        # MLP adapters into a's rank 16 stack, then a again, then a2)
+        stacks, one_shot = UniformStacks(), Sampler(module, cuda_graphs=gpu)
+        uniform: dict[str, Any] = {}
+        adapted = [a[:4] for a in arrivals if a[1] is not None] + later
+        for version, (rid, name, prompt, params) in enumerate(adapted):
+            multi = stacks.get(gpt, name, version, sets[name])
+            multi.attach()
+            try:
+                (uniform[rid],) = one_shot.generate([prompt], params, hooks=multi)
+            finally:
+                multi.detach()
+        out["uniform_path"] = one_shot.decoder.last_path
+        out["uniform_stacks"] = {"builds": stacks.builds, "refills": stacks.refills}
+        out["uniform_graphs"] = len(one_shot._graphs)
+        out["uniform_equals_alone"] = [
+            s["tokens"] == t["tokens"]
+            for rid, *_ in adapted
+            for s, t in zip(uniform[rid]["sequences"], alone[rid]["sequences"], strict=True)
+        ]
+        out["uniform_first_lp_diff"] = max(
+            abs(uniform[r]["sequences"][0]["logprobs"][0] - alone[r]["sequences"][0]["logprobs"][0])
+            for r, *_ in adapted
+        )
+
         def rows(results: dict[str, Any]) -> list[list[int]]:
             ids = [r for r, *_ in arrivals] + [r for r, *_ in later]
             return [s["tokens"] for r in ids for s in results[r]["sequences"]]
@@ -541,3 +569,10 @@ def test_gpu_graphs_over_per_row_adapters_survive_a_stack_rebuild() -> None:
     assert warmed["graphs"] == 6 and warmed["adapter_rebuilds"] == 1, warmed
     assert warmed["adapter_refills"] == 1, warmed
     assert all(r["prewarmed_equals_eager"]), r
+    # one-shot through one-slot stacks (uniform map): the lean step with the deltas, one
+    # stack built and refilled for b, a and a2, the same samples as each under its own hooks
+    assert r["uniform_path"] == "lean+lora", r
+    assert r["uniform_stacks"] == {"builds": 1, "refills": 3}, r
+    assert r["uniform_graphs"] > 0, r
+    assert sum(r["uniform_equals_alone"]) >= len(r["uniform_equals_alone"]) - 1, r
+    assert r["uniform_first_lp_diff"] < 0.1, r

@@ -3,7 +3,8 @@
 save_weights_and_get_sampling_client keeps an in-memory copy of the weights on every rank;
 the cookbook makes one per step. The copies a newer one supersedes are freed once nothing
 samples from them (service/sampler_weights.py), so the group's resident copies stay at one
-per model however long the run (TP=2 group, CPU, gloo)."""
+per model however long the run (TP=2 group, CPU, gloo). ``kind="inflight"`` clients make no
+copy at all."""
 
 from __future__ import annotations
 
@@ -68,3 +69,50 @@ def test_200_sampling_clients_keep_one_copy_resident(served: dict[str, Any]) -> 
     assert all(set(o) <= set(others[0]) for o in others), others
     assert max(held) <= held[0], held
     assert served["service"].ephemeral.resident() == 1
+
+
+def _seqs(sampler: Any, prompt: Any, params: Any) -> list[tuple[list[int], list[float]]]:
+    out = sampler.sample(prompt, num_samples=2, sampling_params=params).result(timeout=WAIT)
+    return [(list(s.tokens), list(s.logprobs)) for s in out.sequences]
+
+
+def _same(a: list[tuple[list[int], list[float]]], b: list[tuple[list[int], list[float]]]) -> None:
+    assert [t for t, _ in a] == [t for t, _ in b]
+    for (_, la), (_, lb) in zip(a, b, strict=True):
+        np.testing.assert_allclose(la, lb, atol=1e-5)
+
+
+def test_inflight_sampling_clients_follow_the_training_weights_with_no_copy(
+    served: dict[str, Any],
+) -> None:
+    """save_weights_and_get_sampling_client(kind="inflight") on a full-weight group: no copy
+    of the weights (the group's sampler weights are as before, however many saves), and every
+    inflight client of the model samples its current weights: after training steps, an older
+    inflight client gives what a snapshot of the new weights gives, and not what it gave
+    before."""
+    group = served["client"]
+    prompt = T.ModelInput.from_ints([5, 6, 7])
+    params = T.SamplingParams(max_tokens=4, temperature=1.0, seed=3, stop=[])
+    with tinker.ServiceClient(base_url=served["url"], api_key=served["key"]) as sc:
+        tc = sc.create_lora_training_client(base_model=served["base"], rank=4).result()
+        before = group.sampler_weights_info().result(timeout=WAIT)
+        first = tc.save_weights_and_get_sampling_client(kind="inflight").result(timeout=WAIT)
+        was = _seqs(first, prompt, params)
+        for _ in range(20):
+            tc.save_weights_and_get_sampling_client(kind="inflight").result(timeout=WAIT)
+        after = group.sampler_weights_info().result(timeout=WAIT)
+        assert (after["names"], after["bytes"]) == (before["names"], before["bytes"]), after
+        for _ in range(2):  # a high learning rate: the distribution moves
+            tc.forward_backward([_datum([4, 9, 3, 7, 5, 6])], "cross_entropy").result(
+                timeout=WAIT
+            )
+            tc.optim_step(T.AdamParams(learning_rate=5e-2)).result(timeout=WAIT)
+        now = _seqs(first, prompt, params)
+        newer = tc.save_weights_and_get_sampling_client(kind="inflight").result(timeout=WAIT)
+        snapshot = tc.save_weights_and_get_sampling_client().result(timeout=WAIT)
+        _same(now, _seqs(snapshot, prompt, params))
+        _same(now, _seqs(newer, prompt, params))
+        moved = max(
+            abs(x - y) for (_, la), (_, lb) in zip(was, now, strict=True) for x, y in zip(la, lb)
+        )
+        assert moved > 1e-3, (was, now)

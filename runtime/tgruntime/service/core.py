@@ -124,7 +124,7 @@ class ServiceCore:
     async def drop_own_copies(self, timeout_s: float = 30.0) -> None:
         """At shutdown: free the in-memory sampler copies this server made (a graceful stop
         leaves the group as it found it). Bounded: a dead group does not hold the stop."""
-        names = sorted(set(self.ephemeral.newest.values()) | self.ephemeral.superseded)
+        names = sorted(self.ephemeral.names())
         self.ephemeral = EphemeralWeights()
 
         async def drop() -> None:
@@ -182,7 +182,7 @@ class ServiceCore:
     def _ephemeral_orphans(self) -> list[str]:
         """The in-memory copies of models retired or forgotten meanwhile (to drop)."""
         drops: list[str] = []
-        for other in list(self.ephemeral.newest):
+        for other in self.ephemeral.models():
             m = self.registry.models.get(other)
             if m is None or m.retired is not None:
                 drops += self.ephemeral.forget_model(other)
@@ -196,7 +196,7 @@ class ServiceCore:
         gone = self.registry.expire(held)
         self.stability.forget_sessions(set(gone))
         drops: list[str] = []
-        for other in list(self.ephemeral.newest):  # only models forgotten, not just retired
+        for other in self.ephemeral.models():  # only models forgotten, not just retired
             if other not in self.registry.models:
                 drops += self.ephemeral.forget_model(other)
         self._drop_weights(drops)
@@ -333,7 +333,7 @@ class ServiceCore:
         """The principal's sampling sessions that still sample: of a live session, and not on
         in-memory weights already freed (an RL loop's older save_weights_and_get_sampling_client
         copies do not count)."""
-        resident = set(self.ephemeral.newest.values()) | self.ephemeral.superseded
+        resident = self.ephemeral.names()
         n = 0
         for ss in self.registry.samplers.values():
             if ss.owner != who:

@@ -8,6 +8,15 @@ group). A later request on a dropped copy is refused with what happened and what
 written to disk (``save_weights_for_sampler(name)``) is not managed here: it stays sampleable
 by its path.
 
+``save_weights_and_get_sampling_client(kind="inflight")`` makes no copy per call: every
+inflight sampling client of a model samples the model's current weights. On a full-weight group
+those are the training weights themselves (the session's weights are None: nothing is copied);
+on a LoRA group they are the run's adapters written at each inflight save into one target per
+model, ``<model_id>/ephemeral/inflight`` (:func:`inflight_name`; one adapter's bytes, whatever
+the count of saves, since a run's live adapters leave the model's hooks while another run
+trains). The target is never superseded by a save, snapshot or inflight; it goes with its
+model.
+
 Pure bookkeeping: the caller sends the drops this returns to the group.
 """
 
@@ -18,7 +27,12 @@ from dataclasses import dataclass, field
 
 from tgapi.errors import PicklableError
 
-__all__ = ["EphemeralWeights", "FreedWeights"]
+__all__ = ["EphemeralWeights", "FreedWeights", "inflight_name"]
+
+
+def inflight_name(model_id: str) -> str:
+    """The one in-memory target of ``model_id``'s inflight sampling clients (a LoRA group)."""
+    return f"{model_id}/ephemeral/inflight"
 
 
 class FreedWeights(PicklableError, LookupError):
@@ -32,6 +46,19 @@ class EphemeralWeights:
     superseded: set[str] = field(default_factory=set)  # replaced, not yet dropped
     freed: dict[str, str] = field(default_factory=dict)  # dropped copy -> the model's newer one
     max_freed: int = 4096  # names remembered for the refusal's message (oldest forgotten)
+    inflight: dict[str, str] = field(default_factory=dict)  # model id -> its inflight target
+
+    def inflight_saved(self, model_id: str, weights: str) -> None:
+        """``model_id`` wrote its inflight target ``weights`` (in place: nothing to drop)."""
+        self.inflight[model_id] = weights
+
+    def models(self) -> set[str]:
+        """The models with an in-memory copy or an inflight target."""
+        return set(self.newest) | set(self.inflight)
+
+    def names(self) -> set[str]:
+        """The in-memory copies and targets the group holds that this bookkeeping knows of."""
+        return set(self.newest.values()) | self.superseded | set(self.inflight.values())
 
     def saved(self, model_id: str, weights: str) -> list[str]:
         """``model_id`` made the copy ``weights``: the copies to drop now."""
@@ -67,16 +94,18 @@ class EphemeralWeights:
         return self._droppable(weights, newer=None)
 
     def forget_model(self, model_id: str) -> list[str]:
-        """The model is gone (its session ended): its newest copy goes too, once idle."""
-        old = self.newest.pop(model_id, None)
-        if old is None:
-            return []
-        self.superseded.add(old)
-        return self._droppable(old, newer=None)
+        """The model is gone (its session ended): its newest copy and its inflight target go
+        too, once idle."""
+        drops: list[str] = []
+        for old in (self.newest.pop(model_id, None), self.inflight.pop(model_id, None)):
+            if old is not None:
+                self.superseded.add(old)
+                drops += self._droppable(old, newer=None)
+        return drops
 
     def resident(self) -> int:
         """Copies the group holds that this bookkeeping knows of."""
-        return len(self.newest) + len(self.superseded)
+        return len(self.names())
 
     def _droppable(self, weights: str, *, newer: str | None) -> list[str]:
         if weights not in self.superseded or self.pending[weights] > 0:

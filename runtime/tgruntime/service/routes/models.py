@@ -25,6 +25,7 @@ from tgruntime.service.datum import forward_loss, metrics, outputs, to_tensors
 from tgruntime.service.futures import Outcome
 from tgruntime.service.paths import check_metadata, check_ttl
 from tgruntime.service.runs import RunState
+from tgruntime.service.sampler_weights import inflight_name
 from tgruntime.service.sessions import Model, ServiceError
 from tgruntime.service.soft_targets import fold, soft_widths
 from tgruntime.service.stability import stability_inputs
@@ -422,8 +423,11 @@ class ModelRoutes(ServiceCore):
         self._admit(model.owner, model, body.get("seq_id"))
         name = body.get("path")
         ttl, meta = check_ttl(body.get("ttl_seconds")), check_metadata(body.get("user_metadata"))
+        inflight = _inflight_kind(body.get("kind"), name)
 
         def prepare() -> Callable[[], Awaitable[Outcome]]:
+            if inflight:
+                return self._publish_inflight(model)
             if name:
                 d = self.paths.directory(
                     model.owner, model.model_id, "sampler_weights", str(name)
@@ -457,6 +461,35 @@ class ModelRoutes(ServiceCore):
 
         rid = self._ordered(model, body.get("seq_id"), prepare)
         return web.json_response({"request_id": rid, "model_id": model.model_id})
+
+    def _publish_inflight(self, model: Model) -> Callable[[], Awaitable[Outcome]]:
+        """``save_weights_and_get_sampling_client(kind="inflight")``: a new sampling session on
+        the model's current weights, no copy per call (service/sampler_weights.py). A
+        full-weight group samples the training weights themselves: the group call is only the
+        barrier behind the model's earlier calls, so that the save completes once they did. A
+        LoRA group writes the run's adapters into the model's one inflight target."""
+        if self.lora is None:
+            weights: str | None = None
+            future = self.backend.client.sampler_weights_info()  # ordered behind the step
+        else:
+            weights = inflight_name(model.model_id)
+            future = self.backend.client.save_sampler_weights(weights, None)
+
+        async def wait() -> Outcome:
+            await self.backend.wait(future)
+            if weights is not None:
+                self.ephemeral.inflight_saved(model.model_id, weights)
+            ss = self._new_sampler(model.session_id, weights, None, model.owner)
+            _json_log("publish_inflight", model_id=model.model_id, weights=weights)
+            return Outcome(
+                body={
+                    "type": "save_weights_for_sampler",
+                    "path": None,
+                    "sampling_session_id": ss.sampling_session_id,
+                }
+            )
+
+        return wait
 
     async def load_weights(self, request: web.Request) -> web.Response:
         body = await self._body(request)
@@ -538,3 +571,21 @@ class ModelRoutes(ServiceCore):
                 f"{uri} is a full-weight state; this group trains LoRA runs (spec.lora): load it "
                 "into a full-weight group, or start a run from the base with create_model"
             )
+
+
+def _inflight_kind(kind: Any, name: Any) -> bool:
+    """Whether a ``save_weights_for_sampler`` request publishes inflight weights (the SDK's
+    ``kind``: ``"snapshot"``, the default, or ``"inflight"``)."""
+    if kind is None or kind == "snapshot":
+        return False
+    if kind != "inflight":
+        raise ServiceError(
+            f"kind must be 'snapshot' (fixed weights) or 'inflight' (the model's current "
+            f"weights, shared by its inflight sampling clients), not {kind!r}"
+        )
+    if name:
+        raise ServiceError(
+            "kind='inflight' takes no path: inflight weights live in memory only; save named "
+            "weights with save_weights_for_sampler(name) (kind 'snapshot')"
+        )
+    return True

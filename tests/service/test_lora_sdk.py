@@ -327,3 +327,42 @@ def test_sampling_from_runs_and_base_in_one_batch(lora_served: dict[str, Any]) -
             np.testing.assert_allclose(lp_together, lp_alone, atol=1e-4)
     assert len(admitted) == 1 and len(set(admitted[0])) == 3, admitted  # one call, 3 weights
     assert sched.overflowed == 0
+
+
+def test_inflight_clients_of_a_run_share_one_target_that_follows_it(
+    lora_served: dict[str, Any],
+) -> None:
+    """kind="inflight" on a LoRA group: each save writes the run's adapters into the model's
+    one target (one in-memory name per model, however many saves), and an older inflight
+    client samples the run's newest saved adapters; another run's training on the group does
+    not reach it."""
+    base = lora_served["base"]
+    group = lora_served["client"]
+    prompt = T.ModelInput.from_ints([5, 6, 7, 8])
+    params = T.SamplingParams(max_tokens=6, temperature=1.0, seed=11, stop=[])
+    with _sc(lora_served) as sc:
+        tc = sc.create_lora_training_client(base_model=base, rank=8, seed=3).result()
+        other = sc.create_lora_training_client(base_model=base, rank=8, seed=4).result()
+        first = tc.save_weights_and_get_sampling_client(kind="inflight").result(timeout=WAIT)
+        was = _seqs(first.sample(prompt, 2, params))
+        for _ in range(3):  # a high learning rate: the adapters move the distribution
+            tc.forward_backward(_batch(0), "cross_entropy").result(timeout=WAIT)
+            tc.optim_step(T.AdamParams(learning_rate=5e-2)).result(timeout=WAIT)
+        assert not _differ(was, _seqs(first.sample(prompt, 2, params)))  # not saved yet
+        for _ in range(5):
+            newer = tc.save_weights_and_get_sampling_client(kind="inflight").result(timeout=WAIT)
+        other.forward_backward(_batch(1), "cross_entropy").result(timeout=WAIT)
+        other.optim_step(T.AdamParams(learning_rate=5e-2)).result(timeout=WAIT)
+        now = _seqs(first.sample(prompt, 2, params))
+        saved = tc.save_weights_and_get_sampling_client().result(timeout=WAIT)
+        snapshot = _seqs(saved.sample(prompt, 2, params))
+        assert _differ(was, now), (was, now)
+        for got in (now, _seqs(newer.sample(prompt, 2, params))):
+            assert [t for t, _ in got] == [t for t, _ in snapshot]
+            for (_, a), (_, b) in zip(got, snapshot, strict=True):
+                np.testing.assert_allclose(a, b, atol=1e-5)
+        names = group.sampler_weights_info().result(timeout=WAIT)["names"]
+        mine = sorted(n for n in names if n.startswith(f"{tc.model_id}/"))
+        # the snapshot's copy and the one inflight target, after six inflight saves
+        assert len(mine) == 2 and f"{tc.model_id}/ephemeral/inflight" in mine, names
+        assert not [n for n in names if n.startswith(f"{other.model_id}/")], names

@@ -113,6 +113,8 @@ def test_inflight_sampling_clients_follow_the_training_weights_with_no_copy(
         _same(now, _seqs(snapshot, prompt, params))
         _same(now, _seqs(newer, prompt, params))
         moved = max(
-            abs(x - y) for (_, la), (_, lb) in zip(was, now, strict=True) for x, y in zip(la, lb)
+            abs(x - y)
+            for (_, la), (_, lb) in zip(was, now, strict=True)
+            for x, y in zip(la, lb, strict=True)  # max_tokens each, no stop
         )
         assert moved > 1e-3, (was, now)

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from tgruntime.service.sampler_weights import EphemeralWeights, FreedWeights
+from tgruntime.service.routes.models import _inflight_kind
+from tgruntime.service.sampler_weights import EphemeralWeights, FreedWeights, inflight_name
+from tgruntime.service.sessions import ServiceError
 
 A1, A2, A3 = "m1/ephemeral/0", "m1/ephemeral/1", "m1/ephemeral/2"
 B1 = "m2/ephemeral/0"
@@ -64,3 +66,42 @@ def test_the_freed_names_kept_for_messages_are_bounded() -> None:
     for i in range(10):
         e.saved("m1", f"m1/ephemeral/{i}")
     assert len(e.freed) == 3 and "m1/ephemeral/8" in e.freed
+
+
+def test_the_inflight_target_outlives_every_save_and_goes_with_its_model() -> None:
+    e = EphemeralWeights()
+    target = inflight_name("m1")
+    assert target == "m1/ephemeral/inflight"
+    e.inflight_saved("m1", target)
+    assert e.saved("m1", A1) == []  # a snapshot save does not supersede the target
+    e.inflight_saved("m1", target)  # written in place again
+    assert e.saved("m1", A2) == [A1]
+    assert e.names() == {A2, target} and e.resident() == 2 and e.models() == {"m1"}
+    e.begin(target)
+    assert sorted(e.forget_model("m1")) == [A2]  # the target is in use: freed at its end
+    assert e.end(target) == [target]
+    assert e.resident() == 0 and e.models() == set()
+    with pytest.raises(FreedWeights, match="its session ended"):
+        e.begin(target)
+
+
+@pytest.mark.parametrize(
+    ("kind", "name", "want"),
+    [(None, None, False), ("snapshot", "s0", False), ("inflight", None, True)],
+)
+def test_the_save_kinds(kind: str | None, name: str | None, want: bool) -> None:
+    assert _inflight_kind(kind, name) is want
+
+
+@pytest.mark.parametrize(
+    ("kind", "name", "message"),
+    [
+        ("live", None, "kind must be 'snapshot' .* or 'inflight' .*, not 'live'"),
+        ("inflight", "s0", "kind='inflight' takes no path"),
+    ],
+)
+def test_bad_save_kinds_are_refused_naming_the_field(
+    kind: str, name: str | None, message: str
+) -> None:
+    with pytest.raises(ServiceError, match=message):
+        _inflight_kind(kind, name)

@@ -94,6 +94,8 @@ def main() -> int:
     ap.add_argument("--big-vs-train", action="store_true",
                     help="after the big call, train_step (train_model's path) on the same "
                          "tokens as dense rows of --big-len, through the group's TrainerClient")
+    ap.add_argument("--kind", default="snapshot", choices=["snapshot", "inflight"],
+                    help="save_weights_and_get_sampling_client's kind (inflight: no copy)")
     ap.add_argument("--lora", type=int, default=0,
                     help="a LoRA group (spec.lora, alpha = rank), runs of this rank; 0: full")
     ap.add_argument("--time-limit", type=float, default=0,
@@ -137,7 +139,7 @@ def main() -> int:
                           flush=True)
                     break
                 t0 = time.perf_counter()
-                sampler = tc.save_weights_and_get_sampling_client().result()
+                sampler = tc.save_weights_and_get_sampling_client(kind=args.kind).result()
                 samples = served.running.service.samples
                 calls0, call_s0, worker_s0 = samples.calls, samples.call_s, samples.worker_s
                 engine0 = samples.engine

@@ -263,3 +263,24 @@ def test_runs_per_principal_refused_through_the_future_nothing_half_created(
         assert out.get("model_id") == b_run and b_run in service.lora.runs
 
     _http(service, main)
+
+
+def test_a_models_inflight_clients_count_once_against_the_sampling_sessions(
+    tmp_path: Path,
+) -> None:
+    """An RL loop of kind="inflight" saves makes a sampling session a step, all on the model's
+    one shared weights: they count as one live session, each snapshot client as its own."""
+    from tgruntime.service.sampler_weights import inflight_name
+
+    service = _service(tmp_path, Limits(max_sampling_sessions=3))
+    sid = service.registry.new_session([], None, "team-a").session_id
+    service.ephemeral.inflight_saved("m1", inflight_name("m1"))
+    for _ in range(5):
+        service._new_sampler(sid, None, None, "team-a", inflight=True)  # full weights
+        service._new_sampler(sid, inflight_name("m1"), None, "team-a", inflight=True)  # LoRA
+    assert service._live_samplers("team-a") == 2
+    service._new_sampler(sid, "/ckpt/sampler_weights/s0", None, "team-a")
+    assert service._live_samplers("team-a") == 3
+    with pytest.raises(Exception, match="holds 3 sampling sessions"):
+        service.limits.check_sampling_sessions("team-a", service._live_samplers("team-a"))
+    assert service._live_samplers("team-b") == 0

@@ -332,8 +332,10 @@ class ServiceCore:
     def _live_samplers(self, who: str) -> int:
         """The principal's sampling sessions that still sample: of a live session, and not on
         in-memory weights already freed (an RL loop's older save_weights_and_get_sampling_client
-        copies do not count)."""
+        copies do not count; the inflight clients of one model count once: they share its
+        weights, and an RL loop makes one a step)."""
         resident = self.ephemeral.names()
+        shared: set[str | None] = set()
         n = 0
         for ss in self.registry.samplers.values():
             if ss.owner != who:
@@ -342,6 +344,10 @@ class ServiceCore:
             if sess is None or not self.registry.alive(sess):
                 continue
             w = ss.weights
+            if ss.inflight:
+                if w in shared:
+                    continue
+                shared.add(w)
             if w is not None and "/ephemeral/" in w and w not in resident:
                 continue
             n += 1
@@ -395,10 +401,11 @@ class ServiceCore:
         _json_log("drop_run", model_id=run_id, why=why)
 
     def _new_sampler(
-        self, sid: str, weights: str | None, path: str | None, owner: str
+        self, sid: str, weights: str | None, path: str | None, owner: str, *, inflight: bool = False
     ) -> SamplingSession:
         ss = SamplingSession(
-            new_id("smp-"), sid, weights, path, self.info.base_model, owner=owner
+            new_id("smp-"), sid, weights, path, self.info.base_model, owner=owner,
+            inflight=inflight,
         )
         self.registry.samplers[ss.sampling_session_id] = ss
         return ss

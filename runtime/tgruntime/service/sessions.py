@@ -113,6 +113,7 @@ class SamplingSession:
     model_path: str | None
     base_model: str
     owner: str = DEFAULT_OWNER
+    inflight: bool = False  # kind="inflight": the model's shared current weights
 
 
 class Registry:

@@ -479,7 +479,7 @@ class ModelRoutes(ServiceCore):
             await self.backend.wait(future)
             if weights is not None:
                 self.ephemeral.inflight_saved(model.model_id, weights)
-            ss = self._new_sampler(model.session_id, weights, None, model.owner)
+            ss = self._new_sampler(model.session_id, weights, None, model.owner, inflight=True)
             _json_log("publish_inflight", model_id=model.model_id, weights=weights)
             return Outcome(
                 body={

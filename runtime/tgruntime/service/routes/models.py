@@ -26,7 +26,7 @@ from tgruntime.service.futures import Outcome
 from tgruntime.service.paths import check_metadata, check_ttl
 from tgruntime.service.runs import RunState
 from tgruntime.service.sampler_weights import inflight_name
-from tgruntime.service.sessions import Model, ServiceError
+from tgruntime.service.sessions import Model, SamplingSession, ServiceError
 from tgruntime.service.soft_targets import fold, soft_widths
 from tgruntime.service.stability import stability_inputs
 from tgruntime.trainer.tinker_losses import tinker_loss_name
@@ -449,13 +449,7 @@ class ModelRoutes(ServiceCore):
                     return Outcome(body={"type": "save_weights_for_sampler", "path": uri})
                 self._ephemeral_saved(model.model_id, weights)
                 ss = self._new_sampler(model.session_id, weights, None, model.owner)
-                return Outcome(
-                    body={
-                        "type": "save_weights_for_sampler",
-                        "path": None,
-                        "sampling_session_id": ss.sampling_session_id,
-                    }
-                )
+                return _sampling_session(ss)
 
             return wait
 
@@ -481,13 +475,7 @@ class ModelRoutes(ServiceCore):
                 self.ephemeral.inflight_saved(model.model_id, weights)
             ss = self._new_sampler(model.session_id, weights, None, model.owner, inflight=True)
             _json_log("publish_inflight", model_id=model.model_id, weights=weights)
-            return Outcome(
-                body={
-                    "type": "save_weights_for_sampler",
-                    "path": None,
-                    "sampling_session_id": ss.sampling_session_id,
-                }
-            )
+            return _sampling_session(ss)
 
         return wait
 
@@ -589,3 +577,14 @@ def _inflight_kind(kind: Any, name: Any) -> bool:
             "weights with save_weights_for_sampler(name) (kind 'snapshot')"
         )
     return True
+
+
+def _sampling_session(ss: SamplingSession) -> Outcome:
+    """The answer of a save without a name: the new sampling session's id."""
+    return Outcome(
+        body={
+            "type": "save_weights_for_sampler",
+            "path": None,
+            "sampling_session_id": ss.sampling_session_id,
+        }
+    )

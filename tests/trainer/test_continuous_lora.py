@@ -499,6 +499,7 @@ def gpu_continuous_lora(gpu: bool = True) -> dict[str, Any]:
         uniform: dict[str, Any] = {}
         adapted = [a[:4] for a in arrivals if a[1] is not None] + later
         for version, (rid, name, prompt, params) in enumerate(adapted):
+            assert name is not None
             multi = stacks.get(gpt, name, version, sets[name])
             multi.attach()
             try:

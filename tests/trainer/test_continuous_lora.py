@@ -193,6 +193,26 @@ def test_a_new_snapshot_refills_a_one_shot_stack_in_place(client: TrainerClient)
         client.drop_sampler_weights("c-snap").result()
 
 
+def test_the_active_runs_one_shot_sampling_rewrites_its_stack_at_every_call(
+    client: TrainerClient,
+) -> None:
+    """``sample(weights=None)`` on a LoRA group: the active run's adapters written into a
+    one-slot stack at every call (lean layers), so that switching runs between calls samples
+    each one's adapters (a stack left as the last call's gives b's samples for a)."""
+    params = {"max_tokens": 6, "seed": 5, "num_samples": 2}
+    want = {run: _alone(client, f"{run}-snap", [3, 17, 42], params) for run in ("b", "a")}
+    before = client.sampler_weights_info().result()
+    try:
+        for run in ("b", "a"):  # each snapshot is its run's current adapters
+            client.use_run(run).result()
+            _assert_same(want[run], client.sample([[3, 17, 42]], **params).result()[0])
+    finally:
+        client.use_run("b").result()
+    after = client.sampler_weights_info().result()
+    written = after["uniform_builds"] + after["uniform_refills"]
+    assert written - before["uniform_builds"] - before["uniform_refills"] == 2, (before, after)
+
+
 def test_sampled_logprobs_equal_compute_log_prob_under_the_adapter(
     client: TrainerClient,
 ) -> None:

@@ -28,7 +28,7 @@ from tgruntime.trainer.sampling.generate import Sampler
 from tgruntime.trainer.sampling.params import SamplingParams, check_prompts
 from tgruntime.trainer.sampling.snapshots import AdapterSnapshotStore, SnapshotStore
 from tgruntime.trainer.sampling.stepping import ContinuousSamplingMixin
-from tgruntime.trainer.sampling.uniform import UniformStacks
+from tgruntime.trainer.sampling.uniform import ACTIVE_RUN, UniformStacks
 
 __all__ = ["SamplingMixin"]
 
@@ -201,8 +201,10 @@ class SamplingMixin(ContinuousSamplingMixin):
         )
         if engine.adapters is not None:
             sampler = self._sampler_for(engine)
-            if weights is None:  # the active run's hooks are on
-                return sampler.generate(rows, params, hooks=engine.adapters)
+            if weights is None:  # the active run's adapters, through a one-slot stack
+                return self._generate_one(
+                    engine, sampler, rows, params, ACTIVE_RUN, engine.adapters, live=True
+                )
             adapters = self._snapshot_adapters(engine, weights)
             return self._generate_one(engine, sampler, rows, params, weights, adapters)
         sampler, store = self._sampling()
@@ -293,11 +295,14 @@ class SamplingMixin(ContinuousSamplingMixin):
         params: Any,
         name: str,
         adapters: LoraAdapters,
+        *,
+        live: bool = False,
     ) -> list[dict[str, Any]]:
-        """Every row with snapshot ``name``'s adapters: a one-slot stack with a uniform row
-        map, so that the decode step takes the lean layers with the stack's deltas (the
-        adapters' own hooks send it through the modules: on the seed shape the engine's LoRA
-        sampling took 1.96x as long that way, docs/tinker.md)
+        """Every row with snapshot ``name``'s adapters (``live``: the active run's, name
+        :data:`ACTIVE_RUN`): a one-slot stack with a uniform row map, so that the decode step
+        takes the lean layers with the stack's deltas (the adapters' own hooks send it through
+        the modules: the engine's LoRA sampling took 1.96x as long that way on the seed shape,
+        1.28x on the 8 B block, docs/tinker.md)
         and the samples of a prompt still share its prefill (no row scope). The stacks are
         kept and refilled in place (:class:`UniformStacks`): CUDA graphs are keyed by the
         stack, so calls alternating between a few snapshots, or a new snapshot every RL
@@ -305,7 +310,7 @@ class SamplingMixin(ContinuousSamplingMixin):
         stack (a graph captured over a uniform map must never replay for a per-row one)."""
         module = unwrap_gpt(engine.state.module)
         multi = self._uniform_stacks().get(
-            module, name, self._adapter_store().version, adapters
+            module, name, self._adapter_store().version, adapters, live=live
         )
         with self._hooks_swapped(engine, multi):
             return sampler.generate(rows, params, hooks=multi)

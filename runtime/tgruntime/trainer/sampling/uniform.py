@@ -6,7 +6,9 @@ the lean layers with the stack's deltas. The sampler's CUDA graphs are keyed by 
 object, so a stack is kept and, when its snapshot changes or a new snapshot needs one, written
 in place (``MultiLora.refill``: every buffer keeps its address) rather than built anew. An RL
 loop that saves a new snapshot every step and samples from it builds one stack, then refills
-it.
+it. The active run's own one-shot sampling (``sample(weights=None)``) takes a stack too,
+written from the live adapters at every call (a copy of the adapters: well under a
+millisecond on a GPU for rank 32), so that its decode takes the lean layers as well.
 """
 
 from __future__ import annotations
@@ -18,10 +20,16 @@ import torch
 from tgruntime.trainer.lora.inject import LoraAdapters
 from tgruntime.trainer.lora.multi import MultiLora
 
-__all__ = ["UNIFORM_STACKS", "UniformStacks"]
+__all__ = ["ACTIVE_RUN", "LIVE", "UNIFORM_STACKS", "UniformStacks"]
 
 UNIFORM_STACKS = 4
 """Stacks kept: about twice the snapshot's adapter bytes each."""
+
+LIVE = -1
+"""The version a live entry is kept at (the store's versions count up from 0)."""
+
+ACTIVE_RUN = "\x00active run"
+"""The key of the active run's own stack (``sample(weights=None)``; no snapshot name)."""
 
 
 class UniformStacks:
@@ -42,15 +50,26 @@ class UniformStacks:
         return len(self._stacks)
 
     def get(
-        self, module: torch.nn.Module, name: str, version: int, adapters: LoraAdapters
+        self,
+        module: torch.nn.Module,
+        name: str,
+        version: int,
+        adapters: LoraAdapters,
+        *,
+        live: bool = False,
     ) -> MultiLora:
         """The stack holding ``adapters`` (snapshot ``name`` at store ``version``), its row
         map uniform over slot 1: kept when it is current; else the first kept stack that the
         adapters fit (rank, linears) refilled in place, tried in this order: name's own, those
         filled at an older version (least recently used first), the least recently used one
-        when ``keep`` are held; else a new one."""
+        when ``keep`` are held; else a new one. ``live``: the adapters change in place between
+        calls (the active run's, trained in between): always written again, and kept at
+        :data:`LIVE`, which no store version equals (so the entry is never taken as current for
+        a snapshot, and is free to take as a spare)."""
+        if live:
+            version = LIVE
         entry = self._stacks.get(name)
-        if entry is not None and entry[0] == version:
+        if entry is not None and entry[0] == version and not live:
             self._stacks.move_to_end(name)
             return entry[1]
         for taken in self._candidates(name, version):

@@ -199,7 +199,7 @@ def test_the_active_runs_one_shot_sampling_rewrites_its_stack_at_every_call(
     """``sample(weights=None)`` on a LoRA group: the active run's adapters written into a
     one-slot stack at every call (lean layers), so that switching runs between calls samples
     each one's adapters (a stack left as the last call's gives b's samples for a)."""
-    params = {"max_tokens": 6, "seed": 5, "num_samples": 2}
+    params: dict[str, Any] = {"max_tokens": 6, "seed": 5, "num_samples": 2}
     want = {run: _alone(client, f"{run}-snap", [3, 17, 42], params) for run in ("b", "a")}
     before = client.sampler_weights_info().result()
     try:

@@ -46,18 +46,36 @@ MARKER = "sampler_weights.json"
 class SnapshotStore:
     """This rank's named parameter snapshots.
 
-    Snapshots saved by name stay until dropped (the service drops the superseded copies of
-    ``save_weights_and_get_sampling_client``: service/sampler_weights.py). Snapshots read from
-    a directory are a cache of at most ``max_loaded`` copies, least recently used first out:
-    the directory stays, and a later request reads it again."""
+    Snapshots saved by name only stay until dropped (the service drops the superseded copies of
+    ``save_weights_and_get_sampling_client``: service/sampler_weights.py). Snapshots that are
+    also on disk (saved with a ``path``, e.g. ``save_weights_for_sampler(name)`` and the
+    server's base weights, or read from a directory) are a cache of at most ``max_loaded``
+    copies, least recently used first out: the directory stays, and a later request reads it
+    again (under its name too). Before, a snapshot saved with a path stayed in memory for
+    good: a loop of named saves kept one full copy of the weights per save."""
 
     def __init__(self, *, max_loaded: int = 2) -> None:
         self._snapshots: dict[str, dict[str, torch.Tensor]] = {}
-        self._loaded: list[str] = []  # names read from directories, least recently used first
+        self._loaded: list[str] = []  # the ones also on disk, least recently used first
+        self._paths: dict[str, str] = {}  # such a name -> its directory (kept once evicted)
         self.max_loaded = max_loaded
 
     def names(self) -> list[str]:
         return sorted(self._snapshots)
+
+    def _room(self) -> None:
+        """Evict the least recently used disk-backed copies until one more fits (room first:
+        never two extra copies at once)."""
+        while len(self._loaded) >= max(1, self.max_loaded):
+            self._snapshots.pop(self._loaded.pop(0), None)
+
+    def _cached(self, name: str, path: str) -> None:
+        if name in self._loaded:
+            self._loaded.remove(name)
+        self._loaded.append(name)
+        self._paths[name] = path
+        while len(self._paths) > 4096:  # names only; the oldest forgotten
+            del self._paths[next(iter(self._paths))]
 
     def save(
         self, name: str, module: torch.nn.Module, mesh: Mesh, path: str | None = None
@@ -66,9 +84,13 @@ class SnapshotStore:
         if not isinstance(name, str) or not name:
             raise ValueError(f"save_sampler_weights: name must be a non-empty string, not {name!r}")
         start = time.perf_counter()
+        self.drop(name)  # a name saved again: its old copy goes first
+        if path is not None:
+            self._room()
         copy = {n: p.detach().clone() for n, p in module.named_parameters()}
         self._snapshots[name] = copy
         if path is not None:
+            self._cached(name, str(path))
             target = Path(path)
             if mesh.dp_rank == 0:
                 ckpt.write_shard(target, mesh, {"name": name, "params": copy})
@@ -93,10 +115,12 @@ class SnapshotStore:
     def drop(self, name: str) -> bool:
         if name in self._loaded:
             self._loaded.remove(name)
+        self._paths.pop(name, None)
         return self._snapshots.pop(name, None) is not None
 
     def resident(self) -> dict[str, Any]:
-        """What this rank holds: names, the directory-read ones among them, and the bytes."""
+        """What this rank holds: names, the disk-backed (evictable) ones among them, and the
+        bytes."""
         return {
             "names": self.names(),
             "loaded": list(self._loaded),
@@ -113,7 +137,8 @@ class SnapshotStore:
                 self._loaded.remove(weights)
                 self._loaded.append(weights)
             return found
-        marker = Path(weights) / MARKER
+        directory = self._paths.get(weights, weights)  # an evicted name: its directory
+        marker = Path(directory) / MARKER
         if not marker.is_file():
             raise KeyError(
                 f"no sampler weights named {weights!r} (in memory: {self.names()}), and "
@@ -130,12 +155,11 @@ class SnapshotStore:
                 f"{weights}: sampler weights saved with tp={meta.get('tp')} pp={meta.get('pp')}; "
                 f"this group has tp={mesh.tp_size} pp={mesh.pp_size}"
             )
-        while len(self._loaded) >= max(1, self.max_loaded):  # room first: never two extra
-            self._snapshots.pop(self._loaded.pop(0), None)
-        payload = ckpt.read_shard(weights, mesh, map_location=device)
+        self._room()
+        payload = ckpt.read_shard(directory, mesh, map_location=device)
         params: dict[str, torch.Tensor] = payload["params"]
         self._snapshots[weights] = params
-        self._loaded.append(weights)
+        self._cached(weights, directory)
         return params
 
     @contextlib.contextmanager

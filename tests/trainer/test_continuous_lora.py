@@ -211,6 +211,11 @@ def test_the_active_runs_one_shot_sampling_rewrites_its_stack_at_every_call(
     after = client.sampler_weights_info().result()
     written = after["uniform_builds"] + after["uniform_refills"]
     assert written - before["uniform_builds"] - before["uniform_refills"] == 2, (before, after)
+    # the live calls left the snapshots' current stacks alone: sampling them again writes none
+    for run in ("b", "a"):
+        _assert_same(want[run], _alone(client, f"{run}-snap", [3, 17, 42], params))
+    last = client.sampler_weights_info().result()
+    assert last["uniform_builds"] + last["uniform_refills"] == written, (after, last)
 
 
 def test_sampled_logprobs_equal_compute_log_prob_under_the_adapter(

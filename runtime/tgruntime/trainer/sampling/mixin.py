@@ -32,6 +32,7 @@ from tgruntime.trainer.sampling.uniform import ACTIVE_RUN, UniformStacks
 
 __all__ = ["SamplingMixin"]
 
+
 class SamplingMixin(ContinuousSamplingMixin):
     """Sampling group methods for a worker that owns a ``TrainEngine`` (continuous batching:
     ``ContinuousSamplingMixin``)."""

@@ -66,12 +66,12 @@ class UniformStacks:
         calls (the active run's, trained in between): always written again, and kept at
         :data:`LIVE`, which no store version equals (so the entry is never taken as current for
         a snapshot, and is free to take as a spare)."""
-        if live:
-            version = LIVE
         entry = self._stacks.get(name)
         if entry is not None and entry[0] == version and not live:
             self._stacks.move_to_end(name)
             return entry[1]
+        # stale: filled at another store version (a live entry always is); a live call must
+        # not take a snapshot's current stack while there is room
         for taken in self._candidates(name, version):
             multi = self._stacks[taken][1]
             if multi.refill([adapters]) is None:
@@ -85,7 +85,7 @@ class UniformStacks:
             multi = MultiLora(module, [adapters])
             self.builds += 1
         multi.set_uniform(1)
-        self._stacks[name] = (version, multi)
+        self._stacks[name] = (LIVE if live else version, multi)
         return multi
 
     def _candidates(self, name: str, version: int) -> list[str]:

@@ -14,6 +14,7 @@ order (fake ``sample_step``: pure decision logic).
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import Any
 
 import pytest
@@ -253,6 +254,37 @@ def test_scheduler_order_weights_and_failures() -> None:
     # the call after the failure resets the workers' rows; no other call does
     assert [c[0] for c in calls if c[3]] == [[6]]
     assert {c[2] for c in calls if 3 in c[0]} == {"w2"}
+
+
+def _failed(into: list[BaseException | None], _: Any, exc: BaseException | None) -> None:
+    into.append(exc)
+
+
+def test_scheduler_stopped_mid_sample_drops_its_rows_from_the_workers() -> None:
+    """A server stopped while its rows decode leaves the group's engine empty (one last call
+    with reset, after the call the stop cut off), so the next server's weights are served;
+    a server stopped idle makes no call."""
+
+    async def main() -> tuple[_FakeGroup, _FakeGroup]:
+        busy, idle = _FakeGroup(), _FakeGroup()
+        for group in (busy, idle):
+            sched = ContinuousScheduler(group.step, steps=2, steps_busy=2)
+            sched.start()
+            failures: list[BaseException | None] = []
+            if group is busy:
+                request = {"prompt": [1], "max_tokens": 10_000, "seed": None}
+                sched.put(ContinuousJob("w1", request, functools.partial(_failed, failures)))
+                for _ in range(3000):
+                    await asyncio.sleep(0.001)
+                    if group.rows:
+                        break
+            await sched.stop()
+            assert not failures or isinstance(failures[0], ServiceError)
+        return busy, idle
+
+    busy, idle = asyncio.run(main())
+    assert busy.rows == {} and busy.calls[-1] == ([], 0, None, True), busy.calls[-3:]
+    assert idle.calls == []
 
 
 def test_settle_waits_for_a_burst_and_not_for_a_lone_request() -> None:

@@ -114,11 +114,22 @@ class ContinuousScheduler:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run())
 
-    async def stop(self) -> None:
+    async def stop(self, *, reset_s: float = 30.0) -> None:
+        """Cancel the loop and fail what it held. When rows of this server's were decoding, one
+        last call drops them from the workers (Ray runs it after the call the cancel cut off):
+        a server stopped mid-sample must not leave the group's engine busy with its weights,
+        refusing the next server's (bounded by ``reset_s``: a dead group does not hold the
+        stop)."""
+        had_rows = bool(self._inflight)
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
+        if had_rows:
+            try:
+                await asyncio.wait_for(self.step([], 0, None, True), timeout=reset_s)
+            except Exception as exc:  # best effort at stop; said in the log
+                log.warning("could not drop this server's sampling rows at stop: %s", exc)
         for job in [*self._inflight.values(), *self._pending]:
             _finish(
                 job, None, ServiceError("the server is stopping", status=503, category="server")

@@ -755,6 +755,19 @@ class TrainingSpec:
         minimum=0,
         maximum=MAX_SIZE,
     )
+    sampler_weights_memory: str = spec_field(
+        name="samplerWeightsMemory",
+        description="Most memory one worker keeps for sampler weights (a Kubernetes quantity, "
+        "e.g. 8Gi): the copies of save_weights_for_sampler and "
+        "save_weights_and_get_sampling_client (the full weights, or on a LoRA group the run's "
+        "adapters). Copies also on disk (named saves, weights read from a path) are a cache "
+        "inside it, least recently used out first and read again at their next use; a copy "
+        "that still does not fit is refused with an error naming this field, never an out of "
+        "memory. Empty: a quarter of the memory free when the worker's first copy is made "
+        "(the GPU's; on the CPU the host's available memory, shared by the ranks).",
+        default="",
+        pattern=r"^$|" + _QUANTITY,
+    )
     keep_checkpoints: int = spec_field(
         name="keepCheckpoints",
         description="Keep only the newest N complete step_* checkpoints under checkpointDir "

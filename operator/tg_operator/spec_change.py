@@ -55,7 +55,11 @@ NOT_HASHED_TRAINING = frozenset({"stallSeconds"})
 of a group made before a field existed stays the same)."""
 
 
-LATER_TRAINING_FIELDS: dict[str, Any] = {"microBatchTokens": 0, "keepCheckpoints": 0}
+LATER_TRAINING_FIELDS: dict[str, Any] = {
+    "microBatchTokens": 0,
+    "keepCheckpoints": 0,
+    "samplerWeightsMemory": "",
+}
 """Training fields the workers read, added after groups were first hashed, with their defaults:
 hashed only when set (a set value re-creates the workers; an operator upgrade does not)."""
 

@@ -25,6 +25,9 @@ KEY = "tml-" + uuid.uuid4().hex
 # the gateway's two principals (a key each, valid on both of its servers)
 KA, KB = ("tml-" + uuid.uuid4().hex for _ in range(2))
 MODEL = {"positionEmbedding": "rope", "numQueryGroups": 2, "maxSequenceLength": 128}
+# the sampler-weights budget of the package's group: ~13 copies of its weights per rank, so that
+# a test of named saves sees the cache evict (test_sampler_memory.py)
+WEIGHTS_MEMORY = "2Mi"
 
 
 # package scope: torn down after tests/service, so its 2 CPUs are free for later groups
@@ -50,7 +53,12 @@ def served(
     from tests.trainer.scenarios import tiny_spec
 
     root = tmp_path_factory.mktemp("tinker")
-    spec = tiny_spec(tp=2, checkpoint_dir=str(root / "ckpt"), **MODEL)  # type: ignore[arg-type]
+    spec = tiny_spec(
+        tp=2,
+        checkpoint_dir=str(root / "ckpt"),
+        training={"samplerWeightsMemory": WEIGHTS_MEMORY},
+        **MODEL,  # type: ignore[arg-type]
+    )
     with serving(spec, root, prefix="svc") as s:
         yield s
 

@@ -18,7 +18,13 @@ VOCAB, HIDDEN, LAYERS, HEADS, FFN, SEQ, BATCH = 128, 64, 2, 4, 128, 32, 4
 
 
 def tiny_spec(
-    *, tp: int = 1, pp: int = 1, world: int = 2, checkpoint_dir: str = "", **model: Any
+    *,
+    tp: int = 1,
+    pp: int = 1,
+    world: int = 2,
+    checkpoint_dir: str = "",
+    training: dict[str, Any] | None = None,
+    **model: Any,
 ) -> tgapi.TrainerGroupSpec:
     return tgapi.parse_spec(
         {
@@ -38,6 +44,7 @@ def tiny_spec(
                 "batchSize": BATCH,
                 "sequenceLength": SEQ,
                 "checkpointDir": checkpoint_dir,
+                **(training or {}),
             },
         },
         local=True,

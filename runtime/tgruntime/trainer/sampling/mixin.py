@@ -20,15 +20,21 @@ from collections.abc import Iterator
 from typing import Any
 
 from tgruntime.controller import Dispatch, register
+from tgruntime.trainer import checkpoint as ckpt
 from tgruntime.trainer.engine import TrainEngine
 from tgruntime.trainer.lora.inject import LoraAdapters
 from tgruntime.trainer.lora.multi import MultiLora
 from tgruntime.trainer.sampling.decoder import unwrap_gpt
 from tgruntime.trainer.sampling.generate import Sampler
 from tgruntime.trainer.sampling.params import SamplingParams, check_prompts
-from tgruntime.trainer.sampling.snapshots import AdapterSnapshotStore, SnapshotStore
+from tgruntime.trainer.sampling.snapshots import (
+    AdapterSnapshotStore,
+    SnapshotStore,
+    param_bytes,
+)
 from tgruntime.trainer.sampling.stepping import ContinuousSamplingMixin
 from tgruntime.trainer.sampling.uniform import ACTIVE_RUN, UniformStacks
+from tgruntime.trainer.sampling.weights_budget import WeightsBudget, agree_max, free_memory
 
 __all__ = ["SamplingMixin"]
 
@@ -58,16 +64,35 @@ class SamplingMixin(ContinuousSamplingMixin):
         engine = self._engine()
         store: SnapshotStore | None = getattr(self, "_snapshot_store", None)
         if store is None:
-            store = SnapshotStore()
+            copy = param_bytes(dict(engine.state.module.named_parameters()))
+            store = SnapshotStore(copy_bytes=copy, **self._weights_budget(engine))
             self._snapshot_store = store
         return self._sampler_for(engine), store
 
     def _adapter_store(self) -> AdapterSnapshotStore:
         store: AdapterSnapshotStore | None = getattr(self, "_adapter_snapshots", None)
         if store is None:
-            store = AdapterSnapshotStore()
+            store = AdapterSnapshotStore(**self._weights_budget(self._engine()))
             self._adapter_snapshots = store
         return store
+
+    @staticmethod
+    def _weights_budget(engine: TrainEngine) -> dict[str, Any]:
+        """The stores' budget (chosen once, when the rank's first sampler weights are kept)
+        and the ranks' agreement on evictions (weights_budget.py)."""
+        free, where, sharing = free_memory(engine.device)
+        budget = WeightsBudget.resolve(
+            engine.spec.training.sampler_weights_memory,
+            free_bytes=free,
+            where=where,
+            ranks_sharing=sharing,
+        )
+        group, device = ckpt.io_group(), engine.device
+
+        def agree(value: int) -> int:
+            return agree_max(value, group=group, device=device)
+
+        return {"budget": budget, "agree": agree}
 
     def _active_run(self) -> str:
         runs = getattr(self, "_runs", None)
@@ -153,7 +178,8 @@ class SamplingMixin(ContinuousSamplingMixin):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def sampler_weights_info(self) -> dict[str, Any]:
         """The sampler weights this rank holds in memory: ``names`` (saved or read),
-        ``loaded`` (read from directories: a bounded cache) and their ``bytes``; on a LoRA
+        ``loaded`` (also on disk: the evictable cache), their ``bytes``, and the budget
+        (``budget_bytes``, ``budget_source``: spec.training.samplerWeightsMemory); on a LoRA
         group also the one-slot stacks of one-shot snapshot sampling (``uniform_stacks``
         kept, ``uniform_builds`` made, ``uniform_refills`` written in place)."""
         engine = self._engine()

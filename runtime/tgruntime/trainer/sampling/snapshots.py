@@ -26,7 +26,7 @@ import dataclasses
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,45 +37,126 @@ from tgruntime.trainer.distributed import Mesh
 from tgruntime.trainer.hf_weights import LlamaShape
 from tgruntime.trainer.lora.inject import LoraAdapters, inject_lora
 from tgruntime.trainer.lora.settings import LoraSettings
+from tgruntime.trainer.sampling.weights_budget import (
+    SamplerWeightsBudgetError,
+    WeightsBudget,
+    evictions_needed,
+)
 
-__all__ = ["LORA_FORMAT", "MARKER", "AdapterSnapshot", "AdapterSnapshotStore", "SnapshotStore"]
+__all__ = [
+    "LORA_FORMAT",
+    "MARKER",
+    "AdapterSnapshot",
+    "AdapterSnapshotStore",
+    "SnapshotStore",
+    "param_bytes",
+]
 
 MARKER = "sampler_weights.json"
 
 
-class SnapshotStore:
-    """This rank's named parameter snapshots.
+def _same(value: int) -> int:
+    return value
+
+
+def param_bytes(tensors: dict[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+class _Budgeted:
+    """The byte budget of a store's copies (weights_budget.py): which disk-backed copies go,
+    least recently used first, for a new one, or the refusal, the same on every rank."""
+
+    def __init__(self, budget: WeightsBudget | None, agree: Callable[[int], int]) -> None:
+        self.budget = budget  # None: no limit
+        self._agree = agree  # the largest value over the ranks (collective)
+        self._loaded: list[str] = []  # the copies also on disk, least recently used first
+        self._paths: dict[str, str] = {}  # such a name -> its directory (kept once evicted)
+
+    def _sizes(self) -> dict[str, int]:  # every copy held: name -> bytes
+        raise NotImplementedError
+
+    def _evict(self, name: str) -> None:
+        raise NotImplementedError
+
+    def _make_room(self, what: str, need: int) -> None:
+        """Evict until ``need`` more bytes fit (collective when there is a budget), else
+        raise ``SamplerWeightsBudgetError`` on every rank, nothing changed."""
+        if self.budget is None:
+            return
+        sizes = self._sizes()
+        count = self._agree(
+            evictions_needed(
+                held=sum(sizes.values()),
+                need=need,
+                limit=self.budget.limit,
+                evictable=[sizes[n] for n in self._loaded],
+            )
+        )
+        if count > len(self._loaded):
+            pinned = [(n, b) for n, b in sizes.items() if n not in self._loaded]
+            raise SamplerWeightsBudgetError(
+                self.budget.refusal(what=what, need=need, pinned=pinned)
+            )
+        for name in self._loaded[:count]:
+            self._evict(name)
+
+    def _cached(self, name: str, path: str) -> None:
+        """``name`` is also on disk at ``path``: evictable, most recently used."""
+        self._touch(name)
+        self._paths[name] = path
+        while len(self._paths) > 4096:  # names only; the oldest forgotten
+            del self._paths[next(iter(self._paths))]
+
+    def _touch(self, name: str) -> None:
+        if name in self._loaded:
+            self._loaded.remove(name)
+        self._loaded.append(name)
+
+    def _forget(self, name: str) -> None:
+        if name in self._loaded:
+            self._loaded.remove(name)
+        self._paths.pop(name, None)
+
+    def _budget_info(self) -> dict[str, Any]:
+        return {
+            "loaded": list(self._loaded),
+            "budget_bytes": None if self.budget is None else self.budget.limit,
+            "budget_source": "no limit" if self.budget is None else self.budget.source,
+        }
+
+
+class SnapshotStore(_Budgeted):
+    """This rank's named parameter snapshots, within a byte budget (weights_budget.py).
 
     Snapshots saved by name only stay until dropped (the service drops the superseded copies of
     ``save_weights_and_get_sampling_client``: service/sampler_weights.py). Snapshots that are
     also on disk (saved with a ``path``, e.g. ``save_weights_for_sampler(name)`` and the
-    server's base weights, or read from a directory) are a cache of at most ``max_loaded``
-    copies, least recently used first out: the directory stays, and a later request reads it
-    again (under its name too). Before, a snapshot saved with a path stayed in memory for
-    good: a loop of named saves kept one full copy of the weights per save."""
+    server's base weights, or read from a directory) are a cache inside the budget, least
+    recently used first out: the directory stays, and a later request reads it again (under
+    its name too). ``copy_bytes``: one copy's bytes on this rank (the model's parameters)."""
 
-    def __init__(self, *, max_loaded: int = 2) -> None:
+    def __init__(
+        self,
+        *,
+        copy_bytes: int,
+        budget: WeightsBudget | None = None,
+        agree: Callable[[int], int] = _same,
+    ) -> None:
+        super().__init__(budget, agree)
         self._snapshots: dict[str, dict[str, torch.Tensor]] = {}
-        self._loaded: list[str] = []  # the ones also on disk, least recently used first
-        self._paths: dict[str, str] = {}  # such a name -> its directory (kept once evicted)
-        self.max_loaded = max_loaded
+        self.copy_bytes = copy_bytes
 
     def names(self) -> list[str]:
         return sorted(self._snapshots)
 
-    def _room(self) -> None:
-        """Evict the least recently used disk-backed copies until one more fits (room first:
-        never two extra copies at once)."""
-        while len(self._loaded) >= max(1, self.max_loaded):
-            self._snapshots.pop(self._loaded.pop(0), None)
+    def _sizes(self) -> dict[str, int]:
+        return {n: param_bytes(p) for n, p in self._snapshots.items()}
 
-    def _cached(self, name: str, path: str) -> None:
+    def _evict(self, name: str) -> None:
+        self._snapshots.pop(name, None)
         if name in self._loaded:
             self._loaded.remove(name)
-        self._loaded.append(name)
-        self._paths[name] = path
-        while len(self._paths) > 4096:  # names only; the oldest forgotten
-            del self._paths[next(iter(self._paths))]
 
     def save(
         self, name: str, module: torch.nn.Module, mesh: Mesh, path: str | None = None
@@ -85,8 +166,7 @@ class SnapshotStore:
             raise ValueError(f"save_sampler_weights: name must be a non-empty string, not {name!r}")
         start = time.perf_counter()
         self.drop(name)  # a name saved again: its old copy goes first
-        if path is not None:
-            self._room()
+        self._make_room(f"weights {name!r}", self.copy_bytes)
         copy = {n: p.detach().clone() for n, p in module.named_parameters()}
         self._snapshots[name] = copy
         if path is not None:
@@ -113,20 +193,16 @@ class SnapshotStore:
         }
 
     def drop(self, name: str) -> bool:
-        if name in self._loaded:
-            self._loaded.remove(name)
-        self._paths.pop(name, None)
+        self._forget(name)
         return self._snapshots.pop(name, None) is not None
 
     def resident(self) -> dict[str, Any]:
-        """What this rank holds: names, the disk-backed (evictable) ones among them, and the
-        bytes."""
+        """What this rank holds: names, the disk-backed (evictable) ones among them, their
+        bytes, and the budget."""
         return {
             "names": self.names(),
-            "loaded": list(self._loaded),
-            "bytes": sum(
-                t.numel() * t.element_size() for p in self._snapshots.values() for t in p.values()
-            ),
+            "bytes": sum(self._sizes().values()),
+            **self._budget_info(),
         }
 
     def resolve(self, weights: str, mesh: Mesh, device: torch.device) -> dict[str, torch.Tensor]:
@@ -134,8 +210,7 @@ class SnapshotStore:
         found = self._snapshots.get(weights)
         if found is not None:
             if weights in self._loaded:  # most recently used last
-                self._loaded.remove(weights)
-                self._loaded.append(weights)
+                self._touch(weights)
             return found
         directory = self._paths.get(weights, weights)  # an evicted name: its directory
         marker = Path(directory) / MARKER
@@ -155,7 +230,7 @@ class SnapshotStore:
                 f"{weights}: sampler weights saved with tp={meta.get('tp')} pp={meta.get('pp')}; "
                 f"this group has tp={mesh.tp_size} pp={mesh.pp_size}"
             )
-        self._room()
+        self._make_room(f"weights {weights!r}", self.copy_bytes)
         payload = ckpt.read_shard(directory, mesh, map_location=device)
         params: dict[str, torch.Tensor] = payload["params"]
         self._snapshots[weights] = params
@@ -201,12 +276,25 @@ class AdapterSnapshot:
         return sum(t.numel() * t.element_size() for t in self.state.values())
 
 
-class AdapterSnapshotStore:
-    """This rank's adapter snapshots, and their sampling-only adapter sets (detached hooks)."""
+class AdapterSnapshotStore(_Budgeted):
+    """This rank's adapter snapshots, and their sampling-only adapter sets (detached hooks),
+    within a byte budget as ``SnapshotStore``'s (the disk-backed ones a cache inside it)."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self, *, budget: WeightsBudget | None = None, agree: Callable[[int], int] = _same
+    ) -> None:
+        super().__init__(budget, agree)
         self._snapshots: dict[str, AdapterSnapshot] = {}
         self.version = 0  # bumped on every change (callers key caches by it)
+
+    def _sizes(self) -> dict[str, int]:
+        return {n: s.nbytes() for n, s in self._snapshots.items()}
+
+    def _evict(self, name: str) -> None:
+        paths = self._paths.get(name)
+        self.drop(name)
+        if paths is not None:
+            self._paths[name] = paths  # read again from there at its next use
 
     def names(self) -> list[str]:
         return sorted(self._snapshots)
@@ -226,7 +314,10 @@ class AdapterSnapshotStore:
         if not isinstance(name, str) or not name:
             raise ValueError(f"save_sampler_weights: name must be a non-empty string, not {name!r}")
         start = time.perf_counter()
-        state = {k: v.detach().clone() for k, v in adapters.state_dict().items()}
+        live = adapters.state_dict()
+        self.drop(name)  # a name saved again: its old copy goes first
+        self._make_room(f"adapters {name!r}", param_bytes(live))
+        state = {k: v.detach().clone() for k, v in live.items()}
         snap = AdapterSnapshot(
             name=name, settings=adapters.settings, base=base, run=run, state=state
         )
@@ -259,6 +350,8 @@ class AdapterSnapshotStore:
                 os.replace(tmp, marker)
             ckpt.barrier()  # the checkpoint I/O group: a slow write never trips NCCL's timeout
         self._put(snap)
+        if path is not None:
+            self._cached(name, str(path))
         return {
             "name": name,
             "path": None if path is None else str(path),
@@ -271,11 +364,7 @@ class AdapterSnapshotStore:
         }
 
     def resident(self) -> dict[str, Any]:
-        return {
-            "names": self.names(),
-            "loaded": [],
-            "bytes": sum(s.nbytes() for s in self._snapshots.values()),
-        }
+        return {"names": self.names(), "bytes": sum(self._sizes().values()), **self._budget_info()}
 
     def _put(self, snap: AdapterSnapshot) -> None:
         old = self._snapshots.get(snap.name)
@@ -285,6 +374,7 @@ class AdapterSnapshotStore:
         self.version += 1
 
     def drop(self, name: str) -> bool:
+        self._forget(name)
         snap = self._snapshots.pop(name, None)
         if snap is None:
             return False
@@ -303,8 +393,11 @@ class AdapterSnapshotStore:
             )
         found = self._snapshots.get(weights)
         if found is not None:
+            if weights in self._loaded:  # most recently used last
+                self._touch(weights)
             return found
-        marker = Path(weights) / MARKER
+        directory = self._paths.get(weights, weights)  # an evicted name: its directory
+        marker = Path(directory) / MARKER
         if not marker.is_file():
             raise KeyError(
                 f"weights: no sampler weights named {weights!r} (in memory: {self.names()}), "
@@ -328,17 +421,20 @@ class AdapterSnapshotStore:
                 f"{meta.get('base')}, this group's is {base}): sample it on a group of that "
                 "base model"
             )
-        payload = ckpt.read_shard(weights, mesh, map_location=device)
+        payload = ckpt.read_shard(directory, mesh, map_location=torch.device("cpu"))
         if payload.get("format") != LORA_FORMAT:
             raise ValueError(f"weights: {weights} is not a LoRA sampler snapshot")
+        state: dict[str, torch.Tensor] = dict(payload["adapters"])
+        self._make_room(f"adapters {weights!r}", param_bytes(state))
         snap = AdapterSnapshot(
             name=weights,
             settings=LoraSettings.from_mapping(payload["settings"]),
             base=str(payload["base"]),
             run=payload.get("run"),
-            state=dict(payload["adapters"]),
+            state={k: v.to(device) for k, v in state.items()},
         )
         self._put(snap)
+        self._cached(weights, directory)
         return snap
 
     def adapters_for(

@@ -441,7 +441,13 @@ class ModelRoutes(ServiceCore):
             future = self.backend.client.save_sampler_weights(weights, disk)
 
             async def wait() -> Outcome:
-                await self.backend.wait(future)
+                try:
+                    await self.backend.wait(future)
+                except BaseException:
+                    if disk is not None:  # refused (the sampler-weights budget): no empty dir
+                        with contextlib.suppress(OSError):
+                            Path(disk).rmdir()
+                    raise
                 if name:
                     self._saved(model, Path(disk or ""), ttl, meta)
                     await self._retain(Path(disk or ""))

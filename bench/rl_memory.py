@@ -165,8 +165,9 @@ def main() -> int:
                     if key in engine1:
                         split[f"sample_engine_{key}"] = round(
                             engine1[key] - engine0.get(key, 0), 4)
-                if "decode_path" in engine1:
-                    split["sample_engine_decode_path"] = engine1["decode_path"]
+                for key in ("decode_path", "graphs", "adapter_rebuilds", "adapter_refills"):
+                    if key in engine1:  # as of the iteration's end (not differences)
+                        split[f"sample_engine_{key}"] = engine1[key]
                 data, sampled = [], 0
                 for p, res in zip(prompts, results, strict=True):
                     for seq in res.sequences:

@@ -349,8 +349,11 @@ def test_inflight_clients_of_a_run_share_one_target_that_follows_it(
             tc.forward_backward(_batch(0), "cross_entropy").result(timeout=WAIT)
             tc.optim_step(T.AdamParams(learning_rate=5e-2)).result(timeout=WAIT)
         assert not _differ(was, _seqs(first.sample(prompt, 2, params)))  # not saved yet
+        samplers = len(lora_served["service"].registry.samplers)
         for _ in range(5):
             newer = tc.save_weights_and_get_sampling_client(kind="inflight").result(timeout=WAIT)
+        # every inflight save of a model answers with its one sampling session
+        assert len(lora_served["service"].registry.samplers) == samplers
         other.forward_backward(_batch(1), "cross_entropy").result(timeout=WAIT)
         other.optim_step(T.AdamParams(learning_rate=5e-2)).result(timeout=WAIT)
         now = _seqs(first.sample(prompt, 2, params))

@@ -98,8 +98,10 @@ def test_inflight_sampling_clients_follow_the_training_weights_with_no_copy(
         before = group.sampler_weights_info().result(timeout=WAIT)
         first = tc.save_weights_and_get_sampling_client(kind="inflight").result(timeout=WAIT)
         was = _seqs(first, prompt, params)
+        samplers = len(served["service"].registry.samplers)
         for _ in range(20):
             tc.save_weights_and_get_sampling_client(kind="inflight").result(timeout=WAIT)
+        assert len(served["service"].registry.samplers) == samplers  # one session, reused
         after = group.sampler_weights_info().result(timeout=WAIT)
         assert (after["names"], after["bytes"]) == (before["names"], before["bytes"]), after
         for _ in range(2):  # a high learning rate: the distribution moves

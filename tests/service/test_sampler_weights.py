@@ -73,6 +73,7 @@ def test_the_inflight_target_outlives_every_save_and_goes_with_its_model() -> No
     target = inflight_name("m1")
     assert target == "m1/ephemeral/inflight"
     e.inflight_saved("m1", target)
+    e.inflight_sessions["m1"] = "smp-1"
     assert e.saved("m1", A1) == []  # a snapshot save does not supersede the target
     e.inflight_saved("m1", target)  # written in place again
     assert e.saved("m1", A2) == [A1]
@@ -80,7 +81,7 @@ def test_the_inflight_target_outlives_every_save_and_goes_with_its_model() -> No
     e.begin(target)
     assert sorted(e.forget_model("m1")) == [A2]  # the target is in use: freed at its end
     assert e.end(target) == [target]
-    assert e.resident() == 0 and e.models() == set()
+    assert e.resident() == 0 and e.models() == set() and e.inflight_sessions == {}
     with pytest.raises(FreedWeights, match="its session ended"):
         e.begin(target)
 

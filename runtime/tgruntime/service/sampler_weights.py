@@ -47,6 +47,9 @@ class EphemeralWeights:
     freed: dict[str, str] = field(default_factory=dict)  # dropped copy -> the model's newer one
     max_freed: int = 4096  # names remembered for the refusal's message (oldest forgotten)
     inflight: dict[str, str] = field(default_factory=dict)  # model id -> its inflight target
+    # model id -> the one sampling session every inflight save of it answers with (they all
+    # sample the same current weights: a session per save only piled up in the registry)
+    inflight_sessions: dict[str, str] = field(default_factory=dict)
 
     def inflight_saved(self, model_id: str, weights: str) -> None:
         """``model_id`` wrote its inflight target ``weights`` (in place: nothing to drop)."""
@@ -97,6 +100,7 @@ class EphemeralWeights:
         """The model is gone (its session ended): its newest copy and its inflight target go
         too, once idle."""
         drops: list[str] = []
+        self.inflight_sessions.pop(model_id, None)
         for old in (self.newest.pop(model_id, None), self.inflight.pop(model_id, None)):
             if old is not None:
                 self.superseded.add(old)

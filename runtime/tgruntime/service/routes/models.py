@@ -479,11 +479,24 @@ class ModelRoutes(ServiceCore):
             await self.backend.wait(future)
             if weights is not None:
                 self.ephemeral.inflight_saved(model.model_id, weights)
-            ss = self._new_sampler(model.session_id, weights, None, model.owner, inflight=True)
+            ss = self._inflight_session(model, weights)
             _json_log("publish_inflight", model_id=model.model_id, weights=weights)
             return _sampling_session(ss)
 
         return wait
+
+    def _inflight_session(self, model: Model, weights: str | None) -> SamplingSession:
+        """The model's one inflight sampling session (made at its first inflight save): every
+        inflight client of a model samples the same current weights, so each save answers
+        with the same session instead of adding one to the registry per RL step."""
+        known = self.registry.samplers.get(
+            self.ephemeral.inflight_sessions.get(model.model_id, "")
+        )
+        if known is not None and known.session_id == model.session_id and known.weights == weights:
+            return known
+        ss = self._new_sampler(model.session_id, weights, None, model.owner, inflight=True)
+        self.ephemeral.inflight_sessions[model.model_id] = ss.sampling_session_id
+        return ss
 
     async def load_weights(self, request: web.Request) -> web.Response:
         body = await self._body(request)

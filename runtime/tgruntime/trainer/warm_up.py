@@ -9,9 +9,10 @@ one, 1.38x with the compiler off). So ``init_model`` runs, before the group is R
 
 * ``forward_backward`` (cross-entropy) at two batch shapes, then ``zero_grad``: the gradient
   calls' graphs, forward and backward;
-* two short generations of different shapes, temperature 1 with a fixed seed (full-weight or
-  the active LoRA run's hooks), when the group samples (pipeline size 1): the no-gradient
-  prefill, decode and draw graphs;
+* two short generations of different shapes, temperature 1 with a fixed seed (full-weight, or
+  on a LoRA group the active run's adapters through the one-slot stack that one-shot sampling
+  uses: the lean decode layers with the stack's deltas), when the group samples (pipeline
+  size 1): the no-gradient prefill, decode and draw graphs;
 * the continuous engine's KV pool and its CUDA graphs, one per batch bucket up to the pool's
   slots (``graphs``: ``SlotEngine.capture_buckets``; tensor and pipeline size 1; groups that
   serve the Tinker API, ``spec.api.tinker``, whose sampling uses the pool). Left to the
@@ -65,10 +66,14 @@ def warm_up(
     sampler: Sampler | None,
     *,
     graphs: Callable[[], int] | None = None,
+    generate: Callable[[list[list[int]], SamplingParams], object] | None = None,
 ) -> float:
     """Run the warm-up calls (every rank of the group at once: they are collective); the
     seconds taken. ``sampler``: the group's sampler (None: no sampling warm-up); ``graphs``:
-    captures the continuous engine's graphs, the number captured (None: none)."""
+    captures the continuous engine's graphs, the number captured (None: none); ``generate``:
+    how the one-shot path generates (a LoRA group: through the one-slot stack that
+    ``sample(weights=None)`` uses, ``SamplingMixin._warm_generate``; None: ``sampler`` with
+    the active run's hooks)."""
     start = time.perf_counter()
     vocab = engine.spec.model.vocab_size
     limit = engine.spec.model.max_sequence_length
@@ -83,7 +88,10 @@ def warm_up(
         params = SamplingParams.build(vocab_size=vocab, max_tokens=3, temperature=1.0, seed=0)
         for rows, tokens in SHAPES:
             prompts = _ids(rows, min(tokens, limit - 3) // 2, vocab).tolist()
-            sampler.generate(prompts, params, hooks=engine.adapters)
+            if generate is not None:
+                generate(prompts, params)
+            else:
+                sampler.generate(prompts, params, hooks=engine.adapters)
     captured = graphs() if graphs is not None and engine.mesh_info.pp_size == 1 else 0
     if engine.device.type == "cuda":
         torch.cuda.synchronize()

@@ -151,7 +151,10 @@ class MegatronTrainer(SamplingMixin, HFWeightsMixin, Worker):
                 if self.spec.api.tinker:
                     graphs = lambda: self._capture_graphs(self._engine())  # noqa: E731
                 self.warm_up_s = warm_up.warm_up(
-                    self.engine, self._sampler_for(self.engine), graphs=graphs
+                    self.engine,
+                    self._sampler_for(self.engine),
+                    graphs=graphs,
+                    generate=self._warm_generate,
                 )
         return self.get_mesh()
 

@@ -342,6 +342,19 @@ class SamplingMixin(ContinuousSamplingMixin):
         with self._hooks_swapped(engine, multi):
             return sampler.generate(rows, params, hooks=multi)
 
+    def _warm_generate(self, prompts: list[list[int]], params: Any) -> Any:
+        """The warm-up's one-shot generation (warm_up.py) down the path ``sample`` takes:
+        a LoRA group's through the active run's one-slot stack (the lean layers' "uniform"
+        step and its graphs compile here, not in the first ``sample`` call: ~4-5 s on an H100),
+        a full-weight group's on the training weights."""
+        engine = self._engine()
+        sampler = self._sampler_for(engine)
+        if engine.adapters is None:
+            return sampler.generate(prompts, params)
+        return self._generate_one(
+            engine, sampler, prompts, params, ACTIVE_RUN, engine.adapters, live=True
+        )
+
     def _uniform_stacks(self) -> UniformStacks:
         if self._uniform is None:
             self._uniform = UniformStacks()

@@ -81,6 +81,7 @@ def test_the_group_hash_of_a_spec_before_stall_seconds_existed_is_unchanged() ->
     wire.pop("stallSeconds")
     wire.pop("microBatchTokens")
     wire.pop("keepCheckpoints")  # added later too (issue 38)
+    wire.pop("samplerWeightsMemory")  # and issue 35's sampler-weights budget
     before = _digest(
         {
             # placementStrategy's default was PACK before auto existed
@@ -102,6 +103,11 @@ def test_micro_batch_tokens_is_hashed_only_when_set() -> None:
     b_["spec"].setdefault("training", {})["microBatchTokens"] = 0
     assert group_hash(parse_resource(b_).spec) == group_hash(plain)
     b_["spec"]["training"]["microBatchTokens"] = 8192
+    assert group_hash(parse_resource(b_).spec) != group_hash(plain)
+    b_ = body()  # the sampler-weights budget: the same rule
+    b_["spec"].setdefault("training", {})["samplerWeightsMemory"] = ""
+    assert group_hash(parse_resource(b_).spec) == group_hash(plain)
+    b_["spec"]["training"]["samplerWeightsMemory"] = "8Gi"
     assert group_hash(parse_resource(b_).spec) != group_hash(plain)
 
 

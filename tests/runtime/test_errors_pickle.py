@@ -40,6 +40,7 @@ from tgruntime.trainer.checkpoint import CheckpointUnreadableError
 from tgruntime.trainer.gpu_check import GpuWorkersOnCpuError, NoCudaDeviceError
 from tgruntime.trainer.launch import LaunchError
 from tgruntime.trainer.losses import MissingTensorError
+from tgruntime.trainer.sampling.weights_budget import SamplerWeightsBudgetError
 from tgruntime.trainer.token_budget import TokenBudgetError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -86,6 +87,9 @@ CASES: dict[str, Callable[[], BaseException]] = {
     ),
     "tgruntime.trainer.token_budget:TokenBudgetError": lambda: TokenBudgetError(
         "a row of 2048 tokens (the call's longest, padded) does not fit one micro-batch of 1024"
+    ),
+    "tgruntime.trainer.sampling.weights_budget:SamplerWeightsBudgetError": lambda: (
+        SamplerWeightsBudgetError("sampler weights: keeping weights 'w' needs 2.3 GB on this rank")
     ),
     "tgruntime.service.sampler_weights:FreedWeights": lambda: FreedWeights(
         "the sampling client's weights (m/ephemeral/0) were freed"

@@ -764,7 +764,8 @@ class TrainingSpec:
         "inside it, least recently used out first and read again at their next use; a copy "
         "that still does not fit is refused with an error naming this field, never an out of "
         "memory. Empty: a quarter of the memory free when the worker's first copy is made "
-        "(the GPU's; on the CPU the host's available memory, shared by the ranks).",
+        "(the GPU's; on the CPU the host's available memory, shared by the ranks), or room "
+        "for two full-weight copies if that is more and fits 80% of the free memory.",
         default="",
         pattern=r"^$|" + _QUANTITY,
     )

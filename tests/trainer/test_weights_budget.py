@@ -57,6 +57,13 @@ def test_budget_from_the_spec_or_from_free_memory() -> None:
     )
     assert auto.limit == (8 << 30) // 4 // 2
     assert "shared by 2 ranks" in auto.source and FIELD in auto.source
+    # a large model: a quarter of the free memory holds no copy; two copies within 80% do
+    big = WeightsBudget.resolve("", free_bytes=25 << 30, where="GPU memory", copy_bytes=8 << 30)
+    assert big.limit == 16 << 30 and big.source.startswith("2 copies of the weights")
+    tight = WeightsBudget.resolve("", free_bytes=25 << 30, where="GPU memory", copy_bytes=16 << 30)
+    assert tight.limit == int((25 << 30) * 0.8)  # one copy fits; a second is refused, no OOM
+    small = WeightsBudget.resolve("", free_bytes=60 << 30, where="GPU memory", copy_bytes=1 << 30)
+    assert small.limit == 15 << 30  # the quarter is more
     for bad in ("0", "-1Gi"):
         with pytest.raises(ValueError, match=r"spec\.training\.samplerWeightsMemory"):
             WeightsBudget.resolve(bad, free_bytes=1, where="GPU memory")

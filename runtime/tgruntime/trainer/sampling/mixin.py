@@ -65,7 +65,7 @@ class SamplingMixin(ContinuousSamplingMixin):
         store: SnapshotStore | None = getattr(self, "_snapshot_store", None)
         if store is None:
             copy = param_bytes(dict(engine.state.module.named_parameters()))
-            store = SnapshotStore(copy_bytes=copy, **self._weights_budget(engine))
+            store = SnapshotStore(copy_bytes=copy, **self._weights_budget(engine, copy))
             self._snapshot_store = store
         return self._sampler_for(engine), store
 
@@ -77,7 +77,7 @@ class SamplingMixin(ContinuousSamplingMixin):
         return store
 
     @staticmethod
-    def _weights_budget(engine: TrainEngine) -> dict[str, Any]:
+    def _weights_budget(engine: TrainEngine, copy_bytes: int = 0) -> dict[str, Any]:
         """The stores' budget (chosen once, when the rank's first sampler weights are kept)
         and the ranks' agreement on evictions (weights_budget.py)."""
         free, where, sharing = free_memory(engine.device)
@@ -86,6 +86,7 @@ class SamplingMixin(ContinuousSamplingMixin):
             free_bytes=free,
             where=where,
             ranks_sharing=sharing,
+            copy_bytes=copy_bytes,
         )
         group, device = ckpt.io_group(), engine.device
 

@@ -10,7 +10,9 @@ that does not fit once every evictable one is gone is refused with
 :class:`SamplerWeightsBudgetError`, naming the field, before anything is allocated or written.
 
 The budget is per rank. Empty in the spec: a quarter of the memory free when the rank's first
-copy is made: the GPU's, or on the CPU the host's available memory shared by the group's ranks.
+copy is made (the GPU's, or on the CPU the host's available memory shared by the group's ranks),
+or room for two full-weight copies if that is more and fits 80% of the free memory: a
+Llama-3-8B trained in full on one 141 GB GPU has ~25 GB free, whose quarter holds no 16 GB copy.
 
 Every rank takes the same decision: :func:`evictions_needed` counts on each rank how many of
 its least recently used evictable copies must go (the same names, in the same order, on every
@@ -32,7 +34,9 @@ from tgapi.errors import PicklableError
 from tgapi.sizing import human_bytes, parse_quantity
 
 __all__ = [
+    "CAP",
     "FIELD",
+    "MIN_COPIES",
     "SHARE",
     "SamplerWeightsBudgetError",
     "WeightsBudget",
@@ -43,6 +47,8 @@ __all__ = [
 
 FIELD = "spec.training.samplerWeightsMemory"
 SHARE = 0.25  # of the memory free when the budget is chosen (no value in the spec)
+MIN_COPIES = 2  # ... or room for this many full-weight copies, where
+CAP = 0.8  # this share of the free memory holds them
 
 
 class SamplerWeightsBudgetError(PicklableError, ValueError):
@@ -56,10 +62,19 @@ class WeightsBudget:
 
     @classmethod
     def resolve(
-        cls, text: str, *, free_bytes: int, where: str, ranks_sharing: int = 1
+        cls,
+        text: str,
+        *,
+        free_bytes: int,
+        where: str,
+        ranks_sharing: int = 1,
+        copy_bytes: int = 0,
     ) -> WeightsBudget:
-        """``text``: the spec's quantity (empty: ``SHARE`` of ``free_bytes``, split over
-        ``ranks_sharing`` ranks; ``where`` says whose memory, for the message)."""
+        """``text``: the spec's quantity. Empty: ``SHARE`` of ``free_bytes`` split over
+        ``ranks_sharing`` ranks, raised to ``MIN_COPIES`` copies of ``copy_bytes`` (a
+        full-weight copy; 0 on a LoRA group) where ``CAP`` of the free memory holds them, so
+        that a large model whose quarter of the free memory holds no copy still samples
+        snapshots (``where`` says whose memory, for the message)."""
         if text:
             value = parse_quantity(text)
             if value is None or value <= 0:
@@ -68,10 +83,19 @@ class WeightsBudget:
                     "it empty to take a quarter of the free memory"
                 )
             return cls(limit=int(value), source=f"{FIELD} {text}")
-        limit = int(free_bytes * SHARE) // max(1, ranks_sharing)
+        share = max(1, ranks_sharing)
+        quarter = int(free_bytes * SHARE) // share
+        copies = min(MIN_COPIES * copy_bytes, int(free_bytes * CAP) // share)
         shared = f", shared by {ranks_sharing} ranks" if ranks_sharing > 1 else ""
+        if copies > quarter:
+            return cls(
+                limit=copies,
+                source=f"{MIN_COPIES} copies of the weights within {CAP:.0%} of the "
+                f"{human_bytes(free_bytes)} of {where} free{shared} (more than a quarter of "
+                f"it); {FIELD} sets it",
+            )
         return cls(
-            limit=limit,
+            limit=quarter,
             source=f"a quarter of the {human_bytes(free_bytes)} of {where} free{shared}; "
             f"{FIELD} sets it",
         )

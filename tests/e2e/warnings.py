@@ -64,13 +64,28 @@ def endpoints_cache_race(event: dict[str, Any]) -> bool:
     )
 
 
+def service_ip_repair_race(event: dict[str, Any]) -> bool:
+    """The API server's ClusterIP repair loop, not a defect of the suite's objects: it reads the
+    allocated IPs and then lists the Services, and a Service's IP is allocated before the
+    Service is written, so a Service created between the two reads is reported "not allocated;
+    repairing" once and its IP is marked again (Kubernetes issue 37488; seen on kind at 22:11
+    on 2026-12-07 for the just-created ``llama-tp2-tinker`` Service, which then served). Any
+    other ClusterIP warning (a wrong reference, an IP out of range) counts."""
+    obj = event.get("involvedObject") or event.get("regarding") or {}
+    return (
+        obj.get("kind") == "Service"
+        and event.get("reason") == "ClusterIPNotAllocated"
+        and "is not allocated; repairing" in str(event.get("message", ""))
+    )
+
+
 def warnings(events: list[dict[str, Any]], *, since: float, skip_kinds: set[str]) -> list[str]:
     out = []
     for e in events:
         obj = e.get("involvedObject") or e.get("regarding") or {}
         if e.get("type") != "Warning" or obj.get("kind") in skip_kinds or when(e) < since:
             continue
-        if kubelet_transient(e) or endpoints_cache_race(e):
+        if kubelet_transient(e) or endpoints_cache_race(e) or service_ip_repair_race(e):
             continue
         out.append(
             f"{obj.get('kind')}/{obj.get('name')} {e.get('reason')} x{e.get('count') or 1}: "

@@ -67,3 +67,18 @@ def test_the_endpoints_controllers_stale_create_is_not_a_defect_but_other_errors
         f"Endpoints/x FailedToUpdateEndpoint x1: {other}",
         f"Pod/x FailedToCreateEndpoint x1: {race}",
     ]
+
+
+def test_the_service_ip_repair_loops_race_is_not_a_defect_but_other_ip_warnings_are() -> None:
+    since = when({"lastTimestamp": "2026-12-02T06:00:00Z"})
+    race = "Cluster IP [IPv4]: 10.96.222.83 is not allocated; repairing"
+    wrong = "the ClusterIP [IPv4]: 10.96.0.9 for Service ns/x has a wrong reference; repairing"
+    events = [
+        _event("Service", "2026-12-02T06:05:00Z", reason="ClusterIPNotAllocated", message=race),
+        _event("Service", "2026-12-02T06:05:00Z", reason="ClusterIPNotAllocated", message=wrong),
+        _event("Pod", "2026-12-02T06:05:00Z", reason="ClusterIPNotAllocated", message=race),
+    ]
+    assert warnings(events, since=since, skip_kinds=set()) == [
+        f"Service/x ClusterIPNotAllocated x1: {wrong}",
+        f"Pod/x ClusterIPNotAllocated x1: {race}",
+    ]

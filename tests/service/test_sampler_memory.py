@@ -159,3 +159,44 @@ def test_named_saves_are_a_bounded_cache_read_back_from_disk(served: dict[str, A
             for (_, la), (_, lb) in zip(first, last, strict=True)
             for x, y in zip(la, lb, strict=True)
         ) > 1e-3, (first, last)
+
+
+def test_a_copy_over_the_budget_is_refused_naming_it_and_the_group_goes_on(
+    served: dict[str, Any],
+) -> None:
+    """Copies only in memory fill the group's budget (spec.training.samplerWeightsMemory 2Mi):
+    the group refuses the next one on both ranks alike (they agree on it: neither hangs in a
+    barrier), an SDK save_weights_and_get_sampling_client then fails with the budget's name and
+    its fixes, not an out-of-memory, and once the copies go the same call works again."""
+    group = served["client"]
+    prompt = T.ModelInput.from_ints([5, 6, 7])
+    params = T.SamplingParams(max_tokens=2, temperature=1.0, seed=3, stop=[])
+    pins: list[str] = []
+    try:
+        for i in range(64):  # the budget holds ~13 copies of this model
+            try:
+                group.save_sampler_weights(f"pin-{i}", None).result(timeout=WAIT)
+            except Exception as exc:
+                assert "spec.training.samplerWeightsMemory" in str(exc), exc
+                break
+            pins.append(f"pin-{i}")
+        else:
+            pytest.fail("64 in-memory copies fit a 2Mi budget")
+        assert pins, "not even one copy fits"
+        info = group.sampler_weights_info().result(timeout=WAIT)
+        assert info["bytes"] <= info["budget_bytes"] and info["loaded"] == [], info
+        with tinker.ServiceClient(base_url=served["url"], api_key=served["key"]) as sc:
+            tc = sc.create_lora_training_client(base_model=served["base"], rank=4).result()
+            with pytest.raises(Exception, match=r"samplerWeightsMemory.*kind='inflight'"):
+                tc.save_weights_and_get_sampling_client().result(timeout=WAIT)
+            for name in pins:
+                group.drop_sampler_weights(name).result(timeout=WAIT)
+            pins.clear()
+            sampler = tc.save_weights_and_get_sampling_client().result(timeout=WAIT)
+            out = sampler.sample(prompt, num_samples=2, sampling_params=params).result(
+                timeout=WAIT
+            )
+            assert len(out.sequences) == 2
+    finally:
+        for name in pins:
+            group.drop_sampler_weights(name).result(timeout=WAIT)

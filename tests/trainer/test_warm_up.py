@@ -38,3 +38,21 @@ def test_the_warm_up_leaves_the_engine_as_it_was() -> None:
         assert rank["params_equal"] and rank["step_equal"] and rank["rng_equal"], rank
         assert rank["optim_tensors"] > 0 and rank["optim_equal"], rank
         assert rank["grads_equal"], rank  # nothing accumulated: the next gradient is the same
+
+
+@pytest.mark.megatron
+def test_a_lora_groups_warm_up_takes_the_one_shot_samplers_path() -> None:
+    """On a LoRA group the warm-up generates through the active run's one-slot stack (the path
+    of ``sample(weights=None)``, whose lean step would otherwise compile at the first call): one
+    stack built there, the first ``sample`` refills it and builds none; the run's adapters and
+    hooks are as before."""
+    pytest.importorskip("megatron.core")
+    from tests.trainer import warm_up_scenarios
+    from tgruntime.trainer.launch import launch
+
+    blobs = launch(warm_up_scenarios.warm_up_lora_suite, world_size=2, timeout_s=600)
+    for rank in [torch.load(io.BytesIO(b), weights_only=False) for b in blobs]:
+        assert rank["seconds"] > 0
+        assert rank["builds_after_warm_up"] == 1, rank
+        assert rank["builds_after_sample"] == 1 and rank["refills_after_sample"] >= 1, rank
+        assert rank["hooks_attached"] and rank["adapters_equal"], rank

@@ -112,3 +112,45 @@ def _optim_tensors(engine: Any) -> dict[str, torch.Tensor]:
 
     walk("", state)
     return found
+
+
+def warm_up_lora_suite() -> bytes:
+    """A LoRA group's warm-up (TP=2, CPU): its generations go down the path
+    ``sample(weights=None)`` takes, the active run's one-slot stack (built once here, refilled
+    by the first ``sample`` after), and leave the run's adapters and their hooks as they were."""
+    _quiet()
+    from tgruntime.trainer import TrainEngine
+    from tgruntime.trainer.lora.settings import LoraSettings
+    from tgruntime.trainer.sampling.mixin import SamplingMixin
+    from tgruntime.trainer.warm_up import warm_up
+
+    class _Worker(SamplingMixin):
+        def __init__(self, engine: TrainEngine) -> None:
+            self._the_engine = engine
+
+        def _engine(self) -> TrainEngine:
+            return self._the_engine
+
+    spec = tiny_spec(tp=2, positionEmbedding="rope", numQueryGroups=2)
+    engine = TrainEngine.create(spec=spec, lora=LoraSettings(rank=4, alpha=8.0, seed=1))
+    out: dict[str, Any] = {}
+    try:
+        engine.train_step(rl_inputs(1)["input_ids"])  # adapters away from their start
+        assert engine.adapters is not None
+        before = {k: v.detach().clone() for k, v in engine.adapters.state_dict().items()}
+        worker = _Worker(engine)
+        sampler = worker._sampler_for(engine)
+        out["seconds"] = warm_up(engine, sampler, generate=worker._warm_generate)
+        stacks = worker._uniform_stacks()
+        out["builds_after_warm_up"] = stacks.builds
+        out["hooks_attached"] = engine.adapters.attached
+        out["adapters_equal"] = all(
+            torch.equal(v, before[k]) for k, v in engine.adapters.state_dict().items()
+        )
+        worker.sample([[3, 4, 5]], max_tokens=3, temperature=1.0, seed=0)
+        out["builds_after_sample"], out["refills_after_sample"] = stacks.builds, stacks.refills
+    finally:
+        engine.shutdown()
+    buf = io.BytesIO()
+    torch.save(out, buf)
+    return buf.getvalue()

@@ -767,7 +767,8 @@ class TrainingSpec:
         "(the GPU's; on the CPU the host's available memory, shared by the ranks), or room "
         "for two full-weight copies if that is more and fits 80% of the free memory.",
         default="",
-        pattern=r"^$|" + _QUANTITY,
+        # a positive quantity of bytes: no zero, sign, exponent or milli
+        pattern=r"^$|^([1-9][0-9]*(\.[0-9]*)?|0?\.[0-9]*[1-9][0-9]*)([KMGTPE]i|[kMGTPE])?$",
     )
     keep_checkpoints: int = spec_field(
         name="keepCheckpoints",

@@ -69,6 +69,24 @@ def test_budget_from_the_spec_or_from_free_memory() -> None:
             WeightsBudget.resolve(bad, free_bytes=1, where="GPU memory")
 
 
+@pytest.mark.parametrize(
+    ("text", "ok"),
+    [("", True), ("8Gi", True), ("1.5G", True), ("0.5Gi", True), ("2147483648", True),
+     ("0", False), ("0Gi", False), ("0.0", False), ("-1Gi", False), ("500m", False)],
+)
+def test_the_spec_field_takes_a_positive_quantity_of_bytes(text: str, ok: bool) -> None:
+    """Refused when the spec is parsed (before anything starts), naming the field."""
+    import tgapi
+    from tgapi.errors import SpecErrors
+
+    wire = {"workers": {"processesPerNode": [1]}, "training": {"samplerWeightsMemory": text}}
+    if ok:
+        assert tgapi.parse_spec(wire, local=True).training.sampler_weights_memory == text
+    else:
+        with pytest.raises(SpecErrors, match=r"training\.samplerWeightsMemory"):
+            tgapi.parse_spec(wire, local=True)
+
+
 def _module(seed: int) -> torch.nn.Module:
     torch.manual_seed(seed)
     return torch.nn.Linear(16, 16)  # 272 float32: 1,088 bytes
@@ -198,9 +216,15 @@ def test_ranks_evict_and_refuse_together() -> None:
         ]
         for p in procs:
             p.start()
-        for p in procs:
-            p.join(timeout=120)
-            assert p.exitcode == 0, f"rank exited {p.exitcode}"
+        try:
+            for p in procs:
+                p.join(timeout=120)
+                assert p.exitcode == 0, f"rank exited {p.exitcode} (None: still running)"
+        finally:
+            for p in procs:
+                if p.is_alive():  # a rank stuck in a collective: the test fails, none lingers
+                    p.kill()
+                    p.join(timeout=10)
         results = [torch.load(os.path.join(tmp, f"r{r}.pt")) for r in range(2)]
     assert results[0] == results[1], results
     assert results[0] == {"names": ["d1"], "refused": True, "after": ["e0"]}, results[0]

@@ -443,7 +443,7 @@ class ModelRoutes(ServiceCore):
             async def wait() -> Outcome:
                 try:
                     await self.backend.wait(future)
-                except BaseException:
+                except Exception:
                     if disk is not None:  # refused (the sampler-weights budget): no empty dir
                         with contextlib.suppress(OSError):
                             Path(disk).rmdir()

@@ -11,8 +11,9 @@ that does not fit once every evictable one is gone is refused with
 
 The budget is per rank. Empty in the spec: a quarter of the memory free when the rank's first
 copy is made (the GPU's, or on the CPU the host's available memory shared by the group's ranks),
-or room for two full-weight copies if that is more and fits 80% of the free memory: a
-Llama-3-8B trained in full on one 141 GB GPU has ~25 GB free, whose quarter holds no 16 GB copy.
+or room for two full-weight copies if that is more and fits 80% of the free memory: by the
+arithmetic (16 bytes a parameter), a Llama-3-8B trained in full on one 141 GB GPU leaves ~25 GB
+free, whose quarter holds no 16 GB copy.
 
 Every rank takes the same decision: :func:`evictions_needed` counts on each rank how many of
 its least recently used evictable copies must go (the same names, in the same order, on every

@@ -88,10 +88,10 @@ class SamplingMixin(ContinuousSamplingMixin):
             ranks_sharing=sharing,
             copy_bytes=copy_bytes,
         )
-        group, device = ckpt.io_group(), engine.device
+        device = engine.device
 
-        def agree(value: int) -> int:
-            return agree_max(value, group=group, device=device)
+        def agree(value: int) -> int:  # the I/O group as of the call (it may be made again)
+            return agree_max(value, group=ckpt.io_group(), device=device)
 
         return {"budget": budget, "agree": agree}
 

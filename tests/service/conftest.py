@@ -25,7 +25,7 @@ KEY = "tml-" + uuid.uuid4().hex
 # the gateway's two principals (a key each, valid on both of its servers)
 KA, KB = ("tml-" + uuid.uuid4().hex for _ in range(2))
 MODEL = {"positionEmbedding": "rope", "numQueryGroups": 2, "maxSequenceLength": 128}
-# the sampler-weights budget of the package's group: ~13 copies of its weights per rank, so that
+# the sampler-weights budget of the package's group: 11 copies of its weights per rank, so that
 # a test of named saves sees the cache evict (test_sampler_memory.py)
 WEIGHTS_MEMORY = "2Mi"
 

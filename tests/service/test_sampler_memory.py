@@ -173,7 +173,7 @@ def test_a_copy_over_the_budget_is_refused_naming_it_and_the_group_goes_on(
     params = T.SamplingParams(max_tokens=2, temperature=1.0, seed=3, stop=[])
     pins: list[str] = []
     try:
-        for i in range(64):  # the budget holds ~13 copies of this model
+        for i in range(64):  # the budget holds 11 copies of this model
             try:
                 group.save_sampler_weights(f"pin-{i}", None).result(timeout=WAIT)
             except Exception as exc:

@@ -160,7 +160,8 @@ def main() -> int:
                 # inside the workers' calls, and the engine's own split (SlotEngine.info)
                 split = {"sample_worker_s": round(samples.worker_s - worker_s0, 3)}
                 engine1 = samples.engine
-                for key in ("run_s", "prefill_s", "prefill_device_s", "host_s", "steps",
+                for key in ("run_s", "prefill_s", "prefill_device_s", "decode_device_s",
+                            "host_s", "steps",
                             "prefills", "prefill_tokens", "calls", "adapter_s"):
                     if key in engine1:
                         split[f"sample_engine_{key}"] = round(
@@ -196,7 +197,10 @@ def main() -> int:
                                         num_samples=args.group, stop=[]).result(timeout=1200)
                     c_s = time.perf_counter() - c0
                     c_tok = sum(len(q["tokens"]) for r in got for q in r["sequences"])
-                    direct = {"client_sample_s": round(c_s, 3),
+                    # the one-shot call's own device split (Sampler.last), beside the engine's
+                    shot = client.sampler_weights_info().result(timeout=600).get("one_shot", {})
+                    direct = {**{f"client_{k}": v for k, v in shot.items()},
+                              "client_sample_s": round(c_s, 3),
                               "client_tok_s": round(c_tok / max(c_s, 1e-9)),
                               "sdk_over_client": round((sampled / max(t_sampled - t1, 1e-9))
                                                        / max(c_tok / max(c_s, 1e-9), 1e-9), 3)}
@@ -216,6 +220,9 @@ def main() -> int:
                     "copy_bytes": info["bytes"],
                     # one-shot snapshot sampling's one-slot stacks built so far (cumulative)
                     "uniform_builds": info.get("uniform_builds"),
+                    # spec.training.samplerWeightsMemory as resolved (the default: from free memory)
+                    "budget_bytes": info.get("budget_bytes"),
+                    "budget_source": info.get("budget_source"),
                     "save_s": round(t1 - t0, 3),
                     "sample_s": round(t_sampled - t1, 3),
                     "sample_tok_s": round(sampled / max(t_sampled - t1, 1e-9)),
@@ -241,6 +248,9 @@ def main() -> int:
                           + f" calls {group_calls} ({group_s:.3f} s)"
                           + "".join(f" {k.removeprefix('sample_')} {v}" for k, v in split.items())
                           + (f" client {row['client_sample_s']} s" if direct else "")
+                          + "".join(f" client_{k} {row[f'client_{k}']}"
+                                    for k in ("prefill_device_s", "decode_device_s")
+                                    if f"client_{k}" in row)
                           + (f" sdk/client {row['sdk_over_client']}" if direct else ""),
                           flush=True)
             # the issue's 256 x ~400-token case, at --big-len tokens per row

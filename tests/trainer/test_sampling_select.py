@@ -225,3 +225,53 @@ def test_a_draw_that_fails_to_compile_falls_back_to_the_eager_one(
             assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert calls == [1]  # tried once, then given up for the process
     assert "drawing eagerly from now on" in caplog.text and "int32" in caplog.text
+
+
+def test_every_caller_of_the_compiled_draw_shares_its_graphs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Real Dynamo (a counting backend, on the CPU): the forms the warm-up meets (one-shot
+    sampling's ``[1]`` temperature with logits that view the decoder's ``[1, R, V]`` output;
+    the engine's per-row settings at its batch buckets) leave nothing to compile for an RL
+    call's forms (a prompt's samples made by ``repeat_interleave``, an int step, a bucket
+    not met). Without ``_one_signature`` that call compiled a new graph (an H100's first
+    client call took 2.3 s against 0.5 s; TORCH_LOGS=recompiles named the draw). Each draw
+    also equals the eager one."""
+    from torch._dynamo.testing import CompileCounter
+
+    from tgruntime.trainer.sampling import draw as module
+
+    counter = CompileCounter()
+    torch._dynamo.reset()
+    compiled = torch.compile(module._draw, backend=counter, fullgraph=True, dynamic=True)
+    monkeypatch.setattr(module, "_COMPILED", [compiled])
+    monkeypatch.setattr(module, "_BROKEN", [])
+    monkeypatch.setattr(module, "_use_compiled", lambda device: True)
+    salts = module._salts(VOCAB, torch.device("cpu"))
+
+    def check(logits: torch.Tensor, temperature: torch.Tensor, step: torch.Tensor | int) -> None:
+        keys = _keys(logits.shape[0])
+        got = module.draw(logits, None, temperature, keys, step)
+        want = module._draw(logits, None, temperature, keys, step, salts)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+    def one_shot(rows: int, *, samples: int = 1, step: torch.Tensor | int = 0) -> None:
+        out = torch.stack([_logits(r) for r in range(rows)]).unsqueeze(0)  # [1, R, V]
+        logits = out[0] if samples == 1 else out[0].repeat_interleave(samples, dim=0)
+        check(logits, torch.ones(1), torch.zeros(1, dtype=torch.int64) if step == 0 else step)
+
+    def engine(rows: int) -> None:
+        logits = torch.stack([_logits(r) for r in range(rows)])
+        check(logits, torch.rand(rows) + 0.5, torch.arange(rows))
+
+    for rows in (2, 3):  # the warm-up's two generations
+        one_shot(rows)
+    for bucket in (1, 2, 4, 8, 16):  # the engine's graphs
+        engine(bucket)
+    warm = counter.frame_count
+    assert warm <= 2  # one graph for a single row, one for every batch of two or more
+    one_shot(8, samples=8)
+    one_shot(5, samples=2, step=7)
+    engine(48)
+    one_shot(1)
+    assert counter.frame_count == warm

@@ -70,6 +70,7 @@ from tgruntime.trainer.logprob_options import MAX_WIDTH
 from tgruntime.trainer.lora.inject import LoraAdapters
 from tgruntime.trainer.lora.multi import MultiLora
 from tgruntime.trainer.sampling.decoder import CachedDecoder, KVCache
+from tgruntime.trainer.sampling.device_span import DeviceSpan
 from tgruntime.trainer.sampling.generate import _agree
 from tgruntime.trainer.sampling.params import SamplingParams, row_keys
 from tgruntime.trainer.sampling.pool import PoolSize
@@ -243,30 +244,6 @@ class RowAdapters:
         }
 
 
-class _DeviceSpan:
-    """The device time of the work queued between its start and ``stop`` (CUDA events:
-    no host sync; read once the stream got past ``stop``); 0 off CUDA."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.events: tuple[Any, Any] | None = None
-        if device.type == "cuda":
-            self.events = (
-                torch.cuda.Event(enable_timing=True),  # type: ignore[no-untyped-call]
-                torch.cuda.Event(enable_timing=True),  # type: ignore[no-untyped-call]
-            )
-            self.events[0].record()
-
-    def stop(self) -> None:
-        if self.events is not None:
-            self.events[1].record()
-
-    def seconds(self) -> float:
-        if self.events is None:
-            return 0.0
-        self.events[1].synchronize()
-        return float(self.events[0].elapsed_time(self.events[1])) / 1000.0
-
-
 def _whole(start: int, stop: int) -> contextlib.AbstractContextManager[None]:
     return contextlib.nullcontext()
 
@@ -331,6 +308,7 @@ class SlotEngine:
         self.prefill_tokens = 0  # the prefills' padded prompt tokens
         self.decode_path = ""  # lean, lean+lora or modules (the decoder is shared)
         self.prefill_device_s = 0.0  # the prefill forwards' GPU time (CUDA events; 0 elsewhere)
+        self.decode_device_s = 0.0  # the decode windows' GPU time, from the first step queued
         # seconds inside ``run`` since the pool was made; of them, in prefills and in the
         # host's reading of windows' tokens (the GPU idles then; docs/sampling.md)
         self.run_s = self.prefill_s = self.host_s = 0.0
@@ -414,6 +392,7 @@ class SlotEngine:
             "prefills": self.prefills,
             "prefill_tokens": self.prefill_tokens,
             "prefill_device_s": round(self.prefill_device_s, 4),
+            "decode_device_s": round(self.decode_device_s, 4),
             "graphs": len(self._graphs),
             "run_s": round(self.run_s, 4),
             "prefill_s": round(self.prefill_s, 4),
@@ -522,7 +501,7 @@ class SlotEngine:
             values=[v[start : start + q] for v in self.cache.values],
         )
         self._write_adapters(batch, each=False)  # slot start + i: request i's adapter
-        span = _DeviceSpan(d.device)
+        span = DeviceSpan(d.device)
         with self._scope(start, start + q):
             hidden, logits = d.prefill_prompts([req.prompt for req in batch], view)
         span.stop()
@@ -618,6 +597,7 @@ class SlotEngine:
         if self.cuda_graphs:
             graph = self._graph(bucket(n, self.size.slots), flags["top_k"], flags["top_p"], kw)
             self.cursor.zero_()
+            timer = DeviceSpan(self.decoder.device)  # after a capture: the steps only
             for _ in range(w):
                 graph.replay()
         else:  # attend only the live prefix of the cache
@@ -627,10 +607,13 @@ class SlotEngine:
                 values=[v[:n, :, :span] for v in self.cache.values],
             )
             self.cursor.zero_()
+            timer = DeviceSpan(self.decoder.device)
             for _ in range(w):
                 self._advance(n, view, flags["top_k"], flags["top_p"], kw)
+        timer.stop()
         host = torch.stack((self.out_token[:n, :w].double(), self.out_logprob[:n, :w].double()))
         tokens, logprobs = host.cpu().tolist()
+        self.decode_device_s += timer.seconds()  # the read above waited for the steps
         began = time.perf_counter()
         topk: list[list[list[list[float]]]] | None = None
         if kw:

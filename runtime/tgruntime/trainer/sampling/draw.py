@@ -65,7 +65,7 @@ def draw(
             _COMPILED.append(torch.compile(_draw, fullgraph=True, dynamic=True))
         try:
             out: tuple[torch.Tensor, torch.Tensor] = _COMPILED[0](
-                logits, z, temperature, keys, step, salts
+                *_one_signature(logits, z, temperature, keys, step), salts
             )
             return out
         except _compile_errors() as exc:
@@ -77,6 +77,43 @@ def draw(
                 _BROKEN[-1],
             )
     return _draw(logits, z, temperature, keys, step, salts)
+
+
+def _one_signature(
+    logits: torch.Tensor,
+    z: torch.Tensor | None,
+    temperature: torch.Tensor,
+    keys: torch.Tensor,
+    step: torch.Tensor | int,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The draw's arguments in the one form every caller shares: ``temperature``, ``keys``
+    and ``step`` as ``[R]`` tensors, ``logits`` and ``z`` as tensors that are not views.
+
+    Dynamo guards on what it saw: a ``[1]`` temperature beside ``[R]`` logits (one-shot
+    sampling) and ``[R]`` (the engine's rows) are two graphs, and so are logits that are a
+    view of the decoder's ``[1, R, V]`` output and logits made by ``repeat_interleave`` (a
+    prompt's samples). The warm-up covers one of each form it meets; an RL call's
+    ``num_samples > 1`` then met a form it had not and compiled for ~2 s in its first call
+    (an H100, 2026-12-08). In one form, every batch of 2 rows or more shares one graph (1
+    row: Dynamo's own). Same values: a ``[1]`` tensor broadcasts to what ``expand`` copies,
+    and ``detach`` aliases the same memory without the view's record (no copy)."""
+    rows = logits.shape[0]
+
+    def per_row(t: torch.Tensor) -> torch.Tensor:
+        return t if t.shape[0] == rows else t.expand(rows).contiguous()
+
+    steps = (
+        torch.full((rows,), step, dtype=torch.int64, device=logits.device)
+        if isinstance(step, int)
+        else per_row(step)
+    )
+    return (
+        logits.detach(),
+        None if z is None else z.detach(),
+        per_row(temperature),
+        per_row(keys),
+        steps,
+    )
 
 
 def _compile_errors() -> tuple[type[Exception], ...]:

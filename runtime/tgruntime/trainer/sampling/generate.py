@@ -36,6 +36,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 
 from tgruntime.trainer.sampling.decoder import CachedDecoder, KVCache
+from tgruntime.trainer.sampling.device_span import DeviceSpan
 from tgruntime.trainer.sampling.params import SamplingParams, row_keys
 from tgruntime.trainer.sampling.prompt_scores import score_prompt
 from tgruntime.trainer.sampling.select import next_token
@@ -199,6 +200,9 @@ class Sampler:
         self._graphs: collections.OrderedDict[tuple[Any, ...], _GraphedStep] = (
             collections.OrderedDict()
         )
+        # the last call's split, as the engine's ``info`` gives its own: device seconds of
+        # the prefill (with the first draw) and of the decode steps, and the steps run
+        self.last: dict[str, Any] = {}
 
     def clear(self) -> None:
         """Drop the cached CUDA graphs and their KV caches."""
@@ -254,6 +258,7 @@ class Sampler:
         width = max(lens)
         t_max = params.max_tokens
         state, graphed = self._state(r_count, width + t_max - 1, params, hooks)
+        prefill = DeviceSpan(d.device)
 
         lengths = torch.tensor(lens, dtype=torch.int64, device=d.device)
         keys = row_keys(prompts, seed=params.seed, num_samples=n)
@@ -287,6 +292,8 @@ class Sampler:
             scores = self._prompt_scores(hidden, prompts, params, scope or _whole_batch, stride)
         del hidden, logits
 
+        prefill.stop()
+        decode = DeviceSpan(d.device)
         ends: list[int | None] = [None] * r_count
         scanned = 0
         for step in range(1, t_max):
@@ -299,7 +306,14 @@ class Sampler:
                 scanned = self._scan(state, params, ends, scanned, done)
                 if all(e is not None for e in ends):
                     break
+        decode.stop()
         produced = int(state.step.item())
+        self.last = {
+            "rows": r_count,
+            "steps": produced - 1,
+            "prefill_device_s": round(prefill.seconds(), 4),
+            "decode_device_s": round(decode.seconds(), 4),
+        }
         if params.stop:
             self._scan(state, params, ends, scanned, produced)
         out_tokens = state.out_tokens[:, :produced].cpu().tolist()

@@ -182,18 +182,20 @@ class SamplingMixin(ContinuousSamplingMixin):
         ``loaded`` (also on disk: the evictable cache), their ``bytes``, and the budget
         (``budget_bytes``, ``budget_source``: spec.training.samplerWeightsMemory); on a LoRA
         group also the one-slot stacks of one-shot snapshot sampling (``uniform_stacks``
-        kept, ``uniform_builds`` made, ``uniform_refills`` written in place)."""
+        kept, ``uniform_builds`` made, ``uniform_refills`` written in place); ``one_shot``:
+        the last one-shot call's device split (``Sampler.last``; empty before one)."""
         engine = self._engine()
+        one_shot = {"one_shot": dict(self._sampler_for(engine).last), "rank": engine.mesh_info.rank}
         if engine.adapters is not None:
             return {
                 **self._adapter_store().resident(),
                 "uniform_stacks": len(self._uniform_stacks()),
                 "uniform_builds": self._uniform_stacks().builds,
                 "uniform_refills": self._uniform_stacks().refills,
-                "rank": engine.mesh_info.rank,
+                **one_shot,
             }
         _, store = self._sampling()
-        return {**store.resident(), "rank": engine.mesh_info.rank}
+        return {**store.resident(), **one_shot}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def sample(

@@ -33,6 +33,7 @@ import aiohttp
 import yaml
 
 import tgapi.kube_view
+from hack.plane import free_ports
 from tests.specs import tiny_spec
 from tg_operator import rbac
 from tg_operator.dashboard import ActorInfo, DashboardClient
@@ -173,15 +174,26 @@ class OperatorProcess:
         )
         self.starts += 1
         deadline = time.monotonic() + timeout
-        url = f"http://127.0.0.1:{self.liveness_port}/healthz"
+        # both servers: one that failed to bind takes the whole operator down a moment later
+        urls = [
+            f"http://127.0.0.1:{self.liveness_port}/healthz",
+            f"http://127.0.0.1:{self.metrics_port}/metrics",
+        ]
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the operator exited ({self.proc.returncode}):\n{self.tail()}")
-            with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as resp:
-                if resp.status == 200:
-                    return
+            while urls:
+                with contextlib.suppress(OSError), urllib.request.urlopen(urls[0], timeout=2) as r:
+                    if r.status == 200:
+                        urls.pop(0)
+                        continue
+                break
+            if not urls:
+                return
             time.sleep(0.5)
-        raise RuntimeError(f"the operator's liveness endpoint never answered:\n{self.tail()}")
+        raise RuntimeError(
+            f"the operator's {urls[0]} never answered in {timeout:.0f} s:\n{self.tail()}"
+        )
 
     def stop(self, *, kill: bool = False) -> None:
         if self.proc is None:
@@ -216,7 +228,10 @@ def operator_env(
     namespaces: str,
     health_interval: float = 2.0,
 ) -> tuple[dict[str, str], int, int]:
-    liveness, metrics = free_port(), free_port()
+    # distinct and free on every address: the operator binds both on 0.0.0.0, and two
+    # ports picked one at a time were once the same one (CI, 2026-12-08: kopf's liveness
+    # server then failed to bind, and the operator died under every test of the plane)
+    liveness, metrics = free_ports(2, host="")
     env = {
         **os.environ,
         "KUBECONFIG": str(kubeconfig),

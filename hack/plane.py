@@ -137,13 +137,15 @@ def cached_bin_dir() -> Path | None:
 # ---------------------------------------------------------------------------------------------
 
 
-def free_ports(count: int) -> list[int]:
-    """Distinct free loopback ports (all held open until all are chosen)."""
+def free_ports(count: int, *, host: str = LOOPBACK) -> list[int]:
+    """Distinct free ports on ``host`` (all held open until all are chosen: two ports picked
+    one after the other can be the same one; ``""``: free on every address, for a server
+    that binds 0.0.0.0)."""
     socks: list[socket.socket] = []
     try:
         for _ in range(count):
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((LOOPBACK, 0))
+            s.bind((host, 0))
             socks.append(s)
         return [s.getsockname()[1] for s in socks]
     finally:

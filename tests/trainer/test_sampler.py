@@ -141,6 +141,11 @@ def test_num_samples_stop_greedy_and_filters(client: TrainerClient) -> None:
     assert res[0]["sequences"][0]["tokens"] == first[:end]
     # greedy is the argmax of the log-probs; top_k=1 is greedy too
     greedy = client.sample(PROMPTS, max_tokens=6, temperature=0.0).result()
+    # the last one-shot call's split (Sampler.last): its rows and decode steps; device
+    # seconds are CUDA events' (0 on the CPU)
+    split = client.sampler_weights_info().result()["one_shot"]
+    assert split["rows"] == len(PROMPTS) and split["steps"] == 5, split
+    assert split["prefill_device_s"] == split["decode_device_s"] == 0.0, split
     top1 = client.sample(PROMPTS, max_tokens=6, top_k=1, seed=3).result()
     assert [g["sequences"] for g in greedy] == [t["sequences"] for t in top1]
     nucleus = client.sample(PROMPTS, max_tokens=6, top_p=1e-6, seed=4).result()

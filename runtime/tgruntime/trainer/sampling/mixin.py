@@ -185,7 +185,11 @@ class SamplingMixin(ContinuousSamplingMixin):
         kept, ``uniform_builds`` made, ``uniform_refills`` written in place); ``one_shot``:
         the last one-shot call's device split (``Sampler.last``; empty before one)."""
         engine = self._engine()
-        one_shot = {"one_shot": dict(self._sampler_for(engine).last), "rank": engine.mesh_info.rank}
+        sampler: Sampler | None = getattr(self, "_sampler", None)  # none made here
+        one_shot = {
+            "one_shot": {} if sampler is None else dict(sampler.last),
+            "rank": engine.mesh_info.rank,
+        }
         if engine.adapters is not None:
             return {
                 **self._adapter_store().resident(),
